@@ -1,0 +1,43 @@
+"""tetriserve's gRPC client SDK (grpcio + protobuf only; no Ray, no torch).
+
+``TetriServeClient`` blocks, ``AsyncTetriServeClient`` uses ``grpc.aio``; both
+stream ``Chunk``s from ``generate()``, collect a ``Completion`` with
+``complete()``, and offer ``abort()``, ``health()`` and ``cluster_status()``.
+Failures raise subclasses of ``client.errors.TetriServeError``.
+"""
+
+from client.async_client import AsyncResponseStream, AsyncTetriServeClient
+from client.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    InternalError,
+    InvalidArgument,
+    TetriServeError,
+    Unavailable,
+)
+from client.options import GenerateOptions
+from client.results import Chunk, ClusterStatus, Completion, HealthStatus, Usage, WorkerInfo
+from client.retry import NO_RETRY, RetryPolicy
+from client.sync_client import ResponseStream, TetriServeClient
+
+__all__ = [
+    "NO_RETRY",
+    "AsyncResponseStream",
+    "AsyncTetriServeClient",
+    "Cancelled",
+    "Chunk",
+    "ClusterStatus",
+    "Completion",
+    "DeadlineExceeded",
+    "GenerateOptions",
+    "HealthStatus",
+    "InternalError",
+    "InvalidArgument",
+    "ResponseStream",
+    "RetryPolicy",
+    "TetriServeClient",
+    "TetriServeError",
+    "Unavailable",
+    "Usage",
+    "WorkerInfo",
+]

@@ -1,0 +1,92 @@
+"""Keyword options of ``generate()``/``complete()`` and the ``GenerateRequest`` they build.
+
+Shared by the sync and async clients so both accept exactly the same options.
+Range checks are the server's job (it knows the model); this module only
+checks types so a mistake fails before a network round trip.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import TypedDict
+
+from protos import tetriserve_pb2 as pb
+
+
+class GenerateOptions(TypedDict, total=False):
+    """Options of ``generate()`` and ``complete()``; every one is optional.
+
+    Keys:
+        max_tokens: most tokens to generate (server default 16, capped to the context left).
+        temperature: sampling temperature in [0, 2]; 0 is greedy.
+        top_p: nucleus sampling mass in (0, 1].
+        top_k: sample among the k most likely tokens; 0 or -1 disables.
+        seed: per-request sampling seed.
+        stop_token_ids: tokens that end generation (besides EOS).
+        ignore_eos: keep generating past EOS (benchmarks).
+        slo_ttft_ms / slo_tbt_ms / slo_jct_ms: latency objectives in milliseconds.
+        priority: higher is more important.
+        request_id: id for ``abort()``; a random one is generated when absent.
+        model: served model name; empty means the one served.
+        timeout: seconds for the whole call, retries included (gRPC deadline).
+    """
+
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    stop_token_ids: Sequence[int]
+    ignore_eos: bool
+    slo_ttft_ms: float
+    slo_tbt_ms: float
+    slo_jct_ms: float
+    priority: int
+    request_id: str
+    model: str
+    timeout: float
+
+
+_KNOWN = frozenset(GenerateOptions.__annotations__)
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def build_generate_request(prompt: str | Sequence[int], options: GenerateOptions) -> pb.GenerateRequest:
+    """The ``GenerateRequest`` for ``prompt`` and ``options`` (``request_id`` must already be set)."""
+    unknown = set(options) - _KNOWN
+    if unknown:
+        raise TypeError(f"unknown generate option(s): {sorted(unknown)}")
+    request = pb.GenerateRequest(
+        request_id=options["request_id"],
+        model=options.get("model", ""),
+        priority=int(options.get("priority", 0)),
+    )
+    if isinstance(prompt, str):
+        request.text = prompt
+    elif isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
+        request.token_ids.ids.extend(prompt)
+        request.token_ids.SetInParent()  # an empty list is still a (rejected) token prompt, not "no prompt"
+    else:
+        raise TypeError(f"prompt must be a str or a sequence of int token ids, got {type(prompt).__name__}")
+    sampling = request.sampling
+    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
+        if options.get(name) is not None:
+            setattr(sampling, name, options[name])  # type: ignore[literal-required]
+    sampling.stop_token_ids.extend(options.get("stop_token_ids", ()))
+    sampling.ignore_eos = bool(options.get("ignore_eos", False))
+    for name in ("ttft_ms", "tbt_ms", "jct_ms"):
+        value = options.get(f"slo_{name}")  # type: ignore[misc]
+        if value is not None:
+            setattr(request.slo, name, float(value))
+    return request
+
+
+def with_request_id(options: GenerateOptions) -> GenerateOptions:
+    """``options`` with a ``request_id`` (a fresh one when absent or empty)."""
+    if options.get("request_id"):
+        return options
+    return {**options, "request_id": new_request_id()}

@@ -1,0 +1,143 @@
+"""What the SDK returns: streamed ``Chunk``s, a collected ``Completion``, health and cluster views.
+
+All are frozen dataclasses built from the protobuf messages, so callers never
+touch generated code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from protos import tetriserve_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """New tokens of one request. The last chunk has ``finish_reason``, ``usage`` and ``e2e_ms``.
+
+    ``text`` is the text of the new tokens; it can be empty while a character
+    spans several tokens (it then arrives with the next chunk).
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    metrics: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @classmethod
+    def from_proto(cls, msg: pb.GenerateResponse) -> Chunk:
+        return cls(
+            request_id=msg.request_id,
+            token_ids=tuple(msg.token_ids),
+            text=msg.text,
+            finish_reason=msg.finish_reason if msg.HasField("finish_reason") else None,
+            usage=Usage(msg.usage.prompt_tokens, msg.usage.completion_tokens) if msg.HasField("usage") else None,
+            ttft_ms=msg.ttft_ms if msg.HasField("ttft_ms") else None,
+            e2e_ms=msg.e2e_ms if msg.HasField("e2e_ms") else None,
+            metrics=MappingProxyType(dict(msg.metrics)),
+        )
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A whole generation, collected from its chunks by ``complete()``."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str | None
+    usage: Usage | None
+    ttft_ms: float | None
+    e2e_ms: float | None
+    metrics: Mapping[str, float]
+
+
+class CompletionCollector:
+    """Folds chunks into a ``Completion`` (shared by the sync and async clients)."""
+
+    def __init__(self, request_id: str) -> None:
+        self._request_id = request_id
+        self._token_ids: list[int] = []
+        self._text: list[str] = []
+        self._last: Chunk | None = None
+        self._ttft_ms: float | None = None
+
+    def add(self, chunk: Chunk) -> None:
+        self._token_ids.extend(chunk.token_ids)
+        self._text.append(chunk.text)
+        if self._ttft_ms is None:
+            self._ttft_ms = chunk.ttft_ms
+        self._last = chunk
+
+    def result(self) -> Completion:
+        last = self._last
+        return Completion(
+            request_id=self._request_id,
+            token_ids=tuple(self._token_ids),
+            text="".join(self._text),
+            finish_reason=last.finish_reason if last else None,
+            usage=last.usage if last else None,
+            ttft_ms=self._ttft_ms,
+            e2e_ms=last.e2e_ms if last else None,
+            metrics=last.metrics if last else MappingProxyType({}),
+        )
+
+
+@dataclass(frozen=True)
+class HealthStatus:
+    serving: bool
+    model: str
+
+    @classmethod
+    def from_proto(cls, msg: pb.HealthResponse) -> HealthStatus:
+        return cls(serving=msg.serving, model=msg.model)
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    worker_id: str
+    role: str
+    state: str
+    load: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    model: str
+    workers: tuple[WorkerInfo, ...]
+    requests_in_flight: int
+    dashboard_url: str
+
+    @classmethod
+    def from_proto(cls, msg: pb.ClusterStatusResponse) -> ClusterStatus:
+        workers = tuple(
+            WorkerInfo(w.worker_id, w.role, w.state, MappingProxyType(dict(w.load))) for w in msg.workers
+        )
+        return cls(
+            model=msg.model,
+            workers=workers,
+            requests_in_flight=msg.requests_in_flight,
+            dashboard_url=msg.dashboard_url,
+        )

@@ -1,0 +1,190 @@
+"""Blocking gRPC client of the tetriserve front door.
+
+Example::
+
+    with TetriServeClient("localhost:50051") as client:
+        for chunk in client.generate("Hello", max_tokens=32, timeout=30):
+            print(chunk.text, end="", flush=True)
+        print(client.complete([1, 2, 3], max_tokens=8).token_ids)
+
+``generate`` returns a ``ResponseStream``: iterate it for ``Chunk``s, read its
+``request_id`` before the first token (for ``abort`` from another thread) and
+``cancel()`` it or leave its ``with`` block to stop early — the server then
+aborts the request. ``UNAVAILABLE`` is retried per ``RetryPolicy`` until the
+first response arrives, never after.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
+from typing import TypeVar, Unpack
+
+import grpc
+
+from client.errors import from_rpc_error
+from client.options import GenerateOptions, build_generate_request, with_request_id
+from client.results import Chunk, ClusterStatus, Completion, CompletionCollector, HealthStatus
+from client.retry import Deadline, RetryPolicy, retry_delay
+from protos import tetriserve_pb2 as pb
+from protos import tetriserve_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+_Resp = TypeVar("_Resp")
+
+
+class ResponseStream:
+    """The chunks of one ``generate`` call; an iterator and a context manager."""
+
+    def __init__(
+        self,
+        stub: pb_grpc.TetriServeStub,
+        request: pb.GenerateRequest,
+        deadline: Deadline,
+        policy: RetryPolicy,
+    ) -> None:
+        self.request_id = request.request_id
+        self._stub = stub
+        self._request = request
+        self._deadline = deadline
+        self._policy = policy
+        self._call: grpc.Call | None = None  # the attempt in progress
+        self._cancelled = False
+        self._chunks = self._run()
+
+    def __iter__(self) -> ResponseStream:
+        return self
+
+    def __next__(self) -> Chunk:
+        return next(self._chunks)
+
+    def cancel(self) -> None:
+        """Stop the stream; the server aborts the request. Safe from any thread."""
+        self._cancelled = True
+        if self._call is not None:
+            self._call.cancel()
+
+    def __enter__(self) -> ResponseStream:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.cancel()
+        self._chunks.close()
+
+    def _run(self) -> Iterator[Chunk]:
+        failed = 0
+        got_response = False
+        while True:
+            call = self._stub.Generate(self._request, timeout=self._deadline.remaining())
+            self._call = call
+            if self._cancelled:
+                call.cancel()
+            try:
+                for msg in call:
+                    got_response = True
+                    yield Chunk.from_proto(msg)
+                return
+            except grpc.RpcError as err:
+                if self._cancelled:
+                    return
+                failed += 1
+                delay = retry_delay(self._policy, err, failed, self._deadline, got_response)
+                if delay is None:
+                    raise from_rpc_error(err, self.request_id) from None
+                logger.info("request %s: attempt %s unavailable, retrying in %.2fs", self.request_id, failed, delay)
+                time.sleep(delay)
+            finally:
+                call.cancel()  # no-op once finished; stops the server when the consumer left early
+
+
+class TetriServeClient:
+    """Blocking client; one channel, safe to share between threads."""
+
+    def __init__(
+        self,
+        target: str = "localhost:50051",
+        *,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        channel_options: Sequence[tuple[str, object]] = (),
+    ) -> None:
+        """Connect (lazily) to ``target``.
+
+        Args:
+            target: ``host:port`` of the gRPC gateway.
+            retry: retry policy for ``UNAVAILABLE`` (default ``RetryPolicy()``).
+            timeout: default per-call timeout in seconds (``None``: no deadline).
+            credentials: TLS credentials; ``None`` uses an insecure channel.
+            channel_options: extra gRPC channel arguments.
+        """
+        self.target = target
+        self._retry = retry or RetryPolicy()
+        self._timeout = timeout
+        options = list(channel_options)
+        if credentials is None:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            self._channel = grpc.secure_channel(target, credentials, options=options)
+        self._stub = pb_grpc.TetriServeStub(self._channel)
+
+    def generate(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> ResponseStream:
+        """Start generating; returns the stream of chunks (see ``GenerateOptions`` for the options)."""
+        options = with_request_id(options)
+        request = build_generate_request(prompt, options)
+        deadline = Deadline.after(options.get("timeout", self._timeout))
+        return ResponseStream(self._stub, request, deadline, self._retry)
+
+    def complete(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> Completion:
+        """Generate and wait for the whole result."""
+        with self.generate(prompt, **options) as stream:
+            collector = CompletionCollector(stream.request_id)
+            for chunk in stream:
+                collector.add(chunk)
+        return collector.result()
+
+    def abort(self, request_id: str, *, timeout: float | None = None) -> bool:
+        """Abort a request in flight; ``False`` if the server did not know it."""
+        reply = self._unary(self._stub.Abort, pb.AbortRequest(request_id=request_id), timeout, request_id)
+        return bool(reply.aborted)
+
+    def health(self, *, timeout: float | None = None) -> HealthStatus:
+        return HealthStatus.from_proto(self._unary(self._stub.Health, pb.HealthRequest(), timeout))
+
+    def cluster_status(self, *, timeout: float | None = None) -> ClusterStatus:
+        return ClusterStatus.from_proto(self._unary(self._stub.ClusterStatus, pb.ClusterStatusRequest(), timeout))
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> TetriServeClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _unary(
+        self,
+        method: Callable[..., _Resp],
+        request: object,
+        timeout: float | None,
+        request_id: str | None = None,
+    ) -> _Resp:
+        deadline = Deadline.after(timeout if timeout is not None else self._timeout)
+        failed = 0
+        while True:
+            try:
+                return method(request, timeout=deadline.remaining())
+            except grpc.RpcError as err:
+                failed += 1
+                delay = retry_delay(self._retry, err, failed, deadline, got_response=False)
+                if delay is None:
+                    raise from_rpc_error(err, request_id) from None
+                time.sleep(delay)

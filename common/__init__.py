@@ -1,0 +1,1 @@
+"""Leaf package shared by every tetriserve component; imports nothing of ours."""

@@ -1,0 +1,100 @@
+"""Cluster configuration: a pydantic model read from YAML and overridden by CLI flags.
+
+Later issues add policy sections; every field carries a description that the
+CLI turns into ``--help`` text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class EngineConfig(BaseModel):
+    """Settings shared by every vLLM engine of the cluster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = Field(
+        None, description="Hugging Face model directory; None builds/uses the tiny random-weight model."
+    )
+    served_model_name: str | None = Field(None, description="Name clients pass as `model`; default: the directory name.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weights/activations dtype.")
+    max_model_len: int = Field(1024, ge=16, description="Context length (prompt + output tokens).")
+    block_size: int = Field(16, ge=1, description="KV cache block size in tokens.")
+    kv_cache_gb: float = Field(1.0, gt=0, description="KV cache memory per engine in GiB (CPU engines).")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="Fraction of GPU memory per engine (CUDA).")
+    max_num_seqs: int = Field(64, ge=1, description="Most sequences an engine runs in one step.")
+    threads_per_engine: int = Field(1, ge=1, description="OMP/torch threads per engine (CPU).")
+    seed: int = Field(0, description="Engine seed.")
+    enforce_eager: bool = Field(True, description="Disable graph capture (CUDA graphs / torch.compile).")
+
+
+class PrefillConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chunk_size: int = Field(
+        512, ge=16, description="TetriInfer ChunkSize: tokens per prefill iteration (max_num_batched_tokens)."
+    )
+    queue_policy: Literal["fcfs"] = Field("fcfs", description="Prefill queue policy.")
+    sched_batch: int = Field(16, ge=1, description="PrefillSchedBatch: requests moved from raw to scheduled queue at once.")
+    dispatch_policy: Literal["power-of-two", "random", "round-robin"] = Field(
+        "power-of-two", description="How the dispatcher chooses a decode worker."
+    )
+    heavy_threshold_tokens: int = Field(
+        128, ge=1, description="A request predicted to generate at least this many tokens is a heavy decode."
+    )
+
+
+class DecodeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    admission_policy: Literal["greedy"] = Field("greedy", description="Decode admission policy.")
+
+
+class ClusterConfig(BaseModel):
+    """Everything `tetriserve serve` needs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_prefill: int = Field(1, ge=1, description="Number of prefill workers.")
+    num_decode: int = Field(1, ge=1, description="Number of decode workers.")
+    engine: EngineConfig = Field(default_factory=EngineConfig)  # type: ignore[arg-type]
+    prefill: PrefillConfig = Field(default_factory=PrefillConfig)  # type: ignore[arg-type]
+    decode: DecodeConfig = Field(default_factory=DecodeConfig)  # type: ignore[arg-type]
+    host: str = Field("127.0.0.1", description="Address the front doors bind to.")
+    grpc_port: int = Field(50051, ge=0, le=65535, description="gRPC port (0 picks a free one).")
+    http_port: int = Field(8000, ge=0, le=65535, description="OpenAI-compatible HTTP port (0 picks a free one).")
+    ray_address: str | None = Field(None, description="Ray cluster to join; None starts a local one.")
+    namespace: str = Field("tetriserve", description="Ray namespace of the named actors.")
+    report_interval_ms: int = Field(100, ge=10, description="Load report / broadcast period.")
+    transport: Literal["tcp"] = Field("tcp", description="KV transfer backend.")
+    kv_transfer_timeout_s: float = Field(30.0, gt=0, description="Deadline for one request's KV transfer.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterConfig:
+        if self.prefill.chunk_size < self.engine.block_size:
+            raise ValueError("prefill.chunk_size must be >= engine.block_size")
+        return self
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> ClusterConfig:
+        """Read YAML (if given) and apply dotted overrides such as ``{"engine.max_model_len": 2048}``."""
+        data: dict[str, Any] = {}
+        if path is not None:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+            if not isinstance(loaded, dict):
+                raise ValueError(f"{path}: top level must be a mapping")
+            data = loaded
+        for dotted, value in (overrides or {}).items():
+            if value is None:
+                continue
+            node = data
+            *parents, leaf = dotted.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        return cls.model_validate(data)

@@ -1,0 +1,65 @@
+"""Output-length estimates that travel with each request (DESIGN.md §2).
+
+TetriInfer §3.3.2 predicts a *range* (bucket) of generated tokens rather than an
+exact count; schedulers use ``lower``/``upper`` for reservation decisions and
+``estimate`` for ordering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LengthEstimate:
+    """Predicted number of generated tokens for one request.
+
+    Attributes:
+        lower: lower end of the predicted range (tokens, inclusive).
+        estimate: point estimate used for ordering.
+        upper: upper end of the predicted range (tokens, exclusive).
+        bucket: index of the predicted bucket (``-1`` when the predictor has no buckets).
+        confidence: the predictor's confidence in the range, in [0, 1].
+        source: name of the predictor that produced the estimate.
+    """
+
+    lower: int
+    estimate: int
+    upper: int
+    bucket: int = -1
+    confidence: float = 0.0
+    source: str = "unknown"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lower <= self.estimate <= self.upper:
+            raise ValueError(
+                f"LengthEstimate needs 0 <= lower <= estimate <= upper, got "
+                f"lower={self.lower} estimate={self.estimate} upper={self.upper}"
+            )
+        if not 0.0 <= self.confidence <= 1.0:
+            raise ValueError(f"LengthEstimate.confidence must be in [0, 1], got {self.confidence}")
+
+    def is_heavy(self, threshold_tokens: int) -> bool:
+        """A *heavy* decode in TetriInfer's sense (§2.2.3): predicted to generate many tokens."""
+        return self.estimate >= threshold_tokens
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "lower": self.lower,
+            "estimate": self.estimate,
+            "upper": self.upper,
+            "bucket": self.bucket,
+            "confidence": self.confidence,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> LengthEstimate:
+        return cls(
+            lower=int(data["lower"]),  # type: ignore[call-overload]
+            estimate=int(data["estimate"]),  # type: ignore[call-overload]
+            upper=int(data["upper"]),  # type: ignore[call-overload]
+            bucket=int(data.get("bucket", -1)),  # type: ignore[call-overload]
+            confidence=float(data.get("confidence", 0.0)),  # type: ignore[arg-type]
+            source=str(data.get("source", "unknown")),
+        )

@@ -1,0 +1,52 @@
+"""Load reports sent to the ClusterMonitor every ``report_interval_ms`` (TetriInfer §3.2).
+
+Decode loads are broadcast to every prefill worker, whose dispatcher decides
+locally from that view (§3.3.4).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Role(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class PrefillLoad:
+    worker_id: str
+    queued: int
+    running: int
+    queued_prompt_tokens: int
+    at: float
+
+    @property
+    def score(self) -> float:
+        """What the global scheduler minimises when choosing a prefill worker."""
+        return float(self.queued_prompt_tokens + self.running + self.queued)
+
+
+@dataclass(frozen=True)
+class DecodeLoad:
+    worker_id: str
+    free_kv_blocks: int
+    total_kv_blocks: int
+    block_size: int
+    running: int
+    queued: int
+    heavy: int
+    light: int
+    at: float
+    accepting: bool = True
+
+    @property
+    def free_kv_tokens(self) -> int:
+        return self.free_kv_blocks * self.block_size
+
+    @property
+    def heavy_light_ratio(self) -> float:
+        """TetriInfer §3.3.4: spread heavy decodes evenly; lower is better."""
+        return self.heavy / (self.light + 1)

@@ -1,0 +1,150 @@
+"""The request model: one ordered state enum and a timestamped event log (DESIGN.md §2).
+
+Lifecycle::
+
+    QUEUED ─▶ PREFILLING ─▶ TRANSFERRING ─▶ DECODE_QUEUED ─▶ DECODING ─▶ FINISHED_*
+                                                   ▲            │
+                                                   └─PREEMPTED◀─┘
+    any non-finished state ─▶ FINISHED_ABORTED | FINISHED_ERROR
+
+Every transition appends a ``RequestEvent``; TTFT, TBT, transfer time and
+queueing delays are derived from those events (``common.metrics``), never
+measured twice.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from common.length import LengthEstimate
+
+
+class RequestState(enum.IntEnum):
+    QUEUED = 0
+    PREFILLING = 1
+    TRANSFERRING = 2
+    DECODE_QUEUED = 3
+    DECODING = 4
+    PREEMPTED = 5
+    FINISHED_STOPPED = 6
+    FINISHED_LENGTH = 7
+    FINISHED_ABORTED = 8
+    FINISHED_ERROR = 9
+
+    @property
+    def finished(self) -> bool:
+        return self >= RequestState.FINISHED_STOPPED
+
+
+_ALLOWED: dict[RequestState, frozenset[RequestState]] = {
+    RequestState.QUEUED: frozenset({RequestState.PREFILLING}),
+    RequestState.PREFILLING: frozenset(
+        {RequestState.TRANSFERRING, RequestState.FINISHED_STOPPED, RequestState.FINISHED_LENGTH}
+    ),
+    RequestState.TRANSFERRING: frozenset({RequestState.DECODE_QUEUED}),
+    RequestState.DECODE_QUEUED: frozenset({RequestState.DECODING}),
+    RequestState.DECODING: frozenset(
+        {RequestState.PREEMPTED, RequestState.FINISHED_STOPPED, RequestState.FINISHED_LENGTH}
+    ),
+    RequestState.PREEMPTED: frozenset({RequestState.DECODING}),
+}
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Optional latency objectives in milliseconds (time to first token, time between tokens, job completion)."""
+
+    ttft_ms: float | None = None
+    tbt_ms: float | None = None
+    jct_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tbt_ms", "jct_ms"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"SLO.{name} must be positive when set, got {value}")
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Engine-independent sampling parameters; adapters translate them to vLLM's."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+
+
+@dataclass(frozen=True)
+class RequestEvent:
+    state: RequestState
+    at: float
+    detail: str = ""
+
+
+@dataclass
+class Request:
+    """A request's identity, inputs and lifecycle. Change ``state`` only through ``advance``/``finish``."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)
+    slo: SLO = field(default_factory=SLO)
+    priority: int = 0
+    arrival_time: float = field(default_factory=time.time)
+    length_estimate: LengthEstimate | None = None
+    prefill_worker: str | None = None
+    decode_worker: str | None = None
+    finish_reason: str | None = None
+    events: list[RequestEvent] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError("prompt must contain at least one token")
+        if not self.events:
+            self.events.append(RequestEvent(RequestState.QUEUED, self.arrival_time))
+
+    @property
+    def state(self) -> RequestState:
+        return self.events[-1].state
+
+    def advance(self, new: RequestState, detail: str = "", at: float | None = None) -> None:
+        """Move to ``new``; raises ``ValueError`` on a transition the lifecycle does not allow."""
+        if new.finished:
+            self.finish(new, detail, at)
+            return
+        if new not in _ALLOWED.get(self.state, frozenset()):
+            raise ValueError(f"request {self.request_id}: illegal transition {self.state.name} -> {new.name}")
+        self.events.append(RequestEvent(new, time.time() if at is None else at, detail))
+
+    def finish(self, final: RequestState, reason: str = "", at: float | None = None) -> None:
+        """Finish the request; finishing twice keeps the first outcome."""
+        if not final.finished:
+            raise ValueError(f"{final.name} is not a finished state")
+        if self.state.finished:
+            return
+        if final in (RequestState.FINISHED_STOPPED, RequestState.FINISHED_LENGTH) and final not in _ALLOWED.get(
+            self.state, frozenset()
+        ):
+            raise ValueError(f"request {self.request_id}: cannot finish normally from {self.state.name}")
+        self.finish_reason = reason or final.name.removeprefix("FINISHED_").lower()
+        self.events.append(RequestEvent(final, time.time() if at is None else at, reason))
+
+    def first_time(self, state: RequestState) -> float | None:
+        """Timestamp of the first entry into ``state``, or ``None``."""
+        return next((e.at for e in self.events if e.state == state), None)

@@ -1,0 +1,26 @@
+"""What flows back to the front door for a request: token deltas and a final summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """New tokens for one request, in order. ``finish_reason`` is set on the last chunk only.
+
+    ``finish_reason`` is one of ``stop``, ``length``, ``abort`` or ``error``; for
+    ``error`` the ``error`` field says why.
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    worker: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

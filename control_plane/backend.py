@@ -1,0 +1,61 @@
+"""The seam between the front doors (gRPC, HTTP) and whatever serves requests.
+
+The real backend talks to the Ray ``GlobalScheduler``; tests use an in-process
+fake. Front doors tokenize and validate, then hand a ``common.request.Request``
+to ``generate`` and detokenize the ``StreamChunk`` stream that comes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from common.request import Request
+from common.stream import StreamChunk
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    worker_id: str
+    role: str
+    state: str
+    load: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    model: str
+    workers: tuple[WorkerStatus, ...]
+    requests_in_flight: int
+    dashboard_url: str = ""
+
+
+class ServingBackend(Protocol):
+    """What a front door needs from the cluster."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def model_path(self) -> str:
+        """Directory the tokenizer is loaded from."""
+        ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
+        """Stream the request's tokens; the last chunk has ``finish_reason`` set.
+
+        Cancelling the iteration (client gone) must abort the request everywhere.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort a request on every worker; ``False`` if it was not in flight."""
+        ...
+
+    async def healthy(self) -> bool: ...
+
+    async def status(self) -> ClusterStatus: ...

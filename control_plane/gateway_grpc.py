@@ -1,0 +1,180 @@
+"""gRPC front door: the ``tetriserve.v1.TetriServe`` service over a ``ServingBackend``.
+
+Generate's life::
+
+    GenerateRequest ─▶ check model, tokenize text, validate ─▶ common.request.Request
+        │  invalid ─▶ INVALID_ARGUMENT "field: message" (+ trailing metadata tetriserve-field=field)
+        ▼
+    FrontDoor.stream ─▶ backend.generate ─▶ GenerateResponse per chunk (ids + text delta)
+        │  first tokens carry ttft_ms; the last message carries finish_reason, usage, e2e_ms
+        │  backend chunk finish_reason "error" ─▶ tokens so far, then INTERNAL "request <id> failed: <reason>"
+        │  backend raises ConnectionError ─▶ UNAVAILABLE (clients retry it before the first token)
+        ▼
+    client cancels / deadline passes ─▶ handler cancelled ─▶ backend stream closed + backend.abort(id)
+
+Why INTERNAL rather than a final message with finish_reason "error": a failed
+request is a failed call — every gRPC client, interceptor and metric sees the
+status, and our SDK raises ``InternalError`` after the tokens already yielded.
+"abort" (the request was aborted via ``Abort``) is a normal finish, status OK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import grpc
+import grpc.aio
+
+from common.errors import InvalidRequestError
+from common.request import Request
+from control_plane.backend import ServingBackend
+from control_plane.frontdoor import FrontDoor, TextDelta
+from protos import tetriserve_pb2 as pb
+from protos import tetriserve_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+FIELD_METADATA_KEY = "tetriserve-field"
+_SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids")
+_SLO = ("ttft_ms", "tbt_ms", "jct_ms")
+_RENAME = {name: f"sampling.{name}" for name in _SAMPLING}
+
+
+class TetriServeServicer(pb_grpc.TetriServeServicer):
+    """Implements ``tetriserve.v1.TetriServe`` with a ``FrontDoor``."""
+
+    def __init__(self, front: FrontDoor) -> None:
+        self._front = front
+
+    async def Generate(  # noqa: N802 (gRPC method name)
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        started = time.monotonic()
+        rid = request.request_id or uuid.uuid4().hex
+        try:
+            req = self._to_request(rid, request)
+        except InvalidRequestError as exc:
+            logger.debug("request %s rejected: %s", rid, exc)
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, str(exc), trailing_metadata=((FIELD_METADATA_KEY, exc.field),)
+            )
+        try:
+            async with aclosing(self._front.stream(req, started)) as deltas:
+                async for delta in deltas:
+                    if delta.error is None:
+                        yield _to_response(delta)
+                        continue
+                    if delta.token_ids or delta.text:
+                        yield pb.GenerateResponse(request_id=rid, token_ids=delta.token_ids, text=delta.text)
+                    logger.warning("request %s failed in the backend: %s", rid, delta.error)
+                    await context.abort(grpc.StatusCode.INTERNAL, f"request {rid} failed: {delta.error}")
+        except grpc.aio.AbortError:
+            raise
+        except ConnectionError as exc:
+            logger.warning("request %s: backend unavailable: %s", rid, exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"backend unavailable: {exc}")
+        except Exception as exc:
+            logger.exception("request %s: unexpected error", rid)
+            await context.abort(grpc.StatusCode.INTERNAL, f"request {rid} failed: {type(exc).__name__}: {exc}")
+
+    def _to_request(self, rid: str, request: pb.GenerateRequest) -> Request:
+        front = self._front
+        front.check_model(request.model)
+        which = request.WhichOneof("prompt")
+        if which == "text":
+            prompt = front.tokenize(request.text)
+        elif which == "token_ids":
+            prompt = tuple(request.token_ids.ids)
+        else:
+            raise InvalidRequestError("prompt", "set either text or token_ids")
+        s = request.sampling
+        return front.build_request(
+            rid,
+            prompt,
+            max_tokens=s.max_tokens if s.HasField("max_tokens") else None,
+            temperature=s.temperature if s.HasField("temperature") else None,
+            top_p=s.top_p if s.HasField("top_p") else None,
+            top_k=s.top_k if s.HasField("top_k") else None,
+            seed=s.seed if s.HasField("seed") else None,
+            stop_token_ids=tuple(s.stop_token_ids),
+            ignore_eos=s.ignore_eos,
+            slo={n: getattr(request.slo, n) if request.slo.HasField(n) else None for n in _SLO},
+            priority=request.priority,
+            rename=_RENAME,
+        )
+
+    async def Abort(  # noqa: N802
+        self, request: pb.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AbortResponse:
+        if not request.request_id:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "request_id: must not be empty",
+                trailing_metadata=((FIELD_METADATA_KEY, "request_id"),),
+            )
+        aborted = await self._front.backend.abort(request.request_id)
+        logger.info("abort %s via gRPC: %s", request.request_id, aborted)
+        return pb.AbortResponse(aborted=aborted)
+
+    async def Health(  # noqa: N802
+        self, request: pb.HealthRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HealthResponse:
+        return pb.HealthResponse(serving=await self._front.backend.healthy(), model=self._front.model_name)
+
+    async def ClusterStatus(  # noqa: N802
+        self, request: pb.ClusterStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ClusterStatusResponse:
+        status = await self._front.backend.status()
+        reply = pb.ClusterStatusResponse(
+            model=status.model, requests_in_flight=status.requests_in_flight, dashboard_url=status.dashboard_url
+        )
+        for w in status.workers:
+            reply.workers.add(worker_id=w.worker_id, role=w.role, state=w.state, load=dict(w.load))
+        return reply
+
+
+def _to_response(delta: TextDelta) -> pb.GenerateResponse:
+    msg = pb.GenerateResponse(request_id=delta.request_id, token_ids=delta.token_ids, text=delta.text)
+    if delta.ttft_ms is not None:
+        msg.ttft_ms = delta.ttft_ms
+    if delta.finish_reason is not None:
+        msg.finish_reason = delta.finish_reason
+        msg.usage.prompt_tokens = delta.prompt_tokens
+        msg.usage.completion_tokens = delta.completion_tokens
+        if delta.e2e_ms is not None:
+            msg.e2e_ms = delta.e2e_ms
+        msg.metrics.update(delta.metrics)
+    return msg
+
+
+async def start_grpc_server(
+    backend: ServingBackend,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    front: FrontDoor | None = None,
+) -> tuple[grpc.aio.Server, int]:
+    """Start the gRPC gateway in the running event loop; return the server and the bound port.
+
+    ``port=0`` picks a free port. Pass ``front`` to share one tokenizer with the
+    HTTP gateway. Stop with ``await server.stop(grace)``.
+    """
+    if front is None:
+        front = await asyncio.to_thread(FrontDoor, backend)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # fail loudly if the port is taken
+    pb_grpc.add_TetriServeServicer_to_server(TetriServeServicer(front), server)
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"cannot bind the gRPC gateway to {address}: {exc}") from exc
+    if bound == 0:
+        raise OSError(f"cannot bind the gRPC gateway to {address}")
+    await server.start()
+    logger.info("gRPC gateway serving %s on %s (port %s)", front.model_name, host, bound)
+    return server, bound

@@ -1,0 +1,303 @@
+"""OpenAI-compatible HTTP front door (FastAPI), for OpenAI clients and ``vllm bench serve``.
+
+Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
+``GET /health``. A request's life::
+
+    JSON body ─▶ pydantic model ─▶ unsupported options? ─▶ FrontDoor: model, tokens, validation
+        │ any failure ─▶ 4xx OpenAI error body {"error": {message, type, param, code}}
+        ▼
+    stream=false: collect deltas ─▶ one JSON body with usage (client disconnect cancels + aborts)
+    stream=true:  SSE "data: {chunk}\\n\\n" per delta ... [usage chunk] ... "data: [DONE]\\n\\n"
+                  client disconnect ─▶ generator cancelled ─▶ backend stream closed + backend.abort
+
+Status codes follow vLLM: 400 for invalid input (malformed JSON and pydantic
+errors included, not FastAPI's 422), 404 ``model_not_found`` for an unknown
+model, 503 when the backend is unreachable, 500 when the request fails inside
+the cluster. Once a stream has started, a failure is sent as one SSE event
+``data: {"error": {...}}`` followed by ``data: [DONE]`` (as vLLM does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from common.errors import InvalidRequestError, UnknownModelError
+from common.request import Request as ServingRequest
+from control_plane.backend import ServingBackend
+from control_plane.frontdoor import FrontDoor, TextDelta
+from control_plane.openai_protocol import ChatCompletionRequest, CompletionRequest, ResponseShaper, error_body
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+DEFAULT_COMPLETION_TOKENS = 16
+
+
+def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    type_ = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse(error_body(message, type_, param, code), status_code=status)
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(UnknownModelError)
+    async def unknown_model(_: Request, exc: UnknownModelError) -> JSONResponse:
+        return _error(404, exc.message, exc.field, "model_not_found")
+
+    @app.exception_handler(InvalidRequestError)
+    async def invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
+        return _error(400, str(exc), exc.field)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        if any(e.get("type") == "json_invalid" for e in errors):
+            detail = next(str(e.get("ctx", {}).get("error", "")) for e in errors if e.get("type") == "json_invalid")
+            return _error(400, f"malformed JSON body: {detail}".rstrip(": "), None, "invalid_json")
+        fields = [".".join(str(p) for p in e.get("loc", ()) if p != "body") for e in errors]
+        lines = [f"{f or 'body'}: {e.get('msg', 'invalid')}" for f, e in zip(fields, errors)][:10]
+        return _error(400, "; ".join(lines) or "invalid request body", fields[0] if fields else None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(ConnectionError)
+    async def unavailable(_: Request, exc: ConnectionError) -> JSONResponse:
+        logger.warning("backend unavailable: %s", exc)
+        return _error(503, f"backend unavailable: {exc}", None, "backend_unavailable")
+
+
+async def _cancel_on_disconnect(raw: Request, work: Awaitable[_T]) -> _T | None:
+    """Await ``work``; if the client disconnects first, cancel it and return ``None``."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await raw.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return None
+    return task.result()
+
+
+class _Generation:
+    """One validated request on its way out, as SSE events or one JSON body."""
+
+    def __init__(self, front: FrontDoor, req: ServingRequest, shaper: ResponseShaper, started: float) -> None:
+        self.front, self.req, self.shaper, self.started = front, req, shaper, started
+
+    async def events(self, include_usage: bool) -> AsyncIterator[str]:
+        try:
+            async with aclosing(self.front.stream(self.req, self.started)) as deltas:
+                async for delta in deltas:
+                    if delta.error is not None:
+                        logger.warning("request %s failed in the backend: %s", self.req.request_id, delta.error)
+                        yield _sse(error_body(f"request failed: {delta.error}", "server_error", None, "backend_error"))
+                        break
+                    yield _sse(self.shaper.chunk(delta, include_usage))
+                    if delta.finished and include_usage:
+                        yield _sse(self.shaper.usage_chunk(delta))
+        except Exception as exc:  # the response has started: report in-band
+            logger.exception("request %s: stream failed", self.req.request_id)
+            code = "backend_unavailable" if isinstance(exc, ConnectionError) else "internal_error"
+            yield _sse(error_body(f"{type(exc).__name__}: {exc}", "server_error", None, code))
+        yield "data: [DONE]\n\n"
+
+    async def whole(self) -> JSONResponse:
+        parts: list[str] = []
+        last: TextDelta | None = None
+        async with aclosing(self.front.stream(self.req, self.started)) as deltas:
+            async for delta in deltas:
+                parts.append(delta.text)
+                last = delta
+        if last is None or last.error is not None:
+            reason = last.error if last is not None else "no output"
+            return _error(500, f"request {self.req.request_id} failed: {reason}", None, "backend_error")
+        return JSONResponse(self.shaper.whole("".join(parts), last))
+
+
+def build_app(backend: ServingBackend, *, front: FrontDoor | None = None) -> FastAPI:
+    """The OpenAI-compatible app over ``backend`` (``front`` shares a tokenizer with the gRPC gateway)."""
+    front = front if front is not None else FrontDoor(backend)
+    app = FastAPI(title="tetriserve", summary="OpenAI-compatible front door of tetriserve")
+    app.state.front = front
+    _install_error_handlers(app)
+    started_at = int(time.time())
+
+    @app.get("/health")
+    async def health() -> Response:
+        if await backend.healthy():
+            return Response(status_code=200)
+        return _error(503, "backend is not serving", None, "unhealthy")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": front.model_name,
+            "object": "model",
+            "created": started_at,
+            "owned_by": "tetriserve",
+            "root": backend.model_path,
+            "parent": None,
+            "max_model_len": front.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    async def run(raw: Request, body: CompletionRequest | ChatCompletionRequest, req: ServingRequest) -> Response:
+        shaper = ResponseShaper(isinstance(body, ChatCompletionRequest), req.request_id, front.model_name)
+        gen = _Generation(front, req, shaper, raw.state.started)
+        headers = {"x-request-id": req.request_id}
+        if body.stream:
+            return StreamingResponse(gen.events(body.include_usage), media_type="text/event-stream", headers=headers)
+        response = await _cancel_on_disconnect(raw, gen.whole())
+        if response is None:
+            logger.info("request %s: client disconnected", req.request_id)
+            return Response(status_code=499)
+        response.headers.update(headers)
+        return response
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        raw.state.started = time.monotonic()
+        body.check_supported()
+        front.check_model(body.model)
+        prompt = body.single_prompt()
+        ids = front.tokenize(prompt) if isinstance(prompt, str) else tuple(prompt)
+        if "max_tokens" in body.model_fields_set:  # explicit null means "all the context left"
+            req = _build(front, raw, body, ids, body.max_tokens, default_max_tokens=None)
+        else:  # OpenAI's default of 16, capped to the context left
+            req = _build(front, raw, body, ids, None, default_max_tokens=DEFAULT_COMPLETION_TOKENS)
+        return await run(raw, body, req)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
+        raw.state.started = time.monotonic()
+        body.check_supported()
+        front.check_model(body.model)
+        messages = [m.as_template_input(i) for i, m in enumerate(body.messages)]
+        ids = front.chat_prompt(messages, add_generation_prompt=body.add_generation_prompt)
+        name, limit = body.token_limit
+        req = _build(front, raw, body, ids, limit, default_max_tokens=None, rename={"max_tokens": name})
+        return await run(raw, body, req)
+
+    return app
+
+
+def _build(
+    front: FrontDoor,
+    raw: Request,
+    body: CompletionRequest | ChatCompletionRequest,
+    ids: tuple[int, ...] | list[int],
+    max_tokens: int | None,
+    *,
+    default_max_tokens: int | None,
+    rename: dict[str, str] | None = None,
+) -> ServingRequest:
+    return front.build_request(
+        raw.headers.get("x-request-id") or uuid.uuid4().hex,
+        ids,
+        max_tokens=max_tokens,
+        default_max_tokens=default_max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        stop_token_ids=body.stop_token_ids or (),
+        ignore_eos=body.ignore_eos,
+        slo=body.slo.model_dump() if body.slo else None,
+        priority=body.priority,
+        rename=rename,
+    )
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its signal handlers: the process embedding the gateway owns signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class HttpServerHandle:
+    """A running HTTP gateway: where it listens and how to stop it."""
+
+    host: str
+    port: int
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def stop(self) -> None:
+        """Stop accepting, let open requests finish (up to the graceful timeout), then return."""
+        self.server.should_exit = True
+        await self.task
+
+
+async def start_http_server(
+    backend: ServingBackend,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    front: FrontDoor | None = None,
+    graceful_shutdown_s: float = 5.0,
+    access_log: bool = False,
+) -> HttpServerHandle:
+    """Serve ``build_app(backend)`` with uvicorn in the running event loop; ``port=0`` picks a free port."""
+    if front is None:
+        front = await asyncio.to_thread(FrontDoor, backend)
+    app = build_app(backend, front=front)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family)  # bound and listening: the port is known now
+    config = uvicorn.Config(
+        app,
+        log_config=None,  # keep the embedding process's logging configuration
+        access_log=access_log,
+        lifespan="off",
+        timeout_graceful_shutdown=graceful_shutdown_s,
+    )
+    server = _EmbeddedServer(config)
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="http-gateway")
+    deadline = time.monotonic() + 30.0
+    while not server.started:
+        if task.done():
+            task.result()  # raises the startup error
+            raise RuntimeError("HTTP gateway exited during startup")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"HTTP gateway did not start on {host}:{port} within 30 s")
+        await asyncio.sleep(0.01)
+    bound = sock.getsockname()[1]
+    logger.info("HTTP gateway serving %s on http://%s:%s", front.model_name, host, bound)
+    return HttpServerHandle(host=host, port=bound, server=server, task=task)

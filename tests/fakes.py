@@ -1,0 +1,184 @@
+"""Test doubles for the front doors: an in-process ``ServingBackend``, a tiny tokenizer, a loop thread.
+
+``FakeBackend`` echoes the prompt's token ids (cycled) one chunk at a time, so
+a generation with ``max_tokens == len(prompt)`` detokenizes back to the prompt
+text. Knobs in ``FakeBehavior`` make it slow, fail before/after the first
+token, or end with an error chunk; it records every request, abort and early
+close so tests can assert on them (polling with ``wait_until``).
+
+``LoopThread`` runs an asyncio loop in a daemon thread, so gateway servers can
+serve while a test drives them with blocking clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from common.request import Request
+from common.stream import StreamChunk
+from control_plane.backend import ClusterStatus, WorkerStatus
+
+_T = TypeVar("_T")
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_SENTENCES = [
+    "hello world, this is a tiny tokenizer for tests.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Disaggregated prefill and decode serve long prompts without stalling decodes.",
+    "héllo wörld, naïve café — unicode text 😀 and 中文 too.",
+] * 20
+
+
+@functools.cache
+def tokenizer_dir() -> str:
+    """A directory with a byte-level BPE ``PreTrainedTokenizerFast`` and a chat template (built once)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_SENTENCES, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    path = tempfile.mkdtemp(prefix="tetriserve-test-tokenizer-")
+    fast.save_pretrained(path)
+    import atexit
+
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+@dataclass
+class FakeBehavior:
+    """Per-test knobs of ``FakeBackend``."""
+
+    token_delay_s: float = 0.0
+    fail_first_calls: int = 0  # raise ConnectionError (before any chunk) on this many generate calls
+    fail_after_tokens: int | None = None  # raise ConnectionError after this many tokens
+    error_after_tokens: int | None = None  # end with an error chunk after this many tokens
+    healthy: bool = True
+
+
+@dataclass
+class FakeBackend:
+    """In-process ``ServingBackend`` that echoes prompts."""
+
+    model_path: str
+    model_name: str = "tiny-test"
+    max_model_len: int = 64
+    behavior: FakeBehavior = field(default_factory=FakeBehavior)
+    requests: list[Request] = field(default_factory=list)
+    abort_calls: list[str] = field(default_factory=list)
+    closed_early: list[str] = field(default_factory=list)
+    generate_calls: int = 0
+    _abort_events: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.behavior = FakeBehavior()
+        self.requests.clear()
+        self.abort_calls.clear()
+        self.closed_early.clear()
+        self.generate_calls = 0
+
+    async def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
+        self.generate_calls += 1
+        b = self.behavior
+        if b.fail_first_calls > 0:
+            b.fail_first_calls -= 1
+            raise ConnectionError("fake backend: no prefill worker reachable")
+        self.requests.append(request)
+        rid, prompt = request.request_id, request.prompt_token_ids
+        aborted = self._abort_events[rid] = asyncio.Event()
+        finished = False
+        try:
+            for i in range(request.sampling.max_tokens):
+                if b.token_delay_s:
+                    try:
+                        await asyncio.wait_for(aborted.wait(), b.token_delay_s)
+                    except TimeoutError:
+                        pass
+                if aborted.is_set():
+                    finished = True
+                    yield StreamChunk(rid, (), finish_reason="abort", prompt_tokens=len(prompt))
+                    return
+                if b.fail_after_tokens is not None and i >= b.fail_after_tokens:
+                    raise ConnectionError("fake backend: decode worker lost")
+                if b.error_after_tokens is not None and i >= b.error_after_tokens:
+                    finished = True
+                    yield StreamChunk(rid, (), finish_reason="error", error="fake KV transfer failed")
+                    return
+                tok = prompt[i % len(prompt)]
+                last = i == request.sampling.max_tokens - 1
+                stop = tok in request.sampling.stop_token_ids
+                reason = "stop" if stop else ("length" if last else None)
+                finished = reason is not None
+                yield StreamChunk(rid, (tok,), finish_reason=reason, prompt_tokens=len(prompt), worker="fake-0",
+                                  metrics={"fake_metric": 1.0} if finished else {})  # fmt: skip
+                if finished:
+                    return
+        finally:
+            self._abort_events.pop(rid, None)
+            if not finished:
+                self.closed_early.append(rid)
+
+    async def abort(self, request_id: str) -> bool:
+        self.abort_calls.append(request_id)
+        event = self._abort_events.get(request_id)
+        if event is None:
+            return False
+        event.set()
+        return True
+
+    async def healthy(self) -> bool:
+        return self.behavior.healthy
+
+    async def status(self) -> ClusterStatus:
+        workers = (
+            WorkerStatus("prefill-0", "prefill", "running", {"queued": 1.0}),
+            WorkerStatus("decode-0", "decode", "running", {"free_kv_blocks": 42.0}),
+        )
+        return ClusterStatus(self.model_name, workers, len(self._abort_events), "http://127.0.0.1:8265")
+
+
+class LoopThread:
+    """An asyncio event loop running in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, _T], timeout: float = 30.0) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)

@@ -1,0 +1,291 @@
+"""The gRPC gateway and the SDK (sync and async) against an in-process fake backend."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+pytest.importorskip("grpc")
+
+from client import (  # noqa: E402
+    NO_RETRY,
+    AsyncTetriServeClient,
+    DeadlineExceeded,
+    InternalError,
+    InvalidArgument,
+    RetryPolicy,
+    TetriServeClient,
+    Unavailable,
+)
+from control_plane.detokenizer import IncrementalDetokenizer  # noqa: E402
+from control_plane.frontdoor import FrontDoor  # noqa: E402
+from control_plane.gateway_grpc import start_grpc_server  # noqa: E402
+from tests.fakes import FakeBackend, LoopThread, tokenizer_dir, wait_until  # noqa: E402
+
+FAST_RETRY = RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0.05)
+# Characters outside the test tokenizer's training text: each is split over several byte tokens.
+MULTIBYTE = "日本語 🚀 ĳ ok"
+
+
+@dataclass
+class GrpcEnv:
+    backend: FakeBackend
+    front: FrontDoor
+    loop: LoopThread
+    target: str
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[GrpcEnv]:
+    backend = FakeBackend(tokenizer_dir())
+    front = FrontDoor(backend)
+    loop = LoopThread()
+    server, port = loop.run(start_grpc_server(backend, "127.0.0.1", 0, front=front))
+    yield GrpcEnv(backend, front, loop, f"127.0.0.1:{port}")
+    loop.run(server.stop(None))
+    loop.stop()
+
+
+@pytest.fixture()
+def backend(env: GrpcEnv) -> FakeBackend:
+    env.backend.reset()
+    return env.backend
+
+
+@pytest.fixture()
+def client(env: GrpcEnv) -> Iterator[TetriServeClient]:
+    with TetriServeClient(env.target, retry=FAST_RETRY) as c:
+        yield c
+
+
+def ids_of(env: GrpcEnv, text: str) -> list[int]:
+    return list(env.front.tokenize(text))
+
+
+# ---- streaming and results ---------------------------------------------------------------------
+
+
+def test_stream_echoes_prompt_text_with_usage_and_timing(env: GrpcEnv, backend: FakeBackend, client: TetriServeClient):
+    prompt = "hello world, this is a test"
+    n = len(ids_of(env, prompt))
+    chunks = list(client.generate(prompt, max_tokens=n, request_id="req-1"))
+    assert len(chunks) == n and all(c.request_id == "req-1" for c in chunks)
+    assert "".join(c.text for c in chunks) == prompt
+    assert chunks[0].ttft_ms is not None and chunks[0].ttft_ms >= 0
+    assert all(c.finish_reason is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last.finish_reason == "length" and last.e2e_ms is not None
+    assert last.usage is not None and (last.usage.prompt_tokens, last.usage.completion_tokens) == (n, n)
+    assert last.metrics["fake_metric"] == 1.0
+    assert backend.requests[0].sampling.max_tokens == n
+
+
+def test_multibyte_characters_are_never_split(env: GrpcEnv, backend: FakeBackend, client: TetriServeClient):
+    n = len(ids_of(env, MULTIBYTE))
+    assert n > len(MULTIBYTE.split()) + 3, "test needs characters spread over several tokens"
+    chunks = list(client.generate(MULTIBYTE, max_tokens=n))
+    assert all("\ufffd" not in c.text for c in chunks)
+    assert any(c.text == "" for c in chunks)  # held back mid-character
+    assert "".join(c.text for c in chunks) == MULTIBYTE
+
+
+def test_detokenizer_flushes_incomplete_tail(env: GrpcEnv):
+    ids = ids_of(env, "🚀")
+    detok = IncrementalDetokenizer(env.front.tokenizer, [])
+    assert len(ids) > 1 and detok.add(ids[:-1]) == ""
+    assert "\ufffd" in detok.flush()  # the stream ended mid-character: flushed as U+FFFD
+    assert detok.flush() == ""
+    detok = IncrementalDetokenizer(env.front.tokenizer, [])
+    assert "".join(detok.add([t]) for t in ids) + detok.flush() == "🚀"
+
+
+def test_complete_and_token_id_prompts(env: GrpcEnv, backend: FakeBackend, client: TetriServeClient):
+    result = client.complete([5, 6, 7], max_tokens=5, temperature=0.0, top_k=-1, seed=3, slo_ttft_ms=100.0)
+    assert result.token_ids == (5, 6, 7, 5, 6) and result.finish_reason == "length"
+    assert result.usage is not None and result.usage.total_tokens == 8
+    req = backend.requests[0]
+    assert (req.sampling.temperature, req.sampling.top_k, req.sampling.seed) == (0.0, 0, 3)
+    assert req.slo.ttft_ms == 100.0
+    stop = client.complete([5, 6, 7], max_tokens=5, stop_token_ids=[7])
+    assert stop.token_ids == (5, 6, 7) and stop.finish_reason == "stop"
+
+
+def test_default_max_tokens_is_capped_to_context_left(env: GrpcEnv, backend: FakeBackend, client: TetriServeClient):
+    prompt = [5] * (backend.max_model_len - 3)
+    assert len(client.complete(prompt).token_ids) == 3
+    assert len(client.complete([5]).token_ids) == 16
+
+
+def test_health_and_cluster_status(backend: FakeBackend, client: TetriServeClient):
+    health = client.health()
+    assert health.serving and health.model == "tiny-test"
+    backend.behavior.healthy = False
+    assert not client.health().serving
+    status = client.cluster_status()
+    assert status.model == "tiny-test" and status.dashboard_url.startswith("http")
+    assert [(w.worker_id, w.role) for w in status.workers] == [("prefill-0", "prefill"), ("decode-0", "decode")]
+    assert status.workers[1].load["free_kv_blocks"] == 42.0
+
+
+# ---- abort, cancel, deadline ---------------------------------------------------------------------
+
+
+def test_abort_rpc_ends_stream_with_abort(backend: FakeBackend, client: TetriServeClient):
+    backend.behavior.token_delay_s = 0.02
+    stream = client.generate([5, 6], max_tokens=60)
+    first = next(stream)
+    assert first.token_ids == (5,)
+    assert client.abort(stream.request_id) is True
+    rest = list(stream)
+    assert rest[-1].finish_reason == "abort" and len(rest) < 59
+    assert client.abort("no-such-request") is False
+
+
+def test_client_cancel_mid_stream_aborts_backend(backend: FakeBackend, client: TetriServeClient):
+    backend.behavior.token_delay_s = 0.02
+    with client.generate([5, 6], max_tokens=60) as stream:
+        next(stream)
+        next(stream)
+    wait_until(lambda: stream.request_id in backend.abort_calls, what="backend.abort after cancel")
+    wait_until(lambda: stream.request_id in backend.closed_early, what="backend stream closed")
+
+
+def test_deadline_exceeded(backend: FakeBackend, client: TetriServeClient):
+    backend.behavior.token_delay_s = 0.1
+    stream = client.generate([5, 6], max_tokens=60, timeout=0.3)
+    with pytest.raises(DeadlineExceeded) as info:
+        list(stream)
+    assert info.value.request_id == stream.request_id
+    wait_until(lambda: stream.request_id in backend.abort_calls, what="backend.abort after deadline")
+
+
+# ---- retries ---------------------------------------------------------------------------------------
+
+
+def test_unavailable_is_retried_before_first_token(backend: FakeBackend, client: TetriServeClient):
+    backend.behavior.fail_first_calls = 2
+    result = client.complete([5, 6], max_tokens=3)
+    assert result.token_ids == (5, 6, 5)
+    assert backend.generate_calls == 3
+
+
+def test_unavailable_surfaces_when_retries_run_out(env: GrpcEnv, backend: FakeBackend):
+    backend.behavior.fail_first_calls = 1
+    with TetriServeClient(env.target, retry=NO_RETRY) as c, pytest.raises(Unavailable, match="no prefill worker"):
+        c.complete([5], max_tokens=2)
+    assert backend.generate_calls == 1
+
+
+def test_no_retry_after_first_token(backend: FakeBackend, client: TetriServeClient):
+    backend.behavior.fail_after_tokens = 2
+    got = []
+    with pytest.raises(Unavailable, match="decode worker lost"):
+        for chunk in client.generate([5, 6, 7], max_tokens=10):
+            got.append(chunk)
+    assert [c.token_ids for c in got] == [(5,), (6,)]
+    assert backend.generate_calls == 1
+
+
+def test_retry_until_a_late_server_starts(env: GrpcEnv, backend: FakeBackend):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    handle: dict[str, Any] = {}
+
+    def start_later() -> None:
+        async def start() -> None:
+            handle["server"], _ = await start_grpc_server(backend, "127.0.0.1", port, front=env.front)
+
+        handle["task"] = env.loop.loop.create_task(start())
+
+    env.loop.loop.call_soon_threadsafe(env.loop.loop.call_later, 0.3, start_later)
+    fast_reconnect = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 100)]
+    policy = RetryPolicy(max_attempts=50, initial_backoff_s=0.05, max_backoff_s=0.1)
+    try:
+        with TetriServeClient(f"127.0.0.1:{port}", retry=policy, channel_options=fast_reconnect) as c:
+            assert c.complete([5, 6], max_tokens=2, timeout=10).token_ids == (5, 6)
+    finally:
+        wait_until(lambda: "server" in handle, what="late server started")
+        env.loop.run(handle["server"].stop(None))
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+
+
+def test_backend_error_is_internal_after_streamed_tokens(backend: FakeBackend, client: TetriServeClient):
+    backend.behavior.error_after_tokens = 2
+    got = []
+    with pytest.raises(InternalError, match="fake KV transfer failed"):
+        for chunk in client.generate([5, 6, 7], max_tokens=10):
+            got.append(chunk)
+    assert len(got) == 2
+    assert backend.abort_calls == []  # the request finished (with an error); nothing to abort
+
+
+BAD_INPUTS: list[tuple[str, Any, dict[str, Any], str]] = [
+    ("empty text", "", {}, "prompt"),
+    ("empty ids", [], {}, "prompt"),
+    ("prompt fills context", [5] * 64, {}, "prompt"),
+    ("id beyond vocab", [5, 100_000], {}, "prompt"),
+    ("negative id", [-1], {}, "prompt"),
+    ("max_tokens 0", "hi", {"max_tokens": 0}, "sampling.max_tokens"),
+    ("max_tokens too big", "hi", {"max_tokens": 64}, "sampling.max_tokens"),
+    ("unknown model", "hi", {"model": "gpt-17"}, "model"),
+    ("temperature -1", "hi", {"temperature": -1.0}, "sampling.temperature"),
+    ("temperature 2.5", "hi", {"temperature": 2.5}, "sampling.temperature"),
+    ("top_p 0", "hi", {"top_p": 0.0}, "sampling.top_p"),
+    ("top_p 2", "hi", {"top_p": 2.0}, "sampling.top_p"),
+    ("top_k -2", "hi", {"top_k": -2}, "sampling.top_k"),
+    ("stop id beyond vocab", "hi", {"stop_token_ids": [100_000]}, "sampling.stop_token_ids"),
+    ("negative slo", "hi", {"slo_ttft_ms": -5.0}, "slo.ttft_ms"),
+]
+
+
+@pytest.mark.parametrize(("prompt", "options", "field"), [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_is_invalid_argument_naming_the_field(
+    backend: FakeBackend, client: TetriServeClient, prompt: Any, options: dict[str, Any], field: str
+):
+    with pytest.raises(InvalidArgument) as info:
+        client.complete(prompt, **options)
+    assert info.value.field == field
+    assert field in str(info.value)
+    assert backend.generate_calls == 0
+
+
+# ---- async client ---------------------------------------------------------------------------------
+
+
+def test_async_client_end_to_end(env: GrpcEnv, backend: FakeBackend):
+    async def scenario() -> None:
+        async with AsyncTetriServeClient(env.target, retry=FAST_RETRY) as c:
+            assert (await c.health()).serving
+            assert len((await c.cluster_status()).workers) == 2
+            n = len(ids_of(env, MULTIBYTE))
+            async with c.generate(MULTIBYTE, max_tokens=n) as stream:
+                texts = [chunk.text async for chunk in stream]
+            assert "".join(texts) == MULTIBYTE
+            backend.behavior.fail_first_calls = 1
+            assert (await c.complete([5, 6], max_tokens=3)).token_ids == (5, 6, 5)
+            with pytest.raises(InvalidArgument) as info:
+                await c.complete("hi", top_p=5.0)
+            assert info.value.field == "sampling.top_p"
+            backend.behavior.token_delay_s = 0.02
+            stream = c.generate([5, 6], max_tokens=60)
+            await stream.__anext__()
+            assert await c.abort(stream.request_id)
+            assert [chunk.finish_reason async for chunk in stream][-1] == "abort"
+            stream = c.generate([5, 6], max_tokens=60)
+            await stream.__anext__()
+            await stream.aclose()
+            with pytest.raises(DeadlineExceeded):
+                await c.complete([5], max_tokens=60, timeout=0.2)
+        return stream.request_id
+
+    rid = asyncio.run(scenario())
+    wait_until(lambda: rid in backend.abort_calls, what="backend.abort after async cancel")
+    assert backend.generate_calls == 6  # 1 + (1 failed + 1) + 1 + 1 + 1; the invalid one never reached it

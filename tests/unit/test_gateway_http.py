@@ -1,0 +1,252 @@
+"""The OpenAI-compatible HTTP gateway on a real uvicorn server, driven by httpx and the openai client."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from control_plane.frontdoor import FrontDoor
+from control_plane.gateway_http import HttpServerHandle, start_http_server
+from tests.fakes import FakeBackend, LoopThread, tokenizer_dir, wait_until
+
+MULTIBYTE = "日本語 🚀 ĳ ok"
+
+
+@dataclass
+class HttpEnv:
+    backend: FakeBackend
+    front: FrontDoor
+    url: str
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[HttpEnv]:
+    backend = FakeBackend(tokenizer_dir())
+    front = FrontDoor(backend)
+    loop = LoopThread()
+    handle: HttpServerHandle = loop.run(start_http_server(backend, "127.0.0.1", 0, front=front))
+    yield HttpEnv(backend, front, handle.url)
+    loop.run(handle.stop())
+    loop.stop()
+
+
+@pytest.fixture()
+def backend(env: HttpEnv) -> FakeBackend:
+    env.backend.reset()
+    return env.backend
+
+
+@pytest.fixture()
+def http(env: HttpEnv) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=env.url, timeout=10) as c:
+        yield c
+
+
+def sse_events(response: httpx.Response) -> list[Any]:
+    """The decoded ``data:`` payloads of an SSE response (``"[DONE]"`` kept as a string)."""
+    events: list[Any] = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line.removeprefix("data: ")
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def n_tokens(env: HttpEnv, text: str) -> int:
+    return len(env.front.tokenize(text))
+
+
+# ---- happy paths ---------------------------------------------------------------------------------
+
+
+def test_models_and_health(env: HttpEnv, backend: FakeBackend, http: httpx.Client):
+    card = http.get("/v1/models").json()["data"][0]
+    assert (card["id"], card["root"], card["max_model_len"]) == ("tiny-test", env.backend.model_path, 64)
+    assert http.get("/health").status_code == 200
+    backend.behavior.healthy = False
+    assert http.get("/health").status_code == 503
+
+
+def test_completion_non_streaming_with_usage(env: HttpEnv, backend: FakeBackend, http: httpx.Client):
+    n = n_tokens(env, MULTIBYTE)
+    r = http.post("/v1/completions", json={"model": "tiny-test", "prompt": MULTIBYTE, "max_tokens": n})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["choices"][0]["text"] == MULTIBYTE and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": n, "completion_tokens": n, "total_tokens": 2 * n}
+
+
+@pytest.mark.parametrize("prompt", [[MULTIBYTE], "ids", "nested-ids"])
+def test_completion_prompt_forms(env: HttpEnv, backend: FakeBackend, http: httpx.Client, prompt: Any):
+    ids = list(env.front.tokenize(MULTIBYTE))
+    prompt = {"ids": ids, "nested-ids": [ids]}.get(prompt, prompt) if isinstance(prompt, str) else prompt
+    r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": len(ids)})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == MULTIBYTE
+
+
+def test_completion_default_max_tokens_is_16(backend: FakeBackend, http: httpx.Client):
+    r = http.post("/v1/completions", json={"prompt": [5, 6]})
+    assert r.json()["usage"]["completion_tokens"] == 16
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_completion_streaming(env: HttpEnv, backend: FakeBackend, http: httpx.Client, include_usage: bool):
+    n = n_tokens(env, MULTIBYTE)
+    body = {"prompt": MULTIBYTE, "max_tokens": n, "stream": True, "stream_options": {"include_usage": include_usage}}
+    with http.stream("POST", "/v1/completions", json=body, headers={"x-request-id": "http-1"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["x-request-id"] == "http-1"
+        events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    assert len(chunks) == n and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all("\ufffd" not in c["choices"][0]["text"] for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == MULTIBYTE
+    usage_events = [e for e in events[:-1] if not e["choices"]]
+    if include_usage:
+        assert [e["usage"] for e in usage_events] == [{"prompt_tokens": n, "completion_tokens": n, "total_tokens": 2 * n}]
+    else:
+        assert usage_events == [] and "usage" not in chunks[0]
+    assert backend.requests[0].request_id == "http-1"
+
+
+def test_chat_completion(env: HttpEnv, backend: FakeBackend, http: httpx.Client):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    r = http.post("/v1/chat/completions", json={"messages": messages, "max_completion_tokens": 4})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
+    expected = env.front.chat_prompt([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+    assert backend.requests[0].prompt_token_ids == expected
+    assert body["usage"]["prompt_tokens"] == len(expected) and body["usage"]["completion_tokens"] == 4
+    stream_body = {"messages": messages, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    with http.stream("POST", "/v1/chat/completions", json=stream_body) as r:
+        events = sse_events(r)
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+    assert deltas[0]["role"] == "assistant" and len(deltas) == 3
+    assert events[-2]["usage"]["completion_tokens"] == 3 and events[-1] == "[DONE]"
+
+
+def test_chat_default_max_tokens_uses_context_left(backend: FakeBackend, http: httpx.Client):
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    usage = r.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 64
+
+
+# ---- errors --------------------------------------------------------------------------------------
+
+BAD: list[tuple[str, str, Any, int, str | None]] = [
+    ("empty prompt", "/v1/completions", {"prompt": ""}, 400, "prompt"),
+    ("empty ids", "/v1/completions", {"prompt": []}, 400, "prompt"),
+    ("prompt too long", "/v1/completions", {"prompt": [5] * 64}, 400, "prompt"),
+    ("two prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("id beyond vocab", "/v1/completions", {"prompt": [100_000]}, 400, "prompt"),
+    ("missing prompt", "/v1/completions", {"max_tokens": 3}, 400, "prompt"),
+    ("max_tokens 0", "/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("max_tokens too big", "/v1/completions", {"prompt": "hi", "max_tokens": 64}, 400, "max_tokens"),
+    ("unknown model", "/v1/completions", {"prompt": "hi", "model": "gpt-17"}, 404, "model"),
+    ("temperature -1", "/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+    ("top_p 2", "/v1/completions", {"prompt": "hi", "top_p": 2}, 400, "top_p"),
+    ("n 2", "/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("stop strings", "/v1/completions", {"prompt": "hi", "stop": ["\n"]}, 400, "stop"),
+    ("logprobs", "/v1/completions", {"prompt": "hi", "logprobs": 2}, 400, "logprobs"),
+    ("wrong type", "/v1/completions", {"prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
+    ("malformed json", "/v1/completions", b'{"prompt": "hi",', 400, None),
+    ("chat no messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("chat image part", "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages[0].content"),
+    ("chat too many tokens", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 64}, 400, "max_completion_tokens"),
+    ("chat n 2", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body", "status", "param"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_is_openai_error(
+    backend: FakeBackend, http: httpx.Client, path: str, body: Any, status: int, param: str | None
+):
+    if isinstance(body, bytes):
+        r = http.post(path, content=body, headers={"content-type": "application/json"})
+    else:
+        r = http.post(path, json=body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    if param:
+        assert param in error["message"]
+    if status == 404:
+        assert error["code"] == "model_not_found"
+    if isinstance(body, bytes):
+        assert error["code"] == "invalid_json"
+    assert backend.generate_calls == 0
+
+
+def test_backend_errors(backend: FakeBackend, http: httpx.Client):
+    backend.behavior.fail_first_calls = 1
+    r = http.post("/v1/completions", json={"prompt": [5], "max_tokens": 3})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "backend_unavailable"
+    backend.behavior.error_after_tokens = 2
+    r = http.post("/v1/completions", json={"prompt": [5], "max_tokens": 5})
+    assert r.status_code == 500 and "fake KV transfer failed" in r.json()["error"]["message"]
+    with http.stream("POST", "/v1/completions", json={"prompt": [5], "max_tokens": 5, "stream": True}) as r:
+        events = sse_events(r)
+    assert len(events) == 4 and "fake KV transfer failed" in events[2]["error"]["message"] and events[3] == "[DONE]"
+
+
+# ---- disconnects ---------------------------------------------------------------------------------
+
+
+def test_disconnect_mid_stream_aborts(env: HttpEnv, backend: FakeBackend):
+    backend.behavior.token_delay_s = 0.02
+    body = {"prompt": [5, 6], "max_tokens": 60, "stream": True}
+    with httpx.Client(base_url=env.url) as c, c.stream("POST", "/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+    wait_until(lambda: len(backend.abort_calls) == 1, what="backend.abort after disconnect")
+    assert backend.abort_calls == [backend.requests[0].request_id] == backend.closed_early
+
+
+def test_disconnect_while_waiting_for_whole_response_aborts(env: HttpEnv, backend: FakeBackend):
+    backend.behavior.token_delay_s = 0.05
+    with httpx.Client(base_url=env.url, timeout=0.3) as c, pytest.raises(httpx.ReadTimeout):
+        c.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 60})
+    wait_until(lambda: len(backend.abort_calls) == 1, what="backend.abort after disconnect")
+
+
+# ---- the official openai client --------------------------------------------------------------------
+
+
+def test_openai_client(env: HttpEnv, backend: FakeBackend):
+    openai = pytest.importorskip("openai")
+    n = n_tokens(env, MULTIBYTE)
+    with openai.OpenAI(base_url=f"{env.url}/v1", api_key="unused", max_retries=0) as oa:
+        assert [m.id for m in oa.models.list()] == ["tiny-test"]
+        done = oa.completions.create(model="tiny-test", prompt=MULTIBYTE, max_tokens=n)
+        assert done.choices[0].text == MULTIBYTE and done.usage is not None and done.usage.completion_tokens == n
+        stream = oa.completions.create(
+            model="tiny-test", prompt=MULTIBYTE, max_tokens=n, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = list(stream)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == MULTIBYTE
+        assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 2 * n
+        chat = oa.chat.completions.create(
+            model="tiny-test", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=3
+        )
+        assert chat.choices[0].message.role == "assistant" and chat.usage is not None
+        chat_stream = oa.chat.completions.create(
+            model="tiny-test", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+        )
+        assert sum(1 for c in chat_stream if c.choices) == 3
+        with pytest.raises(openai.BadRequestError) as bad:
+            oa.completions.create(model="tiny-test", prompt="hi", n=2)
+        assert bad.value.body["param"] == "n"  # type: ignore[index]
+        with pytest.raises(openai.NotFoundError):
+            oa.completions.create(model="gpt-17", prompt="hi")

@@ -1,0 +1,88 @@
+"""The transport API every KV transfer backend implements (TetriInfer §3.3.4, DESIGN.md §5).
+
+Two-sided backends implement ``send``/``recv``::
+
+    sender                                   receiver
+    h = t.send(dst, key, buffers, deadline)  ... t.recv(key) -> None (not yet)
+    h.state  PENDING ─▶ DONE | FAILED        ... t.recv(key) -> [buf, buf, ...]
+
+Nothing blocks the caller: ``send`` returns a handle that is polled, ``recv``
+returns ``None`` until every byte of ``key`` has landed. Backpressure and
+failure are states and return values, not exceptions. One-sided backends
+(``read``/``write``, e.g. RDMA or NVLink) are a later addition behind the same
+registry; the TCP and in-process backends are two-sided.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+Buffer = bytes | bytearray | memoryview
+
+
+class TransferState(enum.Enum):
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class TransferHandle:
+    """Progress of one ``send``; completed by the backend's I/O thread, polled by the caller."""
+
+    def __init__(self, key: str, nbytes: int) -> None:
+        self.key = key
+        self.nbytes = nbytes
+        self.started = time.monotonic()
+        self.finished: float | None = None
+        self.error: str | None = None
+        self._state = TransferState.PENDING
+        self._done = threading.Event()
+
+    @property
+    def state(self) -> TransferState:
+        return self._state
+
+    def complete(self, error: str | None = None) -> None:
+        self.error = error
+        self.finished = time.monotonic()
+        self._state = TransferState.FAILED if error else TransferState.DONE
+        self._done.set()
+
+    def wait(self, timeout: float | None = None) -> TransferState:
+        """For tests and shutdown only; engine loops poll ``state``."""
+        self._done.wait(timeout)
+        return self._state
+
+
+@dataclass(frozen=True)
+class TransportStats:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    transfers_sent: int = 0
+    transfers_received: int = 0
+    transfers_failed: int = 0
+    expired: int = 0
+
+
+class Transport(Protocol):
+    """A two-sided transport endpoint, addressable by ``address``."""
+
+    @property
+    def address(self) -> str: ...
+
+    def send(self, dst: str, key: str, buffers: Sequence[Buffer], deadline_s: float) -> TransferHandle: ...
+
+    def recv(self, key: str) -> list[bytearray] | None: ...
+
+    def discard(self, key: str) -> bool:
+        """Drop received (or late-arriving) data for ``key``; True if something was dropped."""
+        ...
+
+    def stats(self) -> TransportStats: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,33 @@
+"""Process-wide transport endpoints, shared by a worker actor and the KV connector inside its engine.
+
+The worker actor creates its endpoint (so it knows the address it advertises)
+and the connector, built later by vLLM in the same process, looks it up by
+name. A connector in a process with no registered endpoint creates one from
+its ``listen`` setting.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from transport.api import Transport
+from transport.registry import make_transport
+
+_ENDPOINTS: dict[str, Transport] = {}
+_LOCK = threading.Lock()
+
+
+def get_or_create(name: str, backend: str = "tcp", listen: str = "127.0.0.1:0") -> Transport:
+    with _LOCK:
+        endpoint = _ENDPOINTS.get(name)
+        if endpoint is None:
+            endpoint = make_transport(backend, listen)
+            _ENDPOINTS[name] = endpoint
+        return endpoint
+
+
+def close_all() -> None:
+    with _LOCK:
+        for endpoint in _ENDPOINTS.values():
+            endpoint.close()
+        _ENDPOINTS.clear()

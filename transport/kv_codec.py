@@ -1,0 +1,87 @@
+"""Pack a request's KV blocks into transport buffers and unpack them into another engine's blocks.
+
+Engine-agnostic: works on a ``{layer_name: tensor}`` map whose block
+dimension is located once (``block_dim``). Every attention layout vLLM uses
+keeps all of a block's K and V inside that block's slice (on CPU the layout is
+``[num_blocks, kv_heads, block_size, 2*head_dim]``), so copying whole blocks of
+every layer moves the complete KV state of the first ``num_tokens`` tokens.
+
+Buffers: ``[header_json, layer_0, ..., layer_{L-1}]``; each layer buffer holds
+``n_blocks`` consecutive block slices in the order of the request's block table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.uint8)}
+
+
+def block_dim(tensor: torch.Tensor, num_blocks: int) -> int:
+    """The dimension of a KV layer tensor that indexes blocks (0 or 1)."""
+    for dim in (0, 1):
+        if tensor.dim() > dim and tensor.shape[dim] == num_blocks:
+            return dim
+    raise ValueError(f"cannot find a block dimension of size {num_blocks} in KV tensor of shape {tuple(tensor.shape)}")
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return math.ceil(num_tokens / block_size)
+
+
+@dataclass(frozen=True)
+class PackedKV:
+    buffers: list[memoryview]
+    nbytes: int
+    num_blocks: int
+
+
+def pack(
+    layers: Mapping[str, torch.Tensor], dim: int, block_ids: Sequence[int], num_tokens: int, block_size: int
+) -> PackedKV:
+    n = blocks_for(num_tokens, block_size)
+    if len(block_ids) < n:
+        raise ValueError(f"pack: {num_tokens} tokens need {n} blocks, request holds {len(block_ids)}")
+    names = list(layers)
+    first = layers[names[0]]
+    idx = torch.tensor(list(block_ids[:n]), dtype=torch.long, device=first.device)
+    bufs: list[memoryview] = []
+    for name in names:
+        part = layers[name].index_select(dim, idx).contiguous().cpu()
+        bufs.append(memoryview(part.view(torch.uint8).numpy()).cast("B"))
+    shape = list(first.shape)
+    shape[dim] = n
+    header = {"num_tokens": num_tokens, "block_size": block_size, "layers": names, "shape": shape,
+              "dtype": str(first.dtype), "dim": dim}
+    head = memoryview(json.dumps(header).encode())
+    return PackedKV([head, *bufs], sum(b.nbytes for b in bufs), n)
+
+
+def unpack_into(
+    layers: Mapping[str, torch.Tensor], dim: int, block_ids: Sequence[int], buffers: Sequence[bytearray]
+) -> int:
+    """Copy received blocks into ``block_ids``; returns the number of tokens restored."""
+    header = json.loads(bytes(buffers[0]))
+    names: list[str] = header["layers"]
+    if len(buffers) != len(names) + 1:
+        raise ValueError(f"unpack: header names {len(names)} layers but {len(buffers) - 1} buffers arrived")
+    if set(names) != set(layers):
+        raise ValueError("unpack: sender and receiver have different attention layers (different models?)")
+    n = blocks_for(int(header["num_tokens"]), int(header["block_size"]))
+    if len(block_ids) < n:
+        raise ValueError(f"unpack: {n} blocks arrived, request holds {len(block_ids)}")
+    dtype = _DTYPES[header["dtype"]]
+    shape = header["shape"]
+    for name, buf in zip(names, buffers[1:], strict=True):
+        dst = layers[name]
+        if dst.dtype != dtype or list(dst.shape[:dim]) + list(dst.shape[dim + 1 :]) != shape[:dim] + shape[dim + 1 :]:
+            raise ValueError(f"unpack: layer {name} is {dst.dtype}{tuple(dst.shape)}, sender sent {dtype}{shape}")
+        src = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
+        idx = torch.tensor(list(block_ids[:n]), dtype=torch.long, device=dst.device)
+        dst.index_copy_(dim, idx, src.to(dst.device))
+    return int(header["num_tokens"])

@@ -1,0 +1,282 @@
+"""tetriserve's vLLM KV connector: push a request's prefilled KV to its decode engine (TetriInfer §3.3.4).
+
+Loaded by vLLM through ``kv_connector_module_path="transport.kv_connector"``,
+``kv_connector="TetriKVConnector"``. Per-request instructions arrive in
+``SamplingParams.extra_args["kv_transfer_params"]["tetriserve"]``:
+
+    prefill engine  {"mode": "send", "dst": "<decode endpoint>", "key": k}
+    decode engine   {"mode": "recv", "key": k, "num_tokens": L}
+
+Lifecycle (request-level transfer, as in the paper)::
+
+    PREFILL ENGINE                                   DECODE ENGINE
+    sched: step that finishes the prompt  ──meta──▶  worker.wait_for_save:
+           pack blocks of all layers, transport.send(dst, k)  ─────TCP─────▶  ReceiveStore[k]
+                                                     sched: get_num_new_matched_tokens = (L, async)
+                                                            request waits in WAITING_FOR_REMOTE_KVS
+                                                     worker.start_load_kv polls recv(k) every step,
+                                                            copies blocks in, reports finished_recving
+                                                     sched: request runs; only token L+1 is computed
+
+The copy out of the prefill engine's blocks is synchronous inside the step
+(so blocks free normally); the network send is asynchronous. A load that
+misses its deadline or fails validation reports its blocks as load errors,
+and vLLM's ``kv_load_failure_policy="fail"`` finishes the request with an
+error instead of recomputing the prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from transport import endpoints, kv_codec
+from transport.api import TransferHandle, TransferState
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+PARAMS_KEY = "tetriserve"
+
+
+@dataclass(frozen=True)
+class KVCounters:
+    """Process-wide totals (one engine per worker process)."""
+
+    bytes_sent: int = 0
+    requests_sent: int = 0
+    send_failures: int = 0
+    bytes_loaded: int = 0
+    requests_loaded: int = 0
+    tokens_loaded: int = 0
+    load_failures: int = 0
+    pending_loads: int = 0
+
+
+_COUNTERS = KVCounters()
+_COUNTERS_LOCK = threading.Lock()
+
+
+def counters() -> KVCounters:
+    with _COUNTERS_LOCK:
+        return _COUNTERS
+
+
+def _bump(**delta: int) -> None:
+    global _COUNTERS
+    with _COUNTERS_LOCK:
+        _COUNTERS = replace(_COUNTERS, **{k: getattr(_COUNTERS, k) + v for k, v in delta.items()})
+
+
+@dataclass(frozen=True)
+class SendSpec:
+    req_id: str
+    key: str
+    dst: str
+    block_ids: tuple[int, ...]
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    req_id: str
+    key: str
+    block_ids: tuple[int, ...]
+    num_tokens: int
+
+
+@dataclass
+class TetriKVMetadata(KVConnectorMetadata):
+    sends: list[SendSpec] = field(default_factory=list)
+    loads: list[LoadSpec] = field(default_factory=list)
+    cancelled: list[tuple[str, str]] = field(default_factory=list)  # (req_id, key)
+
+
+@dataclass
+class _Producer:
+    key: str
+    dst: str
+    prompt_len: int
+    block_ids: list[int]
+
+
+def _params(request: Request) -> dict[str, Any] | None:
+    params = request.kv_transfer_params or {}
+    value = params.get(PARAMS_KEY)
+    return value if isinstance(value, dict) else None
+
+
+class TetriKVConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self._block_size = vllm_config.cache_config.block_size
+        self._deadline_s = float(extra.get("deadline_s", 30.0))
+        # scheduler side
+        self._producers: dict[str, _Producer] = {}
+        self._load_requested: set[str] = set()
+        self._pending_loads: list[LoadSpec] = []
+        self._cancelled: list[tuple[str, str]] = []
+        # worker side
+        self._layers: dict[str, torch.Tensor] = {}
+        self._dim = 0
+        self._loading: dict[str, tuple[LoadSpec, float]] = {}
+        self._finished_recving: set[str] = set()
+        self._error_blocks: set[int] = set()
+        self._sending: list[TransferHandle] = []
+        self._transport = None
+        if role == KVConnectorRole.WORKER:
+            self._transport = endpoints.get_or_create(
+                str(extra.get("endpoint", "default")), str(extra.get("backend", "tcp")), str(extra.get("listen", "127.0.0.1:0"))
+            )
+
+    # ============================== scheduler side ==============================
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        params = _params(request)
+        if params is None or params.get("mode") != "recv" or request.request_id in self._load_requested:
+            return 0, False
+        remaining = int(params["num_tokens"]) - num_computed_tokens
+        return (remaining, True) if remaining > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        params = _params(request)
+        if params is None or num_external_tokens <= 0 or params.get("mode") != "recv":
+            return
+        self._load_requested.add(request.request_id)
+        block_ids = tuple(blocks.get_block_ids()[0])
+        self._pending_loads.append(LoadSpec(request.request_id, str(params["key"]), block_ids, int(params["num_tokens"])))
+
+    def on_new_request(self, request: Request) -> None:
+        params = _params(request)
+        if params is not None and params.get("mode") == "send":
+            self._producers[request.request_id] = _Producer(
+                str(params["key"]), str(params["dst"]), len(request.prompt_token_ids or ()), []
+            )
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = TetriKVMetadata(loads=self._pending_loads, cancelled=self._cancelled)
+        self._pending_loads, self._cancelled = [], []
+        progress: dict[str, int] = {}
+        for new in scheduler_output.scheduled_new_reqs:
+            if new.req_id in self._producers:
+                self._producers[new.req_id].block_ids = list(new.block_ids[0])
+                progress[new.req_id] = new.num_computed_tokens
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            prod = self._producers.get(req_id)
+            if prod is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                prod.block_ids = list(new_ids[0]) if new_ids else []
+            elif new_ids:
+                prod.block_ids.extend(new_ids[0])
+            progress[req_id] = cached.num_computed_tokens[i]
+        for req_id, computed in progress.items():
+            prod = self._producers[req_id]
+            if computed + scheduler_output.num_scheduled_tokens.get(req_id, 0) >= prod.prompt_len:
+                meta.sends.append(SendSpec(req_id, prod.key, prod.dst, tuple(prod.block_ids), prod.prompt_len))
+                del self._producers[req_id]
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._producers.pop(request.request_id, None)
+        if request.request_id in self._load_requested:
+            self._load_requested.discard(request.request_id)
+            params = _params(request) or {}
+            self._cancelled.append((request.request_id, str(params.get("key", ""))))
+        return False, None
+
+    # ============================== worker side =================================
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._layers = dict(kv_caches)
+        first = next(iter(self._layers.values()))
+        self._dim = kv_codec.block_dim(first, self._kv_cache_config.num_blocks)
+        logger.info("kv connector: %d layers, block dim %d, layer shape %s", len(self._layers), self._dim, tuple(first.shape))
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, TetriKVMetadata)
+        assert self._transport is not None
+        for spec in meta.loads:
+            self._loading[spec.req_id] = (spec, time.monotonic() + self._deadline_s)
+        for req_id, key in meta.cancelled:
+            if self._loading.pop(req_id, None) is not None or key:
+                self._transport.discard(key)
+        now = time.monotonic()
+        for req_id, (spec, deadline) in list(self._loading.items()):
+            buffers = self._transport.recv(spec.key)
+            if buffers is None and now < deadline:
+                continue
+            del self._loading[req_id]
+            self._finished_recving.add(req_id)
+            if buffers is None:
+                logger.error("kv load for %s missed its %.1f s deadline", req_id, self._deadline_s)
+                self._fail_load(spec)
+                continue
+            try:
+                tokens = kv_codec.unpack_into(self._layers, self._dim, spec.block_ids, buffers)
+            except ValueError as exc:
+                logger.error("kv load for %s rejected: %s", req_id, exc)
+                self._fail_load(spec)
+                continue
+            _bump(bytes_loaded=sum(len(b) for b in buffers[1:]), requests_loaded=1, tokens_loaded=tokens)
+        with _COUNTERS_LOCK:
+            global _COUNTERS
+            _COUNTERS = replace(_COUNTERS, pending_loads=len(self._loading))
+
+    def _fail_load(self, spec: LoadSpec) -> None:
+        self._error_blocks.update(spec.block_ids)
+        _bump(load_failures=1)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
+        return
+
+    def wait_for_save(self) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, TetriKVMetadata)
+        assert self._transport is not None
+        for spec in meta.sends:
+            packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)
+            self._sending.append(self._transport.send(spec.dst, spec.key, packed.buffers, self._deadline_s))
+        self._reap_sends()
+
+    def _reap_sends(self) -> None:
+        still: list[TransferHandle] = []
+        for handle in self._sending:
+            if handle.state == TransferState.PENDING:
+                still.append(handle)
+            elif handle.state == TransferState.DONE:
+                _bump(bytes_sent=handle.nbytes, requests_sent=1)
+            else:
+                logger.error("kv send %s failed: %s", handle.key, handle.error)
+                _bump(send_failures=1)
+        self._sending = still
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        done, self._finished_recving = self._finished_recving, set()
+        return None, (done or None)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._error_blocks = self._error_blocks, set()
+        return errors

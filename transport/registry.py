@@ -1,0 +1,22 @@
+"""Backend registry: the transport name in the cluster config picks one of these."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from transport.api import Transport
+from transport.inproc import InProcTransport
+from transport.tcp import TcpTransport
+
+BACKENDS: dict[str, Callable[[str], Transport]] = {
+    "tcp": lambda listen: TcpTransport(listen),
+    "inproc": lambda listen: InProcTransport(listen),
+}
+
+
+def make_transport(name: str, listen: str) -> Transport:
+    try:
+        factory = BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"transport: unknown backend {name!r}; known: {sorted(BACKENDS)}") from None
+    return factory(listen)

@@ -1,0 +1,64 @@
+"""Landing area for received transfers, shared by the two-sided backends.
+
+A key is taken exactly once. Data for a discarded key (an aborted request)
+is dropped when it lands; data nobody takes within ``ttl_s`` expires, so an
+orphaned transfer cannot pin memory forever.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Entry:
+    buffers: list[bytearray]
+    landed: float = field(default_factory=time.monotonic)
+
+
+class ReceiveStore:
+    def __init__(self, ttl_s: float = 300.0) -> None:
+        self._ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+        self._discarded: dict[str, float] = {}
+        self.bytes_received = 0
+        self.transfers_received = 0
+        self.expired = 0
+
+    def put(self, key: str, buffers: list[bytearray]) -> bool:
+        """Store a landed transfer; False if the key was discarded beforehand."""
+        with self._lock:
+            self._expire_locked()
+            if self._discarded.pop(key, None) is not None:
+                return False
+            self._entries[key] = _Entry(buffers)
+            self.bytes_received += sum(len(b) for b in buffers)
+            self.transfers_received += 1
+            return True
+
+    def take(self, key: str) -> list[bytearray] | None:
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            return None if entry is None else entry.buffers
+
+    def discard(self, key: str) -> bool:
+        with self._lock:
+            if self._entries.pop(key, None) is not None:
+                return True
+            self._discarded[key] = time.monotonic()
+            return False
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def _expire_locked(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, e in self._entries.items() if now - e.landed > self._ttl_s]:
+            del self._entries[key]
+            self.expired += 1
+        for key in [k for k, t in self._discarded.items() if now - t > self._ttl_s]:
+            del self._discarded[key]

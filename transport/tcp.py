@@ -1,0 +1,182 @@
+"""TCP backend: KV bytes bounce through host memory over sockets (TetriInfer §4, the *Indirect* link).
+
+Wire format, one frame per transfer, many frames per pooled connection::
+
+    b"TSKV" | u32 header_len | header (JSON: key, sizes) | buffer_0 | ... | buffer_n
+    receiver replies one byte: 0x01 stored, 0x00 dropped (key was discarded)
+
+A listener thread accepts connections, one thread per connection reads
+frames into the ``ReceiveStore``. Sends run on a small thread pool; the caller
+polls the returned ``TransferHandle``. Each send has a deadline that bounds
+connect, write and acknowledgement together.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import socket
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from transport.api import Buffer, TransferHandle, TransportStats
+from transport.store import ReceiveStore
+
+logger = logging.getLogger(__name__)
+
+_MAGIC = b"TSKV"
+_HDR = struct.Struct("!4sI")
+_MAX_HEADER = 1 << 20
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("peer closed the connection")
+        got += k
+    return buf
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.removeprefix("tcp://").rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"transport address must be host:port, got {address!r}")
+    return host, int(port)
+
+
+class TcpTransport:
+    def __init__(self, listen: str = "127.0.0.1:0", ttl_s: float = 300.0, send_threads: int = 4) -> None:
+        self._store = ReceiveStore(ttl_s)
+        self._server = socket.create_server(parse_address(listen), reuse_port=False)
+        host, port = self._server.getsockname()[:2]
+        self._address = f"{host}:{port}"
+        self._closed = threading.Event()
+        self._pool: dict[str, queue.SimpleQueue[socket.socket]] = {}
+        self._pool_lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=send_threads, thread_name_prefix="kv-send")
+        self._stats_lock = threading.Lock()
+        self._bytes_sent = 0
+        self._sent = 0
+        self._failed = 0
+        threading.Thread(target=self._accept_loop, name=f"kv-listen-{port}", daemon=True).start()
+        logger.info("tcp transport listening on %s", self._address)
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    # -- sending ---------------------------------------------------------------
+    def send(self, dst: str, key: str, buffers: Sequence[Buffer], deadline_s: float) -> TransferHandle:
+        views = [memoryview(b).cast("B") for b in buffers]
+        handle = TransferHandle(key, sum(v.nbytes for v in views))
+        deadline = time.monotonic() + deadline_s
+        self._executor.submit(self._send_now, dst, key, views, deadline, handle)
+        return handle
+
+    def _send_now(
+        self, dst: str, key: str, views: list[memoryview], deadline: float, handle: TransferHandle
+    ) -> None:
+        header = json.dumps({"key": key, "sizes": [v.nbytes for v in views]}).encode()
+        for attempt in (0, 1):  # a pooled connection may have gone stale: retry once on a fresh one
+            sock = None
+            try:
+                sock = self._checkout(dst, deadline, fresh=attempt > 0)
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                sock.sendall(_HDR.pack(_MAGIC, len(header)) + header)
+                for v in views:
+                    sock.sendall(v)
+                ack = _recv_exact(sock, 1)
+                self._checkin(dst, sock)
+                with self._stats_lock:
+                    self._sent += 1
+                    self._bytes_sent += handle.nbytes
+                handle.complete(None if ack == b"\x01" else f"receiver dropped {key} (discarded)")
+                return
+            except (OSError, ConnectionError) as exc:
+                if sock is not None:
+                    sock.close()
+                if attempt == 1 or time.monotonic() >= deadline:
+                    with self._stats_lock:
+                        self._failed += 1
+                    handle.complete(f"send {key} to {dst} failed: {exc}")
+                    return
+
+    def _checkout(self, dst: str, deadline: float, fresh: bool) -> socket.socket:
+        if not fresh:
+            with self._pool_lock:
+                idle = self._pool.get(dst)
+            if idle is not None:
+                try:
+                    return idle.get_nowait()
+                except queue.Empty:
+                    pass
+        sock = socket.create_connection(parse_address(dst), timeout=max(deadline - time.monotonic(), 0.001))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _checkin(self, dst: str, sock: socket.socket) -> None:
+        with self._pool_lock:
+            self._pool.setdefault(dst, queue.SimpleQueue()).put(sock)
+
+    # -- receiving -------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve_conn, args=(conn,), name="kv-recv", daemon=True).start()
+
+    def _serve_conn(self, conn: socket.socket) -> None:
+        with conn:
+            while not self._closed.is_set():
+                try:
+                    magic, hlen = _HDR.unpack(_recv_exact(conn, _HDR.size))
+                except (OSError, ConnectionError):
+                    return
+                if magic != _MAGIC or hlen > _MAX_HEADER:
+                    logger.warning("tcp transport: bad frame from peer, closing connection")
+                    return
+                try:
+                    header = json.loads(_recv_exact(conn, hlen))
+                    buffers = [_recv_exact(conn, int(n)) for n in header["sizes"]]
+                    stored = self._store.put(str(header["key"]), buffers)
+                    conn.sendall(b"\x01" if stored else b"\x00")
+                except (OSError, ConnectionError, ValueError, KeyError) as exc:
+                    logger.warning("tcp transport: receive failed: %s", exc)
+                    return
+
+    def recv(self, key: str) -> list[bytearray] | None:
+        return self._store.take(key)
+
+    def discard(self, key: str) -> bool:
+        return self._store.discard(key)
+
+    def stats(self) -> TransportStats:
+        s = self._store
+        with self._stats_lock:
+            return TransportStats(
+                self._bytes_sent, s.bytes_received, self._sent, s.transfers_received, self._failed, s.expired
+            )
+
+    def close(self) -> None:
+        self._closed.set()
+        self._server.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._pool_lock:
+            for idle in self._pool.values():
+                while True:
+                    try:
+                        idle.get_nowait().close()
+                    except queue.Empty:
+                        break
+            self._pool.clear()
