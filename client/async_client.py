@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -81,7 +81,7 @@ class AsyncResponseStream:
     ) -> None:
         await self.aclose()
 
-    async def _run(self) -> AsyncIterator[Chunk]:
+    async def _run(self) -> AsyncGenerator[Chunk, None]:
         failed = 0
         got_response = False
         stub = self._stub_factory()
@@ -138,7 +138,7 @@ class AsyncTetriServeClient:
                 self._channel = grpc.aio.insecure_channel(self.target, options=self._channel_options)
             else:
                 self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=self._channel_options)
-            self._stub = pb_grpc.TetriServeStub(self._channel)
+            self._stub = pb_grpc.TetriServeStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
 
     def generate(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> AsyncResponseStream:

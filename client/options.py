@@ -72,16 +72,17 @@ def build_generate_request(prompt: str | Sequence[int], options: GenerateOptions
         request.token_ids.SetInParent()  # an empty list is still a (rejected) token prompt, not "no prompt"
     else:
         raise TypeError(f"prompt must be a str or a sequence of int token ids, got {type(prompt).__name__}")
+    raw: dict[str, object] = dict(options)
     sampling = request.sampling
     for name in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
-        if options.get(name) is not None:
-            setattr(sampling, name, options[name])  # type: ignore[literal-required]
+        if raw.get(name) is not None:
+            setattr(sampling, name, raw[name])
     sampling.stop_token_ids.extend(options.get("stop_token_ids", ()))
     sampling.ignore_eos = bool(options.get("ignore_eos", False))
     for name in ("ttft_ms", "tbt_ms", "jct_ms"):
-        value = options.get(f"slo_{name}")  # type: ignore[misc]
+        value = raw.get(f"slo_{name}")
         if value is not None:
-            setattr(request.slo, name, float(value))
+            setattr(request.slo, name, value)
     return request
 
 

@@ -6,9 +6,9 @@ touch generated code.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 from protos import tetriserve_pb2 as pb
 
@@ -132,9 +132,7 @@ class ClusterStatus:
 
     @classmethod
     def from_proto(cls, msg: pb.ClusterStatusResponse) -> ClusterStatus:
-        workers = tuple(
-            WorkerInfo(w.worker_id, w.role, w.state, MappingProxyType(dict(w.load))) for w in msg.workers
-        )
+        workers = tuple(WorkerInfo(w.worker_id, w.role, w.state, MappingProxyType(dict(w.load))) for w in msg.workers)
         return cls(
             model=msg.model,
             workers=workers,

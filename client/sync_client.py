@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from types import TracebackType
 from typing import TypeVar, Unpack
 
@@ -76,7 +76,7 @@ class ResponseStream:
         self.cancel()
         self._chunks.close()
 
-    def _run(self) -> Iterator[Chunk]:
+    def _run(self) -> Generator[Chunk, None, None]:
         failed = 0
         got_response = False
         while True:
@@ -131,7 +131,7 @@ class TetriServeClient:
             self._channel = grpc.insecure_channel(target, options=options)
         else:
             self._channel = grpc.secure_channel(target, credentials, options=options)
-        self._stub = pb_grpc.TetriServeStub(self._channel)
+        self._stub = pb_grpc.TetriServeStub(self._channel)  # type: ignore[no-untyped-call]
 
     def generate(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> ResponseStream:
         """Start generating; returns the stream of chunks (see ``GenerateOptions`` for the options)."""

@@ -7,7 +7,9 @@ exact count; schedulers use ``lower``/``upper`` for reservation decisions and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -63,3 +65,23 @@ class LengthEstimate:
             confidence=float(data.get("confidence", 0.0)),  # type: ignore[arg-type]
             source=str(data.get("source", "unknown")),
         )
+
+
+@dataclass(frozen=True)
+class PredictInput:
+    """What a length predictor sees of a request (the prompt text model adds token ids later)."""
+
+    prompt_len: int
+    max_tokens: int
+
+
+class LengthPredictor(Protocol):
+    """Served inside each prefill worker (TetriInfer §3.3.2, parallel mode)."""
+
+    name: str
+
+    def predict(self, batch: Sequence[PredictInput]) -> list[LengthEstimate]: ...
+
+    def observe(self, prompt_len: int, output_len: int) -> None:
+        """Feed back a finished request's true output length (online predictors learn from it)."""
+        ...

@@ -24,3 +24,11 @@ class StreamChunk:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """Sent by a prefill worker after the first token: the request continues on ``decode_worker``."""
+
+    request_id: str
+    decode_worker: str

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -98,7 +98,9 @@ class FrontDoor:
             raise InvalidRequestError(field_name, "must not be empty")
         return tuple(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> tuple[int, ...]:
+    def chat_prompt(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> tuple[int, ...]:
         """Token ids of ``messages`` rendered with the model's chat template."""
         if not messages:
             raise InvalidRequestError("messages", "must contain at least one message")
@@ -112,11 +114,9 @@ class FrontDoor:
             raise InvalidRequestError("messages", f"chat template failed: {exc}") from exc
         return self.tokenize(str(text), add_special_tokens=False, field_name="messages")
 
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        self._check_ids("tokens", token_ids)
-        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
-
     def _check_ids(self, field_name: str, ids: Sequence[int]) -> None:
+        if not ids or (min(ids) >= 0 and max(ids) < self.vocab_size):
+            return
         for pos, tok in enumerate(ids):
             if not 0 <= tok < self.vocab_size:
                 raise InvalidRequestError(
@@ -177,8 +177,7 @@ class FrontDoor:
         if room <= 0:
             raise InvalidRequestError(
                 "prompt",
-                f"has {len(prompt)} tokens, which leaves no room to generate "
-                f"(max_model_len is {self.max_model_len})",
+                f"has {len(prompt)} tokens, which leaves no room to generate (max_model_len is {self.max_model_len})",
             )
         if max_tokens is None:
             max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
@@ -228,7 +227,7 @@ class FrontDoor:
 
     # ---- output -------------------------------------------------------------------------------
 
-    async def stream(self, request: Request, started_at: float | None = None) -> AsyncIterator[TextDelta]:
+    async def stream(self, request: Request, started_at: float | None = None) -> AsyncGenerator[TextDelta, None]:
         """Run ``request`` on the backend and yield detokenized deltas; the last one is finished.
 
         ``started_at`` (``time.monotonic()``) is when the gateway received the

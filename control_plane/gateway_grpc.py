@@ -51,7 +51,7 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
     def __init__(self, front: FrontDoor) -> None:
         self._front = front
 
-    async def Generate(  # noqa: N802 (gRPC method name)
+    async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         started = time.monotonic()
@@ -108,9 +108,7 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
             rename=_RENAME,
         )
 
-    async def Abort(  # noqa: N802
-        self, request: pb.AbortRequest, context: grpc.aio.ServicerContext
-    ) -> pb.AbortResponse:
+    async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
         if not request.request_id:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -121,12 +119,10 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
         logger.info("abort %s via gRPC: %s", request.request_id, aborted)
         return pb.AbortResponse(aborted=aborted)
 
-    async def Health(  # noqa: N802
-        self, request: pb.HealthRequest, context: grpc.aio.ServicerContext
-    ) -> pb.HealthResponse:
+    async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
         return pb.HealthResponse(serving=await self._front.backend.healthy(), model=self._front.model_name)
 
-    async def ClusterStatus(  # noqa: N802
+    async def ClusterStatus(
         self, request: pb.ClusterStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.ClusterStatusResponse:
         status = await self._front.backend.status()
@@ -167,7 +163,7 @@ async def start_grpc_server(
     if front is None:
         front = await asyncio.to_thread(FrontDoor, backend)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # fail loudly if the port is taken
-    pb_grpc.add_TetriServeServicer_to_server(TetriServeServicer(front), server)
+    pb_grpc.add_TetriServeServicer_to_server(TetriServeServicer(front), server)  # type: ignore[no-untyped-call]
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

@@ -23,10 +23,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -58,6 +59,15 @@ def _sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
 
+_PYDANTIC_MARKERS = frozenset({"body", "str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _param(loc: Sequence[object]) -> str:
+    """The dotted field path of a pydantic error location, without pydantic's union/type markers."""
+    parts = [str(p) for p in loc if not (str(p) in _PYDANTIC_MARKERS or "[" in str(p) or "-" in str(p))]
+    return ".".join(parts)
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(UnknownModelError)
     async def unknown_model(_: Request, exc: UnknownModelError) -> JSONResponse:
@@ -73,9 +83,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         if any(e.get("type") == "json_invalid" for e in errors):
             detail = next(str(e.get("ctx", {}).get("error", "")) for e in errors if e.get("type") == "json_invalid")
             return _error(400, f"malformed JSON body: {detail}".rstrip(": "), None, "invalid_json")
-        fields = [".".join(str(p) for p in e.get("loc", ()) if p != "body") for e in errors]
-        lines = [f"{f or 'body'}: {e.get('msg', 'invalid')}" for f, e in zip(fields, errors)][:10]
-        return _error(400, "; ".join(lines) or "invalid request body", fields[0] if fields else None)
+        messages: dict[str, str] = {}  # first message per field (a union field fails once per member)
+        for e in errors:
+            messages.setdefault(_param(e.get("loc", ())), str(e.get("msg", "invalid")))
+        lines = [f"{name or 'body'}: {msg}" for name, msg in list(messages.items())[:10]]
+        return _error(400, "; ".join(lines) or "invalid request body", next(iter(messages), None) or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -98,14 +110,17 @@ async def _cancel_on_disconnect(raw: Request, work: Awaitable[_T]) -> _T | None:
     watcher = asyncio.ensure_future(disconnected())
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            return None
-    return task.result()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
 
 
 class _Generation:
@@ -286,7 +301,7 @@ async def start_http_server(
         log_config=None,  # keep the embedding process's logging configuration
         access_log=access_log,
         lifespan="off",
-        timeout_graceful_shutdown=graceful_shutdown_s,
+        timeout_graceful_shutdown=math.ceil(graceful_shutdown_s),
     )
     server = _EmbeddedServer(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="http-gateway")

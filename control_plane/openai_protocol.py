@@ -100,7 +100,7 @@ class CompletionRequest(_GenerateBody):
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
                 raise InvalidRequestError("prompt", f"send one prompt per request, got {len(prompt)}")
-            return prompt[0]  # type: ignore[return-value]
+            return prompt[0]
         return prompt  # type: ignore[return-value]
 
 

@@ -13,6 +13,7 @@ serve while a test drives them with blocking clients.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import shutil
 import tempfile
@@ -20,7 +21,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from common.request import Request
@@ -56,7 +56,9 @@ def tokenizer_dir() -> str:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(_SENTENCES, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
     fast.chat_template = CHAT_TEMPLATE
     path = tempfile.mkdtemp(prefix="tetriserve-test-tokenizer-")
     fast.save_pretrained(path)
@@ -111,10 +113,8 @@ class FakeBackend:
         try:
             for i in range(request.sampling.max_tokens):
                 if b.token_delay_s:
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(aborted.wait(), b.token_delay_s)
-                    except TimeoutError:
-                        pass
                 if aborted.is_set():
                     finished = True
                     yield StreamChunk(rid, (), finish_reason="abort", prompt_tokens=len(prompt))
@@ -130,8 +130,8 @@ class FakeBackend:
                 stop = tok in request.sampling.stop_token_ids
                 reason = "stop" if stop else ("length" if last else None)
                 finished = reason is not None
-                yield StreamChunk(rid, (tok,), finish_reason=reason, prompt_tokens=len(prompt), worker="fake-0",
-                                  metrics={"fake_metric": 1.0} if finished else {})  # fmt: skip
+                metrics = {"fake_metric": 1.0} if finished else {}
+                yield StreamChunk(rid, (tok,), reason, prompt_tokens=len(prompt), worker="fake-0", metrics=metrics)
                 if finished:
                     return
         finally:

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("grpc")
 
-from client import (  # noqa: E402
+from client import (
     NO_RETRY,
     AsyncTetriServeClient,
     DeadlineExceeded,
@@ -22,10 +22,10 @@ from client import (  # noqa: E402
     TetriServeClient,
     Unavailable,
 )
-from control_plane.detokenizer import IncrementalDetokenizer  # noqa: E402
-from control_plane.frontdoor import FrontDoor  # noqa: E402
-from control_plane.gateway_grpc import start_grpc_server  # noqa: E402
-from tests.fakes import FakeBackend, LoopThread, tokenizer_dir, wait_until  # noqa: E402
+from control_plane.detokenizer import IncrementalDetokenizer
+from control_plane.frontdoor import FrontDoor
+from control_plane.gateway_grpc import start_grpc_server
+from tests.fakes import FakeBackend, LoopThread, tokenizer_dir, wait_until
 
 FAST_RETRY = RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0.05)
 # Characters outside the test tokenizer's training text: each is split over several byte tokens.

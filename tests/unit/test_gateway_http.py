@@ -111,14 +111,19 @@ def test_completion_streaming(env: HttpEnv, backend: FakeBackend, http: httpx.Cl
     assert "".join(c["choices"][0]["text"] for c in chunks) == MULTIBYTE
     usage_events = [e for e in events[:-1] if not e["choices"]]
     if include_usage:
-        assert [e["usage"] for e in usage_events] == [{"prompt_tokens": n, "completion_tokens": n, "total_tokens": 2 * n}]
+        assert [e["usage"] for e in usage_events] == [
+            {"prompt_tokens": n, "completion_tokens": n, "total_tokens": 2 * n}
+        ]
     else:
         assert usage_events == [] and "usage" not in chunks[0]
     assert backend.requests[0].request_id == "http-1"
 
 
 def test_chat_completion(env: HttpEnv, backend: FakeBackend, http: httpx.Client):
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    ]
     r = http.post("/v1/chat/completions", json={"messages": messages, "max_completion_tokens": 4})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -142,6 +147,8 @@ def test_chat_default_max_tokens_uses_context_left(backend: FakeBackend, http: h
 
 # ---- errors --------------------------------------------------------------------------------------
 
+HI = {"role": "user", "content": "hi"}
+IMAGE_MESSAGE = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}
 BAD: list[tuple[str, str, Any, int, str | None]] = [
     ("empty prompt", "/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("empty ids", "/v1/completions", {"prompt": []}, 400, "prompt"),
@@ -160,11 +167,10 @@ BAD: list[tuple[str, str, Any, int, str | None]] = [
     ("wrong type", "/v1/completions", {"prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
     ("malformed json", "/v1/completions", b'{"prompt": "hi",', 400, None),
     ("chat no messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
-    ("chat image part", "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-     "messages[0].content"),
-    ("chat too many tokens", "/v1/chat/completions",
-     {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 64}, 400, "max_completion_tokens"),
-    ("chat n 2", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
+    ("chat image part", "/v1/chat/completions", {"messages": [IMAGE_MESSAGE]}, 400, "messages[0].content"),
+    ("chat too many tokens", "/v1/chat/completions", {"messages": [HI], "max_completion_tokens": 64}, 400,
+     "max_completion_tokens"),
+    ("chat n 2", "/v1/chat/completions", {"messages": [HI], "n": 2}, 400, "n"),
 ]  # fmt: skip
 
 

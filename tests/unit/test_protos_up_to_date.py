@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("grpc_tools")
 
-from protos.generate import PROTO_DIR, generate  # noqa: E402
+from protos.generate import PROTO_DIR, generate
 
 
 def test_protos_up_to_date(tmp_path: Path) -> None:

@@ -1,0 +1,137 @@
+"""The `tetriserve` command: serve | generate | status | model tiny."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+# flag -> dotted ClusterConfig field
+_SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
+    "--model": ("engine.model", str, "Hugging Face model directory (default: the tiny random-weight model)"),
+    "--served-model-name": ("engine.served_model_name", str, "name clients pass as `model`"),
+    "--dtype": ("engine.dtype", str, "auto | float32 | bfloat16 | float16"),
+    "--max-model-len": ("engine.max_model_len", int, "context length"),
+    "--block-size": ("engine.block_size", int, "KV block size in tokens (CPU: multiple of 32)"),
+    "--kv-cache-gb": ("engine.kv_cache_gb", float, "KV cache per CPU engine, GiB"),
+    "--threads-per-engine": ("engine.threads_per_engine", int, "OMP threads per engine"),
+    "--num-prefill": ("num_prefill", int, "prefill workers"),
+    "--num-decode": ("num_decode", int, "decode workers"),
+    "--chunk-size": ("prefill.chunk_size", int, "ChunkSize: prefill tokens per iteration"),
+    "--prefill-sched-batch": ("prefill.sched_batch", int, "PrefillSchedBatch"),
+    "--dispatch-policy": ("prefill.dispatch_policy", str, "power-of-two | random | round-robin"),
+    "--host": ("host", str, "address the front doors bind to"),
+    "--grpc-port": ("grpc_port", int, "gRPC port"),
+    "--http-port": ("http_port", int, "OpenAI-compatible HTTP port"),
+    "--address": ("ray_address", str, "Ray cluster to join (default: start a local one)"),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tetriserve", description="Disaggregated prefill/decode LLM serving on vLLM.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="start the cluster and its gRPC + OpenAI HTTP front doors")
+    s.add_argument("--config", help="cluster config YAML (flags override it)")
+    for flag, (_, typ, text) in _SERVE_FLAGS.items():
+        s.add_argument(flag, type=typ, default=None, help=text)
+
+    g = sub.add_parser("generate", help="stream a completion from a running service (gRPC)")
+    g.add_argument("prompt")
+    g.add_argument("--target", default="localhost:50051", help="gRPC address")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
+
+    st = sub.add_parser("status", help="workers, roles and loads of a running service")
+    st.add_argument("--target", default="localhost:50051", help="gRPC address")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+
+    m = sub.add_parser("model", help="build models")
+    msub = m.add_subparsers(dest="model_command", required=True)
+    t = msub.add_parser("tiny", help="write the tiny random-weight Llama + ShareGPT BPE tokenizer")
+    t.add_argument("--out", default=None, help="output directory (default: $TETRISERVE_HOME/models/tiny-llama)")
+    t.add_argument("--force", action="store_true", help="rebuild even if present")
+    return p
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from common.config import ClusterConfig
+    from control_plane.serve import serve
+
+    overrides = {dotted: getattr(args, flag[2:].replace("-", "_")) for flag, (dotted, _, _) in _SERVE_FLAGS.items()}
+    serve(ClusterConfig.load(args.config, overrides))
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from client import TetriServeClient
+
+    with TetriServeClient(args.target) as client:
+        options: dict[str, Any] = {"max_tokens": args.max_tokens, "temperature": args.temperature,
+                                   "top_p": args.top_p, "ignore_eos": args.ignore_eos, "timeout": args.timeout}
+        if args.seed is not None:
+            options["seed"] = args.seed
+        stream = client.generate(args.prompt, **options)
+        last: Any = None
+        for chunk in stream:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+            last = chunk
+    if last is not None:
+        usage = f", {last.usage.prompt_tokens} prompt + {last.usage.completion_tokens} completion tokens" if last.usage else ""
+        print(f"\n[finish: {last.finish_reason}{usage}]", file=sys.stderr)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from client import TetriServeClient
+
+    with TetriServeClient(args.target) as client:
+        st = client.cluster_status(timeout=10)
+    if args.json:
+        print(json.dumps({"model": st.model, "requests_in_flight": st.requests_in_flight,
+                          "dashboard_url": st.dashboard_url,
+                          "workers": [{"worker_id": w.worker_id, "role": w.role, "state": w.state, "load": dict(w.load)}
+                                      for w in st.workers]}, indent=2))
+        return 0
+    print(f"model {st.model}   in flight {st.requests_in_flight}   dashboard {st.dashboard_url or '-'}")
+    print(f"{'worker':<12} {'role':<8} {'state':<9} load")
+    for w in st.workers:
+        load = " ".join(f"{k}={v:g}" for k, v in sorted(w.load.items()))
+        print(f"{w.worker_id:<12} {w.role:<8} {w.state:<9} {load}")
+    return 0
+
+
+def _model(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+
+    out = Path(args.out) if args.out else default_tiny_model_dir()
+    print(build_tiny_model(out, force=args.force))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handlers = {"serve": _serve, "generate": _generate, "status": _status, "model": _model}
+    try:
+        return handlers[args.command](args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"tetriserve: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

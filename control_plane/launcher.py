@@ -1,0 +1,120 @@
+"""The one place that builds the cluster's Ray actors and wires them together.
+
+    ray.init (local, or --address) ─▶ ClusterMonitor  "cluster-monitor"
+                                    ─▶ DecodeWorker    "decode-0..N"    (engines start in parallel)
+                                    ─▶ PrefillWorker   "prefill-0..M"
+                                    ─▶ GlobalScheduler "global-scheduler"
+    then: workers register with the monitor, start their 100 ms load reports,
+    and the monitor starts broadcasting.
+
+Worker modules stay Ray-free: the classes are wrapped with ``ray.remote`` here.
+Every actor is named (in the config's namespace) so the Ray dashboard shows who
+is who, and reserves no CPU (``num_cpus=0``) so a 2-core machine can hold the
+whole cluster; engine threads are bounded by ``threads_per_engine`` instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.config import ClusterConfig
+from control_plane.cluster_monitor import ClusterMonitor
+from control_plane.global_scheduler import GlobalScheduler
+from decode_worker.worker import DecodeWorker
+from engine.settings import engine_env
+from length_predictor.baseline import BucketQuantilePredictor
+from prefill_worker.worker import PrefillWorker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Cluster:
+    config: ClusterConfig
+    model_path: str
+    scheduler: Any
+    monitor: Any
+    prefill: dict[str, Any]
+    decode: dict[str, Any]
+    dashboard_url: str = ""
+    owns_ray: bool = False
+    started_at: float = field(default_factory=time.time)
+
+    def shutdown(self) -> None:
+        import ray
+
+        for handle in [*self.prefill.values(), *self.decode.values(), self.scheduler, self.monitor]:
+            try:
+                ray.kill(handle)
+            except Exception:  # already gone
+                logger.debug("actor already gone", exc_info=True)
+        if self.owns_ray:
+            ray.shutdown()
+
+
+def init_ray(config: ClusterConfig) -> tuple[bool, str]:
+    """Start or join Ray; returns (whether we started it, dashboard URL)."""
+    import ray
+
+    if ray.is_initialized():
+        ctx = ray.get_runtime_context()
+        return False, getattr(ctx, "dashboard_url", "") or ""
+    ctx = ray.init(
+        address=config.ray_address,
+        namespace=config.namespace,
+        include_dashboard=None,
+        logging_level=logging.WARNING,
+        log_to_driver=True,
+    )
+    url = getattr(ctx, "dashboard_url", "") or ""
+    return config.ray_address is None, (f"http://{url}" if url and not url.startswith("http") else url)
+
+
+def launch(config: ClusterConfig, model_path: str) -> Cluster:
+    import ray
+
+    owns, dashboard = init_ray(config)
+    ns = config.namespace
+    runtime_env = {"env_vars": engine_env(config.engine)}
+    opts = {"num_cpus": 0, "namespace": ns, "lifetime": None, "max_concurrency": 1000}
+
+    monitor = ray.remote(ClusterMonitor).options(name="cluster-monitor", **opts).remote(config.report_interval_ms)
+    decode = {
+        f"decode-{i}": ray.remote(DecodeWorker).options(name=f"decode-{i}", runtime_env=runtime_env, **opts)
+        .remote(f"decode-{i}", config, model_path)
+        for i in range(config.num_decode)
+    }
+    prefill = {
+        f"prefill-{i}": ray.remote(PrefillWorker).options(name=f"prefill-{i}", runtime_env=runtime_env, **opts)
+        .remote(f"prefill-{i}", config, model_path, BucketQuantilePredictor())
+        for i in range(config.num_prefill)
+    }
+    scheduler = ray.remote(GlobalScheduler).options(name="global-scheduler", **opts).remote(prefill, decode)
+    cluster = Cluster(config, model_path, scheduler, monitor, prefill, decode, dashboard, owns)
+    try:
+        workers = [("decode", wid, h) for wid, h in decode.items()] + [("prefill", wid, h) for wid, h in prefill.items()]
+        addresses = ray.get([h.start.remote(monitor) for _, _, h in workers])
+        ray.get([monitor.register.remote(wid, role, h, addr) for (role, wid, h), addr in zip(workers, addresses)])
+        ray.get(monitor.start.remote(scheduler))
+        _wait_for_broadcast(cluster)
+    except Exception:
+        cluster.shutdown()
+        raise
+    return cluster
+
+
+def _wait_for_broadcast(cluster: Cluster, timeout_s: float = 60.0) -> None:
+    """Return once every worker has reported at least once (the dispatchers then have a view)."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    expected = len(cluster.prefill) + len(cluster.decode)
+    while time.monotonic() < deadline:
+        members = ray.get(cluster.monitor.snapshot.remote())
+        if sum(1 for m in members if m["state"] == "serving") == expected:
+            return
+        time.sleep(cluster.config.report_interval_ms / 1000)
+    raise TimeoutError(f"workers did not all report within {timeout_s:.0f} s")

@@ -1,0 +1,89 @@
+"""`tetriserve serve`: build/resolve the model, launch the cluster, run both front doors until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.config import ClusterConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    grpc: str
+    http: str
+    dashboard: str
+
+
+def resolve_model(config: ClusterConfig) -> tuple[str, str]:
+    """(model directory, served name); builds the tiny model on first use when no model is given."""
+    if config.engine.model is None:
+        from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+
+        path = build_tiny_model(default_tiny_model_dir())
+    else:
+        path = Path(config.engine.model).expanduser()
+        if not (path / "config.json").is_file():
+            raise ValueError(f"engine.model: {path} is not a Hugging Face model directory (no config.json)")
+    return str(path), config.engine.served_model_name or path.name
+
+
+async def run_front_doors(config: ClusterConfig, backend: object, stop: asyncio.Event, ready: asyncio.Future[Endpoints]
+                          | None = None, dashboard: str = "") -> None:
+    from control_plane.frontdoor import FrontDoor
+    from control_plane.gateway_grpc import start_grpc_server
+    from control_plane.gateway_http import start_http_server
+
+    front = await asyncio.to_thread(FrontDoor, backend)  # type: ignore[arg-type]
+    grpc_server, grpc_port = await start_grpc_server(backend, config.host, config.grpc_port, front=front)  # type: ignore[arg-type]
+    http = await start_http_server(backend, config.host, config.http_port, front=front)  # type: ignore[arg-type]
+    endpoints = Endpoints(f"{config.host}:{grpc_port}", f"http://{config.host}:{http.port}", dashboard)
+    if ready is not None:
+        ready.set_result(endpoints)
+    try:
+        await stop.wait()
+    finally:
+        await http.stop()
+        await grpc_server.stop(2.0)
+
+
+def serve(config: ClusterConfig) -> None:
+    from control_plane.launcher import launch
+    from control_plane.ray_backend import RayBackend
+
+    t0 = time.monotonic()
+    model_path, name = resolve_model(config)
+    print(f"tetriserve: model {name} ({model_path})", flush=True)
+    print(f"tetriserve: starting {config.num_prefill} prefill + {config.num_decode} decode workers ...", flush=True)
+    cluster = launch(config, model_path)
+    backend = RayBackend(cluster, name)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        ready: asyncio.Future[Endpoints] = loop.create_future()
+        task = asyncio.create_task(run_front_doors(config, backend, stop, ready, cluster.dashboard_url))
+        await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
+        if not ready.done():
+            task.result()  # the front doors failed to start: raise why
+        ep = ready.result()
+        print(f"tetriserve: ready in {time.monotonic() - t0:.1f} s", flush=True)
+        print(f"  gRPC            {ep.grpc}", flush=True)
+        print(f"  OpenAI HTTP     {ep.http}/v1  (model '{name}')", flush=True)
+        print(f"  Ray dashboard   {ep.dashboard or 'not running'}", flush=True)
+        print("  Ctrl-C stops the service.", flush=True)
+        await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        print("tetriserve: shutting down", flush=True)
+        cluster.shutdown()

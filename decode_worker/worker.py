@@ -1,0 +1,151 @@
+"""DecodeWorker: one decode instance (TetriInfer §3.4), run as a named Ray actor.
+
+    submit(req, first_token) ─▶ vLLM engine (prompt + first token, KV expected from the connector)
+                                  │ request waits in WAITING_FOR_REMOTE_KVS until its KV has landed,
+                                  │ then only the first token's KV is computed; continuous batching
+                                  ▼
+    stream(req_id) ◀── buffered token deltas, merged per pull ──▶ GlobalScheduler ──▶ client
+
+``submit`` returns at once; outputs are buffered per request until the
+GlobalScheduler's ``stream`` pulls them, so no token is lost between the
+handoff and the pull. Admission is vLLM's own (``greedy``) until the decode
+policies issue lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.config import ClusterConfig
+from common.length import LengthEstimate
+from common.load import DecodeLoad
+from common.request import Request
+from common.stream import StreamChunk
+from engine.settings import EngineRole, build_engine_args
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Running:
+    request: Request
+    heavy: bool
+    buffer: asyncio.Queue[StreamChunk] = field(default_factory=asyncio.Queue)
+    task: asyncio.Task[None] | None = None
+
+
+class DecodeWorker:
+    def __init__(self, worker_id: str, config: ClusterConfig, model_path: str) -> None:
+        from engine.loop import EngineLoop
+        from transport import endpoints
+
+        self.worker_id = worker_id
+        self.config = config
+        self.endpoint = endpoints.get_or_create(worker_id, config.transport, f"{config.host}:0")
+        args = build_engine_args(
+            config.engine, model_path, EngineRole.DECODE, endpoint=worker_id, transport=config.transport,
+            kv_deadline_s=config.kv_transfer_timeout_s,
+        )
+        self.engine = EngineLoop(args, worker_id)
+        self.accepting = True
+        self._running: dict[str, _Running] = {}
+        self._monitor: Any = None
+        self._report_task: asyncio.Task[None] | None = None
+
+    async def start(self, monitor: Any) -> str:
+        self._monitor = monitor
+        self._report_task = asyncio.create_task(self._report_loop())
+        return self.endpoint.address
+
+    def load(self) -> DecodeLoad:
+        s = self.engine.stats()
+        heavy = sum(1 for r in self._running.values() if r.heavy)
+        return DecodeLoad(
+            self.worker_id, s.free_blocks, s.total_blocks, s.block_size, s.running, s.waiting,
+            heavy, len(self._running) - heavy, time.time(), self.accepting,
+        )
+
+    def stats(self) -> dict[str, Any]:
+        from transport import kv_connector
+
+        return {"engine": self.engine.stats(), "kv": kv_connector.counters(), "transport": self.endpoint.stats(),
+                "policy": {"admission": self.config.decode.admission_policy}}
+
+    async def _report_loop(self) -> None:
+        interval = self.config.report_interval_ms / 1000
+        while True:
+            try:
+                self._monitor.report.remote(self.load())
+            except Exception:
+                logger.exception("decode %s: load report failed", self.worker_id)
+            await asyncio.sleep(interval)
+
+    # -- the request path -------------------------------------------------------------
+    async def submit(self, req: Request, first_token: int, estimate: LengthEstimate | None) -> bool:
+        """Start decoding ``req`` whose prompt KV is (or will be) pushed here under key ``request_id``."""
+        from engine.sampling import to_vllm
+
+        if not self.accepting or req.request_id in self._running:
+            return False
+        heavy = estimate is not None and estimate.is_heavy(self.config.prefill.heavy_threshold_tokens)
+        run = _Running(req, heavy)
+        self._running[req.request_id] = run
+        kv = {"mode": "recv", "key": req.request_id, "num_tokens": len(req.prompt_token_ids)}
+        params = to_vllm(req.sampling, max_tokens=req.sampling.max_tokens - 1, kv_params=kv)
+        prompt = (*req.prompt_token_ids, first_token)
+        run.task = asyncio.create_task(self._pump(run, prompt, params))
+        return True
+
+    async def _pump(self, run: _Running, prompt: tuple[int, ...], params: Any) -> None:
+        rid = run.request.request_id
+        try:
+            async for delta in self.engine.generate(rid, prompt, params):
+                run.buffer.put_nowait(StreamChunk(rid, delta.token_ids, delta.finish_reason, delta.error,
+                                                  len(run.request.prompt_token_ids), self.worker_id))
+        except asyncio.CancelledError:
+            run.buffer.put_nowait(StreamChunk(rid, (), "abort", None, 0, self.worker_id))
+            raise
+        except Exception as exc:  # a bug in our adapter: finish the request, keep the worker
+            logger.exception("decode %s: request %s failed", self.worker_id, rid)
+            run.buffer.put_nowait(StreamChunk(rid, (), "error", f"{type(exc).__name__}: {exc}", 0, self.worker_id))
+
+    async def stream(self, request_id: str) -> Any:
+        """Yield this request's output, merging whatever accumulated since the last pull."""
+        run = self._running.get(request_id)
+        if run is None:
+            yield StreamChunk(request_id, (), "error", f"request {request_id} is not on {self.worker_id}")
+            return
+        try:
+            while True:
+                chunk = await run.buffer.get()
+                tokens = list(chunk.token_ids)
+                while chunk.finish_reason is None and not run.buffer.empty():
+                    chunk = run.buffer.get_nowait()
+                    tokens.extend(chunk.token_ids)
+                yield StreamChunk(request_id, tuple(tokens), chunk.finish_reason, chunk.error,
+                                  chunk.prompt_tokens, self.worker_id)
+                if chunk.finish_reason is not None:
+                    return
+        finally:
+            self._running.pop(request_id, None)
+
+    def abort(self, request_id: str) -> bool:
+        run = self._running.pop(request_id, None)
+        self.endpoint.discard(request_id)
+        if run is None:
+            return False
+        if run.task is not None:
+            run.task.cancel()
+        self.engine.abort(request_id)
+        return True
+
+    def discard(self, key: str) -> None:
+        """Drop KV pushed for a request that will not decode here (finished at prefill, aborted)."""
+        self.endpoint.discard(key)
+
+    def set_accepting(self, accepting: bool) -> None:
+        self.accepting = accepting

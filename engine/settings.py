@@ -1,0 +1,96 @@
+"""Build vLLM ``EngineArgs`` for a prefill or decode engine from the cluster config.
+
+Each worker process runs exactly one in-process engine
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the KV connector's worker half, the
+transport endpoint and the worker actor share one process and one set of
+counters. Environment variables that vLLM reads at import time are returned
+by ``engine_env`` and must be in place before ``vllm`` is imported (the
+launcher passes them as the actor's runtime_env).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+from common.config import EngineConfig
+
+if TYPE_CHECKING:
+    from vllm import EngineArgs
+
+CONNECTOR_MODULE = "transport.kv_connector"
+CONNECTOR_CLASS = "TetriKVConnector"
+
+
+class EngineRole(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    COLOCATED = "colocated"  # a plain vLLM engine: baselines and tests
+
+
+def engine_env(cfg: EngineConfig) -> dict[str, str]:
+    threads = str(cfg.threads_per_engine)
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+def on_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def build_engine_args(
+    cfg: EngineConfig,
+    model: str,
+    role: EngineRole,
+    *,
+    chunk_size: int | None = None,
+    endpoint: str = "default",
+    transport: str = "tcp",
+    kv_deadline_s: float = 30.0,
+) -> EngineArgs:
+    """EngineArgs for one engine. Prefill engines chunk prompts at ``chunk_size`` tokens per step."""
+    from vllm import EngineArgs
+    from vllm.config import KVTransferConfig
+
+    kv_config = None
+    if role is not EngineRole.COLOCATED:
+        kv_config = KVTransferConfig(
+            kv_connector=CONNECTOR_CLASS,
+            kv_connector_module_path=CONNECTOR_MODULE,
+            kv_role="kv_producer" if role is EngineRole.PREFILL else "kv_consumer",
+            kv_load_failure_policy="fail",
+            kv_connector_extra_config={"endpoint": endpoint, "backend": transport, "deadline_s": kv_deadline_s},
+        )
+    extra: dict[str, Any] = {}
+    if on_cpu():
+        extra["kv_cache_memory_bytes"] = int(cfg.kv_cache_gb * (1 << 30))
+    else:
+        extra["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    batched = chunk_size if role is EngineRole.PREFILL and chunk_size else max(cfg.max_model_len, chunk_size or 0)
+    return EngineArgs(
+        model=model,
+        served_model_name=cfg.served_model_name,
+        dtype=cfg.dtype,
+        max_model_len=cfg.max_model_len,
+        block_size=cfg.block_size,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=batched,
+        enable_chunked_prefill=True,
+        # decode engines must not satisfy a prompt from a local prefix hit: its blocks arrive from the prefill side
+        enable_prefix_caching=role is not EngineRole.DECODE,
+        enforce_eager=cfg.enforce_eager,
+        seed=cfg.seed,
+        async_scheduling=False,
+        kv_transfer_config=kv_config,
+        disable_log_stats=False,
+        **extra,
+    )

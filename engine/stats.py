@@ -1,0 +1,92 @@
+"""Counters taken from vLLM's own per-step stats (a ``StatLoggerBase`` plugged into the engine).
+
+These are the engine's numbers, not ours: ``prompt_tokens_computed`` is what the
+engine really prefilled, ``prompt_tokens_external`` what the KV connector
+supplied. The disaggregation test asserts the decode engine's computed count
+stays at one token per request (the first generated token, fed back as input).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    total_blocks: int = 0
+    block_size: int = 0
+    steps: int = 0
+    prompt_tokens_total: int = 0
+    prompt_tokens_computed: int = 0
+    prompt_tokens_cached: int = 0
+    prompt_tokens_external: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+
+    @property
+    def free_blocks(self) -> int:
+        return int(round(self.total_blocks * (1.0 - self.kv_usage)))
+
+
+class StatsCollector:
+    """Accumulates vLLM scheduler/iteration stats; read from any thread via ``snapshot``."""
+
+    def __init__(self, total_blocks: int = 0, block_size: int = 0) -> None:
+        self._lock = threading.Lock()
+        self._stats = EngineStats(total_blocks=total_blocks, block_size=block_size)
+
+    def set_capacity(self, total_blocks: int, block_size: int) -> None:
+        with self._lock:
+            self._stats = replace(self._stats, total_blocks=total_blocks, block_size=block_size)
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        with self._lock:
+            s = self._stats
+            if scheduler_stats is not None:
+                s = replace(
+                    s,
+                    running=scheduler_stats.num_running_reqs,
+                    waiting=scheduler_stats.num_waiting_reqs,
+                    kv_usage=float(scheduler_stats.kv_cache_usage),
+                    steps=s.steps + 1,
+                )
+            if iteration_stats is not None:
+                p = iteration_stats.prompt_token_stats
+                s = replace(
+                    s,
+                    prompt_tokens_total=s.prompt_tokens_total + p.total,
+                    prompt_tokens_computed=s.prompt_tokens_computed + p.computed,
+                    prompt_tokens_cached=s.prompt_tokens_cached + p.local_cache_hit,
+                    prompt_tokens_external=s.prompt_tokens_external + p.external_kv_transfer,
+                    generation_tokens=s.generation_tokens + iteration_stats.num_generation_tokens,
+                    preemptions=s.preemptions + iteration_stats.num_preempted_reqs,
+                )
+            self._stats = s
+
+    def snapshot(self) -> EngineStats:
+        with self._lock:
+            return self._stats
+
+
+def stat_logger_factory(collector: StatsCollector) -> Any:
+    """A vLLM ``StatLoggerFactory`` that forwards every record to ``collector``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _Logger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            collector.set_capacity(
+                vllm_config.cache_config.num_gpu_blocks or 0, vllm_config.cache_config.block_size
+            )
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
+            collector.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            return
+
+    return _Logger

@@ -1,0 +1,89 @@
+"""Raw queue → scheduled queue, PrefillSchedBatch requests at a time (TetriInfer §3.3.1).
+
+A *batch* of up to B requests is taken from the raw queue and ordered by the
+queue policy; its members enter the engine in that order while fewer than B
+of this worker's requests are in the engine. The next batch is formed only
+when the current one is fully released, so a request waits at most for the
+batches formed before it arrived: the starvation bound of the paper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from prefill_worker.queue import make_queue_policy
+from prefill_worker.views import ReqView
+
+
+class RequestAborted(Exception):
+    """Raised into a waiting ``turn`` when its request is aborted before entering the engine."""
+
+
+class SchedBatchGate:
+    def __init__(self, policy: str, sched_batch: int) -> None:
+        if sched_batch < 1:
+            raise ValueError(f"prefill.sched_batch must be >= 1, got {sched_batch}")
+        self.policy = make_queue_policy(policy)
+        self.sched_batch = sched_batch
+        self._raw: dict[str, tuple[ReqView, asyncio.Future[None]]] = {}
+        self._batch: deque[str] = deque()
+        self._in_engine = 0
+
+    @property
+    def queued(self) -> int:
+        return len(self._raw)
+
+    @property
+    def queued_tokens(self) -> int:
+        return sum(v.prompt_len for v, _ in self._raw.values())
+
+    @asynccontextmanager
+    async def turn(self, view: ReqView) -> AsyncIterator[None]:
+        """Wait for this request's turn in the engine; hold it for the body of the ``async with``."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._raw[view.request_id] = (view, fut)
+        self._pump()
+        try:
+            await fut
+        except BaseException:
+            self._forget(view.request_id)
+            raise
+        try:
+            yield
+        finally:
+            self._in_engine -= 1
+            self._pump()
+
+    def cancel(self, request_id: str) -> bool:
+        """Drop a request that has not entered the engine yet."""
+        entry = self._raw.get(request_id)
+        if entry is None or entry[1].done():
+            return False
+        entry[1].set_exception(RequestAborted(request_id))
+        self._forget(request_id)
+        self._pump()
+        return True
+
+    def _forget(self, request_id: str) -> None:
+        self._raw.pop(request_id, None)
+        if request_id in self._batch:
+            self._batch.remove(request_id)
+
+    def _pump(self) -> None:
+        while self._in_engine < self.sched_batch:
+            if not self._batch:
+                waiting = [v for v, f in self._raw.values() if not f.done()]
+                if not waiting:
+                    return
+                ordered = self.policy.order(waiting, time.time())[: self.sched_batch]
+                self._batch.extend(v.request_id for v in ordered)
+            request_id = self._batch.popleft()
+            entry = self._raw.pop(request_id, None)
+            if entry is None or entry[1].done():
+                continue
+            self._in_engine += 1
+            entry[1].set_result(None)

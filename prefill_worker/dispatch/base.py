@@ -1,0 +1,31 @@
+"""The dispatch policy seam: ``choose(req, decode_loads, rng) -> worker_id | None``.
+
+``None`` means no decode worker is accepting work (backpressure, not an error).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from common.load import DecodeLoad
+from prefill_worker.views import ReqView
+
+
+@dataclass(frozen=True)
+class DispatchParams:
+    heavy_threshold_tokens: int = 128
+
+
+class DispatchPolicy(Protocol):
+    name: ClassVar[str]
+
+    def __init__(self, params: DispatchParams) -> None: ...
+
+    def choose(self, req: ReqView, loads: Sequence[DecodeLoad], rng: random.Random) -> str | None: ...
+
+
+def accepting(loads: Sequence[DecodeLoad]) -> list[DecodeLoad]:
+    return sorted((ld for ld in loads if ld.accepting), key=lambda ld: ld.worker_id)

@@ -1,0 +1,15 @@
+"""FCFS (TetriInfer §3.3.1): keep arrival order; ties broken by request id for determinism."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from prefill_worker.views import ReqView
+
+
+class FCFS:
+    name: ClassVar[str] = "fcfs"
+
+    def order(self, waiting: Sequence[ReqView], now: float) -> list[ReqView]:
+        return sorted(waiting, key=lambda r: (r.arrival_time, r.request_id))

@@ -1,0 +1,175 @@
+"""PrefillWorker: one prefill instance (TetriInfer §3.3), run as a named Ray actor.
+
+    prefill(req) ─▶ raw queue ─policy, PrefillSchedBatch at a time─▶ scheduled
+                     │ length predictor (baseline quantiles; trained model later)
+                     │ dispatcher: decode worker from the broadcast loads (power-of-two)
+                     ▼
+                  vLLM engine: chunked prefill (token budget = ChunkSize), max_tokens=1;
+                  the KV connector pushes the prompt's KV to the chosen decode endpoint
+                     │ first token ─▶ yielded at once (TTFT)
+                     ▼
+                  decode worker.submit(prompt + first token) ─▶ yield Handoff
+
+The actor is plain Python over the engine adapter; Ray-specific code is the
+handful of actor calls to the monitor and decode workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+from common.config import ClusterConfig
+from common.length import LengthEstimate, LengthPredictor, PredictInput
+from common.load import DecodeLoad, PrefillLoad
+from common.request import Request
+from common.stream import Handoff, StreamChunk
+from engine.settings import EngineRole, build_engine_args
+from prefill_worker.admission import RequestAborted, SchedBatchGate
+from prefill_worker.dispatch import DispatchParams, make_dispatch_policy
+from prefill_worker.views import ReqView
+
+logger = logging.getLogger(__name__)
+
+
+class PrefillWorker:
+    def __init__(self, worker_id: str, config: ClusterConfig, model_path: str, predictor: LengthPredictor) -> None:
+        from engine.loop import EngineLoop
+        from transport import endpoints
+
+        self.worker_id = worker_id
+        self.config = config
+        self.endpoint = endpoints.get_or_create(worker_id, config.transport, f"{config.host}:0")
+        args = build_engine_args(
+            config.engine, model_path, EngineRole.PREFILL, chunk_size=config.prefill.chunk_size,
+            endpoint=worker_id, transport=config.transport, kv_deadline_s=config.kv_transfer_timeout_s,
+        )
+        self.engine = EngineLoop(args, worker_id)
+        self.gate = SchedBatchGate(config.prefill.queue_policy, config.prefill.sched_batch)
+        self.predictor = predictor
+        self.dispatcher = make_dispatch_policy(
+            config.prefill.dispatch_policy, DispatchParams(config.prefill.heavy_threshold_tokens)
+        )
+        self.rng = random.Random(hash(worker_id) & 0xFFFF)
+        self.decode_loads: dict[str, DecodeLoad] = {}
+        self.decode_addresses: dict[str, str] = {}
+        self._decode_handles: dict[str, Any] = {}
+        self._monitor: Any = None
+        self._report_task: asyncio.Task[None] | None = None
+        self.completed = 0
+
+    # -- wiring --------------------------------------------------------------------
+    async def start(self, monitor: Any) -> str:
+        self._monitor = monitor
+        self._report_task = asyncio.create_task(self._report_loop())
+        return self.endpoint.address
+
+    def update_decode_view(self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, Any]) -> None:
+        """Called by the ClusterMonitor's broadcast (TetriInfer §3.2)."""
+        self.decode_loads = {ld.worker_id: ld for ld in loads}
+        self.decode_addresses.update(addresses)
+        self._decode_handles.update(handles)
+
+    def observe(self, prompt_len: int, output_len: int) -> None:
+        self.predictor.observe(prompt_len, output_len)
+
+    def load(self) -> PrefillLoad:
+        return PrefillLoad(self.worker_id, self.gate.queued, self.engine.in_flight, self.gate.queued_tokens, time.time())
+
+    def stats(self) -> dict[str, Any]:
+        from transport import kv_connector
+
+        return {"engine": self.engine.stats(), "kv": kv_connector.counters(), "transport": self.endpoint.stats(),
+                "policy": {"queue": self.config.prefill.queue_policy, "dispatch": self.dispatcher.name}}
+
+    async def _report_loop(self) -> None:
+        interval = self.config.report_interval_ms / 1000
+        while True:
+            try:
+                self._monitor.report.remote(self.load())
+            except Exception:
+                logger.exception("prefill %s: load report failed", self.worker_id)
+            await asyncio.sleep(interval)
+
+    # -- the request path -------------------------------------------------------------
+    async def prefill(self, req: Request) -> AsyncIterator[StreamChunk | Handoff]:
+        view = ReqView(req.request_id, len(req.prompt_token_ids), req.sampling.max_tokens, req.arrival_time,
+                       priority=req.priority)
+        try:
+            async with self.gate.turn(view):
+                first, decode_id, estimate = await self._prefill_in_turn(req, view)
+        except RequestAborted:
+            yield StreamChunk(req.request_id, (), "abort", None, view.prompt_len, self.worker_id)
+            return
+        if first.finish_reason is not None or decode_id is None:
+            if decode_id is not None:
+                self._decode(decode_id).discard.remote(req.request_id)
+            self.predictor.observe(view.prompt_len, len(first.token_ids))
+            yield replace(first, finish_reason=first.finish_reason or "length")
+            return
+        yield first
+        submitted = await self._decode(decode_id).submit.remote(req, first.token_ids[0], estimate)
+        if not submitted:
+            yield StreamChunk(req.request_id, (), "error", f"decode worker {decode_id} refused the request")
+            return
+        yield Handoff(req.request_id, decode_id)
+
+    async def _prefill_in_turn(self, req: Request, view: ReqView) -> tuple[StreamChunk, str | None, LengthEstimate]:
+        estimate = self.predictor.predict([PredictInput(view.prompt_len, view.max_tokens)])[0]
+        view = replace(view, estimate=estimate)
+        decode_id = None
+        if req.sampling.max_tokens > 1:
+            decode_id = await self._choose_decode(view)
+            if decode_id is None:
+                error = StreamChunk(req.request_id, (), "error", "no decode worker is accepting requests")
+                return error, None, estimate
+        return await self._run_engine(req, decode_id), decode_id, estimate
+
+    async def _choose_decode(self, view: ReqView) -> str | None:
+        deadline = time.monotonic() + self.config.kv_transfer_timeout_s
+        while True:
+            choice = self.dispatcher.choose(view, list(self.decode_loads.values()), self.rng)
+            if choice is not None and choice in self.decode_addresses:
+                self._account(choice, view)
+                return choice
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(self.config.report_interval_ms / 1000)
+
+    def _account(self, worker_id: str, view: ReqView) -> None:
+        """Update the local copy of the broadcast view so bursts between broadcasts do not herd."""
+        ld = self.decode_loads[worker_id]
+        heavy = view.is_heavy(self.config.prefill.heavy_threshold_tokens)
+        self.decode_loads[worker_id] = replace(
+            ld, free_kv_blocks=max(0, ld.free_kv_blocks - view.kv_blocks_upper(ld.block_size)),
+            queued=ld.queued + 1, heavy=ld.heavy + heavy, light=ld.light + (not heavy),
+        )
+
+    async def _run_engine(self, req: Request, decode_id: str | None) -> StreamChunk:
+        from engine.sampling import to_vllm
+
+        kv = None if decode_id is None else {"mode": "send", "dst": self.decode_addresses[decode_id], "key": req.request_id}
+        params = to_vllm(req.sampling, max_tokens=1, kv_params=kv)
+        tokens: list[int] = []
+        reason = error = None
+        async for delta in self.engine.generate(req.request_id, req.prompt_token_ids, params):
+            tokens.extend(delta.token_ids)
+            reason, error = delta.finish_reason, delta.error
+        if reason == "length" and req.sampling.max_tokens > 1:
+            reason = None  # max_tokens=1 is ours, not the client's: the request goes on to decode
+        return StreamChunk(req.request_id, tuple(tokens), reason, error, len(req.prompt_token_ids), self.worker_id)
+
+    def abort(self, request_id: str) -> bool:
+        return self.gate.cancel(request_id) or self._abort_engine(request_id)
+
+    def _abort_engine(self, request_id: str) -> bool:
+        self.engine.abort(request_id)
+        return True
+
+    def _decode(self, worker_id: str) -> Any:
+        return self._decode_handles[worker_id]
