@@ -21,10 +21,14 @@ class EngineConfig(BaseModel):
     model: str | None = Field(
         None, description="Hugging Face model directory; None builds/uses the tiny random-weight model."
     )
-    served_model_name: str | None = Field(None, description="Name clients pass as `model`; default: the directory name.")
+    served_model_name: str | None = Field(
+        None, description="Name clients pass as `model`; default: the directory name."
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weights/activations dtype.")
     max_model_len: int = Field(2048, ge=16, description="Context length (prompt + output tokens).")
-    block_size: int = Field(32, ge=1, description="KV cache block size in tokens (vLLM CPU attention needs a multiple of 32).")
+    block_size: int = Field(
+        32, ge=1, description="KV cache block size in tokens (vLLM CPU attention needs a multiple of 32)."
+    )
     kv_cache_gb: float = Field(1.0, gt=0, description="KV cache memory per engine in GiB (CPU engines).")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="Fraction of GPU memory per engine (CUDA).")
     max_num_seqs: int = Field(64, ge=1, description="Most sequences an engine runs in one step.")
@@ -40,7 +44,9 @@ class PrefillConfig(BaseModel):
         512, ge=16, description="TetriInfer ChunkSize: tokens per prefill iteration (max_num_batched_tokens)."
     )
     queue_policy: Literal["fcfs"] = Field("fcfs", description="Prefill queue policy.")
-    sched_batch: int = Field(16, ge=1, description="PrefillSchedBatch: requests moved from raw to scheduled queue at once.")
+    sched_batch: int = Field(
+        16, ge=1, description="PrefillSchedBatch: requests moved from raw to scheduled queue at once."
+    )
     dispatch_policy: Literal["power-of-two", "random", "round-robin"] = Field(
         "power-of-two", description="How the dispatcher chooses a decode worker."
     )
@@ -96,5 +102,7 @@ class ClusterConfig(BaseModel):
             *parents, leaf = dotted.split(".")
             for part in parents:
                 node = node.setdefault(part, {})
+                if not isinstance(node, dict):
+                    raise ValueError(f"override {dotted}: {part} is not a section")
             node[leaf] = value
         return cls.model_validate(data)

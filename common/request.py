@@ -141,7 +141,10 @@ class Request:
         if final in (RequestState.FINISHED_STOPPED, RequestState.FINISHED_LENGTH) and final not in _ALLOWED.get(
             self.state, frozenset()
         ):
-            raise ValueError(f"request {self.request_id}: cannot finish normally from {self.state.name}")
+            raise ValueError(
+                f"request {self.request_id}: illegal transition {self.state.name} -> {final.name} "
+                "(cannot finish normally)"
+            )
         self.finish_reason = reason or final.name.removeprefix("FINISHED_").lower()
         self.events.append(RequestEvent(final, time.time() if at is None else at, reason))
 

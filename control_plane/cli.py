@@ -74,8 +74,13 @@ def _generate(args: argparse.Namespace) -> int:
     from client import TetriServeClient
 
     with TetriServeClient(args.target) as client:
-        options: dict[str, Any] = {"max_tokens": args.max_tokens, "temperature": args.temperature,
-                                   "top_p": args.top_p, "ignore_eos": args.ignore_eos, "timeout": args.timeout}
+        options: dict[str, Any] = {
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "ignore_eos": args.ignore_eos,
+            "timeout": args.timeout,
+        }
         if args.seed is not None:
             options["seed"] = args.seed
         stream = client.generate(args.prompt, **options)
@@ -85,7 +90,11 @@ def _generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             last = chunk
     if last is not None:
-        usage = f", {last.usage.prompt_tokens} prompt + {last.usage.completion_tokens} completion tokens" if last.usage else ""
+        usage = (
+            f", {last.usage.prompt_tokens} prompt + {last.usage.completion_tokens} completion tokens"
+            if last.usage
+            else ""
+        )
         print(f"\n[finish: {last.finish_reason}{usage}]", file=sys.stderr)
     return 0
 
@@ -96,10 +105,20 @@ def _status(args: argparse.Namespace) -> int:
     with TetriServeClient(args.target) as client:
         st = client.cluster_status(timeout=10)
     if args.json:
-        print(json.dumps({"model": st.model, "requests_in_flight": st.requests_in_flight,
-                          "dashboard_url": st.dashboard_url,
-                          "workers": [{"worker_id": w.worker_id, "role": w.role, "state": w.state, "load": dict(w.load)}
-                                      for w in st.workers]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "model": st.model,
+                    "requests_in_flight": st.requests_in_flight,
+                    "dashboard_url": st.dashboard_url,
+                    "workers": [
+                        {"worker_id": w.worker_id, "role": w.role, "state": w.state, "load": dict(w.load)}
+                        for w in st.workers
+                    ],
+                },
+                indent=2,
+            )
+        )
         return 0
     print(f"model {st.model}   in flight {st.requests_in_flight}   dashboard {st.dashboard_url or '-'}")
     print(f"{'worker':<12} {'role':<8} {'state':<9} load")
@@ -121,8 +140,9 @@ def _model(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     handlers = {"serve": _serve, "generate": _generate, "status": _status, "model": _model}
     try:
         return handlers[args.command](args)

@@ -89,8 +89,13 @@ class ClusterMonitor:
         self._fresh(Role.PREFILL)
         self._fresh(Role.DECODE)
         return [
-            {"worker_id": m.worker_id, "role": m.role.value, "state": m.state, "address": m.address,
-             "load": _load_dict(m.load)}
+            {
+                "worker_id": m.worker_id,
+                "role": m.role.value,
+                "state": m.state,
+                "address": m.address,
+                "load": _load_dict(m.load),
+            }
             for m in sorted(self.members.values(), key=lambda m: (m.role.value, m.worker_id))
         ]
 

@@ -37,6 +37,7 @@ _FINISH = {
 class _Entry:
     request: Request
     output_tokens: int = 0
+    aborted: bool = False
 
 
 class GlobalScheduler:
@@ -99,6 +100,8 @@ class GlobalScheduler:
             return
         req.decode_worker = handoff.decode_worker
         req.advance(RequestState.DECODE_QUEUED, handoff.decode_worker)
+        if entry.aborted:  # the abort raced the handoff: the decode worker has not heard of it yet
+            self.decode[req.decode_worker].abort.remote(req.request_id)
         async for ref in self.decode[handoff.decode_worker].stream.remote(req.request_id):
             chunk: StreamChunk = await ref
             if req.state is RequestState.DECODE_QUEUED:
@@ -138,6 +141,7 @@ class GlobalScheduler:
         entry = self.table.get(request_id)
         if entry is None:
             return False
+        entry.aborted = True
         self._abort_workers(entry.request)
         return True
 

@@ -83,21 +83,30 @@ def launch(config: ClusterConfig, model_path: str) -> Cluster:
 
     monitor = ray.remote(ClusterMonitor).options(name="cluster-monitor", **opts).remote(config.report_interval_ms)
     decode = {
-        f"decode-{i}": ray.remote(DecodeWorker).options(name=f"decode-{i}", runtime_env=runtime_env, **opts)
+        f"decode-{i}": ray.remote(DecodeWorker)
+        .options(name=f"decode-{i}", runtime_env=runtime_env, **opts)
         .remote(f"decode-{i}", config, model_path)
         for i in range(config.num_decode)
     }
     prefill = {
-        f"prefill-{i}": ray.remote(PrefillWorker).options(name=f"prefill-{i}", runtime_env=runtime_env, **opts)
+        f"prefill-{i}": ray.remote(PrefillWorker)
+        .options(name=f"prefill-{i}", runtime_env=runtime_env, **opts)
         .remote(f"prefill-{i}", config, model_path, BucketQuantilePredictor())
         for i in range(config.num_prefill)
     }
     scheduler = ray.remote(GlobalScheduler).options(name="global-scheduler", **opts).remote(prefill, decode)
     cluster = Cluster(config, model_path, scheduler, monitor, prefill, decode, dashboard, owns)
     try:
-        workers = [("decode", wid, h) for wid, h in decode.items()] + [("prefill", wid, h) for wid, h in prefill.items()]
+        workers = [("decode", wid, h) for wid, h in decode.items()] + [
+            ("prefill", wid, h) for wid, h in prefill.items()
+        ]
         addresses = ray.get([h.start.remote(monitor) for _, _, h in workers])
-        ray.get([monitor.register.remote(wid, role, h, addr) for (role, wid, h), addr in zip(workers, addresses)])
+        ray.get(
+            [
+                monitor.register.remote(wid, role, h, addr)
+                for (role, wid, h), addr in zip(workers, addresses, strict=True)
+            ]
+        )
         ray.get(monitor.start.remote(scheduler))
         _wait_for_broadcast(cluster)
     except Exception:

@@ -34,8 +34,13 @@ def resolve_model(config: ClusterConfig) -> tuple[str, str]:
     return str(path), config.engine.served_model_name or path.name
 
 
-async def run_front_doors(config: ClusterConfig, backend: object, stop: asyncio.Event, ready: asyncio.Future[Endpoints]
-                          | None = None, dashboard: str = "") -> None:
+async def run_front_doors(
+    config: ClusterConfig,
+    backend: object,
+    stop: asyncio.Event,
+    ready: asyncio.Future[Endpoints] | None = None,
+    dashboard: str = "",
+) -> None:
     from control_plane.frontdoor import FrontDoor
     from control_plane.gateway_grpc import start_grpc_server
     from control_plane.gateway_http import start_http_server

@@ -15,6 +15,7 @@ policies issue lands.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -47,7 +48,11 @@ class DecodeWorker:
         self.config = config
         self.endpoint = endpoints.get_or_create(worker_id, config.transport, f"{config.host}:0")
         args = build_engine_args(
-            config.engine, model_path, EngineRole.DECODE, endpoint=worker_id, transport=config.transport,
+            config.engine,
+            model_path,
+            EngineRole.DECODE,
+            endpoint=worker_id,
+            transport=config.transport,
             kv_deadline_s=config.kv_transfer_timeout_s,
         )
         self.engine = EngineLoop(args, worker_id)
@@ -65,15 +70,27 @@ class DecodeWorker:
         s = self.engine.stats()
         heavy = sum(1 for r in self._running.values() if r.heavy)
         return DecodeLoad(
-            self.worker_id, s.free_blocks, s.total_blocks, s.block_size, s.running, s.waiting,
-            heavy, len(self._running) - heavy, time.time(), self.accepting,
+            self.worker_id,
+            s.free_blocks,
+            s.total_blocks,
+            s.block_size,
+            s.running,
+            s.waiting,
+            heavy,
+            len(self._running) - heavy,
+            time.time(),
+            self.accepting,
         )
 
     def stats(self) -> dict[str, Any]:
         from transport import kv_connector
 
-        return {"engine": self.engine.stats(), "kv": kv_connector.counters(), "transport": self.endpoint.stats(),
-                "policy": {"admission": self.config.decode.admission_policy}}
+        return {
+            "engine": self.engine.stats(),
+            "kv": kv_connector.counters(),
+            "transport": self.endpoint.stats(),
+            "policy": {"admission": self.config.decode.admission_policy},
+        }
 
     async def _report_loop(self) -> None:
         interval = self.config.report_interval_ms / 1000
@@ -98,17 +115,27 @@ class DecodeWorker:
         params = to_vllm(req.sampling, max_tokens=req.sampling.max_tokens - 1, kv_params=kv)
         prompt = (*req.prompt_token_ids, first_token)
         run.task = asyncio.create_task(self._pump(run, prompt, params))
+        run.task.add_done_callback(functools.partial(self._on_pump_done, run))
         return True
+
+    def _on_pump_done(self, run: _Running, task: asyncio.Task[None]) -> None:
+        if task.cancelled():  # aborted, perhaps before the pump ever ran: end the stream explicitly
+            run.buffer.put_nowait(StreamChunk(run.request.request_id, (), "abort", None, 0, self.worker_id))
 
     async def _pump(self, run: _Running, prompt: tuple[int, ...], params: Any) -> None:
         rid = run.request.request_id
         try:
             async for delta in self.engine.generate(rid, prompt, params):
-                run.buffer.put_nowait(StreamChunk(rid, delta.token_ids, delta.finish_reason, delta.error,
-                                                  len(run.request.prompt_token_ids), self.worker_id))
-        except asyncio.CancelledError:
-            run.buffer.put_nowait(StreamChunk(rid, (), "abort", None, 0, self.worker_id))
-            raise
+                run.buffer.put_nowait(
+                    StreamChunk(
+                        rid,
+                        delta.token_ids,
+                        delta.finish_reason,
+                        delta.error,
+                        len(run.request.prompt_token_ids),
+                        self.worker_id,
+                    )
+                )
         except Exception as exc:  # a bug in our adapter: finish the request, keep the worker
             logger.exception("decode %s: request %s failed", self.worker_id, rid)
             run.buffer.put_nowait(StreamChunk(rid, (), "error", f"{type(exc).__name__}: {exc}", 0, self.worker_id))
@@ -126,19 +153,21 @@ class DecodeWorker:
                 while chunk.finish_reason is None and not run.buffer.empty():
                     chunk = run.buffer.get_nowait()
                     tokens.extend(chunk.token_ids)
-                yield StreamChunk(request_id, tuple(tokens), chunk.finish_reason, chunk.error,
-                                  chunk.prompt_tokens, self.worker_id)
+                yield StreamChunk(
+                    request_id, tuple(tokens), chunk.finish_reason, chunk.error, chunk.prompt_tokens, self.worker_id
+                )
                 if chunk.finish_reason is not None:
                     return
         finally:
             self._running.pop(request_id, None)
 
     def abort(self, request_id: str) -> bool:
-        run = self._running.pop(request_id, None)
+        """Stop decoding; the request's stream (attached or not yet) ends with an ``abort`` chunk."""
         self.endpoint.discard(request_id)
+        run = self._running.get(request_id)
         if run is None:
             return False
-        if run.task is not None:
+        if run.task is not None and not run.task.done():
             run.task.cancel()
         self.engine.abort(request_id)
         return True

@@ -7,8 +7,9 @@ from typing import Any
 from common.request import SamplingSpec
 
 
-def to_vllm(spec: SamplingSpec, *, max_tokens: int, kv_params: dict[str, Any] | None = None,
-            extra: dict[str, Any] | None = None) -> Any:
+def to_vllm(
+    spec: SamplingSpec, *, max_tokens: int, kv_params: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
+) -> Any:
     from vllm import SamplingParams
 
     extra_args: dict[str, Any] = dict(extra or {})
@@ -24,4 +25,3 @@ def to_vllm(spec: SamplingSpec, *, max_tokens: int, kv_params: dict[str, Any] | 
         ignore_eos=spec.ignore_eos,
         extra_args=extra_args or None,
     )
-

@@ -30,7 +30,7 @@ class EngineStats:
 
     @property
     def free_blocks(self) -> int:
-        return int(round(self.total_blocks * (1.0 - self.kv_usage)))
+        return round(self.total_blocks * (1.0 - self.kv_usage))
 
 
 class StatsCollector:
@@ -79,9 +79,7 @@ def stat_logger_factory(collector: StatsCollector) -> Any:
 
     class _Logger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            collector.set_capacity(
-                vllm_config.cache_config.num_gpu_blocks or 0, vllm_config.cache_config.block_size
-            )
+            collector.set_capacity(vllm_config.cache_config.num_gpu_blocks or 0, vllm_config.cache_config.block_size)
 
         def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
             collector.record(scheduler_stats, iteration_stats)

@@ -1,10 +1,10 @@
 """Baseline predictor: per-prompt-length-bucket quantiles of observed output lengths.
 
-Prompts fall into log2-spaced length buckets (1-15, 16-31, 32-63, ...). Each
+Prompts fall into log2-spaced length buckets (bucket k holds lengths in [2^k, 2^(k+1))). Each
 bucket keeps the last ``window`` output lengths seen for it (seeded from
 ``fit`` and updated online by ``observe``). The estimate is the bucket's
-median, the range its [q_low, q_high] quantiles, capped at the request's
-``max_tokens``; the confidence is the share of the bucket's history inside the
+median, the range its [q_low, q_high] quantiles (upper end exclusive), capped at the
+request's ``max_tokens`` (+1, so an output that reached ``max_tokens`` is inside); the confidence is the share of the bucket's history inside the
 range. A bucket with fewer than ``min_samples`` observations falls back to all
 observations, and with none at all to the uninformative range [0, max_tokens].
 """
@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from common.length import LengthEstimate
-from common.length import PredictInput
+from common.length import LengthEstimate, PredictInput
 
 
 def _quantile(sorted_values: Sequence[int], q: float) -> int:
@@ -30,7 +29,9 @@ class BucketQuantilePredictor:
         if not 0.0 <= q_low < 0.5 < q_high <= 1.0:
             raise ValueError(f"need 0 <= q_low < 0.5 < q_high <= 1, got q_low={q_low} q_high={q_high}")
         if window < 1 or min_samples < 1:
-            raise ValueError("window and min_samples must be >= 1")
+            raise ValueError(f"window and min_samples must be >= 1, got window={window} min_samples={min_samples}")
+        if min_samples > window:
+            raise ValueError(f"min_samples ({min_samples}) must not exceed window ({window})")
         self._window = window
         self._q = (q_low, q_high)
         self._min_samples = min_samples
@@ -62,10 +63,10 @@ class BucketQuantilePredictor:
         if len(history) < self._min_samples:
             history = self._all
         if not history:
-            return LengthEstimate(0, cap // 2, cap, bucket, 0.0, self.name)
+            return LengthEstimate(0, cap // 2, cap + 1, bucket, 0.0, self.name)
         values = sorted(history)
         lo = min(_quantile(values, self._q[0]), cap)
         mid = min(max(_quantile(values, 0.5), lo), cap)
-        hi = min(max(_quantile(values, self._q[1]) + 1, mid), cap)
+        hi = min(max(_quantile(values, self._q[1]) + 1, mid), cap + 1)
         inside = sum(1 for v in values if lo <= v < hi) / len(values)
         return LengthEstimate(lo, mid, hi, bucket, round(inside, 4), self.name)

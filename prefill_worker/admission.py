@@ -51,6 +51,9 @@ class SchedBatchGate:
             await fut
         except BaseException:
             self._forget(view.request_id)
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._in_engine -= 1  # admitted, then cancelled before it resumed: give the slot back
+                self._pump()
             raise
         try:
             yield

@@ -46,8 +46,13 @@ class PrefillWorker:
         self.config = config
         self.endpoint = endpoints.get_or_create(worker_id, config.transport, f"{config.host}:0")
         args = build_engine_args(
-            config.engine, model_path, EngineRole.PREFILL, chunk_size=config.prefill.chunk_size,
-            endpoint=worker_id, transport=config.transport, kv_deadline_s=config.kv_transfer_timeout_s,
+            config.engine,
+            model_path,
+            EngineRole.PREFILL,
+            chunk_size=config.prefill.chunk_size,
+            endpoint=worker_id,
+            transport=config.transport,
+            kv_deadline_s=config.kv_transfer_timeout_s,
         )
         self.engine = EngineLoop(args, worker_id)
         self.gate = SchedBatchGate(config.prefill.queue_policy, config.prefill.sched_batch)
@@ -79,13 +84,19 @@ class PrefillWorker:
         self.predictor.observe(prompt_len, output_len)
 
     def load(self) -> PrefillLoad:
-        return PrefillLoad(self.worker_id, self.gate.queued, self.engine.in_flight, self.gate.queued_tokens, time.time())
+        return PrefillLoad(
+            self.worker_id, self.gate.queued, self.engine.in_flight, self.gate.queued_tokens, time.time()
+        )
 
     def stats(self) -> dict[str, Any]:
         from transport import kv_connector
 
-        return {"engine": self.engine.stats(), "kv": kv_connector.counters(), "transport": self.endpoint.stats(),
-                "policy": {"queue": self.config.prefill.queue_policy, "dispatch": self.dispatcher.name}}
+        return {
+            "engine": self.engine.stats(),
+            "kv": kv_connector.counters(),
+            "transport": self.endpoint.stats(),
+            "policy": {"queue": self.config.prefill.queue_policy, "dispatch": self.dispatcher.name},
+        }
 
     async def _report_loop(self) -> None:
         interval = self.config.report_interval_ms / 1000
@@ -98,8 +109,9 @@ class PrefillWorker:
 
     # -- the request path -------------------------------------------------------------
     async def prefill(self, req: Request) -> AsyncIterator[StreamChunk | Handoff]:
-        view = ReqView(req.request_id, len(req.prompt_token_ids), req.sampling.max_tokens, req.arrival_time,
-                       priority=req.priority)
+        view = ReqView(
+            req.request_id, len(req.prompt_token_ids), req.sampling.max_tokens, req.arrival_time, priority=req.priority
+        )
         try:
             async with self.gate.turn(view):
                 first, decode_id, estimate = await self._prefill_in_turn(req, view)
@@ -146,14 +158,21 @@ class PrefillWorker:
         ld = self.decode_loads[worker_id]
         heavy = view.is_heavy(self.config.prefill.heavy_threshold_tokens)
         self.decode_loads[worker_id] = replace(
-            ld, free_kv_blocks=max(0, ld.free_kv_blocks - view.kv_blocks_upper(ld.block_size)),
-            queued=ld.queued + 1, heavy=ld.heavy + heavy, light=ld.light + (not heavy),
+            ld,
+            free_kv_blocks=max(0, ld.free_kv_blocks - view.kv_blocks_upper(ld.block_size)),
+            queued=ld.queued + 1,
+            heavy=ld.heavy + heavy,
+            light=ld.light + (not heavy),
         )
 
     async def _run_engine(self, req: Request, decode_id: str | None) -> StreamChunk:
         from engine.sampling import to_vllm
 
-        kv = None if decode_id is None else {"mode": "send", "dst": self.decode_addresses[decode_id], "key": req.request_id}
+        kv = (
+            None
+            if decode_id is None
+            else {"mode": "send", "dst": self.decode_addresses[decode_id], "key": req.request_id}
+        )
         params = to_vllm(req.sampling, max_tokens=1, kv_params=kv)
         tokens: list[int] = []
         reason = error = None

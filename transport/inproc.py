@@ -41,7 +41,10 @@ class InProcTransport:
             self._failed += 1
             handle.complete(f"no endpoint at {dst}")
             return handle
-        peer._store.put(key, payload)
+        if not peer._store.put(key, payload):
+            self._failed += 1
+            handle.complete(f"receiver dropped {key} (discarded)")
+            return handle
         self._sent += 1
         self._bytes_sent += handle.nbytes
         handle.complete()

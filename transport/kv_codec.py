@@ -56,8 +56,14 @@ def pack(
         bufs.append(memoryview(part.view(torch.uint8).numpy()).cast("B"))
     shape = list(first.shape)
     shape[dim] = n
-    header = {"num_tokens": num_tokens, "block_size": block_size, "layers": names, "shape": shape,
-              "dtype": str(first.dtype), "dim": dim}
+    header = {
+        "num_tokens": num_tokens,
+        "block_size": block_size,
+        "layers": names,
+        "shape": shape,
+        "dtype": str(first.dtype),
+        "dim": dim,
+    }
     head = memoryview(json.dumps(header).encode())
     return PackedKV([head, *bufs], sum(b.nbytes for b in bufs), n)
 
@@ -75,13 +81,17 @@ def unpack_into(
     n = blocks_for(int(header["num_tokens"]), int(header["block_size"]))
     if len(block_ids) < n:
         raise ValueError(f"unpack: {n} blocks arrived, request holds {len(block_ids)}")
-    dtype = _DTYPES[header["dtype"]]
+    dtype = _DTYPES.get(header["dtype"])
+    if dtype is None:
+        raise ValueError(f"unpack: unsupported KV dtype {header['dtype']!r}")
     shape = header["shape"]
-    for name, buf in zip(names, buffers[1:], strict=True):
+    for name in names:  # validate every layer before writing any
         dst = layers[name]
         if dst.dtype != dtype or list(dst.shape[:dim]) + list(dst.shape[dim + 1 :]) != shape[:dim] + shape[dim + 1 :]:
             raise ValueError(f"unpack: layer {name} is {dst.dtype}{tuple(dst.shape)}, sender sent {dtype}{shape}")
-        src = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
-        idx = torch.tensor(list(block_ids[:n]), dtype=torch.long, device=dst.device)
-        dst.index_copy_(dim, idx, src.to(dst.device))
+    idx = torch.tensor(list(block_ids[:n]), dtype=torch.long, device=layers[names[0]].device)
+    for name, buf in zip(names, buffers[1:], strict=True):
+        dst_bytes = layers[name].view(torch.uint8)  # byte copies work for every dtype, fp8 included
+        src = torch.frombuffer(buf, dtype=torch.uint8).reshape([*shape[:-1], dst_bytes.shape[-1]])
+        dst_bytes.index_copy_(dim, idx, src.to(dst_bytes.device))
     return int(header["num_tokens"])

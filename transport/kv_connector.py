@@ -144,7 +144,9 @@ class TetriKVConnector(KVConnectorBase_V1):
         self._transport = None
         if role == KVConnectorRole.WORKER:
             self._transport = endpoints.get_or_create(
-                str(extra.get("endpoint", "default")), str(extra.get("backend", "tcp")), str(extra.get("listen", "127.0.0.1:0"))
+                str(extra.get("endpoint", "default")),
+                str(extra.get("backend", "tcp")),
+                str(extra.get("listen", "127.0.0.1:0")),
             )
 
     # ============================== scheduler side ==============================
@@ -161,7 +163,9 @@ class TetriKVConnector(KVConnectorBase_V1):
             return
         self._load_requested.add(request.request_id)
         block_ids = tuple(blocks.get_block_ids()[0])
-        self._pending_loads.append(LoadSpec(request.request_id, str(params["key"]), block_ids, int(params["num_tokens"])))
+        self._pending_loads.append(
+            LoadSpec(request.request_id, str(params["key"]), block_ids, int(params["num_tokens"]))
+        )
 
     def on_new_request(self, request: Request) -> None:
         params = _params(request)
@@ -209,7 +213,9 @@ class TetriKVConnector(KVConnectorBase_V1):
         self._layers = dict(kv_caches)
         first = next(iter(self._layers.values()))
         self._dim = kv_codec.block_dim(first, self._kv_cache_config.num_blocks)
-        logger.info("kv connector: %d layers, block dim %d, layer shape %s", len(self._layers), self._dim, tuple(first.shape))
+        logger.info(
+            "kv connector: %d layers, block dim %d, layer shape %s", len(self._layers), self._dim, tuple(first.shape)
+        )
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -249,7 +255,9 @@ class TetriKVConnector(KVConnectorBase_V1):
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+    ) -> None:
         return
 
     def wait_for_save(self) -> None:

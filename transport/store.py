@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
 class _Entry:
     buffers: list[bytearray]
-    landed: float = field(default_factory=time.monotonic)
+    landed: float
 
 
 class ReceiveStore:
@@ -34,18 +34,20 @@ class ReceiveStore:
             self._expire_locked()
             if self._discarded.pop(key, None) is not None:
                 return False
-            self._entries[key] = _Entry(buffers)
+            self._entries[key] = _Entry(buffers, time.monotonic())
             self.bytes_received += sum(len(b) for b in buffers)
             self.transfers_received += 1
             return True
 
     def take(self, key: str) -> list[bytearray] | None:
         with self._lock:
+            self._expire_locked()
             entry = self._entries.pop(key, None)
             return None if entry is None else entry.buffers
 
     def discard(self, key: str) -> bool:
         with self._lock:
+            self._expire_locked()
             if self._entries.pop(key, None) is not None:
                 return True
             self._discarded[key] = time.monotonic()
@@ -53,6 +55,7 @@ class ReceiveStore:
 
     def __len__(self) -> int:
         with self._lock:
+            self._expire_locked()
             return len(self._entries)
 
     def _expire_locked(self) -> None:

@@ -13,6 +13,7 @@ connect, write and acknowledgement together.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -23,7 +24,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from transport.api import Buffer, TransferHandle, TransportStats
+from transport.api import Buffer, TransferHandle, TransferState, TransportStats
 from transport.store import ReceiveStore
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ def parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.removeprefix("tcp://").rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"transport address must be host:port, got {address!r}")
+    if not 0 <= int(port) <= 65535:
+        raise ValueError(f"transport address {address!r}: port {port} is outside 0..65535")
     return host, int(port)
 
 
@@ -59,6 +62,9 @@ class TcpTransport:
         host, port = self._server.getsockname()[:2]
         self._address = f"{host}:{port}"
         self._closed = threading.Event()
+        self._pending: set[TransferHandle] = set()
+        self._conns: set[socket.socket] = set()
+        self._conns_lock = threading.Lock()
         self._pool: dict[str, queue.SimpleQueue[socket.socket]] = {}
         self._pool_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=send_threads, thread_name_prefix="kv-send")
@@ -78,10 +84,35 @@ class TcpTransport:
         views = [memoryview(b).cast("B") for b in buffers]
         handle = TransferHandle(key, sum(v.nbytes for v in views))
         deadline = time.monotonic() + deadline_s
+        if self._closed.is_set():
+            handle.complete("transport closed")
+            return handle
+        with self._stats_lock:
+            self._pending.add(handle)
         self._executor.submit(self._send_now, dst, key, views, deadline, handle)
         return handle
 
-    def _send_now(
+    def _send_now(self, dst: str, key: str, views: list[memoryview], deadline: float, handle: TransferHandle) -> None:
+        try:
+            self._send_attempts(dst, key, views, deadline, handle)
+        except Exception as exc:  # bad destination, or a bug: the handle must still complete
+            self._finish(handle, f"send {key} to {dst} failed: {exc}")
+        finally:
+            with self._stats_lock:
+                self._pending.discard(handle)
+
+    def _finish(self, handle: TransferHandle, error: str | None) -> None:
+        with self._stats_lock:
+            if handle.state is not TransferState.PENDING:
+                return
+            if error is None:
+                self._sent += 1
+                self._bytes_sent += handle.nbytes
+            else:
+                self._failed += 1
+            handle.complete(error)
+
+    def _send_attempts(
         self, dst: str, key: str, views: list[memoryview], deadline: float, handle: TransferHandle
     ) -> None:
         header = json.dumps({"key": key, "sizes": [v.nbytes for v in views]}).encode()
@@ -95,18 +126,13 @@ class TcpTransport:
                     sock.sendall(v)
                 ack = _recv_exact(sock, 1)
                 self._checkin(dst, sock)
-                with self._stats_lock:
-                    self._sent += 1
-                    self._bytes_sent += handle.nbytes
-                handle.complete(None if ack == b"\x01" else f"receiver dropped {key} (discarded)")
+                self._finish(handle, None if ack == b"\x01" else f"receiver dropped {key} (discarded)")
                 return
             except (OSError, ConnectionError) as exc:
                 if sock is not None:
                     sock.close()
                 if attempt == 1 or time.monotonic() >= deadline:
-                    with self._stats_lock:
-                        self._failed += 1
-                    handle.complete(f"send {key} to {dst} failed: {exc}")
+                    self._finish(handle, f"send {key} to {dst} failed: {exc}")
                     return
 
     def _checkout(self, dst: str, deadline: float, fresh: bool) -> socket.socket:
@@ -134,26 +160,40 @@ class TcpTransport:
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._conns_lock:
+                if self._closed.is_set():
+                    conn.close()
+                    return
+                self._conns.add(conn)
             threading.Thread(target=self._serve_conn, args=(conn,), name="kv-recv", daemon=True).start()
 
     def _serve_conn(self, conn: socket.socket) -> None:
-        with conn:
-            while not self._closed.is_set():
-                try:
-                    magic, hlen = _HDR.unpack(_recv_exact(conn, _HDR.size))
-                except (OSError, ConnectionError):
+        try:
+            self._serve_frames(conn)
+        finally:
+            with self._conns_lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def _serve_frames(self, conn: socket.socket) -> None:
+        while not self._closed.is_set():
+            try:
+                magic, hlen = _HDR.unpack(_recv_exact(conn, _HDR.size))
+            except (OSError, ConnectionError):
+                return
+            if magic != _MAGIC or hlen > _MAX_HEADER:
+                logger.warning("tcp transport: bad frame from peer, closing connection")
+                return
+            try:
+                header = json.loads(_recv_exact(conn, hlen))
+                buffers = [_recv_exact(conn, int(n)) for n in header["sizes"]]
+                if self._closed.is_set():
                     return
-                if magic != _MAGIC or hlen > _MAX_HEADER:
-                    logger.warning("tcp transport: bad frame from peer, closing connection")
-                    return
-                try:
-                    header = json.loads(_recv_exact(conn, hlen))
-                    buffers = [_recv_exact(conn, int(n)) for n in header["sizes"]]
-                    stored = self._store.put(str(header["key"]), buffers)
-                    conn.sendall(b"\x01" if stored else b"\x00")
-                except (OSError, ConnectionError, ValueError, KeyError) as exc:
-                    logger.warning("tcp transport: receive failed: %s", exc)
-                    return
+                stored = self._store.put(str(header["key"]), buffers)
+                conn.sendall(b"\x01" if stored else b"\x00")
+            except (OSError, ConnectionError, ValueError, KeyError) as exc:
+                logger.warning("tcp transport: receive failed: %s", exc)
+                return
 
     def recv(self, key: str) -> list[bytearray] | None:
         return self._store.take(key)
@@ -170,8 +210,19 @@ class TcpTransport:
 
     def close(self) -> None:
         self._closed.set()
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
+        with self._conns_lock:
+            for conn in self._conns:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+            self._conns.clear()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._stats_lock:
+            pending = list(self._pending)
+        for handle in pending:
+            self._finish(handle, "transport closed")
         with self._pool_lock:
             for idle in self._pool.values():
                 while True:

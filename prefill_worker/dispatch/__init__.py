@@ -17,4 +17,6 @@ def make_dispatch_policy(name: str, params: DispatchParams) -> DispatchPolicy:
     try:
         return DISPATCH_POLICIES[name](params)
     except KeyError:
-        raise ValueError(f"prefill.dispatch_policy: unknown policy {name!r}; known: {sorted(DISPATCH_POLICIES)}") from None
+        raise ValueError(
+            f"prefill.dispatch_policy: unknown policy {name!r}; known: {sorted(DISPATCH_POLICIES)}"
+        ) from None

@@ -70,7 +70,9 @@ def ids_of(env: GrpcEnv, text: str) -> list[int]:
 # ---- streaming and results ---------------------------------------------------------------------
 
 
-def test_stream_echoes_prompt_text_with_usage_and_timing(env: GrpcEnv, backend: FakeBackend, client: TetriServeClient):
+def test_stream_echoes_prompt_text_with_usage_and_timing(
+    env: GrpcEnv, backend: FakeBackend, client: TetriServeClient
+) -> None:
     prompt = "hello world, this is a test"
     n = len(ids_of(env, prompt))
     chunks = list(client.generate(prompt, max_tokens=n, request_id="req-1"))
@@ -85,7 +87,7 @@ def test_stream_echoes_prompt_text_with_usage_and_timing(env: GrpcEnv, backend: 
     assert backend.requests[0].sampling.max_tokens == n
 
 
-def test_multibyte_characters_are_never_split(env: GrpcEnv, backend: FakeBackend, client: TetriServeClient):
+def test_multibyte_characters_are_never_split(env: GrpcEnv, backend: FakeBackend, client: TetriServeClient) -> None:
     n = len(ids_of(env, MULTIBYTE))
     assert n > len(MULTIBYTE.split()) + 3, "test needs characters spread over several tokens"
     chunks = list(client.generate(MULTIBYTE, max_tokens=n))
@@ -94,7 +96,7 @@ def test_multibyte_characters_are_never_split(env: GrpcEnv, backend: FakeBackend
     assert "".join(c.text for c in chunks) == MULTIBYTE
 
 
-def test_detokenizer_flushes_incomplete_tail(env: GrpcEnv):
+def test_detokenizer_flushes_incomplete_tail(env: GrpcEnv) -> None:
     ids = ids_of(env, "🚀")
     detok = IncrementalDetokenizer(env.front.tokenizer, [])
     assert len(ids) > 1 and detok.add(ids[:-1]) == ""
@@ -104,7 +106,7 @@ def test_detokenizer_flushes_incomplete_tail(env: GrpcEnv):
     assert "".join(detok.add([t]) for t in ids) + detok.flush() == "🚀"
 
 
-def test_complete_and_token_id_prompts(env: GrpcEnv, backend: FakeBackend, client: TetriServeClient):
+def test_complete_and_token_id_prompts(env: GrpcEnv, backend: FakeBackend, client: TetriServeClient) -> None:
     result = client.complete([5, 6, 7], max_tokens=5, temperature=0.0, top_k=-1, seed=3, slo_ttft_ms=100.0)
     assert result.token_ids == (5, 6, 7, 5, 6) and result.finish_reason == "length"
     assert result.usage is not None and result.usage.total_tokens == 8
@@ -115,13 +117,15 @@ def test_complete_and_token_id_prompts(env: GrpcEnv, backend: FakeBackend, clien
     assert stop.token_ids == (5, 6, 7) and stop.finish_reason == "stop"
 
 
-def test_default_max_tokens_is_capped_to_context_left(env: GrpcEnv, backend: FakeBackend, client: TetriServeClient):
+def test_default_max_tokens_is_capped_to_context_left(
+    env: GrpcEnv, backend: FakeBackend, client: TetriServeClient
+) -> None:
     prompt = [5] * (backend.max_model_len - 3)
     assert len(client.complete(prompt).token_ids) == 3
     assert len(client.complete([5]).token_ids) == 16
 
 
-def test_health_and_cluster_status(backend: FakeBackend, client: TetriServeClient):
+def test_health_and_cluster_status(backend: FakeBackend, client: TetriServeClient) -> None:
     health = client.health()
     assert health.serving and health.model == "tiny-test"
     backend.behavior.healthy = False
@@ -135,7 +139,7 @@ def test_health_and_cluster_status(backend: FakeBackend, client: TetriServeClien
 # ---- abort, cancel, deadline ---------------------------------------------------------------------
 
 
-def test_abort_rpc_ends_stream_with_abort(backend: FakeBackend, client: TetriServeClient):
+def test_abort_rpc_ends_stream_with_abort(backend: FakeBackend, client: TetriServeClient) -> None:
     backend.behavior.token_delay_s = 0.02
     stream = client.generate([5, 6], max_tokens=60)
     first = next(stream)
@@ -146,7 +150,7 @@ def test_abort_rpc_ends_stream_with_abort(backend: FakeBackend, client: TetriSer
     assert client.abort("no-such-request") is False
 
 
-def test_client_cancel_mid_stream_aborts_backend(backend: FakeBackend, client: TetriServeClient):
+def test_client_cancel_mid_stream_aborts_backend(backend: FakeBackend, client: TetriServeClient) -> None:
     backend.behavior.token_delay_s = 0.02
     with client.generate([5, 6], max_tokens=60) as stream:
         next(stream)
@@ -155,7 +159,7 @@ def test_client_cancel_mid_stream_aborts_backend(backend: FakeBackend, client: T
     wait_until(lambda: stream.request_id in backend.closed_early, what="backend stream closed")
 
 
-def test_deadline_exceeded(backend: FakeBackend, client: TetriServeClient):
+def test_deadline_exceeded(backend: FakeBackend, client: TetriServeClient) -> None:
     backend.behavior.token_delay_s = 0.1
     stream = client.generate([5, 6], max_tokens=60, timeout=0.3)
     with pytest.raises(DeadlineExceeded) as info:
@@ -167,21 +171,21 @@ def test_deadline_exceeded(backend: FakeBackend, client: TetriServeClient):
 # ---- retries ---------------------------------------------------------------------------------------
 
 
-def test_unavailable_is_retried_before_first_token(backend: FakeBackend, client: TetriServeClient):
+def test_unavailable_is_retried_before_first_token(backend: FakeBackend, client: TetriServeClient) -> None:
     backend.behavior.fail_first_calls = 2
     result = client.complete([5, 6], max_tokens=3)
     assert result.token_ids == (5, 6, 5)
     assert backend.generate_calls == 3
 
 
-def test_unavailable_surfaces_when_retries_run_out(env: GrpcEnv, backend: FakeBackend):
+def test_unavailable_surfaces_when_retries_run_out(env: GrpcEnv, backend: FakeBackend) -> None:
     backend.behavior.fail_first_calls = 1
     with TetriServeClient(env.target, retry=NO_RETRY) as c, pytest.raises(Unavailable, match="no prefill worker"):
         c.complete([5], max_tokens=2)
     assert backend.generate_calls == 1
 
 
-def test_no_retry_after_first_token(backend: FakeBackend, client: TetriServeClient):
+def test_no_retry_after_first_token(backend: FakeBackend, client: TetriServeClient) -> None:
     backend.behavior.fail_after_tokens = 2
     got = []
     with pytest.raises(Unavailable, match="decode worker lost"):
@@ -191,7 +195,7 @@ def test_no_retry_after_first_token(backend: FakeBackend, client: TetriServeClie
     assert backend.generate_calls == 1
 
 
-def test_retry_until_a_late_server_starts(env: GrpcEnv, backend: FakeBackend):
+def test_retry_until_a_late_server_starts(env: GrpcEnv, backend: FakeBackend) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -217,7 +221,7 @@ def test_retry_until_a_late_server_starts(env: GrpcEnv, backend: FakeBackend):
 # ---- errors ---------------------------------------------------------------------------------------
 
 
-def test_backend_error_is_internal_after_streamed_tokens(backend: FakeBackend, client: TetriServeClient):
+def test_backend_error_is_internal_after_streamed_tokens(backend: FakeBackend, client: TetriServeClient) -> None:
     backend.behavior.error_after_tokens = 2
     got = []
     with pytest.raises(InternalError, match="fake KV transfer failed"):
@@ -249,7 +253,7 @@ BAD_INPUTS: list[tuple[str, Any, dict[str, Any], str]] = [
 @pytest.mark.parametrize(("prompt", "options", "field"), [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
 def test_bad_input_is_invalid_argument_naming_the_field(
     backend: FakeBackend, client: TetriServeClient, prompt: Any, options: dict[str, Any], field: str
-):
+) -> None:
     with pytest.raises(InvalidArgument) as info:
         client.complete(prompt, **options)
     assert info.value.field == field
@@ -260,8 +264,8 @@ def test_bad_input_is_invalid_argument_naming_the_field(
 # ---- async client ---------------------------------------------------------------------------------
 
 
-def test_async_client_end_to_end(env: GrpcEnv, backend: FakeBackend):
-    async def scenario() -> None:
+def test_async_client_end_to_end(env: GrpcEnv, backend: FakeBackend) -> None:
+    async def scenario() -> str:
         async with AsyncTetriServeClient(env.target, retry=FAST_RETRY) as c:
             assert (await c.health()).serving
             assert len((await c.cluster_status()).workers) == 2

@@ -64,7 +64,7 @@ def n_tokens(env: HttpEnv, text: str) -> int:
 # ---- happy paths ---------------------------------------------------------------------------------
 
 
-def test_models_and_health(env: HttpEnv, backend: FakeBackend, http: httpx.Client):
+def test_models_and_health(env: HttpEnv, backend: FakeBackend, http: httpx.Client) -> None:
     card = http.get("/v1/models").json()["data"][0]
     assert (card["id"], card["root"], card["max_model_len"]) == ("tiny-test", env.backend.model_path, 64)
     assert http.get("/health").status_code == 200
@@ -72,7 +72,7 @@ def test_models_and_health(env: HttpEnv, backend: FakeBackend, http: httpx.Clien
     assert http.get("/health").status_code == 503
 
 
-def test_completion_non_streaming_with_usage(env: HttpEnv, backend: FakeBackend, http: httpx.Client):
+def test_completion_non_streaming_with_usage(env: HttpEnv, backend: FakeBackend, http: httpx.Client) -> None:
     n = n_tokens(env, MULTIBYTE)
     r = http.post("/v1/completions", json={"model": "tiny-test", "prompt": MULTIBYTE, "max_tokens": n})
     assert r.status_code == 200, r.text
@@ -83,7 +83,7 @@ def test_completion_non_streaming_with_usage(env: HttpEnv, backend: FakeBackend,
 
 
 @pytest.mark.parametrize("prompt", [[MULTIBYTE], "ids", "nested-ids"])
-def test_completion_prompt_forms(env: HttpEnv, backend: FakeBackend, http: httpx.Client, prompt: Any):
+def test_completion_prompt_forms(env: HttpEnv, backend: FakeBackend, http: httpx.Client, prompt: Any) -> None:
     ids = list(env.front.tokenize(MULTIBYTE))
     prompt = {"ids": ids, "nested-ids": [ids]}.get(prompt, prompt) if isinstance(prompt, str) else prompt
     r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": len(ids)})
@@ -91,13 +91,13 @@ def test_completion_prompt_forms(env: HttpEnv, backend: FakeBackend, http: httpx
     assert r.json()["choices"][0]["text"] == MULTIBYTE
 
 
-def test_completion_default_max_tokens_is_16(backend: FakeBackend, http: httpx.Client):
+def test_completion_default_max_tokens_is_16(backend: FakeBackend, http: httpx.Client) -> None:
     r = http.post("/v1/completions", json={"prompt": [5, 6]})
     assert r.json()["usage"]["completion_tokens"] == 16
 
 
 @pytest.mark.parametrize("include_usage", [True, False])
-def test_completion_streaming(env: HttpEnv, backend: FakeBackend, http: httpx.Client, include_usage: bool):
+def test_completion_streaming(env: HttpEnv, backend: FakeBackend, http: httpx.Client, include_usage: bool) -> None:
     n = n_tokens(env, MULTIBYTE)
     body = {"prompt": MULTIBYTE, "max_tokens": n, "stream": True, "stream_options": {"include_usage": include_usage}}
     with http.stream("POST", "/v1/completions", json=body, headers={"x-request-id": "http-1"}) as r:
@@ -119,7 +119,7 @@ def test_completion_streaming(env: HttpEnv, backend: FakeBackend, http: httpx.Cl
     assert backend.requests[0].request_id == "http-1"
 
 
-def test_chat_completion(env: HttpEnv, backend: FakeBackend, http: httpx.Client):
+def test_chat_completion(env: HttpEnv, backend: FakeBackend, http: httpx.Client) -> None:
     messages = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "hi"}]},
@@ -139,7 +139,7 @@ def test_chat_completion(env: HttpEnv, backend: FakeBackend, http: httpx.Client)
     assert events[-2]["usage"]["completion_tokens"] == 3 and events[-1] == "[DONE]"
 
 
-def test_chat_default_max_tokens_uses_context_left(backend: FakeBackend, http: httpx.Client):
+def test_chat_default_max_tokens_uses_context_left(backend: FakeBackend, http: httpx.Client) -> None:
     r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     usage = r.json()["usage"]
     assert usage["prompt_tokens"] + usage["completion_tokens"] == 64
@@ -177,7 +177,7 @@ BAD: list[tuple[str, str, Any, int, str | None]] = [
 @pytest.mark.parametrize(("path", "body", "status", "param"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
 def test_bad_input_is_openai_error(
     backend: FakeBackend, http: httpx.Client, path: str, body: Any, status: int, param: str | None
-):
+) -> None:
     if isinstance(body, bytes):
         r = http.post(path, content=body, headers={"content-type": "application/json"})
     else:
@@ -195,7 +195,7 @@ def test_bad_input_is_openai_error(
     assert backend.generate_calls == 0
 
 
-def test_backend_errors(backend: FakeBackend, http: httpx.Client):
+def test_backend_errors(backend: FakeBackend, http: httpx.Client) -> None:
     backend.behavior.fail_first_calls = 1
     r = http.post("/v1/completions", json={"prompt": [5], "max_tokens": 3})
     assert r.status_code == 503 and r.json()["error"]["code"] == "backend_unavailable"
@@ -210,7 +210,7 @@ def test_backend_errors(backend: FakeBackend, http: httpx.Client):
 # ---- disconnects ---------------------------------------------------------------------------------
 
 
-def test_disconnect_mid_stream_aborts(env: HttpEnv, backend: FakeBackend):
+def test_disconnect_mid_stream_aborts(env: HttpEnv, backend: FakeBackend) -> None:
     backend.behavior.token_delay_s = 0.02
     body = {"prompt": [5, 6], "max_tokens": 60, "stream": True}
     with httpx.Client(base_url=env.url) as c, c.stream("POST", "/v1/completions", json=body) as r:
@@ -220,7 +220,7 @@ def test_disconnect_mid_stream_aborts(env: HttpEnv, backend: FakeBackend):
     assert backend.abort_calls == [backend.requests[0].request_id] == backend.closed_early
 
 
-def test_disconnect_while_waiting_for_whole_response_aborts(env: HttpEnv, backend: FakeBackend):
+def test_disconnect_while_waiting_for_whole_response_aborts(env: HttpEnv, backend: FakeBackend) -> None:
     backend.behavior.token_delay_s = 0.05
     with httpx.Client(base_url=env.url, timeout=0.3) as c, pytest.raises(httpx.ReadTimeout):
         c.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 60})
@@ -230,7 +230,7 @@ def test_disconnect_while_waiting_for_whole_response_aborts(env: HttpEnv, backen
 # ---- the official openai client --------------------------------------------------------------------
 
 
-def test_openai_client(env: HttpEnv, backend: FakeBackend):
+def test_openai_client(env: HttpEnv, backend: FakeBackend) -> None:
     openai = pytest.importorskip("openai")
     n = n_tokens(env, MULTIBYTE)
     with openai.OpenAI(base_url=f"{env.url}/v1", api_key="unused", max_retries=0) as oa:
@@ -253,6 +253,6 @@ def test_openai_client(env: HttpEnv, backend: FakeBackend):
         assert sum(1 for c in chat_stream if c.choices) == 3
         with pytest.raises(openai.BadRequestError) as bad:
             oa.completions.create(model="tiny-test", prompt="hi", n=2)
-        assert bad.value.body["param"] == "n"  # type: ignore[index]
+        assert bad.value.body["param"] == "n"
         with pytest.raises(openai.NotFoundError):
             oa.completions.create(model="gpt-17", prompt="hi")

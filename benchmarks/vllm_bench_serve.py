@@ -1,0 +1,201 @@
+"""Side by side: vLLM's own benchmark client against tetriserve's HTTP front door and a plain vLLM server.
+
+Both systems serve the same model on the same machine, one after the other in
+one run, with the same ShareGPT prompts, seed and Poisson arrival rate:
+
+    python benchmarks/vllm_bench_serve.py --num-prompts 200 --request-rate 2
+
+Writes ``benchmarks/results/vllm_bench_serve.{md,json}``: per system the
+benchmark client's JSON summary, and a table of medians and the ratio
+tetriserve / vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+WORK = ROOT / "benchmarks" / "_work"
+METRICS = [
+    "completed",
+    "failed",
+    "request_throughput",
+    "output_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "median_itl_ms",
+    "median_e2el_ms",
+]
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{url} not ready after {timeout_s} s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_bench(name: str, port: int, args: argparse.Namespace, model: str, dataset: Path) -> dict[str, float]:
+    out = WORK / f"bench_{name}.json"
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+        "from vllm.benchmarks.serve import add_cli_args, main; "
+        "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))",
+        "--backend",
+        "openai",
+        "--base-url",
+        f"http://127.0.0.1:{port}",
+        "--model",
+        "tiny-llama",
+        "--tokenizer",
+        model,
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        str(dataset),
+        "--num-prompts",
+        str(args.num_prompts),
+        "--request-rate",
+        str(args.request_rate),
+        "--seed",
+        "0",
+        "--save-result",
+        "--result-dir",
+        str(WORK),
+        "--result-filename",
+        out.name,
+    ]
+    print(f"[{name}] {' '.join(cmd[3:])}", flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    result = json.loads(out.read_text())
+    return {k: float(result[k]) for k in METRICS if k in result}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--num-prompts", type=int, default=200)
+    ap.add_argument("--request-rate", type=float, default=2.0)
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from common.sharegpt import write_valid_json
+    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    model = str(build_tiny_model(default_tiny_model_dir()))
+    dataset = WORK / "sharegpt.json"
+    if not dataset.exists():
+        write_valid_json(dataset)
+    env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
+    systems = {
+        "tetriserve": (
+            [
+                sys.executable,
+                "-m",
+                "control_plane.cli",
+                "serve",
+                "--http-port",
+                "8100",
+                "--grpc-port",
+                "50151",
+                "--served-model-name",
+                "tiny-llama",
+                "--kv-cache-gb",
+                "2",
+            ],
+            8100,
+            env,
+        ),
+        "vllm": (
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                model,
+                "--served-model-name",
+                "tiny-llama",
+                "--max-model-len",
+                "2048",
+                "--block-size",
+                "32",
+                "--port",
+                "8101",
+                "--disable-uvicorn-access-log",
+            ],
+            8101,
+            dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2"),
+        ),
+    }
+    results: dict[str, dict[str, float]] = {}
+    for name, (cmd, port, senv) in systems.items():
+        with open(WORK / f"server_{name}.log", "w") as log:
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=senv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                wait_ready(f"http://127.0.0.1:{port}", proc)
+                results[name] = run_bench(name, port, args, model, dataset)
+            finally:
+                stop(proc)
+    write_report(results, args)
+    return 0 if all(r.get("failed", 1) == 0 for r in results.values()) else 1
+
+
+def write_report(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    (RESULTS / "vllm_bench_serve.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    t, v = results["tetriserve"], results["vllm"]
+    lines = [
+        "# vLLM benchmark client: tetriserve vs plain vLLM",
+        "",
+        f"Command: `python benchmarks/vllm_bench_serve.py --num-prompts {args.num_prompts} "
+        f"--request-rate {args.request_rate}`  ",
+        "Client: `vllm.benchmarks.serve --backend openai --dataset-name sharegpt --seed 0` (Poisson arrivals).  ",
+        f"Machine: {os.cpu_count()} CPU cores, no GPU; tiny random-weight Llama (5.2M params), same for both.  ",
+        "tetriserve: 1 prefill + 1 decode worker, 1 OMP thread per engine, KV over TCP. "
+        "vLLM: one `vllm.entrypoints.openai.api_server`, 2 OMP threads.",
+        "",
+        "| metric | tetriserve | vLLM | tetriserve / vLLM |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for k in METRICS:
+        if k in t and k in v:
+            ratio = f"{t[k] / v[k]:.2f}" if v[k] else "-"
+            lines.append(f"| {k} | {t[k]:.2f} | {v[k]:.2f} | {ratio} |")
+    (RESULTS / "vllm_bench_serve.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

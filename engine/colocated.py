@@ -1,0 +1,42 @@
+"""A plain colocated vLLM engine (prefill and decode in one engine): the reference tetriserve is compared with.
+
+Same engine settings as the cluster's engines minus the KV connector, so with
+greedy sampling in float32 the disaggregated cluster must produce exactly its
+token ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from common.config import EngineConfig
+from common.request import SamplingSpec
+from engine.settings import EngineRole, build_engine_args
+from engine.stats import EngineStats
+
+
+class ColocatedEngine:
+    def __init__(self, config: EngineConfig, model_path: str, chunk_size: int = 512) -> None:
+        from engine.loop import EngineLoop
+
+        self.engine = EngineLoop(
+            build_engine_args(config, model_path, EngineRole.COLOCATED, chunk_size=chunk_size), "colocated"
+        )
+
+    async def generate(self, request_id: str, prompt: Sequence[int], sampling: SamplingSpec) -> tuple[int, ...]:
+        from engine.sampling import to_vllm
+
+        tokens: list[int] = []
+        async for delta in self.engine.generate(request_id, prompt, to_vllm(sampling, max_tokens=sampling.max_tokens)):
+            tokens.extend(delta.token_ids)
+        return tuple(tokens)
+
+    async def generate_many(
+        self, prompts: dict[str, Sequence[int]], sampling: SamplingSpec
+    ) -> dict[str, tuple[int, ...]]:
+        outs = await asyncio.gather(*(self.generate(rid, p, sampling) for rid, p in prompts.items()))
+        return dict(zip(prompts, outs, strict=True))
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()

@@ -1,0 +1,163 @@
+"""Drive the product like a user: `tetriserve serve`, then `generate`, `status`, the openai client and
+vLLM's own benchmark client against it, then Ctrl-C."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("ray") is None:
+    pytest.skip("e2e tests need vllm and ray", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "control_plane.cli"]
+
+
+@dataclass
+class Service:
+    proc: subprocess.Popen[str]
+    grpc: str
+    http: str
+    output: list[str]
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[Service]:
+    cmd = [*CLI, "serve", "--grpc-port", "0", "--http-port", "0", "--kv-cache-gb", "0.5", "--max-model-len", "1024"]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    lines: list[str] = []
+    grpc = http = ""
+    deadline = time.monotonic() + 300
+    assert proc.stdout is not None
+    while time.monotonic() < deadline and not (grpc and http):
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if m := re.match(r"\s+gRPC\s+(\S+)", line):
+            grpc = m.group(1)
+        if m := re.match(r"\s+OpenAI HTTP\s+(\S+)/v1", line):
+            http = m.group(1)
+    if not (grpc and http):
+        proc.kill()
+        pytest.fail("serve did not print its endpoints:\n" + "".join(lines[-40:]))
+    # keep reading, or the service blocks on a full pipe once its workers log enough
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    try:
+        yield Service(proc, grpc, http, lines)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_serve_prints_endpoints_and_dashboard(service: Service) -> None:
+    text = "".join(service.output)
+    assert "Ray dashboard" in text
+    assert "ready in" in text
+
+
+def test_cli_generate_and_status(service: Service) -> None:
+    out = subprocess.run(
+        [*CLI, "generate", "Hello there", "--target", service.grpc, "--max-tokens", "8", "--ignore-eos"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "[finish: length" in out.stderr and "8 completion tokens" in out.stderr
+    st = subprocess.run(
+        [*CLI, "status", "--target", service.grpc, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert st.returncode == 0, st.stderr
+    status = json.loads(st.stdout)
+    assert sorted(w["role"] for w in status["workers"]) == ["decode", "prefill"]
+    assert status["model"] == "tiny-llama"
+
+
+def test_official_openai_client(service: Service) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{service.http}/v1", api_key="unused")
+    assert [m.id for m in client.models.list()] == ["tiny-llama"]
+    done = client.completions.create(model="tiny-llama", prompt="Hi", max_tokens=6, extra_body={"ignore_eos": True})
+    assert done.usage is not None and done.usage.completion_tokens == 6
+    pieces = list(
+        client.chat.completions.create(
+            model="tiny-llama", messages=[{"role": "user", "content": "Hi"}], max_tokens=6, stream=True
+        )
+    )
+    assert pieces[-1].choices[0].finish_reason in ("length", "stop")
+
+
+def test_vllm_benchmark_client(service: Service, tmp_path: Path) -> None:
+    from common.sharegpt import write_valid_json
+    from control_plane.model_builder import default_tiny_model_dir
+
+    data = tmp_path / "sharegpt.json"
+    write_valid_json(data, limit=400)
+    code = (
+        "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+        "from vllm.benchmarks.serve import add_cli_args, main; p = P(); add_cli_args(p); "
+        "main(p.parse_args(sys.argv[1:]))"
+    )
+    cmd = [
+        sys.executable,
+        "-c",
+        code,
+        "--backend",
+        "openai",
+        "--base-url",
+        service.http,
+        "--model",
+        "tiny-llama",
+        "--tokenizer",
+        str(default_tiny_model_dir()),
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        str(data),
+        "--num-prompts",
+        "12",
+        "--request-rate",
+        "4",
+        "--seed",
+        "0",
+        "--save-result",
+        "--result-dir",
+        str(tmp_path),
+        "--result-filename",
+        "r.json",
+    ]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["completed"] == 12 and result.get("failed", 0) == 0
+
+
+def test_ctrl_c_stops_cleanly(service: Service) -> None:
+    os.killpg(service.proc.pid, signal.SIGINT)
+    assert service.proc.wait(90) == 0
+    deadline = time.monotonic() + 10
+    while "shutting down" not in "".join(service.output) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "shutting down" in "".join(service.output)

@@ -1,0 +1,91 @@
+"""One small real cluster (1 prefill + 1 decode vLLM engine on Ray) shared by every integration test."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("ray") is None:
+    pytest.skip("integration tests need vllm and ray", allow_module_level=True)
+
+from common.config import ClusterConfig
+from tests.fakes import LoopThread
+
+CONFIG_OVERRIDES = {
+    "engine.dtype": "float32",  # exact token equality with the colocated engine needs float32
+    "engine.max_model_len": 1024,
+    "engine.kv_cache_gb": 0.5,
+    "prefill.chunk_size": 256,
+    "grpc_port": 0,
+    "http_port": 0,
+    "namespace": "tetriserve-test",
+}
+
+
+@dataclass
+class Frontend:
+    cluster: Any
+    backend: Any
+    loop: LoopThread
+    grpc_target: str
+    http_url: str
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+
+    return str(build_tiny_model(default_tiny_model_dir()))
+
+
+@pytest.fixture(scope="session")
+def cluster(model_path: str) -> Iterator[Any]:
+    from control_plane.launcher import launch
+
+    config = ClusterConfig.load(overrides=CONFIG_OVERRIDES)
+    handle = launch(config, model_path)
+    try:
+        yield handle
+    finally:
+        handle.shutdown()
+
+
+@pytest.fixture(scope="session")
+def frontend(cluster: Any) -> Iterator[Frontend]:
+    import asyncio
+
+    from control_plane.ray_backend import RayBackend
+    from control_plane.serve import Endpoints, run_front_doors
+
+    backend = RayBackend(cluster, "tiny-llama")
+    loop = LoopThread()
+    stop: asyncio.Event = loop.run(_make_event())
+    ready: asyncio.Future[Endpoints] = loop.run(_make_future())
+    task = asyncio.run_coroutine_threadsafe(run_front_doors(cluster.config, backend, stop, ready), loop.loop)
+    endpoints = loop.run(_await(ready), timeout=60)
+    try:
+        yield Frontend(cluster, backend, loop, endpoints.grpc, endpoints.http)
+    finally:
+        loop.loop.call_soon_threadsafe(stop.set)
+        task.result(30)
+        loop.stop()
+
+
+async def _make_event() -> Any:
+    import asyncio
+
+    return asyncio.Event()
+
+
+async def _make_future() -> Any:
+    import asyncio
+
+    return asyncio.get_running_loop().create_future()
+
+
+async def _await(fut: Any) -> Any:
+    return await fut

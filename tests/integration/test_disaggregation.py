@@ -1,0 +1,102 @@
+"""The KV cache really moves: the disaggregated cluster reproduces a colocated vLLM engine token for token.
+
+32 ShareGPT prompts, greedy, float32. The decode engine's own counters must show
+it computed one token per request (the first generated token, fed back as
+input) and received every prompt token's KV from the connector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from common.request import Request, SamplingSpec
+
+N_PROMPTS = 32
+MAX_PROMPT_TOKENS = 384
+SAMPLING = SamplingSpec(max_tokens=16, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def prompts(model_path: str) -> dict[str, tuple[int, ...]]:
+    from transformers import AutoTokenizer
+
+    from common.sharegpt import sample_prompts
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    texts = sample_prompts(N_PROMPTS, seed=7, max_scan=3000)
+    return {f"sg-{i}": tuple(tok.encode(t)[:MAX_PROMPT_TOKENS]) for i, t in enumerate(texts)}
+
+
+def _engine_stats(handle: Any) -> dict[str, Any]:
+    import ray
+
+    return ray.get(handle.stats.remote())
+
+
+def test_disaggregated_equals_colocated(cluster: Any, model_path: str, prompts: dict[str, tuple[int, ...]]) -> None:
+    import ray
+
+    from control_plane.ray_backend import RayBackend
+    from engine.colocated import ColocatedEngine
+    from engine.settings import engine_env
+
+    decode = next(iter(cluster.decode.values()))
+    prefill = next(iter(cluster.prefill.values()))
+    before_d, before_p = _engine_stats(decode), _engine_stats(prefill)
+
+    backend = RayBackend(cluster, "tiny-llama")
+
+    async def run_all() -> dict[str, tuple[int, ...]]:
+        async def one(rid: str, ids: tuple[int, ...]) -> tuple[int, ...]:
+            out: list[int] = []
+            async for chunk in backend.generate(Request(rid, ids, SAMPLING)):
+                assert chunk.finish_reason in (None, "length"), chunk.error
+                out.extend(chunk.token_ids)
+            return tuple(out)
+
+        results = await asyncio.gather(*(one(rid, ids) for rid, ids in prompts.items()))
+        return dict(zip(prompts, results, strict=True))
+
+    disaggregated = asyncio.run(run_all())
+
+    ref_actor = (
+        ray.remote(ColocatedEngine)
+        .options(num_cpus=0, runtime_env={"env_vars": engine_env(cluster.config.engine)})
+        .remote(cluster.config.engine, model_path, cluster.config.prefill.chunk_size)
+    )
+    try:
+        colocated = ray.get(ref_actor.generate_many.remote(dict(prompts), SAMPLING), timeout=600)
+    finally:
+        ray.kill(ref_actor)
+
+    mismatched = [rid for rid in prompts if disaggregated[rid] != colocated[rid]]
+    assert not mismatched, (
+        f"{len(mismatched)}/{len(prompts)} differ, e.g. {mismatched[0]}: "
+        f"{disaggregated[mismatched[0]]} vs {colocated[mismatched[0]]}"
+    )
+    assert all(len(v) == SAMPLING.max_tokens for v in disaggregated.values())
+
+    after_d, after_p = _engine_stats(decode), _engine_stats(prefill)
+    prompt_tokens = sum(len(p) for p in prompts.values())
+    eng_d0, eng_d1 = before_d["engine"], after_d["engine"]
+    kv_d0, kv_d1 = before_d["kv"], after_d["kv"]
+    # decode engine: every prompt token came from the connector, only the fed-back first token was computed
+    assert eng_d1.prompt_tokens_external - eng_d0.prompt_tokens_external == prompt_tokens
+    assert eng_d1.prompt_tokens_computed - eng_d0.prompt_tokens_computed == len(prompts)
+    assert kv_d1.requests_loaded - kv_d0.requests_loaded == len(prompts)
+    assert kv_d1.tokens_loaded - kv_d0.tokens_loaded == prompt_tokens
+    assert kv_d1.bytes_loaded - kv_d0.bytes_loaded > 0
+    assert kv_d1.load_failures == kv_d0.load_failures
+    # the bytes that landed are the bytes the prefill side sent
+    sent = after_p["transport"].bytes_sent - before_p["transport"].bytes_sent
+    landed = after_d["transport"].bytes_received - before_d["transport"].bytes_received
+    assert sent == landed > kv_d1.bytes_loaded - kv_d0.bytes_loaded  # landed includes the small per-request headers
+    # prefill engine: computed (or prefix-cached) every prompt token, generated exactly one token per request
+    e_p0, e_p1 = before_p["engine"], after_p["engine"]
+    assert (e_p1.prompt_tokens_computed + e_p1.prompt_tokens_cached) - (
+        e_p0.prompt_tokens_computed + e_p0.prompt_tokens_cached
+    ) == prompt_tokens
+    assert e_p1.prompt_tokens_external == e_p0.prompt_tokens_external

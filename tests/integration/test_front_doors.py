@@ -1,0 +1,95 @@
+"""The front doors on the real cluster: SDK streaming, abort, bad input, and a client that disconnects."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from client import InvalidArgument, TetriServeClient
+from tests.fakes import wait_until
+
+
+def _idle(frontend: Any) -> bool:
+    """Nothing in flight anywhere and no KV block held on either engine."""
+    import ray
+
+    cl = frontend.cluster
+    if ray.get(cl.scheduler.status.remote())["in_flight"]:
+        return False
+    for handle in [*cl.prefill.values(), *cl.decode.values()]:
+        eng = ray.get(handle.stats.remote())["engine"]
+        if eng.running or eng.waiting or eng.kv_usage > 0:
+            return False
+    return True
+
+
+def test_grpc_stream_status_and_health(frontend: Any) -> None:
+    with TetriServeClient(frontend.grpc_target, timeout=120) as client:
+        chunks = list(client.generate("Tell me about disaggregated serving.", max_tokens=12, ignore_eos=True))
+        assert chunks[-1].finish_reason == "length"
+        assert sum(len(c.token_ids) for c in chunks) == 12
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+        assert client.health().serving
+        status = client.cluster_status()
+        roles = sorted(w.role for w in status.workers)
+        assert roles == ["decode", "prefill"]
+        assert all(w.state == "serving" for w in status.workers)
+
+
+def test_sdk_abort_frees_everything(frontend: Any) -> None:
+    with TetriServeClient(frontend.grpc_target, timeout=120) as client:
+        stream = client.generate("Write a very long story.", max_tokens=600, ignore_eos=True)
+        first = next(iter(stream))
+        assert first.token_ids
+        assert client.abort(stream.request_id)
+        rest = list(stream)
+        assert rest and rest[-1].finish_reason == "abort"
+    wait_until(lambda: _idle(frontend), timeout=30, what="cluster idle after abort")
+
+
+def test_http_disconnect_mid_stream_aborts_on_every_worker(frontend: Any) -> None:
+    body = {"model": "tiny-llama", "prompt": "Once upon a time", "max_tokens": 600, "stream": True, "ignore_eos": True}
+    with httpx.Client(timeout=120) as http, http.stream("POST", f"{frontend.http_url}/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        events = 0
+        for line in r.iter_lines():
+            events += line.startswith("data: ")
+            if events >= 3:
+                break  # leave mid-stream: closing the response drops the connection
+    wait_until(lambda: _idle(frontend), timeout=30, what="KV freed on both engines after the disconnect")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "x " * 3000}, "prompt"),
+        ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "hi", "max_tokens": 5000}, "max_tokens"),
+        ({"prompt": "hi", "temperature": -1.0}, "temperature"),
+        ({"prompt": "hi", "model": "no-such-model"}, "model"),
+    ],
+)
+def test_bad_input_is_rejected_and_service_goes_on(frontend: Any, kwargs: dict[str, Any], field: str) -> None:
+    with TetriServeClient(frontend.grpc_target, timeout=60) as client:
+        prompt = kwargs.pop("prompt")
+        with pytest.raises(InvalidArgument) as err:
+            client.complete(prompt, **kwargs)
+        assert field in str(err.value)
+        assert client.complete("still serving?", max_tokens=3, ignore_eos=True).finish_reason == "length"
+
+
+def test_http_bad_input_gets_openai_error(frontend: Any) -> None:
+    url = f"{frontend.http_url}/v1/completions"
+    with httpx.Client(timeout=60) as http:
+        r = http.post(url, content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        r = http.post(url, json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 4, "top_p": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "top_p"
+        t0 = time.monotonic()
+        r = http.post(url, json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 4, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        assert time.monotonic() - t0 < 60

@@ -1,0 +1,487 @@
+"""Tests for the prefill-side policies: queue order, decode dispatch, request views and the SchedBatch gate.
+
+Views and loads come from small factories; the gate runs on a private event loop
+per test (``asyncio.run``), waiting for state by polling with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+
+import pytest
+
+from common.length import LengthEstimate
+from common.load import DecodeLoad
+from prefill_worker.admission import RequestAborted, SchedBatchGate
+from prefill_worker.dispatch import DISPATCH_POLICIES, make_dispatch_policy
+from prefill_worker.dispatch.base import DispatchParams
+from prefill_worker.dispatch.power_of_two import PowerOfTwo
+from prefill_worker.dispatch.simple import RandomChoice, RoundRobin
+from prefill_worker.queue import make_queue_policy
+from prefill_worker.queue.fcfs import FCFS
+from prefill_worker.views import ReqView
+
+BS = 16
+
+
+def view(
+    rid: str = "r",
+    prompt_len: int = 100,
+    max_tokens: int = 100,
+    arrival: float = 0.0,
+    estimate: LengthEstimate | None = None,
+) -> ReqView:
+    return ReqView(rid, prompt_len, max_tokens, arrival, estimate)
+
+
+def est(lower: int, estimate: int, upper: int) -> LengthEstimate:
+    return LengthEstimate(lower, estimate, upper)
+
+
+def load(
+    wid: str, free: int = 1000, heavy: int = 0, light: int = 0, accepting: bool = True, total: int = 1000
+) -> DecodeLoad:
+    return DecodeLoad(wid, free, total, BS, heavy + light, 0, heavy, light, 0.0, accepting)
+
+
+LIGHT = view("light", prompt_len=100, max_tokens=100, estimate=est(5, 10, 20))  # 120 tokens -> 8 blocks
+HEAVY = view("heavy", prompt_len=100, max_tokens=1000, estimate=est(200, 300, 400))  # 500 tokens -> 32 blocks
+PARAMS = DispatchParams(heavy_threshold_tokens=128)
+SEEDS = range(40)
+
+
+# -- views -----------------------------------------------------------------------------------------------------
+
+
+def test_kv_upper_without_estimate_uses_max_tokens() -> None:
+    v = view(prompt_len=100, max_tokens=50)
+    assert v.kv_tokens_upper() == 150
+    assert v.kv_blocks_upper(16) == 10  # ceil(150 / 16)
+    assert v.kv_blocks_upper(150) == 1
+    assert v.kv_blocks_upper(1) == 150
+
+
+def test_kv_upper_with_estimate_uses_its_upper() -> None:
+    v = view(prompt_len=100, max_tokens=500, estimate=est(0, 10, 20))
+    assert v.kv_tokens_upper() == 120
+    assert v.kv_blocks_upper(16) == 8
+
+
+def test_kv_upper_is_capped_by_max_tokens() -> None:
+    v = view(prompt_len=100, max_tokens=50, estimate=est(0, 40, 80))
+    assert v.kv_tokens_upper() == 150
+    assert v.kv_blocks_upper(16) == 10
+
+
+def test_kv_blocks_exact_multiple() -> None:
+    assert view(prompt_len=16, max_tokens=16).kv_blocks_upper(16) == 2
+
+
+def test_is_heavy_with_and_without_estimate() -> None:
+    assert view(max_tokens=200).is_heavy(128)  # no estimate: assume it runs to max_tokens
+    assert not view(max_tokens=100).is_heavy(128)
+    assert not view(max_tokens=1000, estimate=est(0, 127, 500)).is_heavy(128)
+    assert view(max_tokens=1000, estimate=est(0, 128, 500)).is_heavy(128)
+
+
+# -- queue policies ----------------------------------------------------------------------------------------------
+
+
+def test_fcfs_orders_by_arrival_then_id() -> None:
+    waiting = [view("c", arrival=3.0), view("b", arrival=1.0), view("z", arrival=2.0), view("a", arrival=1.0)]
+    ordered = FCFS().order(waiting, now=10.0)
+    assert [v.request_id for v in ordered] == ["a", "b", "z", "c"]
+    assert [v.request_id for v in waiting] == ["c", "b", "z", "a"]  # input untouched
+    assert FCFS().order([], now=0.0) == []
+
+
+def test_queue_policy_registry() -> None:
+    assert isinstance(make_queue_policy("fcfs"), FCFS)
+    with pytest.raises(ValueError, match=r"prefill\.queue_policy: unknown policy 'sjf'; known: \['fcfs'\]"):
+        make_queue_policy("sjf")
+
+
+# -- dispatch: power of two ---------------------------------------------------------------------------------------
+
+
+def p2c_picks(req: ReqView, loads: list[DecodeLoad], seeds: range = SEEDS) -> set[str | None]:
+    policy = PowerOfTwo(PARAMS)
+    return {policy.choose(req, loads, random.Random(seed)) for seed in seeds}
+
+
+def test_p2c_considers_only_workers_with_enough_free_kv() -> None:
+    # only "fits" has room for HEAVY's 32 blocks; it wins although its heavy:light ratio is the worst
+    loads = [load("a", free=10), load("b", free=31), load("fits", free=32, heavy=9), load("c", free=0)]
+    assert p2c_picks(HEAVY, loads) == {"fits"}
+
+
+def test_p2c_samples_among_fitting_workers_only() -> None:
+    loads = [load("a", free=100), load("b", free=100), load("tiny1", free=1), load("tiny2", free=2)]
+    assert p2c_picks(LIGHT, loads) == {"a", "b"}
+
+
+def test_p2c_falls_back_to_all_accepting_when_none_fits() -> None:
+    loads = [load("a", free=1, heavy=3), load("b", free=2, heavy=0), load("off", free=500, accepting=False)]
+    assert p2c_picks(HEAVY, loads) == {"b"}  # neither fits: the lower ratio of the two accepting ones
+
+
+def test_p2c_returns_none_when_nobody_accepts() -> None:
+    policy = PowerOfTwo(PARAMS)
+    assert policy.choose(LIGHT, [], random.Random(0)) is None
+    assert policy.choose(LIGHT, [load("a", accepting=False), load("b", accepting=False)], random.Random(0)) is None
+
+
+def test_p2c_single_candidate() -> None:
+    loads = [load("only", free=1, heavy=50), load("off", accepting=False)]
+    assert p2c_picks(HEAVY, loads) == {"only"}
+
+
+def test_p2c_ratio_is_computed_after_adding_the_request() -> None:
+    # before adding anything, "idle" (0/1) beats "busy" (1/6); with a heavy request added
+    # "idle" becomes 1/1 and "busy" 2/6, so the heavy request goes to "busy"
+    loads = [load("idle", heavy=0, light=0), load("busy", heavy=1, light=5)]
+    assert p2c_picks(HEAVY, loads) == {"busy"}
+    # a light request adds to the denominator instead: idle 0/2 < busy 1/7
+    assert p2c_picks(LIGHT, loads) == {"idle"}
+
+
+def test_p2c_spreads_heavy_decodes() -> None:
+    loads = [load("a", heavy=4, light=4), load("b", heavy=1, light=4)]
+    assert p2c_picks(HEAVY, loads) == {"b"}
+    assert p2c_picks(LIGHT, loads) == {"b"}
+
+
+@pytest.mark.parametrize(("free_a", "free_b", "winner"), [(50, 80, "b"), (80, 50, "a")])
+def test_p2c_tie_goes_to_more_free_kv(free_a: int, free_b: int, winner: str) -> None:
+    loads = [load("a", free=free_a, heavy=1, light=2), load("b", free=free_b, heavy=1, light=2)]
+    assert p2c_picks(LIGHT, loads) == {winner}
+
+
+def test_p2c_without_estimate_uses_max_tokens() -> None:
+    req = view("r", prompt_len=100, max_tokens=412)  # 512 tokens -> 32 blocks, heavy by max_tokens
+    loads = [load("small", free=31), load("big", free=32, heavy=3)]
+    assert p2c_picks(req, loads) == {"big"}
+
+
+def test_p2c_is_deterministic_with_a_seeded_rng_and_samples_pairs() -> None:
+    loads = [load(f"w{i}", free=100 + i, heavy=i % 3, light=i % 2) for i in range(8)]
+    policy = PowerOfTwo(PARAMS)
+    reqs = [LIGHT, HEAVY] * 25
+
+    def run(seed: int) -> list[str | None]:
+        rng = random.Random(seed)
+        return [policy.choose(r, loads, rng) for r in reqs]
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+    # the input order of the loads does not matter (candidates are sorted by worker id)
+    shuffled = list(loads)
+    random.Random(1).shuffle(shuffled)
+    assert [policy.choose(r, shuffled, random.Random(3)) for r in reqs[:10]] == [
+        policy.choose(r, loads, random.Random(3)) for r in reqs[:10]
+    ]
+    # with 8 candidates and random pairs, several workers get picked, never the worst-ratio one alone
+    assert len(set(run(7))) > 1
+
+
+def test_p2c_never_picks_the_worse_of_its_two_samples() -> None:
+    class Recorder(random.Random):
+        def sample(self, population, k, *, counts=None):  # type: ignore[no-untyped-def, override]
+            picked = super().sample(population, k)
+            self.pair = picked
+            return picked
+
+    loads = [load(f"w{i}", free=100, heavy=i, light=(7 * i) % 5) for i in range(6)]
+    policy = PowerOfTwo(PARAMS)
+    for seed in SEEDS:
+        rng = Recorder(seed)
+        chosen = policy.choose(HEAVY if seed % 2 else LIGHT, loads, rng)
+        heavy = (seed % 2) == 1
+        ratios = {ld.worker_id: (ld.heavy + heavy) / (ld.light + (not heavy) + 1) for ld in rng.pair}
+        assert chosen in ratios and ratios[chosen] == min(ratios.values())
+
+
+# -- dispatch: random and round-robin ------------------------------------------------------------------------------
+
+
+def test_random_choice_only_accepting_and_seeded() -> None:
+    loads = [load("a"), load("b", accepting=False), load("c"), load("d")]
+    policy = RandomChoice(PARAMS)
+    picks = [policy.choose(LIGHT, loads, random.Random(s)) for s in range(60)]
+    assert set(picks) == {"a", "c", "d"}
+    rng1, rng2 = random.Random(5), random.Random(5)
+    assert [policy.choose(LIGHT, loads, rng1) for _ in range(20)] == [
+        policy.choose(LIGHT, loads, rng2) for _ in range(20)
+    ]
+    assert policy.choose(LIGHT, [load("x", accepting=False)], random.Random(0)) is None
+    assert policy.choose(LIGHT, [], random.Random(0)) is None
+
+
+def test_random_choice_ignores_free_kv() -> None:
+    loads = [load("full", free=0), load("empty", free=1000)]
+    picks = {RandomChoice(PARAMS).choose(HEAVY, loads, random.Random(s)) for s in range(40)}
+    assert picks == {"full", "empty"}
+
+
+def test_round_robin_cycles_over_accepting_workers_by_id() -> None:
+    policy = RoundRobin(PARAMS)
+    loads = [load("c"), load("a"), load("off", accepting=False), load("b")]
+    rng = random.Random(0)
+    assert [policy.choose(LIGHT, loads, rng) for _ in range(7)] == ["a", "b", "c", "a", "b", "c", "a"]
+
+
+def test_round_robin_none_when_nobody_accepts_and_then_resumes() -> None:
+    policy = RoundRobin(PARAMS)
+    rng = random.Random(0)
+    loads = [load("a"), load("b")]
+    assert policy.choose(LIGHT, loads, rng) == "a"
+    assert policy.choose(LIGHT, [load("a", accepting=False)], rng) is None
+    assert policy.choose(LIGHT, loads, rng) == "b"  # a refusal does not advance the cycle
+
+
+def test_dispatch_registry() -> None:
+    assert set(DISPATCH_POLICIES) == {"power-of-two", "random", "round-robin"}
+    assert isinstance(make_dispatch_policy("power-of-two", PARAMS), PowerOfTwo)
+    assert isinstance(make_dispatch_policy("random", PARAMS), RandomChoice)
+    assert isinstance(make_dispatch_policy("round-robin", PARAMS), RoundRobin)
+    with pytest.raises(ValueError, match=r"prefill\.dispatch_policy: unknown policy 'least-loaded'") as err:
+        make_dispatch_policy("least-loaded", PARAMS)
+    for name in DISPATCH_POLICIES:
+        assert name in str(err.value)
+
+
+# -- the SchedBatch gate -------------------------------------------------------------------------------------------
+
+
+async def until(pred: Callable[[], bool], what: str, timeout: float = 2.0) -> None:
+    """Yield to the loop until ``pred()`` holds, failing after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not pred():
+        if loop.time() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0)
+
+
+class Harness:
+    """Runs requests through a gate; each holds its turn until released, recording entry order."""
+
+    def __init__(self, gate: SchedBatchGate) -> None:
+        self.gate = gate
+        self.inside: set[str] = set()
+        self.entered: list[str] = []
+        self.max_inside = 0
+        self.release: dict[str, asyncio.Event] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, rid: str, arrival: float, prompt_len: int = 10) -> asyncio.Task[None]:
+        self.release[rid] = asyncio.Event()
+        task = asyncio.create_task(self._run(view(rid, prompt_len=prompt_len, arrival=arrival)))
+        self.tasks[rid] = task
+        return task
+
+    async def _run(self, v: ReqView) -> None:
+        async with self.gate.turn(v):
+            self.inside.add(v.request_id)
+            self.entered.append(v.request_id)
+            self.max_inside = max(self.max_inside, len(self.inside))
+            await self.release[v.request_id].wait()
+            self.inside.remove(v.request_id)
+
+    async def settle(self) -> None:
+        """Let every runnable task reach its next wait."""
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    async def finish(self, rid: str) -> None:
+        self.release[rid].set()
+        await self.tasks[rid]
+
+
+def run_async(coro: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(coro(), timeout=10.0))  # type: ignore[arg-type]
+
+
+def test_gate_rejects_bad_sched_batch() -> None:
+    with pytest.raises(ValueError, match="sched_batch"):
+        SchedBatchGate("fcfs", 0)
+    with pytest.raises(ValueError, match="unknown policy"):
+        SchedBatchGate("lifo", 2)
+
+
+def test_gate_admits_at_most_sched_batch_at_once() -> None:
+    async def scenario() -> None:
+        h = Harness(SchedBatchGate("fcfs", 2))
+        for i in range(5):
+            h.start(f"r{i}", arrival=float(i), prompt_len=10 + i)
+        await until(lambda: len(h.inside) == 2, "two requests inside")
+        await h.settle()
+        assert h.inside == {"r0", "r1"}
+        assert h.gate.queued == 3 and h.gate.queued_tokens == 12 + 13 + 14
+        for rid in ["r0", "r1", "r2", "r3", "r4"]:
+            await until(lambda rid=rid: rid in h.inside, f"{rid} inside")  # type: ignore[misc]
+            await h.settle()
+            assert len(h.inside) <= 2
+            await h.finish(rid)
+        assert h.entered == ["r0", "r1", "r2", "r3", "r4"]
+        assert h.max_inside == 2
+        assert h.gate.queued == 0 and h.gate.queued_tokens == 0
+
+    run_async(scenario)
+
+
+def test_gate_next_batch_waits_until_the_current_one_is_released() -> None:
+    """A late arrival that sorts first cannot overtake members of an already formed batch (starvation bound)."""
+
+    async def scenario() -> None:
+        h = Harness(SchedBatchGate("fcfs", 2))
+        for rid, arrival in [("r1", 1.0), ("r2", 2.0), ("r3", 3.0), ("r4", 4.0), ("r5", 5.0)]:
+            h.start(rid, arrival)
+            await h.settle()
+        assert h.inside == {"r1", "r2"}
+        await h.finish("r1")  # a slot frees: the batch [r3, r4] is formed and r3 enters
+        await until(lambda: "r3" in h.inside, "r3 inside")
+        h.start("r0", arrival=0.0)  # arrives late but sorts before everyone
+        await h.settle()
+        assert h.inside == {"r2", "r3"}
+        await h.finish("r2")  # r4 belongs to the formed batch: it goes before r0
+        await until(lambda: "r4" in h.inside, "r4 inside")
+        await h.settle()
+        assert h.inside == {"r3", "r4"}
+        await h.finish("r3")  # the batch is used up: the next one [r0, r5] is ordered by arrival
+        await until(lambda: "r0" in h.inside, "r0 inside")
+        await h.finish("r4")
+        await until(lambda: "r5" in h.inside, "r5 inside")
+        await h.finish("r0")
+        await h.finish("r5")
+        assert h.entered == ["r1", "r2", "r3", "r4", "r0", "r5"]
+        assert h.max_inside == 2
+
+    run_async(scenario)
+
+
+def test_gate_batch_is_ordered_by_the_policy() -> None:
+    async def scenario() -> None:
+        h = Harness(SchedBatchGate("fcfs", 1))
+        h.start("first", arrival=0.0)
+        await until(lambda: "first" in h.inside, "first inside")
+        for rid, arrival in [("c", 3.0), ("a", 1.0), ("b", 2.0)]:  # queued out of arrival order
+            h.start(rid, arrival)
+        await h.settle()
+        for rid in ["first", "a", "b", "c"]:
+            await until(lambda rid=rid: rid in h.inside, f"{rid} inside")  # type: ignore[misc]
+            await h.finish(rid)
+        assert h.entered == ["first", "a", "b", "c"]
+
+    run_async(scenario)
+
+
+def test_gate_cancel_waiting_request() -> None:
+    async def scenario() -> None:
+        h = Harness(SchedBatchGate("fcfs", 2))
+        for i in range(4):
+            h.start(f"r{i}", arrival=float(i), prompt_len=100 + i)
+        await h.settle()
+        assert h.inside == {"r0", "r1"}
+        assert h.gate.queued == 2 and h.gate.queued_tokens == 205
+
+        assert h.gate.cancel("r2") is True
+        with pytest.raises(RequestAborted, match="r2"):
+            await h.tasks["r2"]
+        assert h.gate.queued == 1 and h.gate.queued_tokens == 103
+        assert h.gate.cancel("r2") is False  # already gone
+        assert h.gate.cancel("r0") is False  # already inside the engine
+        assert h.gate.cancel("nobody") is False
+        assert h.inside == {"r0", "r1"}  # cancelling a waiter does not admit anyone early
+
+        # no slot leaked: both slots keep serving the remaining request and new ones
+        await h.finish("r0")
+        await until(lambda: "r3" in h.inside, "r3 inside")
+        h.start("r4", arrival=4.0)
+        await h.settle()
+        assert h.inside == {"r1", "r3"}  # both slots busy: r4 waits
+        await h.finish("r1")
+        await until(lambda: "r4" in h.inside, "r4 inside")
+        await h.finish("r3")
+        await h.finish("r4")
+        assert h.entered == ["r0", "r1", "r3", "r4"]
+        assert h.gate.queued == 0
+
+    run_async(scenario)
+
+
+def test_gate_cancel_member_of_a_formed_batch() -> None:
+    async def scenario() -> None:
+        h = Harness(SchedBatchGate("fcfs", 2))
+        for i in range(5):
+            h.start(f"r{i}", arrival=float(i))
+        await h.settle()
+        await h.finish("r0")  # batch [r2, r3] formed, r2 enters, r3 waits in the batch
+        await until(lambda: "r2" in h.inside, "r2 inside")
+        assert h.gate.cancel("r3") is True
+        with pytest.raises(RequestAborted):
+            await h.tasks["r3"]
+        await h.finish("r1")  # the batch is used up: r4 is next
+        await until(lambda: "r4" in h.inside, "r4 inside")
+        await h.finish("r2")
+        await h.finish("r4")
+        assert h.entered == ["r0", "r1", "r2", "r4"]
+
+    run_async(scenario)
+
+
+def test_gate_task_cancelled_while_waiting_frees_nothing_it_did_not_hold() -> None:
+    async def scenario() -> None:
+        h = Harness(SchedBatchGate("fcfs", 1))
+        h.start("r0", arrival=0.0)
+        h.start("r1", arrival=1.0)
+        h.start("r2", arrival=2.0)
+        await h.settle()
+        h.tasks["r1"].cancel()
+        with suppress(asyncio.CancelledError):
+            await h.tasks["r1"]
+        assert h.gate.queued == 1
+        assert h.inside == {"r0"}
+        await h.finish("r0")
+        await until(lambda: "r2" in h.inside, "r2 inside")
+        await h.finish("r2")
+        assert h.entered == ["r0", "r2"]
+
+    run_async(scenario)
+
+
+def test_gate_task_cancelled_right_after_admission_does_not_leak_its_slot() -> None:
+    async def scenario() -> None:
+        gate = SchedBatchGate("fcfs", 1)
+        release = asyncio.Event()
+        tasks: dict[str, asyncio.Task[None]] = {}
+
+        async def holder() -> None:
+            async with gate.turn(view("a", arrival=0.0)):
+                await release.wait()
+            # leaving the turn handed the slot to "b", which has not run yet: cancel it now (e.g. client gone)
+            tasks["b"].cancel()
+
+        async def waiter() -> None:
+            async with gate.turn(view("b", arrival=1.0)):
+                pytest.fail("b was cancelled before it could run")
+
+        tasks["a"] = asyncio.create_task(holder())
+        await until(lambda: gate.queued == 0, "a inside")
+        tasks["b"] = asyncio.create_task(waiter())
+        await until(lambda: gate.queued == 1, "b waiting")
+        release.set()
+        await tasks["a"]
+        with suppress(asyncio.CancelledError):
+            await tasks["b"]
+
+        async def late() -> None:
+            async with gate.turn(view("c", arrival=2.0)):
+                pass
+
+        await asyncio.wait_for(late(), timeout=0.5)
+
+    asyncio.run(scenario())
