@@ -95,6 +95,7 @@ def run_bench(name: str, port: int, args: argparse.Namespace, model: str, datase
         str(WORK),
         "--result-filename",
         out.name,
+        "--save-detailed",
     ]
     print(f"[{name}] {' '.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)

@@ -58,6 +58,7 @@ class EngineLoop:
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._sinks: dict[str, _Sink] = {}
         self._stop = threading.Event()
+        self._stale = False
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
@@ -110,17 +111,24 @@ class EngineLoop:
             busy = self.engine.has_unfinished_requests()
             self._drain(block=not busy)
             if not self.engine.has_unfinished_requests():
+                if self._stale:  # vLLM reports stats only from steps; an idle engine holds nothing
+                    self._stale = False
+                    self.collector.mark_idle()
                 continue
-            try:
-                outputs = self.engine.step()
-            except Exception as exc:  # engine bug: fail what is in flight, keep serving
-                logger.exception("engine %s: step failed", self.name)
-                self._fail_all(f"engine step failed: {exc}")
-                continue
-            for out in outputs:
-                self._deliver(out)
-            if not outputs:
-                time.sleep(0.001)
+            self._step_once()
+
+    def _step_once(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # engine bug: fail what is in flight, keep serving
+            logger.exception("engine %s: step failed", self.name)
+            self._fail_all(f"engine step failed: {exc}")
+            return
+        self._stale = True
+        for out in outputs:
+            self._deliver(out)
+        if not outputs:
+            time.sleep(0.001)
 
     def _drain(self, block: bool) -> None:
         try:

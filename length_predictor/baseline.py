@@ -1,12 +1,14 @@
 """Baseline predictor: per-prompt-length-bucket quantiles of observed output lengths.
 
-Prompts fall into log2-spaced length buckets (bucket k holds lengths in [2^k, 2^(k+1))). Each
-bucket keeps the last ``window`` output lengths seen for it (seeded from
-``fit`` and updated online by ``observe``). The estimate is the bucket's
-median, the range its [q_low, q_high] quantiles (upper end exclusive), capped at the
-request's ``max_tokens`` (+1, so an output that reached ``max_tokens`` is inside); the confidence is the share of the bucket's history inside the
-range. A bucket with fewer than ``min_samples`` observations falls back to all
-observations, and with none at all to the uninformative range [0, max_tokens].
+Prompts fall into log2-spaced length buckets (bucket k holds lengths in
+[2^k, 2^(k+1))). Each bucket keeps the last ``window`` output lengths seen for
+it (seeded from ``fit``, updated online by ``observe``). The estimate is the
+bucket's median, the range its [q_low, q_high] quantiles with an exclusive
+upper end, capped at ``max_tokens + 1`` so an output that reached
+``max_tokens`` is inside. The confidence is the share of the bucket's history
+inside the range. A bucket with fewer than ``min_samples`` observations falls
+back to all observations, and with none at all to the uninformative range
+[0, max_tokens + 1).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ class Service:
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[Service]:
-    cmd = [*CLI, "serve", "--grpc-port", "0", "--http-port", "0", "--kv-cache-gb", "0.5", "--max-model-len", "1024"]
+    cmd = [*CLI, "serve", "--grpc-port", "0", "--http-port", "0", "--kv-cache-gb", "0.5"]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -43,7 +43,8 @@ def service() -> Iterator[Service]:
     grpc = http = ""
     deadline = time.monotonic() + 300
     assert proc.stdout is not None
-    while time.monotonic() < deadline and not (grpc and http):
+    banner_done = False
+    while time.monotonic() < deadline and not banner_done:
         line = proc.stdout.readline()
         if not line:
             break
@@ -52,6 +53,7 @@ def service() -> Iterator[Service]:
             grpc = m.group(1)
         if m := re.match(r"\s+OpenAI HTTP\s+(\S+)/v1", line):
             http = m.group(1)
+        banner_done = "Ctrl-C stops the service" in line
     if not (grpc and http):
         proc.kill()
         pytest.fail("serve did not print its endpoints:\n" + "".join(lines[-40:]))
@@ -147,11 +149,13 @@ def test_vllm_benchmark_client(service: Service, tmp_path: Path) -> None:
         str(tmp_path),
         "--result-filename",
         "r.json",
+        "--save-detailed",
     ]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads((tmp_path / "r.json").read_text())
-    assert result["completed"] == 12 and result.get("failed", 0) == 0
+    errors = [e for e in result.get("errors", []) if e]
+    assert result["completed"] == 12 and result.get("failed", 0) == 0, errors
 
 
 def test_ctrl_c_stops_cleanly(service: Service) -> None:
