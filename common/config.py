@@ -34,7 +34,9 @@ class EngineConfig(BaseModel):
     max_num_seqs: int = Field(64, ge=1, description="Most sequences an engine runs in one step.")
     threads_per_engine: int = Field(1, ge=1, description="OMP/torch threads per engine (CPU).")
     seed: int = Field(0, description="Engine seed.")
-    enforce_eager: bool = Field(True, description="Disable graph capture (CUDA graphs / torch.compile).")
+    enforce_eager: bool = Field(
+        False, description="Skip torch.compile / CUDA graphs: faster start, slower steps (vLLM's default is False)."
+    )
 
 
 class PrefillConfig(BaseModel):

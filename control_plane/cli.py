@@ -38,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="cluster config YAML (flags override it)")
     for flag, (_, typ, text) in _SERVE_FLAGS.items():
         s.add_argument(flag, type=typ, default=None, help=text)
+    s.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        default=None,
+        help="skip torch.compile / CUDA graphs (faster start, slower steps)",
+    )
 
     g = sub.add_parser("generate", help="stream a completion from a running service (gRPC)")
     g.add_argument("prompt")
@@ -66,6 +72,7 @@ def _serve(args: argparse.Namespace) -> int:
     from control_plane.serve import serve
 
     overrides = {dotted: getattr(args, flag[2:].replace("-", "_")) for flag, (dotted, _, _) in _SERVE_FLAGS.items()}
+    overrides["engine.enforce_eager"] = args.enforce_eager
     serve(ClusterConfig.load(args.config, overrides))
     return 0
 

@@ -1,25 +1,29 @@
 """GlobalScheduler (TetriInfer §3.2): request status table, prefill placement, output relay.
 
-    generate(req) ─▶ least-loaded prefill worker ─▶ its stream: first token ──▶ caller
-                                                       Handoff(decode worker)
-                     decode worker.stream(req) ──────────── tokens ──────────▶ caller
+    front door ──submit(req, subscriber)──▶ least-loaded prefill worker ─▶ first token, Handoff(decode worker)
+    decode worker j ══subscribe()══▶ batches of chunks of all its requests ─┐
+                                                                           ▼ routed by request id
+    front door ◀══subscribe(subscriber)══ one Outbox per front door ◀── every request's chunks
 
-Least load = this scheduler's own count of requests it has in prefill on the
-worker (exact, immediate) plus the worker's last reported queued prompt tokens
-(broadcast by the ClusterMonitor) as the tie-breaker. The table records every
-state change as a timestamped event on the ``Request``.
+Relays are multiplexed (``common.outbox``): one long-lived stream per decode
+worker in, one per front door out, each message carrying every chunk that was
+ready. Least load = this scheduler's own count of requests it has in prefill
+on the worker (exact, immediate) with the worker's last reported queued prompt
+tokens (broadcast by the ClusterMonitor) as the tie-breaker. Every state
+change is a timestamped event on the ``Request``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from common.load import PrefillLoad
+from common.outbox import Outbox
 from common.request import Request, RequestState
 from common.stream import Handoff, StreamChunk
 
@@ -36,6 +40,8 @@ _FINISH = {
 @dataclass
 class _Entry:
     request: Request
+    subscriber: str
+    decode_chunks: asyncio.Queue[StreamChunk] = field(default_factory=asyncio.Queue)
     output_tokens: int = 0
     aborted: bool = False
 
@@ -48,39 +54,86 @@ class GlobalScheduler:
         self.finished: deque[Request] = deque(maxlen=history)
         self.prefill_loads: dict[str, PrefillLoad] = {}
         self.counts = {"admitted": 0, "finished": 0, "aborted": 0, "errors": 0}
+        self._outboxes: dict[str, Outbox] = {}
+        self._listeners: list[asyncio.Task[None]] = []
+
+    # -- inputs ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open one subscription per decode worker (idempotent)."""
+        if not self._listeners:
+            self._listeners = [asyncio.create_task(self._listen(wid, h)) for wid, h in self.decode.items()]
+
+    async def _listen(self, worker_id: str, handle: Any) -> None:
+        async for ref in handle.subscribe.remote():
+            for chunk in await ref:
+                entry = self.table.get(chunk.request_id)
+                if entry is not None:
+                    entry.decode_chunks.put_nowait(chunk)
+        logger.error("subscription to %s ended", worker_id)
 
     def update_prefill_loads(self, loads: list[PrefillLoad]) -> None:
         self.prefill_loads = {ld.worker_id: ld for ld in loads}
 
-    def _pick_prefill(self) -> str:
-        in_prefill: dict[str, int] = {wid: 0 for wid in self.prefill}
-        for e in self.table.values():
-            if e.request.state <= RequestState.PREFILLING and e.request.prefill_worker in in_prefill:
-                in_prefill[e.request.prefill_worker] += 1
+    # -- front-door API -------------------------------------------------------------------
+    async def subscribe(self, subscriber: str) -> Any:
+        """A front door's one stream: batches of chunks of every request it submitted."""
+        outbox = self._outboxes.setdefault(subscriber, Outbox())
+        try:
+            async for batch in outbox.batches():
+                yield batch
+        finally:
+            self._outboxes.pop(subscriber, None)
+            for entry in [e for e in self.table.values() if e.subscriber == subscriber]:
+                await self.abort(entry.request.request_id)  # nobody is listening any more
 
-        def score(wid: str) -> tuple[int, float, str]:
-            ld = self.prefill_loads.get(wid)
-            return in_prefill[wid], ld.queued_prompt_tokens if ld else 0.0, wid
-
-        return min(self.prefill, key=score)
-
-    async def generate(self, req: Request) -> AsyncIterator[StreamChunk]:
+    def submit(self, req: Request, subscriber: str) -> str | None:
+        """Admit a request; its chunks go to ``subscriber``'s stream. Returns an error message or None."""
+        if subscriber not in self._outboxes:
+            self._outboxes[subscriber] = Outbox()
         if req.request_id in self.table:
-            yield StreamChunk(req.request_id, (), "error", f"request id {req.request_id} is already in flight")
-            return
-        entry = _Entry(req)
+            return f"request id {req.request_id} is already in flight"
+        entry = _Entry(req, subscriber)
         self.table[req.request_id] = entry
         self.counts["admitted"] += 1
+        asyncio.get_running_loop().create_task(self._drive(entry))
+        return None
+
+    async def abort(self, request_id: str) -> bool:
+        entry = self.table.get(request_id)
+        if entry is None:
+            return False
+        entry.aborted = True
+        self._abort_workers(entry.request)
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {"in_flight": len(self.table), "counts": dict(self.counts), "at": time.time()}
+
+    def recent(self, n: int = 50) -> list[Request]:
+        return list(self.finished)[-n:]
+
+    # -- a request's life ---------------------------------------------------------------------
+    async def _drive(self, entry: _Entry) -> None:
         last: StreamChunk | None = None
         try:
+            await self.start()
             async for chunk in self._run(entry):
                 last = chunk
                 entry.output_tokens += len(chunk.token_ids)
-                yield chunk
+                self._deliver(entry, chunk)
+        except Exception as exc:  # a worker died mid-request: the request fails, the service goes on
+            logger.exception("request %s failed", entry.request.request_id)
+            last = StreamChunk(entry.request.request_id, (), "error", f"{type(exc).__name__}: {exc}")
+            self._deliver(entry, last)
         finally:
             self._close(entry, last)
 
-    async def _run(self, entry: _Entry) -> AsyncIterator[StreamChunk]:
+    def _deliver(self, entry: _Entry, chunk: StreamChunk) -> None:
+        outbox = self._outboxes.get(entry.subscriber)
+        if outbox is not None:
+            outbox.put(chunk)
+
+    async def _run(self, entry: _Entry) -> Any:
         req = entry.request
         req.prefill_worker = self._pick_prefill()
         req.advance(RequestState.PREFILLING, req.prefill_worker)
@@ -102,13 +155,25 @@ class GlobalScheduler:
         req.advance(RequestState.DECODE_QUEUED, handoff.decode_worker)
         if entry.aborted:  # the abort raced the handoff: the decode worker has not heard of it yet
             self.decode[req.decode_worker].abort.remote(req.request_id)
-        async for ref in self.decode[handoff.decode_worker].stream.remote(req.request_id):
-            chunk: StreamChunk = await ref
+        while True:
+            chunk = await entry.decode_chunks.get()
             if req.state is RequestState.DECODE_QUEUED:
                 req.advance(RequestState.DECODING)
             yield chunk
             if chunk.finish_reason is not None:
                 return
+
+    def _pick_prefill(self) -> str:
+        in_prefill: dict[str, int] = dict.fromkeys(self.prefill, 0)
+        for e in self.table.values():
+            if e.request.state <= RequestState.PREFILLING and e.request.prefill_worker in in_prefill:
+                in_prefill[e.request.prefill_worker] += 1
+
+        def score(wid: str) -> tuple[int, float, str]:
+            ld = self.prefill_loads.get(wid)
+            return in_prefill[wid], ld.queued_prompt_tokens if ld else 0.0, wid
+
+        return min(self.prefill, key=score)
 
     def _close(self, entry: _Entry, last: StreamChunk | None) -> None:
         req = entry.request
@@ -136,17 +201,3 @@ class GlobalScheduler:
         else:
             for handle in self.decode.values():  # KV may already be on its way: let every receiver drop it
                 handle.discard.remote(req.request_id)
-
-    async def abort(self, request_id: str) -> bool:
-        entry = self.table.get(request_id)
-        if entry is None:
-            return False
-        entry.aborted = True
-        self._abort_workers(entry.request)
-        return True
-
-    def status(self) -> dict[str, Any]:
-        return {"in_flight": len(self.table), "counts": dict(self.counts), "at": time.time()}
-
-    def recent(self, n: int = 50) -> list[Request]:
-        return list(self.finished)[-n:]

@@ -108,6 +108,7 @@ def launch(config: ClusterConfig, model_path: str) -> Cluster:
             ]
         )
         ray.get(monitor.start.remote(scheduler))
+        ray.get(scheduler.start.remote())
         _wait_for_broadcast(cluster)
     except Exception:
         cluster.shutdown()

@@ -1,10 +1,18 @@
-"""``ServingBackend`` over a launched Ray cluster: what the front doors call."""
+"""``ServingBackend`` over a launched Ray cluster: what the front doors call.
+
+One long-lived subscription to the GlobalScheduler carries the chunks of every
+request this process submitted (``common.outbox``); ``generate`` registers a
+queue for its request, submits it, and reads the queue. The subscription is
+bound to the event loop it was opened in and reopened if that loop changes.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from common.request import Request
 from common.stream import StreamChunk
@@ -14,10 +22,41 @@ from control_plane.launcher import Cluster
 logger = logging.getLogger(__name__)
 
 
+class _Subscription:
+    def __init__(self, scheduler: Any) -> None:
+        self.id = f"frontdoor-{uuid.uuid4().hex[:12]}"
+        self.loop = asyncio.get_running_loop()
+        self.queues: dict[str, asyncio.Queue[StreamChunk]] = {}
+        self._stream = scheduler.subscribe.remote(self.id)
+        self.task = self.loop.create_task(self._route())
+
+    async def _route(self) -> None:
+        try:
+            async for ref in self._stream:
+                for chunk in await ref:
+                    queue = self.queues.get(chunk.request_id)
+                    if queue is not None:
+                        queue.put_nowait(chunk)
+        except Exception as exc:
+            logger.exception("subscription %s to the GlobalScheduler failed", self.id)
+            for rid, queue in self.queues.items():
+                queue.put_nowait(StreamChunk(rid, (), "error", f"control plane unreachable: {exc}"))
+
+    def close(self) -> None:
+        import ray
+
+        self.task.cancel()
+        try:
+            ray.cancel(self._stream)
+        except Exception:
+            logger.debug("cancel of subscription %s failed", self.id, exc_info=True)
+
+
 class RayBackend:
     def __init__(self, cluster: Cluster, model_name: str) -> None:
         self.cluster = cluster
         self._model_name = model_name
+        self._sub: _Subscription | None = None
 
     @property
     def model_name(self) -> str:
@@ -31,25 +70,34 @@ class RayBackend:
     def max_model_len(self) -> int:
         return self.cluster.config.engine.max_model_len
 
-    async def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
-        import ray
+    def _subscription(self) -> _Subscription:
+        loop = asyncio.get_running_loop()
+        if self._sub is None or self._sub.loop is not loop or self._sub.task.done():
+            if self._sub is not None and self._sub.loop is loop:
+                self._sub.close()
+            self._sub = _Subscription(self.cluster.scheduler)
+        return self._sub
 
-        gen = self.cluster.scheduler.generate.remote(request)
+    async def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
+        sub = self._subscription()
+        rid = request.request_id
+        queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
+        sub.queues[rid] = queue
         finished = False
         try:
-            async for ref in gen:
-                chunk: StreamChunk = await ref
+            error = await self.cluster.scheduler.submit.remote(request, sub.id)
+            if error is not None:
+                finished = True
+                yield StreamChunk(rid, (), "error", error)
+                return
+            while not finished:
+                chunk = await queue.get()
                 finished = chunk.finish_reason is not None
                 yield chunk
-                if finished:
-                    return
         finally:
+            sub.queues.pop(rid, None)
             if not finished:  # the client went away or the caller gave up: abort everywhere
-                self.cluster.scheduler.abort.remote(request.request_id)
-                try:
-                    ray.cancel(gen)
-                except Exception:
-                    logger.debug("cancel of %s stream failed", request.request_id, exc_info=True)
+                self.cluster.scheduler.abort.remote(rid)
 
     async def abort(self, request_id: str) -> bool:
         return bool(await self.cluster.scheduler.abort.remote(request_id))

@@ -4,12 +4,13 @@
                                   │ request waits in WAITING_FOR_REMOTE_KVS until its KV has landed,
                                   │ then only the first token's KV is computed; continuous batching
                                   ▼
-    stream(req_id) ◀── buffered token deltas, merged per pull ──▶ GlobalScheduler ──▶ client
+    subscribe() ◀── one Outbox for all requests: each pull carries every delta ready ──▶ GlobalScheduler
 
-``submit`` returns at once; outputs are buffered per request until the
-GlobalScheduler's ``stream`` pulls them, so no token is lost between the
-handoff and the pull. Admission is vLLM's own (``greedy``) until the decode
-policies issue lands.
+``submit`` returns at once. Outputs of every request go to the worker's one
+``Outbox``, which the GlobalScheduler drains through a single long-lived
+``subscribe`` stream, so relaying costs one message per engine step rather
+than one per request per step. Admission is vLLM's own (``greedy``) until the
+decode policies issue lands.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import asyncio
 import functools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from common.config import ClusterConfig
 from common.length import LengthEstimate
 from common.load import DecodeLoad
+from common.outbox import Outbox
 from common.request import Request
 from common.stream import StreamChunk
 from engine.settings import EngineRole, build_engine_args
@@ -35,7 +37,6 @@ logger = logging.getLogger(__name__)
 class _Running:
     request: Request
     heavy: bool
-    buffer: asyncio.Queue[StreamChunk] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
 
 
@@ -58,6 +59,7 @@ class DecodeWorker:
         self.engine = EngineLoop(args, worker_id)
         self.accepting = True
         self._running: dict[str, _Running] = {}
+        self.outbox = Outbox()
         self._monitor: Any = None
         self._report_task: asyncio.Task[None] | None = None
 
@@ -120,46 +122,29 @@ class DecodeWorker:
 
     def _on_pump_done(self, run: _Running, task: asyncio.Task[None]) -> None:
         if task.cancelled():  # aborted, perhaps before the pump ever ran: end the stream explicitly
-            run.buffer.put_nowait(StreamChunk(run.request.request_id, (), "abort", None, 0, self.worker_id))
+            self._emit(StreamChunk(run.request.request_id, (), "abort", None, 0, self.worker_id))
 
     async def _pump(self, run: _Running, prompt: tuple[int, ...], params: Any) -> None:
         rid = run.request.request_id
+        prompt_len = len(run.request.prompt_token_ids)
         try:
             async for delta in self.engine.generate(rid, prompt, params):
-                run.buffer.put_nowait(
-                    StreamChunk(
-                        rid,
-                        delta.token_ids,
-                        delta.finish_reason,
-                        delta.error,
-                        len(run.request.prompt_token_ids),
-                        self.worker_id,
-                    )
+                self._emit(
+                    StreamChunk(rid, delta.token_ids, delta.finish_reason, delta.error, prompt_len, self.worker_id)
                 )
         except Exception as exc:  # a bug in our adapter: finish the request, keep the worker
             logger.exception("decode %s: request %s failed", self.worker_id, rid)
-            run.buffer.put_nowait(StreamChunk(rid, (), "error", f"{type(exc).__name__}: {exc}", 0, self.worker_id))
+            self._emit(StreamChunk(rid, (), "error", f"{type(exc).__name__}: {exc}", prompt_len, self.worker_id))
 
-    async def stream(self, request_id: str) -> Any:
-        """Yield this request's output, merging whatever accumulated since the last pull."""
-        run = self._running.get(request_id)
-        if run is None:
-            yield StreamChunk(request_id, (), "error", f"request {request_id} is not on {self.worker_id}")
-            return
-        try:
-            while True:
-                chunk = await run.buffer.get()
-                tokens = list(chunk.token_ids)
-                while chunk.finish_reason is None and not run.buffer.empty():
-                    chunk = run.buffer.get_nowait()
-                    tokens.extend(chunk.token_ids)
-                yield StreamChunk(
-                    request_id, tuple(tokens), chunk.finish_reason, chunk.error, chunk.prompt_tokens, self.worker_id
-                )
-                if chunk.finish_reason is not None:
-                    return
-        finally:
-            self._running.pop(request_id, None)
+    def _emit(self, chunk: StreamChunk) -> None:
+        if chunk.finish_reason is not None:
+            self._running.pop(chunk.request_id, None)
+        self.outbox.put(chunk)
+
+    async def subscribe(self) -> Any:
+        """The GlobalScheduler's one stream from this worker: batches of chunks of all requests."""
+        async for batch in self.outbox.batches():
+            yield batch
 
     def abort(self, request_id: str) -> bool:
         """Stop decoding; the request's stream (attached or not yet) ends with an ``abort`` chunk."""

@@ -35,7 +35,7 @@ class Service:
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[Service]:
-    cmd = [*CLI, "serve", "--grpc-port", "0", "--http-port", "0", "--kv-cache-gb", "0.5"]
+    cmd = [*CLI, "serve", "--grpc-port", "0", "--http-port", "0", "--kv-cache-gb", "0.5", "--enforce-eager"]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

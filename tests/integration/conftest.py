@@ -18,6 +18,7 @@ from tests.fakes import LoopThread
 CONFIG_OVERRIDES = {
     "engine.dtype": "float32",  # exact token equality with the colocated engine needs float32
     "engine.max_model_len": 1024,
+    "engine.enforce_eager": True,  # no torch.compile: the tests start engines, they do not time them
     "engine.kv_cache_gb": 0.5,
     "prefill.chunk_size": 256,
     "grpc_port": 0,
