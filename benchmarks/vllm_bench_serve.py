@@ -190,6 +190,13 @@ def write_report(results: dict[str, dict[str, float]], args: argparse.Namespace)
         "| metric | tetriserve | vLLM | tetriserve / vLLM |",
         "| --- | ---: | ---: | ---: |",
     ]
+    binding = [
+        ln.split("]", 1)[-1].strip()
+        for ln in (WORK / "server_vllm.log").read_text().splitlines()
+        if "core ids=" in ln or "reserved_cpus=" in ln
+    ]
+    if binding:
+        lines[6:6] = [f"vLLM's own CPU binding (from its log): {'; '.join(binding)}."]
     for k in METRICS:
         if k in t and k in v:
             ratio = f"{t[k] / v[k]:.2f}" if v[k] else "-"

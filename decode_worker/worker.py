@@ -29,6 +29,7 @@ from common.outbox import Outbox
 from common.request import Request
 from common.stream import StreamChunk
 from engine.settings import EngineRole, build_engine_args
+from engine.worker_base import EngineWorker
 
 logger = logging.getLogger(__name__)
 
@@ -40,14 +41,11 @@ class _Running:
     task: asyncio.Task[None] | None = None
 
 
-class DecodeWorker:
+class DecodeWorker(EngineWorker):
     def __init__(self, worker_id: str, config: ClusterConfig, model_path: str) -> None:
         from engine.loop import EngineLoop
-        from transport import endpoints
 
-        self.worker_id = worker_id
-        self.config = config
-        self.endpoint = endpoints.get_or_create(worker_id, config.transport, f"{config.host}:0")
+        super().__init__(worker_id, config)
         args = build_engine_args(
             config.engine,
             model_path,
@@ -60,13 +58,6 @@ class DecodeWorker:
         self.accepting = True
         self._running: dict[str, _Running] = {}
         self.outbox = Outbox()
-        self._monitor: Any = None
-        self._report_task: asyncio.Task[None] | None = None
-
-    async def start(self, monitor: Any) -> str:
-        self._monitor = monitor
-        self._report_task = asyncio.create_task(self._report_loop())
-        return self.endpoint.address
 
     def load(self) -> DecodeLoad:
         s = self.engine.stats()
@@ -84,24 +75,8 @@ class DecodeWorker:
             self.accepting,
         )
 
-    def stats(self) -> dict[str, Any]:
-        from transport import kv_connector
-
-        return {
-            "engine": self.engine.stats(),
-            "kv": kv_connector.counters(),
-            "transport": self.endpoint.stats(),
-            "policy": {"admission": self.config.decode.admission_policy},
-        }
-
-    async def _report_loop(self) -> None:
-        interval = self.config.report_interval_ms / 1000
-        while True:
-            try:
-                self._monitor.report.remote(self.load())
-            except Exception:
-                logger.exception("decode %s: load report failed", self.worker_id)
-            await asyncio.sleep(interval)
+    def policies(self) -> dict[str, str]:
+        return {"admission": self.config.decode.admission_policy}
 
     # -- the request path -------------------------------------------------------------
     async def submit(self, req: Request, first_token: int, estimate: LengthEstimate | None) -> bool:

@@ -30,6 +30,7 @@ from common.load import DecodeLoad, PrefillLoad
 from common.request import Request
 from common.stream import Handoff, StreamChunk
 from engine.settings import EngineRole, build_engine_args
+from engine.worker_base import EngineWorker
 from prefill_worker.admission import RequestAborted, SchedBatchGate
 from prefill_worker.dispatch import DispatchParams, make_dispatch_policy
 from prefill_worker.views import ReqView
@@ -37,14 +38,11 @@ from prefill_worker.views import ReqView
 logger = logging.getLogger(__name__)
 
 
-class PrefillWorker:
+class PrefillWorker(EngineWorker):
     def __init__(self, worker_id: str, config: ClusterConfig, model_path: str, predictor: LengthPredictor) -> None:
         from engine.loop import EngineLoop
-        from transport import endpoints
 
-        self.worker_id = worker_id
-        self.config = config
-        self.endpoint = endpoints.get_or_create(worker_id, config.transport, f"{config.host}:0")
+        super().__init__(worker_id, config)
         args = build_engine_args(
             config.engine,
             model_path,
@@ -64,16 +62,9 @@ class PrefillWorker:
         self.decode_loads: dict[str, DecodeLoad] = {}
         self.decode_addresses: dict[str, str] = {}
         self._decode_handles: dict[str, Any] = {}
-        self._monitor: Any = None
-        self._report_task: asyncio.Task[None] | None = None
         self.completed = 0
 
     # -- wiring --------------------------------------------------------------------
-    async def start(self, monitor: Any) -> str:
-        self._monitor = monitor
-        self._report_task = asyncio.create_task(self._report_loop())
-        return self.endpoint.address
-
     def update_decode_view(self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, Any]) -> None:
         """Called by the ClusterMonitor's broadcast (TetriInfer §3.2)."""
         self.decode_loads = {ld.worker_id: ld for ld in loads}
@@ -88,24 +79,8 @@ class PrefillWorker:
             self.worker_id, self.gate.queued, self.engine.in_flight, self.gate.queued_tokens, time.time()
         )
 
-    def stats(self) -> dict[str, Any]:
-        from transport import kv_connector
-
-        return {
-            "engine": self.engine.stats(),
-            "kv": kv_connector.counters(),
-            "transport": self.endpoint.stats(),
-            "policy": {"queue": self.config.prefill.queue_policy, "dispatch": self.dispatcher.name},
-        }
-
-    async def _report_loop(self) -> None:
-        interval = self.config.report_interval_ms / 1000
-        while True:
-            try:
-                self._monitor.report.remote(self.load())
-            except Exception:
-                logger.exception("prefill %s: load report failed", self.worker_id)
-            await asyncio.sleep(interval)
+    def policies(self) -> dict[str, str]:
+        return {"queue": self.config.prefill.queue_policy, "dispatch": self.dispatcher.name}
 
     # -- the request path -------------------------------------------------------------
     async def prefill(self, req: Request) -> AsyncIterator[StreamChunk | Handoff]:
