@@ -69,10 +69,24 @@ class LengthEstimate:
 
 @dataclass(frozen=True)
 class PredictInput:
-    """What a length predictor sees of a request (the prompt text model adds token ids later)."""
+    """What a length predictor sees of a request.
+
+    Attributes:
+        prompt_len: prompt length in target-model tokens.
+        max_tokens: the request's output cap.
+        prompt_token_ids: the prompt in target-model token ids (text models decode them); may be empty
+            when a caller only knows lengths.
+    """
 
     prompt_len: int
     max_tokens: int
+    prompt_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 0:
+            raise ValueError(f"PredictInput.prompt_len must be >= 0, got {self.prompt_len}")
+        if self.max_tokens < 0:
+            raise ValueError(f"PredictInput.max_tokens must be >= 0, got {self.max_tokens}")
 
 
 class LengthPredictor(Protocol):

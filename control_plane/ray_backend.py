@@ -99,6 +99,12 @@ class RayBackend:
             if not finished:  # the client went away or the caller gave up: abort everywhere
                 self.cluster.scheduler.abort.remote(rid)
 
+    def close(self) -> None:
+        """Drop the subscription (call from the loop that used the backend)."""
+        if self._sub is not None:
+            self._sub.close()
+            self._sub = None
+
     async def abort(self, request_id: str) -> bool:
         return bool(await self.cluster.scheduler.abort.remote(request_id))
 

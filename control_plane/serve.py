@@ -56,6 +56,9 @@ async def run_front_doors(
     finally:
         await http.stop()
         await grpc_server.stop(2.0)
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
 
 
 def serve(config: ClusterConfig) -> None:

@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.stats import EngineStats, StatsCollector, stat_logger_factory
@@ -71,7 +71,18 @@ class EngineLoop:
         return int(self.engine.vllm_config.cache_config.num_gpu_blocks or 0)
 
     def stats(self) -> EngineStats:
-        return self.collector.snapshot()
+        """vLLM's per-step counters, with KV usage read live from the engine's block pool."""
+        snap = self.collector.snapshot()
+        usage = self.block_pool_usage()
+        return snap if usage is None else replace(snap, kv_usage=usage)
+
+    def block_pool_usage(self) -> float | None:
+        """Share of KV blocks held by requests, from vLLM's block pool (in-process engines); None if unreachable."""
+        try:
+            pool = self.engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+            return float(pool.get_usage())
+        except AttributeError:
+            return None
 
     @property
     def in_flight(self) -> int:

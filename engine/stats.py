@@ -69,9 +69,9 @@ class StatsCollector:
             self._stats = s
 
     def mark_idle(self) -> None:
-        """The engine has no unfinished request: nothing runs, waits or holds KV (freed blocks may stay cached)."""
+        """The engine has no unfinished request: nothing runs or waits (KV usage is read live from the pool)."""
         with self._lock:
-            self._stats = replace(self._stats, running=0, waiting=0, kv_usage=0.0)
+            self._stats = replace(self._stats, running=0, waiting=0)
 
     def snapshot(self) -> EngineStats:
         with self._lock:

@@ -13,6 +13,7 @@ back to all observations, and with none at all to the uninformative range
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 
@@ -39,6 +40,16 @@ class BucketQuantilePredictor:
         self._min_samples = min_samples
         self._buckets: dict[int, deque[int]] = {}
         self._all: deque[int] = deque(maxlen=window * 4)
+        self._lock = threading.Lock()  # predict runs in a worker thread while observe runs on the event loop
+
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        del state["_lock"]  # locks do not pickle; Ray ships the predictor to each prefill worker
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     @staticmethod
     def bucket_of(prompt_len: int) -> int:
@@ -51,12 +62,14 @@ class BucketQuantilePredictor:
     def observe(self, prompt_len: int, output_len: int) -> None:
         if output_len < 0:
             raise ValueError(f"output_len must be >= 0, got {output_len}")
-        bucket = self._buckets.setdefault(self.bucket_of(prompt_len), deque(maxlen=self._window))
-        bucket.append(output_len)
-        self._all.append(output_len)
+        with self._lock:
+            bucket = self._buckets.setdefault(self.bucket_of(prompt_len), deque(maxlen=self._window))
+            bucket.append(output_len)
+            self._all.append(output_len)
 
     def predict(self, batch: Sequence[PredictInput]) -> list[LengthEstimate]:
-        return [self._one(item) for item in batch]
+        with self._lock:
+            return [self._one(item) for item in batch]
 
     def _one(self, item: PredictInput) -> LengthEstimate:
         cap = max(item.max_tokens, 0)

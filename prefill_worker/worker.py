@@ -1,7 +1,7 @@
 """PrefillWorker: one prefill instance (TetriInfer §3.3), run as a named Ray actor.
 
     prefill(req) ─▶ raw queue ─policy, PrefillSchedBatch at a time─▶ scheduled
-                     │ length predictor (baseline quantiles; trained model later)
+                     │ length predictor (trained heads or baseline; in a thread, parallel mode)
                      │ dispatcher: decode worker from the broadcast loads (power-of-two)
                      ▼
                   vLLM engine: chunked prefill (token budget = ChunkSize), max_tokens=1;
@@ -107,7 +107,10 @@ class PrefillWorker(EngineWorker):
         yield Handoff(req.request_id, decode_id)
 
     async def _prefill_in_turn(self, req: Request, view: ReqView) -> tuple[StreamChunk, str | None, LengthEstimate]:
-        estimate = self.predictor.predict([PredictInput(view.prompt_len, view.max_tokens)])[0]
+        # TetriInfer's parallel mode: the predictor runs in a thread beside the engine thread, so the
+        # actor's event loop (and every other request's prefill) goes on while it predicts.
+        item = PredictInput(view.prompt_len, view.max_tokens, tuple(req.prompt_token_ids))
+        estimate = (await asyncio.to_thread(self.predictor.predict, [item]))[0]
         view = replace(view, estimate=estimate)
         decode_id = None
         if req.sampling.max_tokens > 1:

@@ -57,7 +57,10 @@ def test_disaggregated_equals_colocated(cluster: Any, model_path: str, prompts: 
                 out.extend(chunk.token_ids)
             return tuple(out)
 
-        results = await asyncio.gather(*(one(rid, ids) for rid, ids in prompts.items()))
+        try:
+            results = await asyncio.gather(*(one(rid, ids) for rid, ids in prompts.items()))
+        finally:
+            backend.close()
         return dict(zip(prompts, results, strict=True))
 
     disaggregated = asyncio.run(run_all())

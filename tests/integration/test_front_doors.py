@@ -26,6 +26,13 @@ def _idle(frontend: Any) -> bool:
     return True
 
 
+def _decode_kv_usage(frontend: Any) -> float:
+    import ray
+
+    handle = next(iter(frontend.cluster.decode.values()))
+    return float(ray.get(handle.stats.remote())["engine"].kv_usage)
+
+
 def test_grpc_stream_status_and_health(frontend: Any) -> None:
     with TetriServeClient(frontend.grpc_target, timeout=120) as client:
         chunks = list(client.generate("Tell me about disaggregated serving.", max_tokens=12, ignore_eos=True))
@@ -44,6 +51,8 @@ def test_sdk_abort_frees_everything(frontend: Any) -> None:
         stream = client.generate("Write a very long story.", max_tokens=600, ignore_eos=True)
         first = next(iter(stream))
         assert first.token_ids
+        # the KV usage read below is vLLM's live block pool: it must see this request's blocks before the abort
+        wait_until(lambda: _decode_kv_usage(frontend) > 0, timeout=30, what="decode engine holding KV blocks")
         assert client.abort(stream.request_id)
         rest = list(stream)
         assert rest and rest[-1].finish_reason == "abort"

@@ -164,3 +164,13 @@ def test_confidence_counts_outputs_that_hit_max_tokens() -> None:
     e = one(p, prompt_len=20, max_tokens=100)
     assert e.estimate == 100
     assert e.confidence == 1.0
+
+
+def test_pickles_for_ray_and_keeps_its_history() -> None:
+    import pickle
+
+    p = BucketQuantilePredictor(min_samples=1)
+    p.fit([(20, 50)] * 4)
+    q = pickle.loads(pickle.dumps(p))
+    assert one(q, prompt_len=20, max_tokens=100).estimate == 50
+    q.observe(20, 60)  # the restored lock works
