@@ -151,8 +151,17 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     handlers = {"serve": _serve, "generate": _generate, "status": _status, "model": _model}
+    from client.errors import TetriServeError, Unavailable
+
     try:
         return handlers[args.command](args)
+    except Unavailable as exc:
+        target = getattr(args, "target", "")
+        print(f"tetriserve: no service at {target} ({exc}); is `tetriserve serve` running?", file=sys.stderr)
+        return 1
+    except TetriServeError as exc:
+        print(f"tetriserve: error: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError) as exc:
         print(f"tetriserve: error: {exc}", file=sys.stderr)
         return 2

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from common.config import EngineConfig
 from common.request import SamplingSpec
 from engine.settings import EngineRole, build_engine_args
-from engine.stats import EngineStats
 
 
 class ColocatedEngine:
@@ -37,6 +36,3 @@ class ColocatedEngine:
     ) -> dict[str, tuple[int, ...]]:
         outs = await asyncio.gather(*(self.generate(rid, p, sampling) for rid, p in prompts.items()))
         return dict(zip(prompts, outs, strict=True))
-
-    def stats(self) -> EngineStats:
-        return self.engine.stats()

@@ -58,10 +58,15 @@ PARAMS_KEY = "tetriserve"
 
 @dataclass(frozen=True)
 class KVCounters:
-    """Process-wide totals (one engine per worker process)."""
+    """Process-wide totals (one engine per worker process).
 
-    bytes_sent: int = 0
-    requests_sent: int = 0
+    Sending side: what was packed out of the engine's blocks and handed to the transport, and sends
+    the connector saw fail (bytes on the wire are the transport's own ``stats()``). Receiving side:
+    what was copied into the engine's blocks.
+    """
+
+    bytes_packed: int = 0
+    requests_packed: int = 0
     send_failures: int = 0
     bytes_loaded: int = 0
     requests_loaded: int = 0
@@ -267,6 +272,7 @@ class TetriKVConnector(KVConnectorBase_V1):
         for spec in meta.sends:
             packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)
             self._sending.append(self._transport.send(spec.dst, spec.key, packed.buffers, self._deadline_s))
+            _bump(bytes_packed=packed.nbytes, requests_packed=1)
         self._reap_sends()
 
     def _reap_sends(self) -> None:
@@ -274,9 +280,7 @@ class TetriKVConnector(KVConnectorBase_V1):
         for handle in self._sending:
             if handle.state == TransferState.PENDING:
                 still.append(handle)
-            elif handle.state == TransferState.DONE:
-                _bump(bytes_sent=handle.nbytes, requests_sent=1)
-            else:
+            elif handle.state == TransferState.FAILED:
                 logger.error("kv send %s failed: %s", handle.key, handle.error)
                 _bump(send_failures=1)
         self._sending = still
