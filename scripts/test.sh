@@ -7,5 +7,7 @@ echo "==> import contracts"
 .venv/bin/lint-imports
 echo "==> ruff"
 .venv/bin/ruff check .
+echo "==> mypy --strict (common and the policy packages)"
+.venv/bin/mypy common prefill_worker/queue prefill_worker/dispatch prefill_worker/views.py length_predictor/baseline.py
 echo "==> tests"
 .venv/bin/python -m pytest -q "$@"
