@@ -55,6 +55,31 @@ class PrefillConfig(BaseModel):
     heavy_threshold_tokens: int = Field(
         128, ge=1, description="A request predicted to generate at least this many tokens is a heavy decode."
     )
+    predictor: Literal["auto", "trained", "baseline", "oracle"] = Field(
+        "auto",
+        description=(
+            "Output-length predictor: trained (MiniLM + committed heads), baseline (prompt-length quantiles), "
+            "oracle (true lengths from predictor_workload), auto (trained when its artifact exists, else baseline)."
+        ),
+    )
+    predictor_artifact: str | None = Field(
+        None, description="Trained heads' JSON (default: length_predictor/artifacts/heads-g200.json)."
+    )
+    predictor_workload: str | None = Field(
+        None, description="Oracle predictor's JSONL of prompt (token ids or text) and response_len."
+    )
+    predictor_alpha: float | None = Field(
+        None, gt=0, lt=1, description="CacheOpt eq. 4 alpha: confidence at zero load (default: the artifact's)."
+    )
+    predictor_beta: float | None = Field(
+        None, gt=0, description="CacheOpt eq. 4 beta: confidence sensitivity to the arrival rate, s/request."
+    )
+
+    @model_validator(mode="after")
+    def _check_predictor(self) -> PrefillConfig:
+        if self.predictor == "oracle" and not self.predictor_workload:
+            raise ValueError("prefill.predictor_workload is required when prefill.predictor is 'oracle'")
+        return self
 
 
 class DecodeConfig(BaseModel):

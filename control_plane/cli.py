@@ -1,4 +1,4 @@
-"""The `tetriserve` command: serve | generate | status | model tiny."""
+"""The `tetriserve` command: serve | generate | status | model tiny | predictor train|eval|export|label."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import logging
 import sys
 from typing import Any
+
+from control_plane.cli_predictor import add_predictor_parser, run_predictor
 
 # flag -> dotted ClusterConfig field
 _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
@@ -22,6 +24,9 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--chunk-size": ("prefill.chunk_size", int, "ChunkSize: prefill tokens per iteration"),
     "--prefill-sched-batch": ("prefill.sched_batch", int, "PrefillSchedBatch"),
     "--dispatch-policy": ("prefill.dispatch_policy", str, "power-of-two | random | round-robin"),
+    "--predictor": ("prefill.predictor", str, "output-length predictor: auto | trained | baseline | oracle"),
+    "--predictor-artifact": ("prefill.predictor_artifact", str, "trained heads' JSON (default: the committed g200)"),
+    "--predictor-workload": ("prefill.predictor_workload", str, "oracle predictor's JSONL of true lengths"),
     "--host": ("host", str, "address the front doors bind to"),
     "--grpc-port": ("grpc_port", int, "gRPC port"),
     "--http-port": ("http_port", int, "OpenAI-compatible HTTP port"),
@@ -64,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     t = msub.add_parser("tiny", help="write the tiny random-weight Llama + ShareGPT BPE tokenizer")
     t.add_argument("--out", default=None, help="output directory (default: $TETRISERVE_HOME/models/tiny-llama)")
     t.add_argument("--force", action="store_true", help="rebuild even if present")
+
+    add_predictor_parser(sub)
     return p
 
 
@@ -150,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    handlers = {"serve": _serve, "generate": _generate, "status": _status, "model": _model}
+    handlers = {"serve": _serve, "generate": _generate, "status": _status, "model": _model, "predictor": run_predictor}
     from client.errors import TetriServeError, Unavailable
 
     try:

@@ -2,7 +2,7 @@
 
     ray.init (local, or --address) ─▶ ClusterMonitor  "cluster-monitor"
                                     ─▶ DecodeWorker    "decode-0..N"    (engines start in parallel)
-                                    ─▶ PrefillWorker   "prefill-0..M"
+                                    ─▶ PrefillWorker   "prefill-0..M"   (+ its length predictor, factory.py)
                                     ─▶ GlobalScheduler "global-scheduler"
     then: workers register with the monitor, start their 100 ms load reports,
     and the monitor starts broadcasting.
@@ -25,7 +25,7 @@ from control_plane.cluster_monitor import ClusterMonitor
 from control_plane.global_scheduler import GlobalScheduler
 from decode_worker.worker import DecodeWorker
 from engine.settings import engine_env
-from length_predictor.baseline import BucketQuantilePredictor
+from length_predictor.factory import build_predictor
 from prefill_worker.worker import PrefillWorker
 
 logger = logging.getLogger(__name__)
@@ -88,10 +88,11 @@ def launch(config: ClusterConfig, model_path: str) -> Cluster:
         .remote(f"decode-{i}", config, model_path)
         for i in range(config.num_decode)
     }
+    predictor = build_predictor(config.prefill, model_path)  # each worker gets its own (pickled) copy
     prefill = {
         f"prefill-{i}": ray.remote(PrefillWorker)
         .options(name=f"prefill-{i}", runtime_env=runtime_env, **opts)
-        .remote(f"prefill-{i}", config, model_path, BucketQuantilePredictor())
+        .remote(f"prefill-{i}", config, model_path, predictor)
         for i in range(config.num_prefill)
     }
     scheduler = ray.remote(GlobalScheduler).options(name="global-scheduler", **opts).remote(prefill, decode)
