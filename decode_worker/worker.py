@@ -89,7 +89,8 @@ class DecodeWorker(EngineWorker):
         run = _Running(req, heavy)
         self._running[req.request_id] = run
         kv = {"mode": "recv", "key": req.request_id, "num_tokens": len(req.prompt_token_ids)}
-        params = to_vllm(req.sampling, max_tokens=req.sampling.max_tokens - 1, kv_params=kv)
+        extra = {"tetriserve_length": estimate.to_dict()} if estimate is not None else None  # for the decode scheduler
+        params = to_vllm(req.sampling, max_tokens=req.sampling.max_tokens - 1, kv_params=kv, extra=extra)
         prompt = (*req.prompt_token_ids, first_token)
         run.task = asyncio.create_task(self._pump(run, prompt, params))
         run.task.add_done_callback(functools.partial(self._on_pump_done, run))

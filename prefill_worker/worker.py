@@ -61,6 +61,7 @@ class PrefillWorker(EngineWorker):
         self.rng = random.Random(hash(worker_id) & 0xFFFF)
         self.decode_loads: dict[str, DecodeLoad] = {}
         self.decode_addresses: dict[str, str] = {}
+        self._aborted: dict[str, None] = {}  # insertion-ordered set: ids aborted after leaving the engine
         self._decode_handles: dict[str, Any] = {}
         self.completed = 0
 
@@ -84,41 +85,61 @@ class PrefillWorker(EngineWorker):
 
     # -- the request path -------------------------------------------------------------
     async def prefill(self, req: Request) -> AsyncIterator[StreamChunk | Handoff]:
-        view = ReqView(
-            req.request_id, len(req.prompt_token_ids), req.sampling.max_tokens, req.arrival_time, priority=req.priority
-        )
+        rid = req.request_id
+        view = ReqView(rid, len(req.prompt_token_ids), req.sampling.max_tokens, req.arrival_time, priority=req.priority)
+        decodes = req.sampling.max_tokens > 1
+        # TetriInfer's parallel mode: the predictor runs in a thread while the engine prefills; the KV is
+        # parked in this worker's endpoint, so the decode worker can be chosen once the estimate is known.
+        item = PredictInput(view.prompt_len, view.max_tokens, tuple(req.prompt_token_ids))
+        predicting = asyncio.ensure_future(asyncio.to_thread(self.predictor.predict, [item]))
         try:
             async with self.gate.turn(view):
-                first, decode_id, estimate = await self._prefill_in_turn(req, view)
+                first = await self._run_engine(req, park=decodes)
         except RequestAborted:
-            yield StreamChunk(req.request_id, (), "abort", None, view.prompt_len, self.worker_id)
+            yield StreamChunk(rid, (), "abort", None, view.prompt_len, self.worker_id)
             return
-        if first.finish_reason is not None or decode_id is None:
-            if decode_id is not None:
-                self._decode(decode_id).discard.remote(req.request_id)
+        if first.finish_reason is not None or not decodes:
+            self._aborted.pop(rid, None)
+            self.endpoint.discard(rid)
             self.predictor.observe(view.prompt_len, len(first.token_ids))
             yield replace(first, finish_reason=first.finish_reason or "length")
             return
-        yield first
-        submitted = await self._decode(decode_id).submit.remote(req, first.token_ids[0], estimate)
-        if not submitted:
-            yield StreamChunk(req.request_id, (), "error", f"decode worker {decode_id} refused the request")
+        yield first  # TTFT does not wait for the prediction or the dispatch
+        estimate = await self._estimate(predicting, view)
+        decode_id = await self._choose_decode(replace(view, estimate=estimate))
+        error = (
+            "no decode worker is accepting requests" if decode_id is None else await self._forward_kv(rid, decode_id)
+        )
+        if rid in self._aborted:  # aborted after its first token, before the handoff
+            del self._aborted[rid]
+            self.endpoint.discard(rid)
+            yield StreamChunk(rid, (), "abort", None, view.prompt_len, self.worker_id)
             return
-        yield Handoff(req.request_id, decode_id)
+        if error is not None or decode_id is None:
+            self.endpoint.discard(rid)
+            yield StreamChunk(rid, (), "error", error, view.prompt_len, self.worker_id)
+            return
+        if not await self._decode(decode_id).submit.remote(req, first.token_ids[0], estimate):
+            yield StreamChunk(rid, (), "error", f"decode worker {decode_id} refused the request")
+            return
+        yield Handoff(rid, decode_id)
 
-    async def _prefill_in_turn(self, req: Request, view: ReqView) -> tuple[StreamChunk, str | None, LengthEstimate]:
-        # TetriInfer's parallel mode: the predictor runs in a thread beside the engine thread, so the
-        # actor's event loop (and every other request's prefill) goes on while it predicts.
-        item = PredictInput(view.prompt_len, view.max_tokens, tuple(req.prompt_token_ids))
-        estimate = (await asyncio.to_thread(self.predictor.predict, [item]))[0]
-        view = replace(view, estimate=estimate)
-        decode_id = None
-        if req.sampling.max_tokens > 1:
-            decode_id = await self._choose_decode(view)
-            if decode_id is None:
-                error = StreamChunk(req.request_id, (), "error", "no decode worker is accepting requests")
-                return error, None, estimate
-        return await self._run_engine(req, decode_id), decode_id, estimate
+    async def _estimate(self, predicting: asyncio.Future[list[LengthEstimate]], view: ReqView) -> LengthEstimate:
+        try:
+            return (await predicting)[0]
+        except Exception:  # a broken predictor must not fail requests: fall back to "anything up to max_tokens"
+            logger.exception("prefill %s: length prediction failed for %s", self.worker_id, view.request_id)
+            return LengthEstimate(0, view.max_tokens // 2, view.max_tokens + 1, -1, 0.0, "fallback")
+
+    async def _forward_kv(self, rid: str, decode_id: str) -> str | None:
+        """Send the parked KV to the chosen decode worker; returns an error message or None."""
+        deadline = time.monotonic() + self.config.kv_transfer_timeout_s
+        while (buffers := self.endpoint.recv(rid)) is None:  # parked in the step that produced the first token
+            if rid in self._aborted or time.monotonic() >= deadline:
+                return f"prefilled KV of {rid} was not found on {self.worker_id}"
+            await asyncio.sleep(0.001)
+        self.endpoint.send(self.decode_addresses[decode_id], rid, buffers, self.config.kv_transfer_timeout_s)
+        return None
 
     async def _choose_decode(self, view: ReqView) -> str | None:
         deadline = time.monotonic() + self.config.kv_transfer_timeout_s
@@ -143,29 +164,29 @@ class PrefillWorker(EngineWorker):
             light=ld.light + (not heavy),
         )
 
-    async def _run_engine(self, req: Request, decode_id: str | None) -> StreamChunk:
+    async def _run_engine(self, req: Request, park: bool) -> StreamChunk:
         from engine.sampling import to_vllm
 
-        kv = (
-            None
-            if decode_id is None
-            else {"mode": "send", "dst": self.decode_addresses[decode_id], "key": req.request_id}
-        )
+        kv = {"mode": "park", "key": req.request_id} if park else None
         params = to_vllm(req.sampling, max_tokens=1, kv_params=kv)
         tokens: list[int] = []
         reason = error = None
         async for delta in self.engine.generate(req.request_id, req.prompt_token_ids, params):
             tokens.extend(delta.token_ids)
             reason, error = delta.finish_reason, delta.error
-        if reason == "length" and req.sampling.max_tokens > 1:
+        if reason == "length" and park:
             reason = None  # max_tokens=1 is ours, not the client's: the request goes on to decode
         return StreamChunk(req.request_id, tuple(tokens), reason, error, len(req.prompt_token_ids), self.worker_id)
 
     def abort(self, request_id: str) -> bool:
-        return self.gate.cancel(request_id) or self._abort_engine(request_id)
-
-    def _abort_engine(self, request_id: str) -> bool:
+        """Abort wherever the request is: raw queue, engine, or between its first token and the handoff."""
+        self.endpoint.discard(request_id)
+        if self.gate.cancel(request_id):
+            return True
         self.engine.abort(request_id)
+        self._aborted[request_id] = None
+        if len(self._aborted) > 10_000:  # ids of requests that had long finished: forget the oldest
+            del self._aborted[next(iter(self._aborted))]
         return True
 
     def _decode(self, worker_id: str) -> Any:

@@ -79,6 +79,13 @@ class Transport(Protocol):
 
     def recv(self, key: str) -> list[bytearray] | None: ...
 
+    def hold(self, key: str, buffers: Sequence[Buffer]) -> None:
+        """Deposit ``buffers`` under ``key`` in this endpoint's own landing area, as if they had arrived.
+
+        Lets a producer park data before it knows where it goes, then ``recv`` + ``send`` it later.
+        """
+        ...
+
     def discard(self, key: str) -> bool:
         """Drop received (or late-arriving) data for ``key``; True if something was dropped."""
         ...

@@ -56,6 +56,9 @@ class InProcTransport:
     def discard(self, key: str) -> bool:
         return self._store.discard(key)
 
+    def hold(self, key: str, buffers: Sequence[Buffer]) -> None:
+        self._store.put(key, list(buffers), landed=False)
+
     def stats(self) -> TransportStats:
         s = self._store
         return TransportStats(

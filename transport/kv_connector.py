@@ -5,6 +5,8 @@ Loaded by vLLM through ``kv_connector_module_path="transport.kv_connector"``,
 ``SamplingParams.extra_args["kv_transfer_params"]["tetriserve"]``:
 
     prefill engine  {"mode": "send", "dst": "<decode endpoint>", "key": k}
+                    {"mode": "park", "key": k}   (KV held in this process's endpoint; the worker
+                                                  forwards it once its dispatcher has chosen)
     decode engine   {"mode": "recv", "key": k, "num_tokens": L}
 
 Lifecycle (request-level transfer, as in the paper)::
@@ -94,7 +96,7 @@ def _bump(**delta: int) -> None:
 class SendSpec:
     req_id: str
     key: str
-    dst: str
+    dst: str | None  # None: park in the local endpoint
     block_ids: tuple[int, ...]
     num_tokens: int
 
@@ -117,7 +119,7 @@ class TetriKVMetadata(KVConnectorMetadata):
 @dataclass
 class _Producer:
     key: str
-    dst: str
+    dst: str | None
     prompt_len: int
     block_ids: list[int]
 
@@ -174,9 +176,10 @@ class TetriKVConnector(KVConnectorBase_V1):
 
     def on_new_request(self, request: Request) -> None:
         params = _params(request)
-        if params is not None and params.get("mode") == "send":
+        if params is not None and params.get("mode") in ("send", "park"):
+            dst = str(params["dst"]) if params["mode"] == "send" else None
             self._producers[request.request_id] = _Producer(
-                str(params["key"]), str(params["dst"]), len(request.prompt_token_ids or ()), []
+                str(params["key"]), dst, len(request.prompt_token_ids or ()), []
             )
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
@@ -271,7 +274,10 @@ class TetriKVConnector(KVConnectorBase_V1):
         assert self._transport is not None
         for spec in meta.sends:
             packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)
-            self._sending.append(self._transport.send(spec.dst, spec.key, packed.buffers, self._deadline_s))
+            if spec.dst is None:
+                self._transport.hold(spec.key, packed.buffers)
+            else:
+                self._sending.append(self._transport.send(spec.dst, spec.key, packed.buffers, self._deadline_s))
             _bump(bytes_packed=packed.nbytes, requests_packed=1)
         self._reap_sends()
 

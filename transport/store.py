@@ -10,11 +10,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
 class _Entry:
-    buffers: list[bytearray]
+    buffers: list[Any]  # bytearray when received, the producer's buffers when held locally
     landed: float
 
 
@@ -28,18 +29,20 @@ class ReceiveStore:
         self.transfers_received = 0
         self.expired = 0
 
-    def put(self, key: str, buffers: list[bytearray]) -> bool:
-        """Store a landed transfer; False if the key was discarded beforehand."""
+    def put(self, key: str, buffers: list[Any], *, landed: bool = True) -> bool:
+        """Store a transfer (``landed=False``: deposited locally, not counted as received);
+        False if the key was discarded beforehand."""
         with self._lock:
             self._expire_locked()
             if self._discarded.pop(key, None) is not None:
                 return False
             self._entries[key] = _Entry(buffers, time.monotonic())
-            self.bytes_received += sum(len(b) for b in buffers)
-            self.transfers_received += 1
+            if landed:
+                self.bytes_received += sum(len(b) for b in buffers)
+                self.transfers_received += 1
             return True
 
-    def take(self, key: str) -> list[bytearray] | None:
+    def take(self, key: str) -> list[Any] | None:
         with self._lock:
             self._expire_locked()
             entry = self._entries.pop(key, None)

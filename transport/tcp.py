@@ -201,6 +201,9 @@ class TcpTransport:
     def discard(self, key: str) -> bool:
         return self._store.discard(key)
 
+    def hold(self, key: str, buffers: Sequence[Buffer]) -> None:
+        self._store.put(key, list(buffers), landed=False)
+
     def stats(self) -> TransportStats:
         s = self._store
         with self._stats_lock:

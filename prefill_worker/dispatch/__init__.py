@@ -21,4 +21,5 @@ def make_dispatch_policy(name: str, params: DispatchParams) -> DispatchPolicy:
             f"prefill.dispatch_policy: unknown policy {name!r}; known: {sorted(DISPATCH_POLICIES)}"
         ) from None
 
+
 __all__ = ["DISPATCH_POLICIES", "DispatchParams", "DispatchPolicy", "make_dispatch_policy"]

@@ -14,4 +14,5 @@ def make_queue_policy(name: str) -> QueuePolicy:
     except KeyError:
         raise ValueError(f"prefill.queue_policy: unknown policy {name!r}; known: {sorted(QUEUE_POLICIES)}") from None
 
+
 __all__ = ["QUEUE_POLICIES", "QueuePolicy", "make_queue_policy"]

@@ -1,0 +1,50 @@
+"""``hold``: a producer parks data in its own endpoint and forwards it once it knows the destination."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from transport.api import TransferState, Transport
+from transport.inproc import InProcTransport
+from transport.tcp import TcpTransport
+
+
+@pytest.fixture(params=["tcp", "inproc"])
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Transport, Transport]]:
+    if request.param == "tcp":
+        a: Transport = TcpTransport()
+        b: Transport = TcpTransport()
+    else:
+        a, b = InProcTransport(f"hold-a-{id(request)}"), InProcTransport(f"hold-b-{id(request)}")
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_held_data_is_taken_once_and_not_counted_as_received(pair: tuple[Transport, Transport]) -> None:
+    a, _ = pair
+    a.hold("k", [memoryview(b"abc"), bytearray(b"de")])
+    assert a.stats().bytes_received == 0 and a.stats().transfers_received == 0
+    got = a.recv("k")
+    assert got is not None and [bytes(x) for x in got] == [b"abc", b"de"]
+    assert a.recv("k") is None
+
+
+def test_held_data_forwards_to_another_endpoint(pair: tuple[Transport, Transport]) -> None:
+    a, b = pair
+    a.hold("k", [b"kv-blocks"])
+    buffers = a.recv("k")
+    assert buffers is not None
+    assert a.send(b.address, "k", buffers, 5.0).wait(5.0) is TransferState.DONE
+    landed = b.recv("k")
+    assert landed is not None and bytes(landed[0]) == b"kv-blocks"
+    assert b.stats().bytes_received == len(b"kv-blocks")
+
+
+def test_discard_before_hold_drops_the_parked_data(pair: tuple[Transport, Transport]) -> None:
+    a, _ = pair
+    a.discard("gone")
+    a.hold("gone", [b"x"])
+    assert a.recv("gone") is None
