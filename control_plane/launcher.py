@@ -80,18 +80,20 @@ def launch(config: ClusterConfig, model_path: str) -> Cluster:
     ns = config.namespace
     runtime_env = {"env_vars": engine_env(config.engine)}
     opts = {"num_cpus": 0, "namespace": ns, "lifetime": None, "max_concurrency": 1000}
+    # on a cluster with GPUs each engine gets its own (Ray sets CUDA_VISIBLE_DEVICES per worker actor)
+    engine_opts = dict(opts, num_gpus=1) if ray.cluster_resources().get("GPU", 0) > 0 else opts
 
     monitor = ray.remote(ClusterMonitor).options(name="cluster-monitor", **opts).remote(config.report_interval_ms)
     decode = {
         f"decode-{i}": ray.remote(DecodeWorker)
-        .options(name=f"decode-{i}", runtime_env=runtime_env, **opts)
+        .options(name=f"decode-{i}", runtime_env=runtime_env, **engine_opts)
         .remote(f"decode-{i}", config, model_path)
         for i in range(config.num_decode)
     }
     predictor = build_predictor(config.prefill, model_path)  # each worker gets its own (pickled) copy
     prefill = {
         f"prefill-{i}": ray.remote(PrefillWorker)
-        .options(name=f"prefill-{i}", runtime_env=runtime_env, **opts)
+        .options(name=f"prefill-{i}", runtime_env=runtime_env, **engine_opts)
         .remote(f"prefill-{i}", config, model_path, predictor)
         for i in range(config.num_prefill)
     }
