@@ -1,0 +1,87 @@
+"""What the served length predictor costs end to end: tetriserve with `--predictor baseline` vs `trained`.
+
+Same client, prompts, seed and Poisson rate as ``vllm_bench_serve.py``, one run after the other:
+
+    python benchmarks/predictor_cost_serve.py --num-prompts 100 --request-rate 2
+
+Writes ``benchmarks/results/predictor_cost_serve.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_bench_serve import METRICS, RESULTS, ROOT, WORK, run_bench, stop, wait_ready
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--num-prompts", type=int, default=100)
+    ap.add_argument("--request-rate", type=float, default=2.0)
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from common.sharegpt import write_valid_json
+    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    model = str(build_tiny_model(default_tiny_model_dir()))
+    dataset = WORK / "sharegpt.json"
+    if not dataset.exists():
+        write_valid_json(dataset)
+    env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
+    results: dict[str, dict[str, float]] = {}
+    for predictor in ("baseline", "trained"):
+        cmd = [
+            sys.executable,
+            "-m",
+            "control_plane.cli",
+            "serve",
+            "--http-port",
+            "8100",
+            "--grpc-port",
+            "50151",
+            "--served-model-name",
+            "tiny-llama",
+            "--kv-cache-gb",
+            "2",
+            "--predictor",
+            predictor,
+        ]
+        with open(WORK / f"server_predictor_{predictor}.log", "w") as log:
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                wait_ready("http://127.0.0.1:8100", proc)
+                results[predictor] = run_bench(f"predictor_{predictor}", 8100, args, model, dataset)
+            finally:
+                stop(proc)
+    b, t = results["baseline"], results["trained"]
+    lines = [
+        "# tetriserve end to end: baseline vs trained length predictor",
+        "",
+        f"Command: `python benchmarks/predictor_cost_serve.py --num-prompts {args.num_prompts} "
+        f"--request-rate {args.request_rate}`  ",
+        f"{os.cpu_count()} CPU cores; `tetriserve serve --predictor X`, otherwise defaults; vLLM's benchmark client "
+        "(ShareGPT, Poisson, seed 0).",
+        "",
+        "| metric | baseline predictor | trained predictor | trained / baseline |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for k in METRICS:
+        if k in b and k in t:
+            lines.append(
+                f"| {k} | {b[k]:.2f} | {t[k]:.2f} | {t[k] / b[k]:.2f} |" if b[k] else f"| {k} | 0 | {t[k]:.2f} | - |"
+            )
+    (RESULTS / "predictor_cost_serve.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
