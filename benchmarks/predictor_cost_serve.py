@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_bench_serve import METRICS, RESULTS, ROOT, WORK, run_bench, stop, wait_ready
+from vllm_bench_serve import METRICS, RESULTS, prepare, serve_and_bench, tetriserve_cmd
 
 
 def main() -> int:
@@ -24,43 +23,11 @@ def main() -> int:
     ap.add_argument("--num-prompts", type=int, default=100)
     ap.add_argument("--request-rate", type=float, default=2.0)
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
-    from common.sharegpt import write_valid_json
-    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
-
-    WORK.mkdir(parents=True, exist_ok=True)
-    model = str(build_tiny_model(default_tiny_model_dir()))
-    dataset = WORK / "sharegpt.json"
-    if not dataset.exists():
-        write_valid_json(dataset)
-    env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
+    model, dataset, env = prepare()
     results: dict[str, dict[str, float]] = {}
     for predictor in ("baseline", "trained"):
-        cmd = [
-            sys.executable,
-            "-m",
-            "control_plane.cli",
-            "serve",
-            "--http-port",
-            "8100",
-            "--grpc-port",
-            "50151",
-            "--served-model-name",
-            "tiny-llama",
-            "--kv-cache-gb",
-            "2",
-            "--predictor",
-            predictor,
-        ]
-        with open(WORK / f"server_predictor_{predictor}.log", "w") as log:
-            proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-            try:
-                wait_ready("http://127.0.0.1:8100", proc)
-                results[predictor] = run_bench(f"predictor_{predictor}", 8100, args, model, dataset)
-            finally:
-                stop(proc)
+        cmd = tetriserve_cmd("--predictor", predictor)
+        results[predictor] = serve_and_bench(f"predictor_{predictor}", cmd, 8100, env, args, model, dataset)
     b, t = results["baseline"], results["trained"]
     lines = [
         "# tetriserve end to end: baseline vs trained length predictor",

@@ -103,11 +103,40 @@ def run_bench(name: str, port: int, args: argparse.Namespace, model: str, datase
     return {k: float(result[k]) for k in METRICS if k in result}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--num-prompts", type=int, default=200)
-    ap.add_argument("--request-rate", type=float, default=2.0)
-    args = ap.parse_args()
+def tetriserve_cmd(*extra: str) -> list[str]:
+    """`tetriserve serve` on the benchmark ports, KV cache sized like the vLLM server's."""
+    return [
+        sys.executable,
+        "-m",
+        "control_plane.cli",
+        "serve",
+        "--http-port",
+        "8100",
+        "--grpc-port",
+        "50151",
+        "--served-model-name",
+        "tiny-llama",
+        "--kv-cache-gb",
+        "2",
+        *extra,
+    ]
+
+
+def serve_and_bench(
+    name: str, cmd: list[str], port: int, env: dict[str, str], args: argparse.Namespace, model: str, dataset: Path
+) -> dict[str, float]:
+    """Start a server, wait until it answers, run the benchmark client against it, stop it."""
+    with open(WORK / f"server_{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_ready(f"http://127.0.0.1:{port}", proc)
+            return run_bench(name, port, args, model, dataset)
+        finally:
+            stop(proc)
+
+
+def prepare() -> tuple[str, Path, dict[str, str]]:
+    """The tiny model, a valid ShareGPT JSON for the client, and the servers' environment."""
     sys.path.insert(0, str(ROOT))
     from common.sharegpt import write_valid_json
     from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
@@ -118,23 +147,18 @@ def main() -> int:
     dataset = WORK / "sharegpt.json"
     if not dataset.exists():
         write_valid_json(dataset)
-    env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
+    return model, dataset, dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--num-prompts", type=int, default=200)
+    ap.add_argument("--request-rate", type=float, default=2.0)
+    args = ap.parse_args()
+    model, dataset, env = prepare()
     systems = {
         "tetriserve": (
-            [
-                sys.executable,
-                "-m",
-                "control_plane.cli",
-                "serve",
-                "--http-port",
-                "8100",
-                "--grpc-port",
-                "50151",
-                "--served-model-name",
-                "tiny-llama",
-                "--kv-cache-gb",
-                "2",
-            ],
+            tetriserve_cmd(),
             8100,
             env,
         ),
@@ -161,15 +185,7 @@ def main() -> int:
     }
     results: dict[str, dict[str, float]] = {}
     for name, (cmd, port, senv) in systems.items():
-        with open(WORK / f"server_{name}.log", "w") as log:
-            proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=senv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-            try:
-                wait_ready(f"http://127.0.0.1:{port}", proc)
-                results[name] = run_bench(name, port, args, model, dataset)
-            finally:
-                stop(proc)
+        results[name] = serve_and_bench(name, cmd, port, senv, args, model, dataset)
     write_report(results, args)
     return 0 if all(r.get("failed", 1) == 0 for r in results.values()) else 1
 

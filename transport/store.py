@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from transport.api import TransportStats
 
 
 @dataclass
@@ -68,3 +71,30 @@ class ReceiveStore:
             self.expired += 1
         for key in [k for k, t in self._discarded.items() if now - t > self._ttl_s]:
             del self._discarded[key]
+
+
+class StoreBackedEndpoint:
+    """Receive side shared by two-sided backends: a ``ReceiveStore`` plus send counters (under ``_stats_lock``)."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self._store = ReceiveStore(ttl_s)
+        self._stats_lock = threading.Lock()
+        self._bytes_sent = 0
+        self._sent = 0
+        self._failed = 0
+
+    def recv(self, key: str) -> list[Any] | None:
+        return self._store.take(key)
+
+    def discard(self, key: str) -> bool:
+        return self._store.discard(key)
+
+    def hold(self, key: str, buffers: Sequence[Any]) -> None:
+        self._store.put(key, list(buffers), landed=False)
+
+    def stats(self) -> TransportStats:
+        s = self._store
+        with self._stats_lock:
+            return TransportStats(
+                self._bytes_sent, s.bytes_received, self._sent, s.transfers_received, self._failed, s.expired
+            )

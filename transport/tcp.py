@@ -24,8 +24,8 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from transport.api import Buffer, TransferHandle, TransferState, TransportStats
-from transport.store import ReceiveStore
+from transport.api import Buffer, TransferHandle, TransferState
+from transport.store import StoreBackedEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +55,9 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class TcpTransport:
+class TcpTransport(StoreBackedEndpoint):
     def __init__(self, listen: str = "127.0.0.1:0", ttl_s: float = 300.0, send_threads: int = 4) -> None:
-        self._store = ReceiveStore(ttl_s)
+        super().__init__(ttl_s)
         self._server = socket.create_server(parse_address(listen), reuse_port=False)
         host, port = self._server.getsockname()[:2]
         self._address = f"{host}:{port}"
@@ -68,10 +68,6 @@ class TcpTransport:
         self._pool: dict[str, queue.SimpleQueue[socket.socket]] = {}
         self._pool_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=send_threads, thread_name_prefix="kv-send")
-        self._stats_lock = threading.Lock()
-        self._bytes_sent = 0
-        self._sent = 0
-        self._failed = 0
         threading.Thread(target=self._accept_loop, name=f"kv-listen-{port}", daemon=True).start()
         logger.info("tcp transport listening on %s", self._address)
 
@@ -194,22 +190,6 @@ class TcpTransport:
             except (OSError, ConnectionError, ValueError, KeyError) as exc:
                 logger.warning("tcp transport: receive failed: %s", exc)
                 return
-
-    def recv(self, key: str) -> list[bytearray] | None:
-        return self._store.take(key)
-
-    def discard(self, key: str) -> bool:
-        return self._store.discard(key)
-
-    def hold(self, key: str, buffers: Sequence[Buffer]) -> None:
-        self._store.put(key, list(buffers), landed=False)
-
-    def stats(self) -> TransportStats:
-        s = self._store
-        with self._stats_lock:
-            return TransportStats(
-                self._bytes_sent, s.bytes_received, self._sent, s.transfers_received, self._failed, s.expired
-            )
 
     def close(self) -> None:
         self._closed.set()
