@@ -2,25 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from transport.api import TransferState, Transport
-from transport.inproc import InProcTransport
-from transport.tcp import TcpTransport
 
-
-@pytest.fixture(params=["tcp", "inproc"])
-def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Transport, Transport]]:
-    if request.param == "tcp":
-        a: Transport = TcpTransport()
-        b: Transport = TcpTransport()
-    else:
-        a, b = InProcTransport(f"hold-a-{id(request)}"), InProcTransport(f"hold-b-{id(request)}")
-    yield a, b
-    a.close()
-    b.close()
+# ``pair`` (sender, receiver of either backend, closed at teardown) comes from conftest.py
 
 
 def test_held_data_is_taken_once_and_not_counted_as_received(pair: tuple[Transport, Transport]) -> None:

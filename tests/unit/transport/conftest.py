@@ -1,0 +1,49 @@
+"""Fixtures shared by the transport tests: a closing factory of either backend, sender/receiver pairs."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.transport_support import unique
+from transport.api import Transport
+from transport.inproc import InProcTransport
+from transport.tcp import TcpTransport
+
+
+@pytest.fixture
+def make() -> Iterator[Callable[..., Any]]:
+    """Factory of transports of either backend; everything it made is closed at teardown."""
+    opened: list[Transport] = []
+
+    def _make(kind: str, **kwargs: Any) -> Any:
+        t: Transport = TcpTransport(**kwargs) if kind == "tcp" else InProcTransport(unique(), **kwargs)
+        opened.append(t)
+        return t
+
+    yield _make
+    for t in opened:
+        t.close()
+
+
+@pytest.fixture(params=["tcp", "inproc"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def pair(make: Callable[..., Any], kind: str) -> tuple[Any, Any]:
+    """(sender, receiver) of the parametrized backend."""
+    return make(kind), make(kind)
+
+
+@pytest.fixture
+def dead_port() -> Iterator[str]:
+    """An address nothing listens on: a bound, non-listening socket holds the port so no one else takes it."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    yield f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()
