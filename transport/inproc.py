@@ -40,13 +40,7 @@ class InProcTransport(StoreBackedEndpoint):
             error = f"receiver dropped {key} (discarded)"
         else:
             error = None
-        with self._stats_lock:
-            if error is None:
-                self._sent += 1
-                self._bytes_sent += handle.nbytes
-            else:
-                self._failed += 1
-        handle.complete(error)
+        self._finish(handle, error)
         return handle
 
     def close(self) -> None:

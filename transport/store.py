@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from transport.api import TransportStats
+from transport.api import TransferHandle, TransferState, TransportStats
 
 
 @dataclass
@@ -82,6 +82,18 @@ class StoreBackedEndpoint:
         self._bytes_sent = 0
         self._sent = 0
         self._failed = 0
+
+    def _finish(self, handle: TransferHandle, error: str | None) -> None:
+        """Complete a send exactly once and count its outcome."""
+        with self._stats_lock:
+            if handle.state is not TransferState.PENDING:
+                return
+            if error is None:
+                self._sent += 1
+                self._bytes_sent += handle.nbytes
+            else:
+                self._failed += 1
+            handle.complete(error)
 
     def recv(self, key: str) -> list[Any] | None:
         return self._store.take(key)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from transport.api import Buffer, TransferHandle, TransferState
+from transport.api import Buffer, TransferHandle
 from transport.store import StoreBackedEndpoint
 
 logger = logging.getLogger(__name__)
@@ -96,17 +96,6 @@ class TcpTransport(StoreBackedEndpoint):
         finally:
             with self._stats_lock:
                 self._pending.discard(handle)
-
-    def _finish(self, handle: TransferHandle, error: str | None) -> None:
-        with self._stats_lock:
-            if handle.state is not TransferState.PENDING:
-                return
-            if error is None:
-                self._sent += 1
-                self._bytes_sent += handle.nbytes
-            else:
-                self._failed += 1
-            handle.complete(error)
 
     def _send_attempts(
         self, dst: str, key: str, views: list[memoryview], deadline: float, handle: TransferHandle
