@@ -23,11 +23,6 @@ class PrefillLoad:
     queued_prompt_tokens: int
     at: float
 
-    @property
-    def score(self) -> float:
-        """What the global scheduler minimises when choosing a prefill worker."""
-        return float(self.queued_prompt_tokens + self.running + self.queued)
-
 
 @dataclass(frozen=True)
 class DecodeLoad:
@@ -42,11 +37,3 @@ class DecodeLoad:
     at: float
     accepting: bool = True
 
-    @property
-    def free_kv_tokens(self) -> int:
-        return self.free_kv_blocks * self.block_size
-
-    @property
-    def heavy_light_ratio(self) -> float:
-        """TetriInfer §3.3.4: spread heavy decodes evenly; lower is better."""
-        return self.heavy / (self.light + 1)

@@ -1,11 +1,12 @@
 """ClusterMonitor (TetriInfer §3.2): collects load reports and broadcasts decode loads.
 
 Every worker reports its load every ``report_interval_ms``. On the same period
-the monitor sends the latest decode loads (with decode endpoints and actor
-handles) to every prefill worker, whose dispatcher decides locally, and the
-latest prefill loads to the GlobalScheduler. A worker whose last report is
-older than ``stale_after`` periods is shown as ``stale`` and left out of the
-broadcast.
+the monitor sends the latest decode loads to every prefill worker, whose
+dispatcher decides locally, and the latest prefill loads to the
+GlobalScheduler. Decode endpoints and actor handles travel only when a prefill
+worker has not seen them yet. A worker's state is derived from its reports:
+``starting`` before the first, ``stale`` once the last is older than
+``stale_after`` periods (it is then left out of the broadcast), else ``serving``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class _Member:
     handle: Any
     address: str
     load: PrefillLoad | DecodeLoad | None = None
-    state: str = "starting"
+    known_decodes: frozenset[str] = frozenset()  # prefill members: decode workers whose directory it has
 
 
 class ClusterMonitor:
@@ -37,7 +38,6 @@ class ClusterMonitor:
         self.stale_s = self.interval * stale_after
         self.members: dict[str, _Member] = {}
         self.scheduler: Any = None
-        self.broadcasts = 0
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, scheduler: Any) -> None:
@@ -52,18 +52,15 @@ class ClusterMonitor:
         member = self.members.get(load.worker_id)
         if member is not None:
             member.load = load
-            member.state = "serving"
 
-    def _fresh(self, role: Role) -> list[_Member]:
+    def _state(self, m: _Member, now: float) -> str:
+        if m.load is None:
+            return "starting"
+        return "stale" if now - m.load.at > self.stale_s else "serving"
+
+    def _serving(self, role: Role) -> list[_Member]:
         now = time.time()
-        out = []
-        for m in self.members.values():
-            if m.role is role and m.load is not None:
-                if now - m.load.at > self.stale_s:
-                    m.state = "stale"
-                    continue
-                out.append(m)
-        return out
+        return [m for m in self.members.values() if m.role is role and self._state(m, now) == "serving"]
 
     async def _broadcast_loop(self) -> None:
         while True:
@@ -74,25 +71,27 @@ class ClusterMonitor:
             await asyncio.sleep(self.interval)
 
     def broadcast_once(self) -> None:
-        decode = self._fresh(Role.DECODE)
+        decode = self._serving(Role.DECODE)
         loads = [m.load for m in decode]
-        addresses = {m.worker_id: m.address for m in decode}
-        handles = {m.worker_id: m.handle for m in decode}
-        for m in self.members.values():
-            if m.role is Role.PREFILL:
-                m.handle.update_decode_view.remote(loads, addresses, handles)
+        ids = frozenset(m.worker_id for m in decode)
+        for p in self.members.values():
+            if p.role is not Role.PREFILL:
+                continue
+            new = [m for m in decode if m.worker_id not in p.known_decodes]
+            addresses = {m.worker_id: m.address for m in new}
+            handles = {m.worker_id: m.handle for m in new}
+            p.handle.update_decode_view.remote(loads, addresses, handles)
+            p.known_decodes = p.known_decodes | ids
         if self.scheduler is not None:
-            self.scheduler.update_prefill_loads.remote([m.load for m in self._fresh(Role.PREFILL)])
-        self.broadcasts += 1
+            self.scheduler.update_prefill_loads.remote([m.load for m in self._serving(Role.PREFILL)])
 
     def snapshot(self) -> list[dict[str, Any]]:
-        self._fresh(Role.PREFILL)
-        self._fresh(Role.DECODE)
+        now = time.time()
         return [
             {
                 "worker_id": m.worker_id,
                 "role": m.role.value,
-                "state": m.state,
+                "state": self._state(m, now),
                 "address": m.address,
                 "load": _load_dict(m.load),
             }

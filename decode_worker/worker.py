@@ -136,6 +136,3 @@ class DecodeWorker(EngineWorker):
     def discard(self, key: str) -> None:
         """Drop KV pushed for a request that will not decode here (finished at prefill, aborted)."""
         self.endpoint.discard(key)
-
-    def set_accepting(self, accepting: bool) -> None:
-        self.accepting = accepting

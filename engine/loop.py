@@ -57,18 +57,9 @@ class EngineLoop:
         self.collector.set_capacity(cache.num_gpu_blocks or 0, cache.block_size)
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._sinks: dict[str, _Sink] = {}
-        self._stop = threading.Event()
         self._stale = False
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
-
-    @property
-    def block_size(self) -> int:
-        return int(self.engine.vllm_config.cache_config.block_size)
-
-    @property
-    def total_blocks(self) -> int:
-        return int(self.engine.vllm_config.cache_config.num_gpu_blocks or 0)
 
     def stats(self) -> EngineStats:
         """vLLM's per-step counters, with KV usage read live from the engine's block pool."""
@@ -111,14 +102,9 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
-    def shutdown(self) -> None:
-        self._stop.set()
-        self._commands.put(("noop", None))
-        self._thread.join(timeout=5)
-
     # -- engine thread ---------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while True:  # daemon thread: lives as long as the worker process
             busy = self.engine.has_unfinished_requests()
             self._drain(block=not busy)
             if not self.engine.has_unfinished_requests():

@@ -1,0 +1,60 @@
+"""ClusterMonitor: derived worker states, decode directory sent once, stale workers left out (no Ray)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from common.load import DecodeLoad, PrefillLoad
+from control_plane.cluster_monitor import ClusterMonitor
+from tests.actor_fakes import FakeHandle
+
+
+class _Prefill:
+    def update_decode_view(self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, Any]) -> None:
+        return None
+
+
+class _Scheduler:
+    def update_prefill_loads(self, loads: list[PrefillLoad]) -> None:
+        return None
+
+
+def _decode_load(wid: str, at: float) -> DecodeLoad:
+    return DecodeLoad(wid, 10, 10, 32, 0, 0, 0, 0, at)
+
+
+def _monitor() -> tuple[ClusterMonitor, FakeHandle, FakeHandle]:
+    mon = ClusterMonitor(report_interval_ms=100, stale_after=10)
+    prefill, sched = FakeHandle(_Prefill()), FakeHandle(_Scheduler())
+    mon.scheduler = sched
+    mon.register("prefill-0", "prefill", prefill, "p:1")
+    mon.register("decode-0", "decode", object(), "d:0")
+    mon.register("decode-1", "decode", object(), "d:1")
+    return mon, prefill, sched
+
+
+def test_states_are_derived_from_report_age() -> None:
+    mon, _, _ = _monitor()
+    now = time.time()
+    mon.report(_decode_load("decode-0", now))
+    mon.report(_decode_load("decode-1", now - 5.0))  # older than 10 periods of 100 ms
+    states = {m["worker_id"]: m["state"] for m in mon.snapshot()}
+    assert states == {"decode-0": "serving", "decode-1": "stale", "prefill-0": "starting"}
+
+
+def test_directory_travels_once_loads_every_time_and_stale_workers_are_left_out() -> None:
+    mon, prefill, sched = _monitor()
+    now = time.time()
+    mon.report(_decode_load("decode-0", now))
+    mon.report(_decode_load("decode-1", now - 5.0))
+    mon.broadcast_once()
+    mon.broadcast_once()
+    first, second = prefill.called("update_decode_view")
+    assert [ld.worker_id for ld in first[0]] == ["decode-0"] and first[1] == {"decode-0": "d:0"}
+    assert [ld.worker_id for ld in second[0]] == ["decode-0"] and second[1] == {} and second[2] == {}
+    mon.report(_decode_load("decode-1", time.time()))  # decode-1 comes back: only it is new
+    mon.broadcast_once()
+    third = prefill.called("update_decode_view")[2]
+    assert sorted(ld.worker_id for ld in third[0]) == ["decode-0", "decode-1"] and third[1] == {"decode-1": "d:1"}
+    assert len(sched.called("update_prefill_loads")) == 3
