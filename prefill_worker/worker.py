@@ -20,6 +20,7 @@ import asyncio
 import logging
 import random
 import time
+import zlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -58,12 +59,11 @@ class PrefillWorker(EngineWorker):
         self.dispatcher = make_dispatch_policy(
             config.prefill.dispatch_policy, DispatchParams(config.prefill.heavy_threshold_tokens)
         )
-        self.rng = random.Random(hash(worker_id) & 0xFFFF)
+        self.rng = random.Random(zlib.crc32(worker_id.encode()))  # str hash() differs per process
         self.decode_loads: dict[str, DecodeLoad] = {}
         self.decode_addresses: dict[str, str] = {}
         self._aborted: dict[str, None] = {}  # insertion-ordered set: ids aborted after leaving the engine
         self._decode_handles: dict[str, Any] = {}
-        self.completed = 0
 
     # -- wiring --------------------------------------------------------------------
     def update_decode_view(self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, Any]) -> None:
@@ -90,18 +90,22 @@ class PrefillWorker(EngineWorker):
         decodes = req.sampling.max_tokens > 1
         # TetriInfer's parallel mode: the predictor runs in a thread while the engine prefills; the KV is
         # parked in this worker's endpoint, so the decode worker can be chosen once the estimate is known.
-        item = PredictInput(view.prompt_len, view.max_tokens, tuple(req.prompt_token_ids))
-        predicting = asyncio.ensure_future(asyncio.to_thread(self.predictor.predict, [item]))
+        predicting = None
+        if decodes:  # the estimate serves the dispatcher: a prefill-only request needs none
+            item = PredictInput(view.prompt_len, view.max_tokens, tuple(req.prompt_token_ids))
+            predicting = asyncio.ensure_future(asyncio.to_thread(self.predictor.predict, [item]))
         try:
             async with self.gate.turn(view):
                 first = await self._run_engine(req, park=decodes)
         except RequestAborted:
             yield StreamChunk(rid, (), "abort", None, view.prompt_len, self.worker_id)
             return
-        if first.finish_reason is not None or not decodes:
+        if first.finish_reason is not None or predicting is None:
+            # finished at prefill (the GlobalScheduler feeds the outcome back through ``observe``)
+            if predicting is not None:
+                predicting.cancel()
             self._aborted.pop(rid, None)
             self.endpoint.discard(rid)
-            self.predictor.observe(view.prompt_len, len(first.token_ids))
             yield replace(first, finish_reason=first.finish_reason or "length")
             return
         yield first  # TTFT does not wait for the prediction or the dispatch

@@ -1,19 +1,20 @@
-"""tetriserve's vLLM KV connector: push a request's prefilled KV to its decode engine (TetriInfer §3.3.4).
+"""tetriserve's vLLM KV connector: hand a request's prefilled KV to its decode engine (TetriInfer §3.3.4).
 
 Loaded by vLLM through ``kv_connector_module_path="transport.kv_connector"``,
 ``kv_connector="TetriKVConnector"``. Per-request instructions arrive in
 ``SamplingParams.extra_args["kv_transfer_params"]["tetriserve"]``:
 
-    prefill engine  {"mode": "send", "dst": "<decode endpoint>", "key": k}
-                    {"mode": "park", "key": k}   (KV held in this process's endpoint; the worker
-                                                  forwards it once its dispatcher has chosen)
+    prefill engine  {"mode": "park", "key": k}
     decode engine   {"mode": "recv", "key": k, "num_tokens": L}
 
 Lifecycle (request-level transfer, as in the paper)::
 
     PREFILL ENGINE                                   DECODE ENGINE
-    sched: step that finishes the prompt  ──meta──▶  worker.wait_for_save:
-           pack blocks of all layers, transport.send(dst, k)  ─────TCP─────▶  ReceiveStore[k]
+    sched: step that finishes the prompt ─meta─▶
+    worker.wait_for_save: pack blocks of all layers,
+           transport.hold(k) in this process's endpoint
+    PrefillWorker, once the dispatcher has chosen:
+           recv(k), send(dst, k)  ───────────TCP───────────▶  ReceiveStore[k]
                                                      sched: get_num_new_matched_tokens = (L, async)
                                                             request waits in WAITING_FOR_REMOTE_KVS
                                                      worker.start_load_kv polls recv(k) every step,
@@ -21,10 +22,11 @@ Lifecycle (request-level transfer, as in the paper)::
                                                      sched: request runs; only token L+1 is computed
 
 The copy out of the prefill engine's blocks is synchronous inside the step
-(so blocks free normally); the network send is asynchronous. A load that
-misses its deadline or fails validation reports its blocks as load errors,
-and vLLM's ``kv_load_failure_policy="fail"`` finishes the request with an
-error instead of recomputing the prompt.
+(so blocks free normally); parking lets the length predictor run in parallel
+with prefill and the dispatcher choose afterwards. A load that misses its
+deadline or fails validation reports its blocks as load errors, and vLLM's
+``kv_load_failure_policy="fail"`` finishes the request with an error instead
+of recomputing the prompt.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from transport import endpoints, kv_codec
-from transport.api import TransferHandle, TransferState
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -62,14 +63,12 @@ PARAMS_KEY = "tetriserve"
 class KVCounters:
     """Process-wide totals (one engine per worker process).
 
-    Sending side: what was packed out of the engine's blocks and handed to the transport, and sends
-    the connector saw fail (bytes on the wire are the transport's own ``stats()``). Receiving side:
-    what was copied into the engine's blocks.
+    Sending side: what was packed out of the engine's blocks and parked in the endpoint (bytes on
+    the wire are the transport's own ``stats()``). Receiving side: what was copied into the blocks.
     """
 
     bytes_packed: int = 0
     requests_packed: int = 0
-    send_failures: int = 0
     bytes_loaded: int = 0
     requests_loaded: int = 0
     tokens_loaded: int = 0
@@ -93,10 +92,9 @@ def _bump(**delta: int) -> None:
 
 
 @dataclass(frozen=True)
-class SendSpec:
+class SaveSpec:
     req_id: str
     key: str
-    dst: str | None  # None: park in the local endpoint
     block_ids: tuple[int, ...]
     num_tokens: int
 
@@ -111,7 +109,7 @@ class LoadSpec:
 
 @dataclass
 class TetriKVMetadata(KVConnectorMetadata):
-    sends: list[SendSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
     loads: list[LoadSpec] = field(default_factory=list)
     cancelled: list[tuple[str, str]] = field(default_factory=list)  # (req_id, key)
 
@@ -119,7 +117,6 @@ class TetriKVMetadata(KVConnectorMetadata):
 @dataclass
 class _Producer:
     key: str
-    dst: str | None
     prompt_len: int
     block_ids: list[int]
 
@@ -147,7 +144,6 @@ class TetriKVConnector(KVConnectorBase_V1):
         self._loading: dict[str, tuple[LoadSpec, float]] = {}
         self._finished_recving: set[str] = set()
         self._error_blocks: set[int] = set()
-        self._sending: list[TransferHandle] = []
         self._transport = None
         if role == KVConnectorRole.WORKER:
             self._transport = endpoints.get_or_create(
@@ -176,11 +172,8 @@ class TetriKVConnector(KVConnectorBase_V1):
 
     def on_new_request(self, request: Request) -> None:
         params = _params(request)
-        if params is not None and params.get("mode") in ("send", "park"):
-            dst = str(params["dst"]) if params["mode"] == "send" else None
-            self._producers[request.request_id] = _Producer(
-                str(params["key"]), dst, len(request.prompt_token_ids or ()), []
-            )
+        if params is not None and params.get("mode") == "park":
+            self._producers[request.request_id] = _Producer(str(params["key"]), len(request.prompt_token_ids or ()), [])
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = TetriKVMetadata(loads=self._pending_loads, cancelled=self._cancelled)
@@ -204,7 +197,7 @@ class TetriKVConnector(KVConnectorBase_V1):
         for req_id, computed in progress.items():
             prod = self._producers[req_id]
             if computed + scheduler_output.num_scheduled_tokens.get(req_id, 0) >= prod.prompt_len:
-                meta.sends.append(SendSpec(req_id, prod.key, prod.dst, tuple(prod.block_ids), prod.prompt_len))
+                meta.saves.append(SaveSpec(req_id, prod.key, tuple(prod.block_ids), prod.prompt_len))
                 del self._producers[req_id]
         return meta
 
@@ -272,24 +265,10 @@ class TetriKVConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, TetriKVMetadata)
         assert self._transport is not None
-        for spec in meta.sends:
+        for spec in meta.saves:
             packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)
-            if spec.dst is None:
-                self._transport.hold(spec.key, packed.buffers)
-            else:
-                self._sending.append(self._transport.send(spec.dst, spec.key, packed.buffers, self._deadline_s))
+            self._transport.hold(spec.key, packed.buffers)
             _bump(bytes_packed=packed.nbytes, requests_packed=1)
-        self._reap_sends()
-
-    def _reap_sends(self) -> None:
-        still: list[TransferHandle] = []
-        for handle in self._sending:
-            if handle.state == TransferState.PENDING:
-                still.append(handle)
-            elif handle.state == TransferState.FAILED:
-                logger.error("kv send %s failed: %s", handle.key, handle.error)
-                _bump(send_failures=1)
-        self._sending = still
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         done, self._finished_recving = self._finished_recving, set()

@@ -99,7 +99,7 @@ def test_disaggregated_equals_colocated(cluster: Any, model_path: str, prompts: 
     assert sent == landed > kv_d1.bytes_loaded - kv_d0.bytes_loaded  # landed includes the small per-request headers
     assert after_p["kv"].requests_packed - before_p["kv"].requests_packed == len(prompts)
     assert after_p["kv"].bytes_packed - before_p["kv"].bytes_packed == kv_d1.bytes_loaded - kv_d0.bytes_loaded
-    assert after_p["kv"].send_failures == before_p["kv"].send_failures
+    assert after_p["transport"].transfers_failed == before_p["transport"].transfers_failed
     # prefill engine: computed (or prefix-cached) every prompt token, generated exactly one token per request
     e_p0, e_p1 = before_p["engine"], after_p["engine"]
     assert (e_p1.prompt_tokens_computed + e_p1.prompt_tokens_cached) - (
