@@ -99,3 +99,7 @@ class LengthPredictor(Protocol):
     def observe(self, prompt_len: int, output_len: int) -> None:
         """Feed back a finished request's true output length (online predictors learn from it)."""
         ...
+
+    def warm_up(self) -> None:
+        """Load whatever the first ``predict`` would (called once when the prefill worker starts)."""
+        ...

@@ -36,4 +36,3 @@ class DecodeLoad:
     light: int
     at: float
     accepting: bool = True
-

@@ -67,6 +67,9 @@ class BucketQuantilePredictor:
             bucket.append(output_len)
             self._all.append(output_len)
 
+    def warm_up(self) -> None:
+        return None  # nothing to load
+
     def predict(self, batch: Sequence[PredictInput]) -> list[LengthEstimate]:
         with self._lock:
             return [self._one(item) for item in batch]

@@ -71,6 +71,9 @@ class OraclePredictor:
                 pairs.append((ids, int(rec["response_len"])))
         return cls.from_pairs(pairs, **kwargs)
 
+    def warm_up(self) -> None:
+        return None  # the workload is read when the predictor is built
+
     def predict(self, batch: Sequence[PredictInput]) -> list[LengthEstimate]:
         out: list[LengthEstimate] = []
         for item in batch:

@@ -124,13 +124,17 @@ class TrainedPredictor:
         logger.info("%s loaded in %.2fs (%s)", self.name, time.perf_counter() - t0, self.artifact_path)
         return {"art": art, "encoder": encoder, "tokenizer": tokenizer}
 
-    def _predict_now(self, items: list[PredictInput]) -> list[LengthEstimate]:
+    def warm_up(self) -> None:
+        """Load the models at worker start; a failure is logged once and the fallback answers from then on."""
         if self._load_error is None and self._loaded is None:
             try:
                 self.load()
             except Exception as exc:  # a missing encoder must not fail requests
                 self._load_error = exc
                 logger.exception("%s failed to load; the fallback %s answers", self.name, self.fallback.name)
+
+    def _predict_now(self, items: list[PredictInput]) -> list[LengthEstimate]:
+        self.warm_up()  # no-op once loaded (or once failed)
         if self._load_error is not None:
             return self.fallback.predict(items)
         try:

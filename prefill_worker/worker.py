@@ -66,6 +66,11 @@ class PrefillWorker(EngineWorker):
         self._decode_handles: dict[str, Any] = {}
 
     # -- wiring --------------------------------------------------------------------
+    async def start(self, monitor: Any) -> str:
+        """Load the length predictor before the first request needs it, then start load reports."""
+        await asyncio.to_thread(self.predictor.warm_up)
+        return await super().start(monitor)
+
     def update_decode_view(self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, Any]) -> None:
         """Called by the ClusterMonitor's broadcast (TetriInfer §3.2)."""
         self.decode_loads = {ld.worker_id: ld for ld in loads}
