@@ -45,10 +45,42 @@ class PrefillConfig(BaseModel):
     chunk_size: int = Field(
         512, ge=16, description="TetriInfer ChunkSize: tokens per prefill iteration (max_num_batched_tokens)."
     )
-    queue_policy: Literal["fcfs"] = Field("fcfs", description="Prefill queue policy.")
+    queue_policy: Literal["fcfs", "sjf", "ljf", "accelgen", "sola"] = Field(
+        "fcfs",
+        description=(
+            "Prefill queue order: fcfs | sjf | ljf (TetriInfer §3.3.1), accelgen (remaining time to the SLO, "
+            "AccelGen §4.3) or sola (predicted TTFT, SOLA §4.4.2; accelgen and sola need a cost profile)."
+        ),
+    )
     sched_batch: int = Field(
         16, ge=1, description="PrefillSchedBatch: requests moved from raw to scheduled queue at once."
     )
+    chunking: Literal["fixed", "none", "dynamic"] = Field(
+        "fixed",
+        description=(
+            "fixed: chunk_size tokens per iteration (TetriInfer §3.3.3); none: whole prompts; dynamic: "
+            "S_b = S_pf·SLO_min/T̄_pf with Exclusive Request Allocation (AccelGen §4.2; needs a cost profile)."
+        ),
+    )
+    chunk_selection: Literal["in-order", "multi-resource"] = Field(
+        "in-order", description="Dynamic chunking's selection: in queue order, or AccelGen Alg. 2 (compute + KV)."
+    )
+    max_batch_tokens: int | None = Field(
+        None,
+        ge=16,
+        description=(
+            "The prefill engine's ceiling on tokens per iteration (vLLM max_num_batched_tokens); policies set the "
+            "budget below it each iteration. Default: max(chunk_size, engine.max_model_len)."
+        ),
+    )
+    cost_profile: str | None = Field(
+        None,
+        description=(
+            "Cost profile JSON from `tetriserve profile`; default: $TETRISERVE_HOME/profiles/<model>--<hardware>.json "
+            "when it exists."
+        ),
+    )
+    cost_alpha: float = Field(0.2, gt=0, le=1, description="SOLA eq. 5 alpha: weight of the newest iteration in γ.")
     dispatch_policy: Literal["power-of-two", "random", "round-robin"] = Field(
         "power-of-two", description="How the dispatcher chooses a decode worker."
     )
@@ -79,7 +111,12 @@ class PrefillConfig(BaseModel):
     def _check_predictor(self) -> PrefillConfig:
         if self.predictor == "oracle" and not self.predictor_workload:
             raise ValueError("prefill.predictor_workload is required when prefill.predictor is 'oracle'")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < self.chunk_size:
+            raise ValueError("prefill.max_batch_tokens must be >= prefill.chunk_size")
         return self
+
+    def batch_ceiling(self, max_model_len: int) -> int:
+        return self.max_batch_tokens or max(self.chunk_size, max_model_len)
 
 
 class DecodeConfig(BaseModel):

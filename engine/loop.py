@@ -67,6 +67,10 @@ class EngineLoop:
         usage = self.block_pool_usage()
         return snap if usage is None else replace(snap, kv_usage=usage)
 
+    def scheduler(self) -> Any:
+        """The engine's vLLM scheduler (an in-process engine's; our ``scheduler_cls`` when one was given)."""
+        return self.engine.engine_core.engine_core.scheduler
+
     def block_pool_usage(self) -> float | None:
         """Share of KV blocks held by requests, from vLLM's block pool (in-process engines); None if unreachable."""
         try:

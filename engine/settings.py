@@ -56,8 +56,10 @@ def build_engine_args(
     endpoint: str = "default",
     transport: str = "tcp",
     kv_deadline_s: float = 30.0,
+    scheduler_cls: str | None = None,
 ) -> EngineArgs:
-    """EngineArgs for one engine. Prefill engines chunk prompts at ``chunk_size`` tokens per step."""
+    """EngineArgs for one engine. A prefill engine computes at most ``chunk_size`` tokens per step (its
+    ``scheduler_cls`` may set a smaller budget each step)."""
     from vllm import EngineArgs
     from vllm.config import KVTransferConfig
 
@@ -71,6 +73,8 @@ def build_engine_args(
             kv_connector_extra_config={"endpoint": endpoint, "backend": transport, "deadline_s": kv_deadline_s},
         )
     extra: dict[str, Any] = {}
+    if scheduler_cls is not None:
+        extra["scheduler_cls"] = scheduler_cls
     if on_cpu():
         extra["kv_cache_memory_bytes"] = int(cfg.kv_cache_gb * (1 << 30))
     else:

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from prefill_worker.queue import make_queue_policy
+from prefill_worker.queue import QueuePolicy
 from prefill_worker.views import ReqView
 
 
@@ -24,14 +24,14 @@ class RequestAborted(Exception):
 
 
 class SchedBatchGate:
-    def __init__(self, policy: str, sched_batch: int) -> None:
-        if sched_batch < 1:
-            raise ValueError(f"prefill.sched_batch must be >= 1, got {sched_batch}")
-        self.policy = make_queue_policy(policy)
-        self.sched_batch = sched_batch
-        self._raw: dict[str, tuple[ReqView, asyncio.Future[None]]] = {}
+    def __init__(self, policy: QueuePolicy, sched_batch: int) -> None:
+        self._raw: dict[str, tuple[ReqView, asyncio.Future[int]]] = {}
         self._batch: deque[str] = deque()
+        self._batch_seq = 0
         self._in_engine = 0
+        self.policy = policy
+        self.sched_batch = 1
+        self.set_policy(policy, sched_batch)
 
     @property
     def queued(self) -> int:
@@ -42,13 +42,15 @@ class SchedBatchGate:
         return sum(v.prompt_len for v, _ in self._raw.values())
 
     @asynccontextmanager
-    async def turn(self, view: ReqView) -> AsyncIterator[None]:
-        """Wait for this request's turn in the engine; hold it for the body of the ``async with``."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async def turn(self, view: ReqView) -> AsyncIterator[int]:
+        """Wait for this request's turn in the engine; hold it for the body of the ``async with``.
+
+        Yields the sequence number of the batch that moved it to the scheduled queue (1, 2, ...)."""
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._raw[view.request_id] = (view, fut)
         self._pump()
         try:
-            await fut
+            seq = await fut
         except BaseException:
             self._forget(view.request_id)
             if fut.done() and not fut.cancelled() and fut.exception() is None:
@@ -56,10 +58,18 @@ class SchedBatchGate:
                 self._pump()
             raise
         try:
-            yield
+            yield seq
         finally:
             self._in_engine -= 1
             self._pump()
+
+    def set_policy(self, policy: QueuePolicy, sched_batch: int) -> None:
+        """Switch order and batch size; the batch already formed is released as it was ordered."""
+        if sched_batch < 1:
+            raise ValueError(f"prefill.sched_batch must be >= 1, got {sched_batch}")
+        self.policy = policy
+        self.sched_batch = sched_batch
+        self._pump()
 
     def cancel(self, request_id: str) -> bool:
         """Drop a request that has not entered the engine yet."""
@@ -84,9 +94,10 @@ class SchedBatchGate:
                     return
                 ordered = self.policy.order(waiting, time.time())[: self.sched_batch]
                 self._batch.extend(v.request_id for v in ordered)
+                self._batch_seq += 1
             request_id = self._batch.popleft()
             entry = self._raw.pop(request_id, None)
             if entry is None or entry[1].done():
                 continue
             self._in_engine += 1
-            entry[1].set_result(None)
+            entry[1].set_result(self._batch_seq)

@@ -1,11 +1,19 @@
-"""Frozen views that prefill-side policies decide from (DESIGN.md §4)."""
+"""Frozen views that prefill-side policies decide from (DESIGN.md §4).
+
+``ReqView`` is one request as a policy sees it; ``PrefillState`` is one
+scheduling iteration's input to a chunking policy; ``Chunk`` is its output:
+``tokens`` prompt tokens of ``request_id`` starting at position ``start``.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from common.length import LengthEstimate
+
+EXTRA_KEY = "tetriserve"  # SamplingParams.extra_args key: arrival, priority, ttft_slo_s, jct_slo_s, batch_seq
 
 
 @dataclass(frozen=True)
@@ -16,6 +24,23 @@ class ReqView:
     arrival_time: float
     estimate: LengthEstimate | None = None
     priority: int = 0
+    computed_tokens: int = 0  # l_has: prompt tokens already prefilled (a chunked prompt in progress)
+    ttft_slo_s: float | None = None
+    jct_slo_s: float | None = None
+    queued_since: float | None = None  # when it (re-)entered the queue: arrival, or the end of its last chunk
+    batch_seq: int = 0  # which PrefillSchedBatch moved it to the scheduled queue (0 while in the raw queue)
+
+    @property
+    def remaining_tokens(self) -> int:
+        return max(0, self.prompt_len - self.computed_tokens)
+
+    @property
+    def in_progress(self) -> bool:
+        return 0 < self.computed_tokens < self.prompt_len
+
+    def expected_output(self) -> int:
+        """Predicted output tokens (the estimate when there is one, else ``max_tokens``)."""
+        return min(self.estimate.estimate, self.max_tokens) if self.estimate is not None else self.max_tokens
 
     def kv_tokens_upper(self) -> int:
         """Tokens of KV this request may hold on its decode worker (prompt + predicted upper output)."""
@@ -28,3 +53,27 @@ class ReqView:
     def is_heavy(self, threshold_tokens: int) -> bool:
         est = self.estimate.estimate if self.estimate is not None else self.max_tokens
         return est >= threshold_tokens
+
+
+@dataclass(frozen=True)
+class Chunk:
+    request_id: str
+    start: int  # first prompt position computed in this iteration (= l_has)
+    tokens: int  # l_in
+
+    @property
+    def end(self) -> int:
+        return self.start + self.tokens
+
+
+@dataclass(frozen=True)
+class PrefillState:
+    """One iteration's input to a chunking policy."""
+
+    now: float
+    ordered: tuple[ReqView, ...]  # the queue policy's order; requests already in progress included
+    max_budget: int  # the engine's ceiling on tokens per iteration
+    block_size: int = 32
+    free_kv_blocks: int | None = None  # None: the engine did not say (no KV-aware selection)
+    remaining_time: Mapping[str, float] = field(default_factory=dict)  # AccelGen T_r, when the queue policy has it
+    urgent_s: float = 0.0  # a request with T_r at or below this must run in this iteration (AccelGen T_max)

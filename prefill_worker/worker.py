@@ -34,27 +34,36 @@ from engine.settings import EngineRole, build_engine_args
 from engine.worker_base import EngineWorker
 from prefill_worker.admission import RequestAborted, SchedBatchGate
 from prefill_worker.dispatch import DispatchParams, make_dispatch_policy
-from prefill_worker.views import ReqView
+from prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
+from prefill_worker.views import EXTRA_KEY, ReqView
+
+SCHEDULER_CLS = "prefill_worker.vllm_scheduler.TetriPrefillScheduler"
 
 logger = logging.getLogger(__name__)
 
 
 class PrefillWorker(EngineWorker):
     def __init__(self, worker_id: str, config: ClusterConfig, model_path: str, predictor: LengthPredictor) -> None:
+        from engine.hardware import detect_hardware
         from engine.loop import EngineLoop
 
         super().__init__(worker_id, config)
+        self.cost = load_cost(config.prefill, model_path, detect_hardware())
+        self.policy = build_prefill_policy(spec_from_config(config.prefill), self.cost)
+        self.ceiling = config.prefill.batch_ceiling(config.engine.max_model_len)
         args = build_engine_args(
             config.engine,
             model_path,
             EngineRole.PREFILL,
-            chunk_size=config.prefill.chunk_size,
+            chunk_size=self.ceiling,
             endpoint=worker_id,
             transport=config.transport,
             kv_deadline_s=config.kv_transfer_timeout_s,
+            scheduler_cls=SCHEDULER_CLS,
         )
         self.engine = EngineLoop(args, worker_id)
-        self.gate = SchedBatchGate(config.prefill.queue_policy, config.prefill.sched_batch)
+        self.engine.scheduler().configure(self.policy)
+        self.gate = SchedBatchGate(self.policy.queue, self.policy.spec.sched_batch)
         self.predictor = predictor
         self.dispatcher = make_dispatch_policy(
             config.prefill.dispatch_policy, DispatchParams(config.prefill.heavy_threshold_tokens)
@@ -86,12 +95,35 @@ class PrefillWorker(EngineWorker):
         )
 
     def policies(self) -> dict[str, str]:
-        return {"queue": self.config.prefill.queue_policy, "dispatch": self.dispatcher.name}
+        return {**self.policy.spec.describe(), "dispatch": self.dispatcher.name}
+
+    def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
+        """Admin RPC: switch queue policy, chunking, chunk size or PrefillSchedBatch at run time."""
+        spec = self.policy.spec.updated(changes)
+        if spec.chunk_size > self.ceiling:
+            raise ValueError(f"prefill.chunk_size {spec.chunk_size} exceeds this engine's ceiling {self.ceiling}")
+        policy = build_prefill_policy(spec, self.cost)
+        self.engine.scheduler().configure(policy)
+        self.gate.set_policy(policy.queue, spec.sched_batch)
+        self.policy = policy
+        logger.info("prefill %s: policy now %s", self.worker_id, self.policies())
+        return self.policies()
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "scheduler": self.engine.scheduler().log.stats()}
 
     # -- the request path -------------------------------------------------------------
     async def prefill(self, req: Request) -> AsyncIterator[StreamChunk | Handoff]:
         rid = req.request_id
-        view = ReqView(rid, len(req.prompt_token_ids), req.sampling.max_tokens, req.arrival_time, priority=req.priority)
+        view = ReqView(
+            rid,
+            len(req.prompt_token_ids),
+            req.sampling.max_tokens,
+            req.arrival_time,
+            priority=req.priority,
+            ttft_slo_s=req.slo.ttft_ms / 1000 if req.slo.ttft_ms else None,
+            jct_slo_s=req.slo.jct_ms / 1000 if req.slo.jct_ms else None,
+        )
         decodes = req.sampling.max_tokens > 1
         # TetriInfer's parallel mode: the predictor runs in a thread while the engine prefills; the KV is
         # parked in this worker's endpoint, so the decode worker can be chosen once the estimate is known.
@@ -100,8 +132,8 @@ class PrefillWorker(EngineWorker):
             item = PredictInput(view.prompt_len, view.max_tokens, tuple(req.prompt_token_ids))
             predicting = asyncio.ensure_future(asyncio.to_thread(self.predictor.predict, [item]))
         try:
-            async with self.gate.turn(view):
-                first = await self._run_engine(req, park=decodes)
+            async with self.gate.turn(view) as batch_seq:
+                first = await self._run_engine(req, replace(view, batch_seq=batch_seq), park=decodes)
         except RequestAborted:
             yield StreamChunk(rid, (), "abort", None, view.prompt_len, self.worker_id)
             return
@@ -173,11 +205,13 @@ class PrefillWorker(EngineWorker):
             light=ld.light + (not heavy),
         )
 
-    async def _run_engine(self, req: Request, park: bool) -> StreamChunk:
+    async def _run_engine(self, req: Request, view: ReqView, park: bool) -> StreamChunk:
         from engine.sampling import to_vllm
 
         kv = {"mode": "park", "key": req.request_id} if park else None
-        params = to_vllm(req.sampling, max_tokens=1, kv_params=kv)
+        meta = {"arrival": view.arrival_time, "priority": view.priority, "batch_seq": view.batch_seq}
+        meta.update({k: v for k, v in (("ttft_slo_s", view.ttft_slo_s), ("jct_slo_s", view.jct_slo_s)) if v})
+        params = to_vllm(req.sampling, max_tokens=1, kv_params=kv, extra={EXTRA_KEY: meta})
         tokens: list[int] = []
         reason = error = None
         async for delta in self.engine.generate(req.request_id, req.prompt_token_ids, params):

@@ -1,18 +1,38 @@
-"""Prefill queue policies (TetriInfer §3.3.1): order the raw queue, move PrefillSchedBatch at a time."""
+"""Prefill queue policies: order the queue; the gate moves PrefillSchedBatch at a time (TetriInfer §3.3.1).
+
+fcfs      arrival order                                      TetriInfer §3.3.1
+sjf/ljf   shortest / longest prompt first                    TetriInfer §3.3.1
+accelgen  ascending remaining time to the SLO, urgent first  AccelGen §4.3
+sola      descending predicted TTFT                          SOLA §4.4.2
+"""
 
 from __future__ import annotations
 
+from common.cost_estimator import CostEstimator
+from prefill_worker.queue.accelgen import AccelGenRemainingTime
 from prefill_worker.queue.base import QueuePolicy
 from prefill_worker.queue.fcfs import FCFS
+from prefill_worker.queue.length_order import LJF, SJF
+from prefill_worker.queue.sola import SolaTTFT
 
-QUEUE_POLICIES: dict[str, type[QueuePolicy]] = {FCFS.name: FCFS}
-
-
-def make_queue_policy(name: str) -> QueuePolicy:
-    try:
-        return QUEUE_POLICIES[name]()
-    except KeyError:
-        raise ValueError(f"prefill.queue_policy: unknown policy {name!r}; known: {sorted(QUEUE_POLICIES)}") from None
+QUEUE_POLICY_NAMES = ("fcfs", "sjf", "ljf", "accelgen", "sola")
 
 
-__all__ = ["QUEUE_POLICIES", "QueuePolicy", "make_queue_policy"]
+def make_queue_policy(name: str, cost: CostEstimator | None = None, chunk_tokens: int | None = None) -> QueuePolicy:
+    """Build a queue policy by name; ``cost`` is required by the cost-aware ones (accelgen, sola)."""
+    if name == FCFS.name:
+        return FCFS()
+    if name == SJF.name:
+        return SJF()
+    if name == LJF.name:
+        return LJF()
+    if name in (AccelGenRemainingTime.name, SolaTTFT.name):
+        if cost is None:
+            raise ValueError(f"prefill.queue_policy {name!r} needs a cost model (prefill.cost_profile)")
+        if name == SolaTTFT.name:
+            return SolaTTFT(cost)
+        return AccelGenRemainingTime(cost, chunk_tokens)
+    raise ValueError(f"prefill.queue_policy: unknown policy {name!r}; known: {list(QUEUE_POLICY_NAMES)}")
+
+
+__all__ = ["QUEUE_POLICY_NAMES", "QueuePolicy", "make_queue_policy"]

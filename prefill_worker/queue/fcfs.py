@@ -1,4 +1,4 @@
-"""FCFS (TetriInfer §3.3.1): keep arrival order; ties broken by request id for determinism."""
+"""FCFS (TetriInfer §3.3.1): scheduled batches in order, arrival order within; ties broken by request id."""
 
 from __future__ import annotations
 
@@ -12,4 +12,4 @@ class FCFS:
     name: ClassVar[str] = "fcfs"
 
     def order(self, waiting: Sequence[ReqView], now: float) -> list[ReqView]:
-        return sorted(waiting, key=lambda r: (r.arrival_time, r.request_id))
+        return sorted(waiting, key=lambda r: (r.batch_seq, r.arrival_time, r.request_id))

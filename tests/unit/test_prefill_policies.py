@@ -16,8 +16,6 @@ from prefill_worker.dispatch import DISPATCH_POLICIES, make_dispatch_policy
 from prefill_worker.dispatch.base import DispatchParams
 from prefill_worker.dispatch.power_of_two import PowerOfTwo
 from prefill_worker.dispatch.simple import RandomChoice, RoundRobin
-from prefill_worker.queue import make_queue_policy
-from prefill_worker.queue.fcfs import FCFS
 from prefill_worker.views import ReqView
 
 BS = 16
@@ -81,23 +79,6 @@ def test_is_heavy_with_and_without_estimate() -> None:
     assert not view(max_tokens=100).is_heavy(128)
     assert not view(max_tokens=1000, estimate=est(0, 127, 500)).is_heavy(128)
     assert view(max_tokens=1000, estimate=est(0, 128, 500)).is_heavy(128)
-
-
-# -- queue policies ----------------------------------------------------------------------------------------------
-
-
-def test_fcfs_orders_by_arrival_then_id() -> None:
-    waiting = [view("c", arrival=3.0), view("b", arrival=1.0), view("z", arrival=2.0), view("a", arrival=1.0)]
-    ordered = FCFS().order(waiting, now=10.0)
-    assert [v.request_id for v in ordered] == ["a", "b", "z", "c"]
-    assert [v.request_id for v in waiting] == ["c", "b", "z", "a"]  # input untouched
-    assert FCFS().order([], now=0.0) == []
-
-
-def test_queue_policy_registry() -> None:
-    assert isinstance(make_queue_policy("fcfs"), FCFS)
-    with pytest.raises(ValueError, match=r"prefill\.queue_policy: unknown policy 'sjf'; known: \['fcfs'\]"):
-        make_queue_policy("sjf")
 
 
 # -- dispatch: power of two ---------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ from contextlib import suppress
 import pytest
 
 from prefill_worker.admission import RequestAborted, SchedBatchGate
+from prefill_worker.queue import make_queue_policy
+from prefill_worker.queue.fcfs import FCFS
 from prefill_worker.views import ReqView
 
 
@@ -71,14 +73,14 @@ def run_async(coro: Callable[[], Awaitable[None]]) -> None:
 
 def test_gate_rejects_bad_sched_batch() -> None:
     with pytest.raises(ValueError, match="sched_batch"):
-        SchedBatchGate("fcfs", 0)
+        SchedBatchGate(FCFS(), 0)
     with pytest.raises(ValueError, match="unknown policy"):
-        SchedBatchGate("lifo", 2)
+        make_queue_policy("lifo")
 
 
 def test_gate_admits_at_most_sched_batch_at_once() -> None:
     async def scenario() -> None:
-        h = Harness(SchedBatchGate("fcfs", 2))
+        h = Harness(SchedBatchGate(FCFS(), 2))
         for i in range(5):
             h.start(f"r{i}", arrival=float(i), prompt_len=10 + i)
         await until(lambda: len(h.inside) == 2, "two requests inside")
@@ -101,7 +103,7 @@ def test_gate_next_batch_waits_until_the_current_one_is_released() -> None:
     """A late arrival that sorts first cannot overtake members of an already formed batch (starvation bound)."""
 
     async def scenario() -> None:
-        h = Harness(SchedBatchGate("fcfs", 2))
+        h = Harness(SchedBatchGate(FCFS(), 2))
         for rid, arrival in [("r1", 1.0), ("r2", 2.0), ("r3", 3.0), ("r4", 4.0), ("r5", 5.0)]:
             h.start(rid, arrival)
             await h.settle()
@@ -129,7 +131,7 @@ def test_gate_next_batch_waits_until_the_current_one_is_released() -> None:
 
 def test_gate_batch_is_ordered_by_the_policy() -> None:
     async def scenario() -> None:
-        h = Harness(SchedBatchGate("fcfs", 1))
+        h = Harness(SchedBatchGate(FCFS(), 1))
         h.start("first", arrival=0.0)
         await until(lambda: "first" in h.inside, "first inside")
         for rid, arrival in [("c", 3.0), ("a", 1.0), ("b", 2.0)]:  # queued out of arrival order
@@ -145,7 +147,7 @@ def test_gate_batch_is_ordered_by_the_policy() -> None:
 
 def test_gate_cancel_waiting_request() -> None:
     async def scenario() -> None:
-        h = Harness(SchedBatchGate("fcfs", 2))
+        h = Harness(SchedBatchGate(FCFS(), 2))
         for i in range(4):
             h.start(f"r{i}", arrival=float(i), prompt_len=100 + i)
         await h.settle()
@@ -179,7 +181,7 @@ def test_gate_cancel_waiting_request() -> None:
 
 def test_gate_cancel_member_of_a_formed_batch() -> None:
     async def scenario() -> None:
-        h = Harness(SchedBatchGate("fcfs", 2))
+        h = Harness(SchedBatchGate(FCFS(), 2))
         for i in range(5):
             h.start(f"r{i}", arrival=float(i))
         await h.settle()
@@ -199,7 +201,7 @@ def test_gate_cancel_member_of_a_formed_batch() -> None:
 
 def test_gate_task_cancelled_while_waiting_frees_nothing_it_did_not_hold() -> None:
     async def scenario() -> None:
-        h = Harness(SchedBatchGate("fcfs", 1))
+        h = Harness(SchedBatchGate(FCFS(), 1))
         h.start("r0", arrival=0.0)
         h.start("r1", arrival=1.0)
         h.start("r2", arrival=2.0)
@@ -219,7 +221,7 @@ def test_gate_task_cancelled_while_waiting_frees_nothing_it_did_not_hold() -> No
 
 def test_gate_task_cancelled_right_after_admission_does_not_leak_its_slot() -> None:
     async def scenario() -> None:
-        gate = SchedBatchGate("fcfs", 1)
+        gate = SchedBatchGate(FCFS(), 1)
         release = asyncio.Event()
         tasks: dict[str, asyncio.Task[None]] = {}
 

@@ -1,0 +1,110 @@
+"""A model's cost profile on one kind of hardware: what ``tetriserve profile`` writes and the policies read.
+
+    forward-size sweep ─▶ throughput(S) = S / t(S)
+    pivot S_pf = the smallest S whose throughput reaches ``saturation`` × the best  (AccelGen §4.2 S_pf,
+    T̄_pf = t(S_pf)                                                                TetriInfer §3.3.3 ChunkSize)
+    + the fitted SOLA cost models (common.cost_model) and their fit errors
+
+Profiles live in ``$TETRISERVE_HOME/profiles/<model>--<hardware>.json`` unless a path is given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.cost_model import DecodeCost, PrefillCost
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    forward_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.forward_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def find_pivot(points: Sequence[SweepPoint], saturation: float = 0.9) -> SweepPoint:
+    """The smallest forward size whose throughput is at least ``saturation`` of the sweep's best."""
+    if not points:
+        raise ValueError("find_pivot: empty sweep")
+    if not 0.0 < saturation <= 1.0:
+        raise ValueError(f"saturation must be in (0, 1], got {saturation}")
+    best = max(p.tokens_per_s for p in points)
+    return min((p for p in points if p.tokens_per_s >= saturation * best), key=lambda p: p.forward_tokens)
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    model: str
+    hardware: str
+    prefill: PrefillCost
+    decode: DecodeCost
+    pivot_tokens: int  # S_pf = the ChunkSize at which throughput saturates
+    pivot_seconds: float  # T̄_pf = one iteration's time at S_pf
+    prefill_fit_error: float = float("nan")  # mean |pred − meas| / meas on held-out iterations
+    decode_fit_error: float = float("nan")
+    sweep: tuple[SweepPoint, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["sweep"] = [asdict(p) for p in self.sweep]
+        for key in ("prefill_fit_error", "decode_fit_error"):  # strict JSON has no NaN: an unknown error is null
+            if math.isnan(data[key]):
+                data[key] = None
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CostProfile:
+        try:
+            return cls(
+                model=str(data["model"]),
+                hardware=str(data["hardware"]),
+                prefill=PrefillCost(**data["prefill"]),
+                decode=DecodeCost(**data["decode"]),
+                pivot_tokens=int(data["pivot_tokens"]),
+                pivot_seconds=float(data["pivot_seconds"]),
+                prefill_fit_error=_float_or_nan(data.get("prefill_fit_error")),
+                decode_fit_error=_float_or_nan(data.get("decode_fit_error")),
+                sweep=tuple(SweepPoint(**p) for p in data.get("sweep", ())),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"cost profile: missing or malformed field ({exc})") from exc
+
+    def save(self, path: str | Path) -> Path:
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostProfile:
+        p = Path(path)
+        if not p.exists():
+            raise ValueError(f"cost profile {p} does not exist: run `tetriserve profile` to write it")
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"cost profile {p} is not valid JSON ({exc})") from exc
+        return cls.from_json(data)
+
+
+def _float_or_nan(value: Any) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "unknown"
+
+
+def default_profile_path(model: str, hardware: str) -> Path:
+    home = Path(os.environ.get("TETRISERVE_HOME") or "~/.cache/tetriserve").expanduser()
+    return home / "profiles" / f"{_slug(Path(model).name)}--{_slug(hardware)}.json"

@@ -1,0 +1,34 @@
+"""Prefill chunking policies: how many tokens an iteration computes and which chunks fill it.
+
+fixed    ChunkSize tokens, slice-and-merge in queue order      TetriInfer §3.3.3
+none     whole prompts (the unchunked baseline)                 TetriInfer Fig. 16
+dynamic  S_b = S_pf·SLO_min/T̄_pf with ERA; optionally           AccelGen §4.2, §4.4
+         multi-resource selection (Alg. 1/2)
+"""
+
+from __future__ import annotations
+
+from common.cost_estimator import CostEstimator
+from prefill_worker.chunking.base import ChunkingPolicy, fill_in_order
+from prefill_worker.chunking.dynamic import DynamicChunking, Selection
+from prefill_worker.chunking.fixed import FixedChunking
+from prefill_worker.chunking.unchunked import Unchunked
+
+CHUNKING_NAMES = ("fixed", "none", "dynamic")
+
+
+def make_chunking_policy(
+    name: str, chunk_size: int, cost: CostEstimator | None = None, selection: Selection = "in-order"
+) -> ChunkingPolicy:
+    if name == FixedChunking.name:
+        return FixedChunking(chunk_size)
+    if name == Unchunked.name:
+        return Unchunked()
+    if name == DynamicChunking.name:
+        if cost is None:
+            raise ValueError("prefill.chunking 'dynamic' needs a cost model (prefill.cost_profile)")
+        return DynamicChunking(cost, select=selection)
+    raise ValueError(f"prefill.chunking: unknown policy {name!r}; known: {list(CHUNKING_NAMES)}")
+
+
+__all__ = ["CHUNKING_NAMES", "ChunkingPolicy", "fill_in_order", "make_chunking_policy"]

@@ -1,0 +1,76 @@
+"""A prefill worker's scheduling policy: queue order + chunking, built by name from the config.
+
+``PrefillPolicySpec`` is what the cluster config, the CLI and the admin RPC
+carry; ``build_prefill_policy`` turns it into the pure policy objects the
+gate (raw → scheduled queue) and the vLLM scheduler subclass consult.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from common.config import PrefillConfig
+from common.cost_estimator import CostEstimator
+from common.cost_profile import CostProfile, default_profile_path
+from prefill_worker.chunking import ChunkingPolicy, make_chunking_policy
+from prefill_worker.chunking.dynamic import Selection
+from prefill_worker.queue import QueuePolicy, make_queue_policy
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PrefillPolicySpec:
+    queue: str = "fcfs"
+    chunking: str = "fixed"
+    chunk_size: int = 512
+    selection: Selection = "in-order"
+    sched_batch: int = 16
+
+    def updated(self, changes: dict[str, Any]) -> PrefillPolicySpec:
+        unknown = set(changes) - set(self.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"prefill policy: unknown field(s) {sorted(unknown)}")
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def describe(self) -> dict[str, str]:
+        out = {"queue": self.queue, "chunking": self.chunking, "sched_batch": str(self.sched_batch)}
+        if self.chunking == "fixed":
+            out["chunk_size"] = str(self.chunk_size)
+        if self.chunking == "dynamic":
+            out["selection"] = self.selection
+        return out
+
+
+@dataclass(frozen=True)
+class PrefillPolicy:
+    spec: PrefillPolicySpec
+    queue: QueuePolicy
+    chunking: ChunkingPolicy
+    cost: CostEstimator | None = None
+
+
+def build_prefill_policy(spec: PrefillPolicySpec, cost: CostEstimator | None) -> PrefillPolicy:
+    """Raises ValueError naming the field when a name is unknown or a needed cost model is missing."""
+    if spec.sched_batch < 1:
+        raise ValueError(f"prefill.sched_batch must be >= 1, got {spec.sched_batch}")
+    chunk_tokens = cost.pivot_tokens if cost is not None and spec.chunking == "dynamic" else spec.chunk_size
+    queue = make_queue_policy(spec.queue, cost, chunk_tokens)
+    chunking = make_chunking_policy(spec.chunking, spec.chunk_size, cost, spec.selection)
+    return PrefillPolicy(spec, queue, chunking, cost)
+
+
+def spec_from_config(cfg: PrefillConfig) -> PrefillPolicySpec:
+    return PrefillPolicySpec(cfg.queue_policy, cfg.chunking, cfg.chunk_size, cfg.chunk_selection, cfg.sched_batch)
+
+
+def load_cost(cfg: PrefillConfig, model: str, hardware: str) -> CostEstimator | None:
+    """The configured cost profile, else this model's default one on this hardware when it exists, else None."""
+    path = Path(cfg.cost_profile) if cfg.cost_profile else default_profile_path(model, hardware)
+    if cfg.cost_profile is None and not path.exists():
+        logger.info("no cost profile at %s: cost-aware policies stay off until `tetriserve profile` writes one", path)
+        return None
+    return CostEstimator.from_profile(CostProfile.load(path), cfg.cost_alpha)

@@ -1,0 +1,142 @@
+"""The prefill engine's vLLM scheduler subclass (``scheduler_cls``): policies decide, vLLM executes.
+
+Each ``schedule()`` call:
+
+    1. build a ReqView per prompt still to prefill (vLLM's running + waiting queues;
+       arrival and SLOs come through ``SamplingParams.extra_args["tetriserve"]``)
+    2. queue policy orders them; chunking policy sets the token budget and the chunks
+    3. expose to vLLM exactly the planned requests, in plan order (the others are
+       held aside for this call), with ``max_num_scheduled_tokens`` = the plan's tokens;
+       vLLM serves running requests first, then waiting ones, each taking
+       min(remaining, budget left), which reproduces the plan chunk for chunk
+    4. ``super().schedule()``, then put the held-aside requests back
+
+``update_from_output`` measures the iteration (end of ``schedule`` → start of
+``update_from_output``), feeds SOLA's online correction (eq. 5) and appends an
+``IterationRecord``. Requests that are already decoding (colocated use) are
+left to vLLM untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from common.iteration_log import IterationLog, IterationRecord
+from prefill_worker.policy import PrefillPolicy, PrefillPolicySpec, build_prefill_policy
+from prefill_worker.views import EXTRA_KEY, Chunk, PrefillState, ReqView
+
+
+class TetriPrefillScheduler(Scheduler):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ceiling = self.max_num_scheduled_tokens
+        self.policy: PrefillPolicy = build_prefill_policy(PrefillPolicySpec(chunk_size=self.ceiling), None)
+        self.log = IterationLog()
+        self._queued_since: dict[str, float] = {}
+        self._pending: tuple[float, float, int, tuple[tuple[str, int, int], ...], float | None] | None = None
+        self._t_exec = 0.0
+
+    def configure(self, policy: PrefillPolicy) -> None:
+        """Swap the policy; takes effect at the next iteration (called from another thread)."""
+        self.policy = policy
+
+    # -- views ---------------------------------------------------------------------------
+    def _view(self, req: Any) -> ReqView:
+        params = req.sampling_params
+        meta = (params.extra_args or {}).get(EXTRA_KEY, {}) if params is not None else {}
+        arrival = float(meta.get("arrival", req.arrival_time))
+        return ReqView(
+            request_id=req.request_id,
+            prompt_len=req.num_prompt_tokens,
+            max_tokens=params.max_tokens if params is not None and params.max_tokens else 1,
+            arrival_time=arrival,
+            priority=int(meta.get("priority", 0)),
+            computed_tokens=req.num_computed_tokens,
+            ttft_slo_s=meta.get("ttft_slo_s"),
+            jct_slo_s=meta.get("jct_slo_s"),
+            queued_since=self._queued_since.get(req.request_id, arrival),
+            batch_seq=int(meta.get("batch_seq", 0)),
+        )
+
+    def _plan(self, policy: PrefillPolicy, views: list[ReqView], now: float) -> tuple[list[Chunk], int]:
+        ordered = tuple(policy.queue.order(views, now))
+        remaining = getattr(policy.queue, "remaining_times", None)
+        state = PrefillState(
+            now=now,
+            ordered=ordered,
+            max_budget=self.ceiling,
+            block_size=self.block_size,
+            free_kv_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            remaining_time=remaining(ordered, now) if remaining is not None else {},
+            urgent_s=policy.cost.iteration_seconds() if policy.cost is not None else 0.0,
+        )
+        chunks = policy.chunking.plan(state)
+        on_scheduled = getattr(policy.queue, "on_scheduled", None)
+        if on_scheduled is not None:
+            planned = {c.request_id for c in chunks}
+            on_scheduled([v for v in ordered if v.request_id in planned], now)
+        return chunks, sum(c.tokens for c in chunks)
+
+    # -- vLLM hooks ------------------------------------------------------------------------
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        started = time.time()
+        policy = self.policy
+        decoding = [r for r in self.running if r.num_computed_tokens >= r.num_prompt_tokens]
+        prefilling = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
+        waiting = list(self.waiting)
+        by_id = {r.request_id: r for r in (*prefilling, *waiting)}
+        chunks, tokens = self._plan(policy, [self._view(r) for r in by_id.values()], started)
+        planned = [by_id[c.request_id] for c in chunks]
+        planned_ids = {c.request_id for c in chunks}
+        running_ids = {r.request_id for r in prefilling}
+        held_running = [r for r in prefilling if r.request_id not in planned_ids]
+        held_waiting = [r for r in waiting if r.request_id not in planned_ids]
+        computed = {r.request_id: r.num_computed_tokens for r in (*decoding, *planned)}  # vLLM advances it
+        self.running[:] = decoding + [r for r in planned if r.request_id in running_ids]
+        self.waiting.remove_requests(waiting)
+        for r in planned:
+            if r.request_id not in running_ids:
+                self.waiting.add_request(r)
+        budget = min(self.ceiling, tokens + len(decoding)) if (tokens or decoding) else self.ceiling
+        self.max_num_scheduled_tokens = max(1, budget)
+        overhead = time.perf_counter() - t0
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            t1 = time.perf_counter()
+            self.running.extend(held_running)
+            for r in held_waiting:
+                self.waiting.add_request(r)
+            self.max_num_scheduled_tokens = self.ceiling
+        comp = tuple((rid, computed.get(rid, 0), n) for rid, n in out.num_scheduled_tokens.items())
+        predicted = policy.cost.prefill_time([(h, n) for _, h, n in comp]) if policy.cost is not None else None
+        overhead += time.perf_counter() - t1
+        self._pending = (started, overhead, budget, comp, predicted)
+        self._t_exec = time.perf_counter()
+        return out
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        pending, self._pending = self._pending, None
+        if pending is not None and scheduler_output.total_num_scheduled_tokens > 0:
+            exec_s = time.perf_counter() - self._t_exec
+            started, overhead, budget, comp, predicted = pending
+            cost = self.policy.cost
+            if cost is not None:
+                cost.observe_prefill([(h, n) for _, h, n in comp], exec_s)
+                self.log.gamma = cost.prefill_gamma.gamma
+            self.log.add(IterationRecord(started, budget, comp, overhead, exec_s, predicted))
+            now = time.time()
+            for rid, _, _ in comp:
+                self._queued_since[rid] = now
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        if len(self._queued_since) > 2 * len(self.requests) + 64:
+            forget = getattr(self.policy.queue, "forget", None)
+            for rid in [r for r in self._queued_since if r not in self.requests]:
+                del self._queued_since[rid]
+                if forget is not None:
+                    forget(rid)
+        return result
