@@ -11,6 +11,10 @@ Each ``schedule()`` call:
        min(remaining, budget left), which reproduces the plan chunk for chunk
     4. ``super().schedule()``, then put the held-aside requests back
 
+The plan assumes a waiting prompt starts from zero; when vLLM finds a prefix
+of it in its cache it computes less, and the rest of the budget flows to the
+next planned request.
+
 ``update_from_output`` measures the iteration (end of ``schedule`` → start of
 ``update_from_output``), feeds SOLA's online correction (eq. 5) and appends an
 ``IterationRecord``. Requests that are already decoding (colocated use) are
@@ -36,8 +40,11 @@ class TetriPrefillScheduler(Scheduler):
         self.policy: PrefillPolicy = build_prefill_policy(PrefillPolicySpec(chunk_size=self.ceiling), None)
         self.log = IterationLog()
         self._queued_since: dict[str, float] = {}
-        self._pending: tuple[float, float, int, tuple[tuple[str, int, int], ...], float | None] | None = None
+        self._pending: (
+            tuple[PrefillPolicy, float, float, int, tuple[tuple[str, int, int], ...], float | None] | None
+        ) = None
         self._t_exec = 0.0
+        self._ext: dict[str, str] = {}  # vLLM's request id -> ours
 
     def configure(self, policy: PrefillPolicy) -> None:
         """Swap the policy; takes effect at the next iteration (called from another thread)."""
@@ -48,6 +55,8 @@ class TetriPrefillScheduler(Scheduler):
         params = req.sampling_params
         meta = (params.extra_args or {}).get(EXTRA_KEY, {}) if params is not None else {}
         arrival = float(meta.get("arrival", req.arrival_time))
+        if "id" in meta:
+            self._ext[req.request_id] = str(meta["id"])  # vLLM suffixes request ids; records use ours
         return ReqView(
             request_id=req.request_id,
             prompt_len=req.num_prompt_tokens,
@@ -61,7 +70,8 @@ class TetriPrefillScheduler(Scheduler):
             batch_seq=int(meta.get("batch_seq", 0)),
         )
 
-    def _plan(self, policy: PrefillPolicy, views: list[ReqView], now: float) -> tuple[list[Chunk], int]:
+    def _plan(self, policy: PrefillPolicy, views: list[ReqView], now: float) -> tuple[list[Chunk], int, int]:
+        """(chunks, their tokens, the policy's token budget) for this iteration."""
         ordered = tuple(policy.queue.order(views, now))
         remaining = getattr(policy.queue, "remaining_times", None)
         state = PrefillState(
@@ -78,7 +88,7 @@ class TetriPrefillScheduler(Scheduler):
         if on_scheduled is not None:
             planned = {c.request_id for c in chunks}
             on_scheduled([v for v in ordered if v.request_id in planned], now)
-        return chunks, sum(c.tokens for c in chunks)
+        return chunks, sum(c.tokens for c in chunks), policy.chunking.token_budget(state)
 
     # -- vLLM hooks ------------------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
@@ -89,7 +99,7 @@ class TetriPrefillScheduler(Scheduler):
         prefilling = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
         waiting = list(self.waiting)
         by_id = {r.request_id: r for r in (*prefilling, *waiting)}
-        chunks, tokens = self._plan(policy, [self._view(r) for r in by_id.values()], started)
+        chunks, tokens, budget = self._plan(policy, [self._view(r) for r in by_id.values()], started)
         planned = [by_id[c.request_id] for c in chunks]
         planned_ids = {c.request_id for c in chunks}
         running_ids = {r.request_id for r in prefilling}
@@ -101,8 +111,7 @@ class TetriPrefillScheduler(Scheduler):
         for r in planned:
             if r.request_id not in running_ids:
                 self.waiting.add_request(r)
-        budget = min(self.ceiling, tokens + len(decoding)) if (tokens or decoding) else self.ceiling
-        self.max_num_scheduled_tokens = max(1, budget)
+        self.max_num_scheduled_tokens = max(1, min(self.ceiling, tokens + len(decoding)))
         overhead = time.perf_counter() - t0
         try:
             out = super().schedule(*args, **kwargs)
@@ -112,10 +121,10 @@ class TetriPrefillScheduler(Scheduler):
             for r in held_waiting:
                 self.waiting.add_request(r)
             self.max_num_scheduled_tokens = self.ceiling
-        comp = tuple((rid, computed.get(rid, 0), n) for rid, n in out.num_scheduled_tokens.items())
+        comp = tuple((self._ext.get(rid, rid), computed.get(rid, 0), n) for rid, n in out.num_scheduled_tokens.items())
         predicted = policy.cost.prefill_time([(h, n) for _, h, n in comp]) if policy.cost is not None else None
         overhead += time.perf_counter() - t1
-        self._pending = (started, overhead, budget, comp, predicted)
+        self._pending = (policy, started, overhead, budget, comp, predicted)
         self._t_exec = time.perf_counter()
         return out
 
@@ -123,20 +132,21 @@ class TetriPrefillScheduler(Scheduler):
         pending, self._pending = self._pending, None
         if pending is not None and scheduler_output.total_num_scheduled_tokens > 0:
             exec_s = time.perf_counter() - self._t_exec
-            started, overhead, budget, comp, predicted = pending
-            cost = self.policy.cost
+            policy, started, overhead, budget, comp, predicted = pending
+            cost = policy.cost
             if cost is not None:
                 cost.observe_prefill([(h, n) for _, h, n in comp], exec_s)
                 self.log.gamma = cost.prefill_gamma.gamma
             self.log.add(IterationRecord(started, budget, comp, overhead, exec_s, predicted))
             now = time.time()
-            for rid, _, _ in comp:
+            for rid in scheduler_output.num_scheduled_tokens:
                 self._queued_since[rid] = now
         result = super().update_from_output(scheduler_output, model_runner_output)
-        if len(self._queued_since) > 2 * len(self.requests) + 64:
+        if max(len(self._queued_since), len(self._ext)) > 2 * len(self.requests) + 64:  # drop finished ones
             forget = getattr(self.policy.queue, "forget", None)
             for rid in [r for r in self._queued_since if r not in self.requests]:
                 del self._queued_since[rid]
                 if forget is not None:
                     forget(rid)
+            self._ext = {k: v for k, v in self._ext.items() if k in self.requests}
         return result

@@ -209,7 +209,12 @@ class PrefillWorker(EngineWorker):
         from engine.sampling import to_vllm
 
         kv = {"mode": "park", "key": req.request_id} if park else None
-        meta = {"arrival": view.arrival_time, "priority": view.priority, "batch_seq": view.batch_seq}
+        meta = {
+            "id": req.request_id,
+            "arrival": view.arrival_time,
+            "priority": view.priority,
+            "batch_seq": view.batch_seq,
+        }
         meta.update({k: v for k, v in (("ttft_slo_s", view.ttft_slo_s), ("jct_slo_s", view.jct_slo_s)) if v})
         params = to_vllm(req.sampling, max_tokens=1, kv_params=kv, extra={EXTRA_KEY: meta})
         tokens: list[int] = []

@@ -49,6 +49,7 @@ class DynamicChunking:
         self.long_prompt_tokens = long_prompt_tokens if long_prompt_tokens is not None else cost.pivot_tokens
         self.selection: Selection = select
         self.group_window_s = group_window_s  # AccelGen Alg. 2's γ: T_r window of one selection group
+        self._last: tuple[PrefillState, int, tuple[Chunk, ...]] | None = None
 
     def budget_for(self, slo_min_s: float | None, state: PrefillState) -> int:
         """Eq. 6, clamped to [block_size, max_budget]."""
@@ -70,6 +71,14 @@ class DynamicChunking:
         return fill_in_order(state.ordered, budget, self.long_prompt_tokens)
 
     def _solve(self, state: PrefillState) -> tuple[int, list[Chunk]]:
+        last = self._last
+        if last is not None and last[0] is state:  # token_budget and plan of one iteration: solve once
+            return last[1], list(last[2])
+        budget, chunks = self._search(state)
+        self._last = (state, budget, tuple(chunks))
+        return budget, chunks
+
+    def _search(self, state: PrefillState) -> tuple[int, list[Chunk]]:
         by_id = {r.request_id: r for r in state.ordered}
         budget = self.budget_for(_slo_min(r for r in state.ordered[:1]), state)
         chunks = self._fill(state, budget)
