@@ -2,7 +2,8 @@
 
 ``TetriServeClient`` blocks, ``AsyncTetriServeClient`` uses ``grpc.aio``; both
 stream ``Chunk``s from ``generate()``, collect a ``Completion`` with
-``complete()``, and offer ``abort()``, ``health()`` and ``cluster_status()``.
+``complete()``, and offer ``abort()``, ``health()``, ``cluster_status()`` and the
+admin call ``set_policy()``.
 Failures raise subclasses of ``client.errors.TetriServeError``.
 """
 
@@ -12,11 +13,21 @@ from client.errors import (
     DeadlineExceeded,
     InternalError,
     InvalidArgument,
+    NotFound,
     TetriServeError,
     Unavailable,
 )
 from client.options import GenerateOptions
-from client.results import Chunk, ClusterStatus, Completion, HealthStatus, Usage, WorkerInfo
+from client.results import (
+    Chunk,
+    ClusterStatus,
+    Completion,
+    HealthStatus,
+    PolicyUpdate,
+    Usage,
+    WorkerInfo,
+    WorkerPolicy,
+)
 from client.retry import NO_RETRY, RetryPolicy
 from client.sync_client import ResponseStream, TetriServeClient
 
@@ -33,6 +44,8 @@ __all__ = [
     "HealthStatus",
     "InternalError",
     "InvalidArgument",
+    "NotFound",
+    "PolicyUpdate",
     "ResponseStream",
     "RetryPolicy",
     "TetriServeClient",
@@ -40,4 +53,5 @@ __all__ = [
     "Unavailable",
     "Usage",
     "WorkerInfo",
+    "WorkerPolicy",
 ]

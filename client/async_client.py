@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -27,8 +27,8 @@ import grpc
 import grpc.aio
 
 from client.errors import from_rpc_error
-from client.options import GenerateOptions, build_generate_request, with_request_id
-from client.results import Chunk, ClusterStatus, Completion, CompletionCollector, HealthStatus
+from client.options import GenerateOptions, build_generate_request, build_set_policy_request, with_request_id
+from client.results import Chunk, ClusterStatus, Completion, CompletionCollector, HealthStatus, PolicyUpdate
 from client.retry import Deadline, RetryPolicy, retry_delay
 from protos import tetriserve_pb2 as pb
 from protos import tetriserve_pb2_grpc as pb_grpc
@@ -169,6 +169,19 @@ class AsyncTetriServeClient:
     async def cluster_status(self, *, timeout: float | None = None) -> ClusterStatus:
         reply = await self._unary(self._get_stub().ClusterStatus, pb.ClusterStatusRequest(), timeout)
         return ClusterStatus.from_proto(reply)
+
+    async def set_policy(
+        self, changes: Mapping[str, str | int], worker_id: str | None = None, *, timeout: float | None = None
+    ) -> PolicyUpdate:
+        """Admin: change scheduling policies at run time; returns the changed workers' policies.
+
+        ``changes`` maps policy keys to values, e.g. ``{"queue": "sjf", "sched_batch": 128}``
+        (prefill keys: queue, chunking, chunk_size, selection, sched_batch). ``worker_id``
+        ``None`` changes every prefill worker. Raises ``NotFound`` for an unknown worker and
+        ``InvalidArgument`` (``field`` = the key) for a bad key or value.
+        """
+        request = build_set_policy_request(changes, worker_id)
+        return PolicyUpdate.from_proto(await self._unary(self._get_stub().SetPolicy, request, timeout))
 
     async def close(self) -> None:
         if self._channel is not None:

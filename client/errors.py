@@ -5,6 +5,7 @@ server's ``details`` and the ``request_id`` when one was involved::
 
     TetriServeError
     ├── InvalidArgument    bad input; ``field`` names it (e.g. "sampling.top_p")
+    ├── NotFound           no such worker (``set_policy``)
     ├── DeadlineExceeded   the ``timeout`` passed before the call finished
     ├── Unavailable        the service could not be reached (retried before the first token)
     ├── Cancelled          the call was cancelled (by the server, or by closing the client)
@@ -53,6 +54,10 @@ class InvalidArgument(TetriServeError):
         self.field = field
 
 
+class NotFound(TetriServeError):
+    """The call named something the server does not have (e.g. an unknown worker id)."""
+
+
 class DeadlineExceeded(TetriServeError):
     """The call's ``timeout`` expired."""
 
@@ -70,6 +75,7 @@ class InternalError(TetriServeError):
 
 
 _BY_CODE: dict[grpc.StatusCode, type[TetriServeError]] = {
+    grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.CANCELLED: Cancelled,

@@ -1,4 +1,5 @@
-"""Keyword options of ``generate()``/``complete()`` and the ``GenerateRequest`` they build.
+"""Keyword options of ``generate()``/``complete()`` and the ``GenerateRequest`` they build
+(plus the ``SetPolicyRequest`` of ``set_policy()``).
 
 Shared by the sync and async clients so both accept exactly the same options.
 Range checks are the server's job (it knows the model); this module only
@@ -8,7 +9,7 @@ checks types so a mistake fails before a network round trip.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 from protos import tetriserve_pb2 as pb
@@ -91,3 +92,10 @@ def with_request_id(options: GenerateOptions) -> GenerateOptions:
     if options.get("request_id"):
         return options
     return {**options, "request_id": new_request_id()}
+
+
+def build_set_policy_request(changes: Mapping[str, str | int], worker_id: str | None) -> pb.SetPolicyRequest:
+    """The request of ``set_policy()`` (shared by both clients); values travel as strings."""
+    if not isinstance(changes, Mapping):
+        raise TypeError(f"changes must be a mapping of policy key to value, got {type(changes).__name__}")
+    return pb.SetPolicyRequest(worker_id=worker_id or "", changes={str(k): str(v) for k, v in changes.items()})

@@ -1,4 +1,4 @@
-"""What the SDK returns: streamed ``Chunk``s, a collected ``Completion``, health and cluster views.
+"""What the SDK returns: streamed ``Chunk``s, a collected ``Completion``, health, cluster and policy views.
 
 All are frozen dataclasses built from the protobuf messages, so callers never
 touch generated code.
@@ -117,10 +117,13 @@ class HealthStatus:
 
 @dataclass(frozen=True)
 class WorkerInfo:
+    """One worker in ``cluster_status()``; ``policy`` is empty when the worker did not answer in time."""
+
     worker_id: str
     role: str
     state: str
     load: Mapping[str, float]
+    policy: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -132,10 +135,40 @@ class ClusterStatus:
 
     @classmethod
     def from_proto(cls, msg: pb.ClusterStatusResponse) -> ClusterStatus:
-        workers = tuple(WorkerInfo(w.worker_id, w.role, w.state, MappingProxyType(dict(w.load))) for w in msg.workers)
+        workers = tuple(
+            WorkerInfo(w.worker_id, w.role, w.state, MappingProxyType(dict(w.load)), MappingProxyType(dict(w.policy)))
+            for w in msg.workers
+        )
         return cls(
             model=msg.model,
             workers=workers,
             requests_in_flight=msg.requests_in_flight,
             dashboard_url=msg.dashboard_url,
         )
+
+
+@dataclass(frozen=True)
+class WorkerPolicy:
+    """One worker's scheduling policies, e.g. ``{"queue": "sjf", "sched_batch": "128"}``."""
+
+    worker_id: str
+    role: str
+    policy: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class PolicyUpdate:
+    """What ``set_policy()`` changed: every targeted worker with its policies as they now are."""
+
+    workers: tuple[WorkerPolicy, ...]
+
+    def policy_of(self, worker_id: str) -> Mapping[str, str]:
+        """The policies of ``worker_id``; ``KeyError`` if the change did not touch it."""
+        for w in self.workers:
+            if w.worker_id == worker_id:
+                return w.policy
+        raise KeyError(worker_id)
+
+    @classmethod
+    def from_proto(cls, msg: pb.SetPolicyResponse) -> PolicyUpdate:
+        return cls(tuple(WorkerPolicy(w.worker_id, w.role, MappingProxyType(dict(w.policy))) for w in msg.workers))

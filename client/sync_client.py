@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from types import TracebackType
 from typing import TypeVar, Unpack
 
 import grpc
 
 from client.errors import from_rpc_error
-from client.options import GenerateOptions, build_generate_request, with_request_id
-from client.results import Chunk, ClusterStatus, Completion, CompletionCollector, HealthStatus
+from client.options import GenerateOptions, build_generate_request, build_set_policy_request, with_request_id
+from client.results import Chunk, ClusterStatus, Completion, CompletionCollector, HealthStatus, PolicyUpdate
 from client.retry import Deadline, RetryPolicy, retry_delay
 from protos import tetriserve_pb2 as pb
 from protos import tetriserve_pb2_grpc as pb_grpc
@@ -158,6 +158,19 @@ class TetriServeClient:
 
     def cluster_status(self, *, timeout: float | None = None) -> ClusterStatus:
         return ClusterStatus.from_proto(self._unary(self._stub.ClusterStatus, pb.ClusterStatusRequest(), timeout))
+
+    def set_policy(
+        self, changes: Mapping[str, str | int], worker_id: str | None = None, *, timeout: float | None = None
+    ) -> PolicyUpdate:
+        """Admin: change scheduling policies at run time; returns the changed workers' policies.
+
+        ``changes`` maps policy keys to values, e.g. ``{"queue": "sjf", "sched_batch": 128}``
+        (prefill keys: queue, chunking, chunk_size, selection, sched_batch). ``worker_id``
+        ``None`` changes every prefill worker. Raises ``NotFound`` for an unknown worker and
+        ``InvalidArgument`` (``field`` = the key) for a bad key or value.
+        """
+        request = build_set_policy_request(changes, worker_id)
+        return PolicyUpdate.from_proto(self._unary(self._stub.SetPolicy, request, timeout))
 
     def close(self) -> None:
         self._channel.close()

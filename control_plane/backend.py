@@ -3,6 +3,8 @@
 The real backend talks to the Ray ``GlobalScheduler``; tests use an in-process
 fake. Front doors tokenize and validate, then hand a ``common.request.Request``
 to ``generate`` and detokenize the ``StreamChunk`` stream that comes back.
+The admin call ``set_policy`` changes workers' scheduling policies at run time
+(``control_plane.policy_admin`` holds the checks both backends share).
 """
 
 from __future__ import annotations
@@ -21,6 +23,16 @@ class WorkerStatus:
     role: str
     state: str
     load: dict[str, float] = field(default_factory=dict)
+    policy: dict[str, str] = field(default_factory=dict)  # empty when the worker did not answer in time
+
+
+@dataclass(frozen=True)
+class WorkerPolicy:
+    """One worker's scheduling policies, as ``set_policy`` left them."""
+
+    worker_id: str
+    role: str
+    policy: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -58,4 +70,15 @@ class ServingBackend(Protocol):
 
     async def healthy(self) -> bool: ...
 
-    async def status(self) -> ClusterStatus: ...
+    async def status(self) -> ClusterStatus:
+        """Workers with their states, loads and policies; a worker that does not answer has no policy."""
+        ...
+
+    async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:
+        """Change the policies of one worker (``None``: every prefill worker); returns them as they now are.
+
+        Raises ``policy_admin.UnknownWorkerError`` for an unknown id and
+        ``common.errors.InvalidRequestError`` (field = the offending key) for a
+        bad key or value, or a worker that has no run-time policies.
+        """
+        ...

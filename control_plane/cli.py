@@ -1,13 +1,13 @@
-"""The `tetriserve` command: serve | generate | status | model tiny | predictor train|eval|export|label."""
+"""The `tetriserve` command: serve | generate | status | policy | model tiny | predictor train|eval|export|label."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from typing import Any
 
+from control_plane.cli_admin import add_policy_parser, run_policy, run_status
 from control_plane.cli_predictor import add_predictor_parser, run_predictor
 
 # flag -> dotted ClusterConfig field
@@ -23,6 +23,11 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--num-decode": ("num_decode", int, "decode workers"),
     "--chunk-size": ("prefill.chunk_size", int, "ChunkSize: prefill tokens per iteration"),
     "--prefill-sched-batch": ("prefill.sched_batch", int, "PrefillSchedBatch"),
+    "--prefill-policy": ("prefill.queue_policy", str, "prefill queue order: fcfs | sjf | ljf | accelgen | sola"),
+    "--chunking": ("prefill.chunking", str, "fixed | none | dynamic (AccelGen S_b = S_pf·SLO_min/T̄_pf)"),
+    "--chunk-selection": ("prefill.chunk_selection", str, "dynamic chunking: in-order | multi-resource"),
+    "--max-batch-tokens": ("prefill.max_batch_tokens", int, "prefill engine's ceiling on tokens per iteration"),
+    "--cost-profile": ("prefill.cost_profile", str, "cost profile JSON (default: this model's, from `profile`)"),
     "--dispatch-policy": ("prefill.dispatch_policy", str, "power-of-two | random | round-robin"),
     "--predictor": ("prefill.predictor", str, "output-length predictor: auto | trained | baseline | oracle"),
     "--predictor-artifact": ("prefill.predictor_artifact", str, "trained heads' JSON (default: the committed g200)"),
@@ -71,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--force", action="store_true", help="rebuild even if present")
 
     add_predictor_parser(sub)
+    add_policy_parser(sub)
     return p
 
 
@@ -113,35 +119,6 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status(args: argparse.Namespace) -> int:
-    from client import TetriServeClient
-
-    with TetriServeClient(args.target) as client:
-        st = client.cluster_status(timeout=10)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "model": st.model,
-                    "requests_in_flight": st.requests_in_flight,
-                    "dashboard_url": st.dashboard_url,
-                    "workers": [
-                        {"worker_id": w.worker_id, "role": w.role, "state": w.state, "load": dict(w.load)}
-                        for w in st.workers
-                    ],
-                },
-                indent=2,
-            )
-        )
-        return 0
-    print(f"model {st.model}   in flight {st.requests_in_flight}   dashboard {st.dashboard_url or '-'}")
-    print(f"{'worker':<12} {'role':<8} {'state':<9} load")
-    for w in st.workers:
-        load = " ".join(f"{k}={v:g}" for k, v in sorted(w.load.items()))
-        print(f"{w.worker_id:<12} {w.role:<8} {w.state:<9} {load}")
-    return 0
-
-
 def _model(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -157,7 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    handlers = {"serve": _serve, "generate": _generate, "status": _status, "model": _model, "predictor": run_predictor}
+    handlers = {
+        "serve": _serve,
+        "generate": _generate,
+        "status": run_status,
+        "model": _model,
+        "predictor": run_predictor,
+        "policy": run_policy,
+    }
     from client.errors import TetriServeError, Unavailable
 
     try:

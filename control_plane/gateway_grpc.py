@@ -16,6 +16,9 @@ Why INTERNAL rather than a final message with finish_reason "error": a failed
 request is a failed call — every gRPC client, interceptor and metric sees the
 status, and our SDK raises ``InternalError`` after the tokens already yielded.
 "abort" (the request was aborted via ``Abort``) is a normal finish, status OK.
+
+SetPolicy (admin) ─▶ backend.set_policy: unknown worker ─▶ NOT_FOUND; bad key or value ─▶
+INVALID_ARGUMENT "key: message" (+ tetriserve-field=key); a worker that did not answer ─▶ DEADLINE_EXCEEDED.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from common.errors import InvalidRequestError
 from common.request import Request
 from control_plane.backend import ServingBackend
 from control_plane.frontdoor import FrontDoor, TextDelta
+from control_plane.policy_admin import UnknownWorkerError
 from protos import tetriserve_pb2 as pb
 from protos import tetriserve_pb2_grpc as pb_grpc
 
@@ -130,7 +134,31 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
             model=status.model, requests_in_flight=status.requests_in_flight, dashboard_url=status.dashboard_url
         )
         for w in status.workers:
-            reply.workers.add(worker_id=w.worker_id, role=w.role, state=w.state, load=dict(w.load))
+            reply.workers.add(
+                worker_id=w.worker_id, role=w.role, state=w.state, load=dict(w.load), policy=dict(w.policy)
+            )
+        return reply
+
+    async def SetPolicy(self, request: pb.SetPolicyRequest, context: grpc.aio.ServicerContext) -> pb.SetPolicyResponse:
+        target = request.worker_id or "every prefill worker"
+        try:
+            workers = await self._front.backend.set_policy(request.worker_id or None, dict(request.changes))
+        except UnknownWorkerError as exc:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, str(exc), trailing_metadata=((FIELD_METADATA_KEY, "worker_id"),)
+            )
+        except InvalidRequestError as exc:
+            logger.info("policy change %s on %s rejected: %s", dict(request.changes), target, exc)
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, str(exc), trailing_metadata=((FIELD_METADATA_KEY, exc.field),)
+            )
+        except ValueError as exc:  # a backend that did not name the field
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"{target} did not answer the policy change")
+        reply = pb.SetPolicyResponse()
+        for w in workers:
+            reply.workers.add(worker_id=w.worker_id, role=w.role, policy=dict(w.policy))
         return reply
 
 

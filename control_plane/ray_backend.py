@@ -4,6 +4,10 @@ One long-lived subscription to the GlobalScheduler carries the chunks of every
 request this process submitted (``common.outbox``); ``generate`` registers a
 queue for its request, submits it, and reads the queue. The subscription is
 bound to the event loop it was opened in and reopened if that loop changes.
+
+``status`` asks every worker actor for its policies in parallel, each with a
+deadline, so a stuck worker shows an empty policy instead of hanging the call;
+``set_policy`` checks the change (``policy_admin``) before any actor sees it.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ from typing import Any
 
 from common.request import Request
 from common.stream import StreamChunk
-from control_plane.backend import ClusterStatus, WorkerStatus
+from control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
 from control_plane.launcher import Cluster
+from control_plane.policy_admin import Setter, apply_changes, parse_prefill_changes, resolve_targets
 
 logger = logging.getLogger(__name__)
+
+POLICIES_TIMEOUT_S = 2.0  # status: a worker that does not answer by then shows no policy
+SET_POLICY_TIMEOUT_S = 30.0
 
 
 class _Subscription:
@@ -117,7 +125,43 @@ class RayBackend:
         return all(m["state"] == "serving" for m in members)
 
     async def status(self) -> ClusterStatus:
-        members = await self.cluster.monitor.snapshot.remote()
-        sched = await self.cluster.scheduler.status.remote()
-        workers = tuple(WorkerStatus(m["worker_id"], m["role"], m["state"], m["load"]) for m in members)
+        members, sched, policies = await asyncio.gather(
+            self.cluster.monitor.snapshot.remote(), self.cluster.scheduler.status.remote(), self._policies()
+        )
+        workers = tuple(
+            WorkerStatus(m["worker_id"], m["role"], m["state"], m["load"], policies.get(m["worker_id"], {}))
+            for m in members
+        )
         return ClusterStatus(self._model_name, workers, int(sched["in_flight"]), self.cluster.dashboard_url)
+
+    async def _policies(self) -> dict[str, dict[str, str]]:
+        """Every worker's ``policies()``, asked in parallel; ``{}`` for one that fails or is late."""
+        handles = {**self.cluster.prefill, **self.cluster.decode}
+
+        async def one(worker_id: str, handle: Any) -> dict[str, str]:
+            try:
+                return dict(await asyncio.wait_for(handle.policies.remote(), POLICIES_TIMEOUT_S))
+            except Exception as exc:
+                logger.warning("status: no policies from %s (%s: %s)", worker_id, type(exc).__name__, exc)
+                return {}
+
+        answers = await asyncio.gather(*(one(wid, h) for wid, h in handles.items()))
+        return dict(zip(handles, answers, strict=True))
+
+    async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:
+        targets = resolve_targets(worker_id, self.cluster.prefill, self.cluster.decode)
+        parsed = parse_prefill_changes(changes)
+        return await apply_changes({wid: _actor_setter(h) for wid, h in targets.items()}, parsed)
+
+
+def _actor_setter(handle: Any) -> Setter:
+    """``handle.set_policy.remote`` as a coroutine that raises the worker's own ValueError, not Ray's wrapper."""
+
+    async def call(changes: dict[str, Any]) -> dict[str, str]:
+        try:
+            return dict(await asyncio.wait_for(handle.set_policy.remote(changes), SET_POLICY_TIMEOUT_S))
+        except ValueError as exc:  # Ray raises a RayTaskError that is also a ValueError; .cause is the worker's
+            cause = getattr(exc, "cause", None)
+            raise (cause if isinstance(cause, ValueError) else exc) from None
+
+    return call

@@ -25,7 +25,7 @@ The profiler checks the derivation against the engine's own scheduler output, it
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 MIN_FORWARD = 16
@@ -71,6 +71,11 @@ Step = tuple[Piece, ...]
 
 def simulate_fcfs(prompt_lens: Sequence[int], max_tokens: Sequence[int], budget: int, max_num_seqs: int) -> list[Step]:
     """Every iteration's pieces, in vLLM v1's FCFS order, for prompts added together to an idle engine."""
+    return list(iter_fcfs(prompt_lens, max_tokens, budget, max_num_seqs))
+
+
+def iter_fcfs(prompt_lens: Sequence[int], max_tokens: Sequence[int], budget: int, max_num_seqs: int) -> Iterator[Step]:
+    """``simulate_fcfs`` one iteration at a time (stop early for open-ended ``max_tokens``)."""
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
     if max_num_seqs < 1:
@@ -79,7 +84,6 @@ def simulate_fcfs(prompt_lens: Sequence[int], max_tokens: Sequence[int], budget:
     outputs = [0] * len(prompt_lens)
     waiting = list(range(len(prompt_lens)))
     running: list[int] = []
-    steps: list[Step] = []
     while waiting or running:
         left, pieces = budget, []
         for r in running:
@@ -100,8 +104,7 @@ def simulate_fcfs(prompt_lens: Sequence[int], max_tokens: Sequence[int], budget:
             if computed[p.request] == prompt_lens[p.request] + outputs[p.request]:
                 outputs[p.request] += 1
         running = [r for r in running if outputs[r] < max_tokens[r]]
-        steps.append(tuple(pieces))
-    return steps
+        yield tuple(pieces)
 
 
 def forward_sizes(max_forward: int) -> list[int]:
@@ -146,7 +149,7 @@ def decode_scenario(batch: int, context: int, budget: int, max_num_seqs: int, st
     lens = (context,) * batch
     never = (1 << 30,) * batch
     first_token: dict[int, int] = {}  # request -> iteration whose piece completed its prompt
-    for i, step in enumerate(simulate_fcfs(lens, never, budget, max_num_seqs)):
+    for i, step in enumerate(iter_fcfs(lens, never, budget, max_num_seqs)):
         for p in step:
             if not p.decode and p.has + p.new == context:
                 first_token[p.request] = i
@@ -180,7 +183,8 @@ def pure_decode(step: Step, batch: int) -> bool:
 
 
 def held_out(names: Sequence[str], every: int = 4) -> set[str]:
-    """Every ``every``-th scenario of each kind from the second on (interior points: an interpolation test)."""
+    """Every ``every``-th scenario of each kind from the second on, never a kind's last (interpolation, not
+    extrapolation: the fit still sees each kind's extremes)."""
     if every < 2:
         raise ValueError(f"every must be >= 2, got {every}")
     test: set[str] = set()
@@ -188,6 +192,5 @@ def held_out(names: Sequence[str], every: int = 4) -> set[str]:
     for n in names:
         by_kind.setdefault(n.split("-")[0].rstrip("0123456789"), []).append(n)
     for group in by_kind.values():
-        test.update(group[1::every])
+        test.update(n for i, n in enumerate(group[:-1]) if i % every == 1)
     return test
-

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17protos/tetriserve.proto\x12\rtetriserve.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xe6\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"g\n\x03SLO\x12\x14\n\x07ttft_ms\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x06tbt_ms\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06jct_ms\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\n\n\x08_ttft_msB\t\n\x07_tbt_msB\t\n\x07_jct_ms\"\xe0\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x17.tetriserve.v1.TokenIdsH\x00\x12/\n\x08sampling\x18\x05 \x01(\x0b\x32\x1d.tetriserve.v1.SamplingParams\x12\x1f\n\x03slo\x18\x06 \x01(\x0b\x32\x12.tetriserve.v1.SLO\x12\x10\n\x08priority\x18\x07 \x01(\x05\x42\x08\n\x06prompt\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"\xcb\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x1a\n\rfinish_reason\x18\x04 \x01(\tH\x00\x88\x01\x01\x12#\n\x05usage\x18\x05 \x01(\x0b\x32\x14.tetriserve.v1.Usage\x12\x14\n\x07ttft_ms\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06\x65\x32\x65_ms\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12=\n\x07metrics\x18\x08 \x03(\x0b\x32,.tetriserve.v1.GenerateResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x10\n\x0e_finish_reasonB\n\n\x08_ttft_msB\t\n\x07_e2e_ms\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x0f\n\rHealthRequest\"0\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\r\n\x05model\x18\x02 \x01(\t\"\x16\n\x14\x43lusterStatusRequest\"\xa0\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x33\n\x04load\x18\x04 \x03(\x0b\x32%.tetriserve.v1.WorkerStatus.LoadEntry\x1a+\n\tLoadEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x87\x01\n\x15\x43lusterStatusResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12,\n\x07workers\x18\x02 \x03(\x0b\x32\x1b.tetriserve.v1.WorkerStatus\x12\x1a\n\x12requests_in_flight\x18\x03 \x01(\x05\x12\x15\n\rdashboard_url\x18\x04 \x01(\t2\xc2\x02\n\nTetriServe\x12M\n\x08Generate\x12\x1e.tetriserve.v1.GenerateRequest\x1a\x1f.tetriserve.v1.GenerateResponse0\x01\x12\x42\n\x05\x41\x62ort\x12\x1b.tetriserve.v1.AbortRequest\x1a\x1c.tetriserve.v1.AbortResponse\x12\x45\n\x06Health\x12\x1c.tetriserve.v1.HealthRequest\x1a\x1d.tetriserve.v1.HealthResponse\x12Z\n\rClusterStatus\x12#.tetriserve.v1.ClusterStatusRequest\x1a$.tetriserve.v1.ClusterStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17protos/tetriserve.proto\x12\rtetriserve.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xe6\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"g\n\x03SLO\x12\x14\n\x07ttft_ms\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x06tbt_ms\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06jct_ms\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\n\n\x08_ttft_msB\t\n\x07_tbt_msB\t\n\x07_jct_ms\"\xe0\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x17.tetriserve.v1.TokenIdsH\x00\x12/\n\x08sampling\x18\x05 \x01(\x0b\x32\x1d.tetriserve.v1.SamplingParams\x12\x1f\n\x03slo\x18\x06 \x01(\x0b\x32\x12.tetriserve.v1.SLO\x12\x10\n\x08priority\x18\x07 \x01(\x05\x42\x08\n\x06prompt\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"\xcb\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x1a\n\rfinish_reason\x18\x04 \x01(\tH\x00\x88\x01\x01\x12#\n\x05usage\x18\x05 \x01(\x0b\x32\x14.tetriserve.v1.Usage\x12\x14\n\x07ttft_ms\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06\x65\x32\x65_ms\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12=\n\x07metrics\x18\x08 \x03(\x0b\x32,.tetriserve.v1.GenerateResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x10\n\x0e_finish_reasonB\n\n\x08_ttft_msB\t\n\x07_e2e_ms\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x0f\n\rHealthRequest\"0\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\r\n\x05model\x18\x02 \x01(\t\"\x16\n\x14\x43lusterStatusRequest\"\x88\x02\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x33\n\x04load\x18\x04 \x03(\x0b\x32%.tetriserve.v1.WorkerStatus.LoadEntry\x12\x37\n\x06policy\x18\x05 \x03(\x0b\x32\'.tetriserve.v1.WorkerStatus.PolicyEntry\x1a+\n\tLoadEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a-\n\x0bPolicyEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x87\x01\n\x15\x43lusterStatusResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12,\n\x07workers\x18\x02 \x03(\x0b\x32\x1b.tetriserve.v1.WorkerStatus\x12\x1a\n\x12requests_in_flight\x18\x03 \x01(\x05\x12\x15\n\rdashboard_url\x18\x04 \x01(\t\"\x94\x01\n\x10SetPolicyRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12=\n\x07\x63hanges\x18\x02 \x03(\x0b\x32,.tetriserve.v1.SetPolicyRequest.ChangesEntry\x1a.\n\x0c\x43hangesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x97\x01\n\x0cWorkerPolicy\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x37\n\x06policy\x18\x03 \x03(\x0b\x32\'.tetriserve.v1.WorkerPolicy.PolicyEntry\x1a-\n\x0bPolicyEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x11SetPolicyResponse\x12,\n\x07workers\x18\x01 \x03(\x0b\x32\x1b.tetriserve.v1.WorkerPolicy2\x92\x03\n\nTetriServe\x12M\n\x08Generate\x12\x1e.tetriserve.v1.GenerateRequest\x1a\x1f.tetriserve.v1.GenerateResponse0\x01\x12\x42\n\x05\x41\x62ort\x12\x1b.tetriserve.v1.AbortRequest\x1a\x1c.tetriserve.v1.AbortResponse\x12\x45\n\x06Health\x12\x1c.tetriserve.v1.HealthRequest\x1a\x1d.tetriserve.v1.HealthResponse\x12Z\n\rClusterStatus\x12#.tetriserve.v1.ClusterStatusRequest\x1a$.tetriserve.v1.ClusterStatusResponse\x12N\n\tSetPolicy\x12\x1f.tetriserve.v1.SetPolicyRequest\x1a .tetriserve.v1.SetPolicyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,6 +35,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATERESPONSE_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_WORKERSTATUS_LOADENTRY']._loaded_options = None
   _globals['_WORKERSTATUS_LOADENTRY']._serialized_options = b'8\001'
+  _globals['_WORKERSTATUS_POLICYENTRY']._loaded_options = None
+  _globals['_WORKERSTATUS_POLICYENTRY']._serialized_options = b'8\001'
+  _globals['_SETPOLICYREQUEST_CHANGESENTRY']._loaded_options = None
+  _globals['_SETPOLICYREQUEST_CHANGESENTRY']._serialized_options = b'8\001'
+  _globals['_WORKERPOLICY_POLICYENTRY']._loaded_options = None
+  _globals['_WORKERPOLICY_POLICYENTRY']._serialized_options = b'8\001'
   _globals['_TOKENIDS']._serialized_start=42
   _globals['_TOKENIDS']._serialized_end=65
   _globals['_SAMPLINGPARAMS']._serialized_start=68
@@ -60,11 +66,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLUSTERSTATUSREQUEST']._serialized_start=1162
   _globals['_CLUSTERSTATUSREQUEST']._serialized_end=1184
   _globals['_WORKERSTATUS']._serialized_start=1187
-  _globals['_WORKERSTATUS']._serialized_end=1347
-  _globals['_WORKERSTATUS_LOADENTRY']._serialized_start=1304
-  _globals['_WORKERSTATUS_LOADENTRY']._serialized_end=1347
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=1350
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=1485
-  _globals['_TETRISERVE']._serialized_start=1488
-  _globals['_TETRISERVE']._serialized_end=1810
+  _globals['_WORKERSTATUS']._serialized_end=1451
+  _globals['_WORKERSTATUS_LOADENTRY']._serialized_start=1361
+  _globals['_WORKERSTATUS_LOADENTRY']._serialized_end=1404
+  _globals['_WORKERSTATUS_POLICYENTRY']._serialized_start=1406
+  _globals['_WORKERSTATUS_POLICYENTRY']._serialized_end=1451
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=1454
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=1589
+  _globals['_SETPOLICYREQUEST']._serialized_start=1592
+  _globals['_SETPOLICYREQUEST']._serialized_end=1740
+  _globals['_SETPOLICYREQUEST_CHANGESENTRY']._serialized_start=1694
+  _globals['_SETPOLICYREQUEST_CHANGESENTRY']._serialized_end=1740
+  _globals['_WORKERPOLICY']._serialized_start=1743
+  _globals['_WORKERPOLICY']._serialized_end=1894
+  _globals['_WORKERPOLICY_POLICYENTRY']._serialized_start=1406
+  _globals['_WORKERPOLICY_POLICYENTRY']._serialized_end=1451
+  _globals['_SETPOLICYRESPONSE']._serialized_start=1896
+  _globals['_SETPOLICYRESPONSE']._serialized_end=1961
+  _globals['_TETRISERVE']._serialized_start=1964
+  _globals['_TETRISERVE']._serialized_end=2366
 # @@protoc_insertion_point(module_scope)

@@ -122,7 +122,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "role", "state", "load")
+    __slots__ = ("worker_id", "role", "state", "load", "policy")
     class LoadEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,15 +130,24 @@ class WorkerStatus(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class PolicyEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     state: str
     load: _containers.ScalarMap[str, float]
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., load: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    policy: _containers.ScalarMap[str, str]
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., load: _Optional[_Mapping[str, float]] = ..., policy: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
     __slots__ = ("model", "workers", "requests_in_flight", "dashboard_url")
@@ -151,3 +160,41 @@ class ClusterStatusResponse(_message.Message):
     requests_in_flight: int
     dashboard_url: str
     def __init__(self, model: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., requests_in_flight: _Optional[int] = ..., dashboard_url: _Optional[str] = ...) -> None: ...
+
+class SetPolicyRequest(_message.Message):
+    __slots__ = ("worker_id", "changes")
+    class ChangesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    changes: _containers.ScalarMap[str, str]
+    def __init__(self, worker_id: _Optional[str] = ..., changes: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class WorkerPolicy(_message.Message):
+    __slots__ = ("worker_id", "role", "policy")
+    class PolicyEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    role: str
+    policy: _containers.ScalarMap[str, str]
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., policy: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SetPolicyResponse(_message.Message):
+    __slots__ = ("workers",)
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerPolicy]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerPolicy, _Mapping]]] = ...) -> None: ...

@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class TetriServeStub:
-    """The tetriserve front door: generation, abort, health and cluster status.
+    """The tetriserve front door: generation, abort, health, cluster status and admin.
     """
 
     def __init__(self, channel):
@@ -55,10 +55,15 @@ class TetriServeStub:
                 request_serializer=protos_dot_tetriserve__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=protos_dot_tetriserve__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
+        self.SetPolicy = channel.unary_unary(
+                '/tetriserve.v1.TetriServe/SetPolicy',
+                request_serializer=protos_dot_tetriserve__pb2.SetPolicyRequest.SerializeToString,
+                response_deserializer=protos_dot_tetriserve__pb2.SetPolicyResponse.FromString,
+                _registered_method=True)
 
 
 class TetriServeServicer:
-    """The tetriserve front door: generation, abort, health and cluster status.
+    """The tetriserve front door: generation, abort, health, cluster status and admin.
     """
 
     def Generate(self, request, context):
@@ -89,6 +94,16 @@ class TetriServeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetPolicy(self, request, context):
+        """Admin: change workers' scheduling policies at run time. An unknown worker
+        ends the call with NOT_FOUND; a bad key or value (or a worker that has no
+        run-time policies) with INVALID_ARGUMENT, trailing metadata
+        `tetriserve-field` naming the key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TetriServeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +127,11 @@ def add_TetriServeServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_tetriserve__pb2.ClusterStatusRequest.FromString,
                     response_serializer=protos_dot_tetriserve__pb2.ClusterStatusResponse.SerializeToString,
             ),
+            'SetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPolicy,
+                    request_deserializer=protos_dot_tetriserve__pb2.SetPolicyRequest.FromString,
+                    response_serializer=protos_dot_tetriserve__pb2.SetPolicyResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'tetriserve.v1.TetriServe', rpc_method_handlers)
@@ -121,7 +141,7 @@ def add_TetriServeServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TetriServe:
-    """The tetriserve front door: generation, abort, health and cluster status.
+    """The tetriserve front door: generation, abort, health, cluster status and admin.
     """
 
     @staticmethod
@@ -222,6 +242,33 @@ class TetriServe:
             '/tetriserve.v1.TetriServe/ClusterStatus',
             protos_dot_tetriserve__pb2.ClusterStatusRequest.SerializeToString,
             protos_dot_tetriserve__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tetriserve.v1.TetriServe/SetPolicy',
+            protos_dot_tetriserve__pb2.SetPolicyRequest.SerializeToString,
+            protos_dot_tetriserve__pb2.SetPolicyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,7 +4,9 @@
 a generation with ``max_tokens == len(prompt)`` detokenizes back to the prompt
 text. Knobs in ``FakeBehavior`` make it slow, fail before/after the first
 token, or end with an error chunk; it records every request, abort and early
-close so tests can assert on them (polling with ``wait_until``).
+close so tests can assert on them (polling with ``wait_until``). Its two
+workers (prefill-0, decode-0) keep policies in a dict; ``set_policy`` goes
+through the real ``policy_admin`` checks and records what each worker received.
 
 ``LoopThread`` runs an asyncio loop in a daemon thread, so gateway servers can
 serve while a test drives them with blocking clients.
@@ -25,7 +27,8 @@ from typing import Any, TypeVar
 
 from common.request import Request
 from common.stream import StreamChunk
-from control_plane.backend import ClusterStatus, WorkerStatus
+from control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
+from control_plane.policy_admin import apply_changes, parse_prefill_changes, resolve_targets
 
 _T = TypeVar("_T")
 
@@ -68,6 +71,15 @@ def tokenizer_dir() -> str:
     return path
 
 
+FAKE_QUEUES = ("fcfs", "sjf", "ljf")
+
+
+def default_policies() -> dict[str, dict[str, str]]:
+    """What the fake's workers report before any change (shaped like the real workers' ``policies()``)."""
+    prefill = {"queue": "fcfs", "chunking": "fixed", "chunk_size": "512", "sched_batch": "16"}
+    return {"prefill-0": {**prefill, "dispatch": "power-of-two"}, "decode-0": {"admission": "greedy"}}
+
+
 @dataclass
 class FakeBehavior:
     """Per-test knobs of ``FakeBackend``."""
@@ -91,6 +103,8 @@ class FakeBackend:
     abort_calls: list[str] = field(default_factory=list)
     closed_early: list[str] = field(default_factory=list)
     generate_calls: int = 0
+    policies: dict[str, dict[str, str]] = field(default_factory=default_policies)
+    policy_changes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # what each worker received
     _abort_events: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def reset(self) -> None:
@@ -99,6 +113,8 @@ class FakeBackend:
         self.abort_calls.clear()
         self.closed_early.clear()
         self.generate_calls = 0
+        self.policies = default_policies()
+        self.policy_changes.clear()
 
     async def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
         self.generate_calls += 1
@@ -152,10 +168,25 @@ class FakeBackend:
 
     async def status(self) -> ClusterStatus:
         workers = (
-            WorkerStatus("prefill-0", "prefill", "running", {"queued": 1.0}),
-            WorkerStatus("decode-0", "decode", "running", {"free_kv_blocks": 42.0}),
+            WorkerStatus("prefill-0", "prefill", "running", {"queued": 1.0}, dict(self.policies["prefill-0"])),
+            WorkerStatus("decode-0", "decode", "running", {"free_kv_blocks": 42.0}, dict(self.policies["decode-0"])),
         )
         return ClusterStatus(self.model_name, workers, len(self._abort_events), "http://127.0.0.1:8265")
+
+    async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:
+        targets = resolve_targets(worker_id, {"prefill-0": "prefill-0"}, {"decode-0": "decode-0"})
+        parsed = parse_prefill_changes(changes)
+        return await apply_changes({wid: functools.partial(self._worker_set_policy, wid) for wid in targets}, parsed)
+
+    async def _worker_set_policy(self, worker_id: str, changes: dict[str, Any]) -> dict[str, str]:
+        """Stands in for ``PrefillWorker.set_policy``: a ValueError naming the config field on bad input."""
+        self.policy_changes.append((worker_id, dict(changes)))
+        if changes.get("queue", "fcfs") not in FAKE_QUEUES:
+            raise ValueError(f"prefill.queue_policy: unknown policy {changes['queue']!r}; known: {list(FAKE_QUEUES)}")
+        if changes.get("sched_batch", 1) < 1:
+            raise ValueError(f"prefill.sched_batch must be >= 1, got {changes['sched_batch']}")
+        self.policies[worker_id].update({k: str(v) for k, v in changes.items()})
+        return dict(self.policies[worker_id])
 
 
 class LoopThread:

@@ -35,7 +35,7 @@ SMALL: dict[str, Any] = {
     "max_position_embeddings": 256,
     "tokenizer_train_conversations": 200,
 }
-ROUND_TRIP = 'Hello, world! 你好，世界 🤖🚀👩‍👩‍👧 naïve café\n\ttabs  and   spaces "quotes" {json: [1]} \u200b end '  # noqa: RUF001
+ROUND_TRIP = 'Hello, world! 你好，世界 🤖🚀👩‍👩‍👧 naïve café\n\ttabs  and   spaces "quotes" {json: [1]} \u200b end '
 
 
 def _synthetic_corpus(path: Path) -> Path:

@@ -33,7 +33,11 @@ def test_sjf_and_ljf_sort_by_prompt_length_ties_by_arrival() -> None:
 
 def test_length_order_keeps_scheduled_batches_in_sequence() -> None:
     # PrefillSchedBatch bounds starvation: a short prompt of batch 2 never overtakes a long one of batch 1
-    waiting = [req("long1", 900, 0.0, batch_seq=1), req("short2", 3, 5.0, batch_seq=2), req("mid1", 50, 1.0, batch_seq=1)]
+    waiting = [
+        req("long1", 900, 0.0, batch_seq=1),
+        req("short2", 3, 5.0, batch_seq=2),
+        req("mid1", 50, 1.0, batch_seq=1),
+    ]
     assert ids(SJF().order(waiting, 9.0)) == ["mid1", "long1", "short2"]
     assert ids(LJF().order(waiting, 9.0)) == ["long1", "mid1", "short2"]
     assert ids(FCFS().order(waiting, 9.0)) == ["long1", "mid1", "short2"]

@@ -1,0 +1,133 @@
+"""One real prefill worker in this process, driven by a scripted workload: the prefill benchmarks' test bench.
+
+The worker is tetriserve's own ``PrefillWorker`` (gate, vLLM engine with the
+policy scheduler subclass) without Ray around it; every request has
+``max_tokens=1``, so it ends at its first token and needs no decode worker.
+Policies are switched between runs with ``PrefillWorker.set_policy`` — the
+admin RPC's path — so every policy runs on the same warm engine.
+
+Per request it reports the prefill waiting time (arrival → its first chunk is
+scheduled, read from the scheduler's iteration records) and the TTFT (arrival →
+first token back at the worker's caller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@dataclass(frozen=True)
+class Item:
+    prompt: tuple[int, ...]
+    offset_s: float  # arrival, relative to the start of the run
+    ttft_slo_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    prompt_len: int
+    wait_s: float
+    ttft_s: float
+    ttft_slo_ms: float | None
+
+    @property
+    def met(self) -> bool:
+        return self.ttft_slo_ms is None or self.ttft_s * 1000 <= self.ttft_slo_ms
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outcomes: list[Outcome]
+    iterations: int
+    overhead_s: float
+    exec_s: float
+    fit_error: float | None
+
+    def mean(self, attr: str) -> float:
+        return statistics.mean(getattr(o, attr) for o in self.outcomes)
+
+    def attainment(self) -> float:
+        return sum(o.met for o in self.outcomes) / len(self.outcomes)
+
+    @property
+    def overhead_share(self) -> float:
+        return self.overhead_s / (self.overhead_s + self.exec_s) if self.exec_s > 0 else 0.0
+
+
+def sharegpt_prompts(n: int, seed: int, tokenizer_dir: str, max_len: int) -> list[tuple[int, ...]]:
+    from transformers import AutoTokenizer
+
+    from common.sharegpt import sample_prompts
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return [tuple(tok.encode(p)[:max_len]) for p in sample_prompts(n, seed)]
+
+
+class PrefillBench:
+    def __init__(self, overrides: dict[str, Any]) -> None:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        from common.config import ClusterConfig
+        from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+        from engine.settings import engine_env
+
+        self.config = ClusterConfig.load(overrides=overrides)
+        os.environ.update(engine_env(self.config.engine))
+        from length_predictor.baseline import BucketQuantilePredictor
+        from prefill_worker.worker import PrefillWorker
+
+        self.model = str(self.config.engine.model or build_tiny_model(default_tiny_model_dir()))
+        self.worker = PrefillWorker("bench-prefill", self.config, self.model, BucketQuantilePredictor())
+        self._n = 0
+
+    def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
+        return self.worker.set_policy(changes)
+
+    def run(self, items: Sequence[Item]) -> RunResult:
+        return asyncio.run(self._run(items))
+
+    async def _one(self, item: Item, start: float, rid: str) -> tuple[str, float, float]:
+        from common.request import SLO, Request, SamplingSpec
+
+        await asyncio.sleep(max(0.0, start + item.offset_s - time.time()))
+        req = Request(rid, item.prompt, SamplingSpec(max_tokens=1, temperature=0.0), SLO(ttft_ms=item.ttft_slo_ms))
+        async for chunk in self.worker.prefill(req):
+            if getattr(chunk, "error", None):
+                raise RuntimeError(f"{rid}: {chunk.error}")
+        return rid, req.arrival_time, time.time() - req.arrival_time
+
+    async def _run(self, items: Sequence[Item]) -> RunResult:
+        log = self.worker.engine.scheduler().log
+        before = log.stats()
+        self._n += 1
+        start = time.time() + 0.05
+        ids = [f"r{self._n}-{i}" for i in range(len(items))]
+        done = await asyncio.gather(*(self._one(it, start, rid) for it, rid in zip(items, ids, strict=True)))
+        first: dict[str, float] = {}
+        for rec in log.records(since=start - 1):
+            for rid, _, _ in rec.chunks:
+                first.setdefault(rid, rec.started)
+        after = log.stats()
+        outcomes = [
+            Outcome(len(it.prompt), first[rid] - arrival, ttft, it.ttft_slo_ms)
+            for it, (rid, arrival, ttft) in zip(items, done, strict=True)
+        ]
+        fit = after.fit_error
+        return RunResult(
+            outcomes,
+            after.iterations - before.iterations,
+            after.overhead_s - before.overhead_s,
+            after.exec_s - before.exec_s,
+            fit,
+        )

@@ -1,0 +1,178 @@
+"""AccelGen §3.2/§6 on this machine: TTFT-SLO attainment with heterogeneous SLOs, FCFS vs AccelGen's
+remaining-time order and SLO-guaranteed dynamic chunking (and SOLA's predicted-TTFT order), plus each
+policy's scheduling overhead as a share of iteration time.
+
+    python benchmarks/prefill_slo.py --num-prompts 200 --load 0.9 --rounds 3
+
+SLOs as AccelGen sets them: prompts are grouped by length (``--group-tokens``;
+AccelGen uses 512 for prompts up to 100K tokens), the group's mean prefill
+latency is measured in a calibration run (FCFS, same arrivals, no SLOs), and
+each request's TTFT SLO is that mean × U[0.5, 1.5]. Arrivals are Poisson at
+``--load`` × the prefill capacity measured on a burst. Writes
+benchmarks/results/prefill_slo.{md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from prefill_harness import RESULTS, Item, PrefillBench, RunResult, sharegpt_prompts
+from tqdm import tqdm
+
+MAX_PROMPT = 1024
+
+
+def configs(chunk: int) -> dict[str, dict[str, Any]]:
+    fixed = {"chunking": "fixed", "chunk_size": chunk}
+    return {
+        "fcfs + fixed": {"queue": "fcfs", **fixed},
+        "accelgen order + fixed": {"queue": "accelgen", **fixed},
+        "accelgen order + dynamic": {"queue": "accelgen", "chunking": "dynamic", "selection": "in-order"},
+        "accelgen + dynamic + multi-resource": {
+            "queue": "accelgen",
+            "chunking": "dynamic",
+            "selection": "multi-resource",
+        },
+        "sola order + fixed": {"queue": "sola", **fixed},
+    }
+
+
+def poisson(prompts: list[tuple[int, ...]], rate: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in prompts:
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--num-prompts", type=int, default=200)
+    ap.add_argument("--load", type=float, default=0.9, help="offered prompt tokens / measured capacity")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--group-tokens", type=int, default=128)
+    ap.add_argument("--sched-batch", type=int, default=64)
+    ap.add_argument("--cost-profile", default=str(RESULTS / "profile_tiny_cpu.json"))
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+
+    bench = PrefillBench(
+        {
+            "engine.max_model_len": 2048,
+            "engine.max_num_seqs": 128,
+            "engine.kv_cache_gb": 2.0,
+            "prefill.max_batch_tokens": 8192,
+            "prefill.sched_batch": args.sched_batch,
+            "prefill.cost_profile": args.cost_profile,
+        }
+    )
+    if bench.worker.cost is None:
+        raise SystemExit("this benchmark needs a cost profile: run benchmarks/profile_tiny.sh first")
+    chunk = bench.worker.cost.pivot_tokens
+    cfgs = configs(chunk)
+    prompts = sharegpt_prompts(args.num_prompts, args.seed, bench.model, MAX_PROMPT)
+
+    # capacity on a burst (after a warm-up of every chunking mode), then the calibration run
+    for name in ("accelgen order + dynamic", "fcfs + fixed"):
+        bench.set_policy(cfgs[name])
+        burst = bench.run([Item(p, 0.0) for p in prompts])
+    capacity = sum(map(len, prompts)) / max(o.ttft_s for o in burst.outcomes)
+    rate = args.load * capacity / statistics.mean(map(len, prompts))
+    arrivals = poisson(prompts, rate, args.seed)
+    calib = bench.run([Item(p, t) for p, t in zip(prompts, arrivals, strict=True)])
+    groups: dict[int, list[float]] = defaultdict(list)
+    for o in calib.outcomes:
+        groups[o.prompt_len // args.group_tokens].append(o.ttft_s)
+    rng = random.Random(args.seed + 1)
+    slos = [statistics.mean(groups[len(p) // args.group_tokens]) * 1e3 * rng.uniform(0.5, 1.5) for p in prompts]
+    items = [Item(p, t, s) for p, t, s in zip(prompts, arrivals, slos, strict=True)]
+
+    runs: dict[str, list[RunResult]] = {n: [] for n in cfgs}
+    names = list(cfgs)
+    with tqdm(total=args.rounds * len(names), desc="SLO attainment") as bar:
+        for r in range(args.rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                bench.set_policy(cfgs[name])
+                runs[name].append(bench.run(items))
+                bar.update()
+    write_report(runs, args, chunk, capacity, rate, prompts, bench)
+    return 0
+
+
+def med(results: list[RunResult], fn: Any) -> float:
+    return statistics.median(fn(r) for r in results)
+
+
+def write_report(
+    runs: dict[str, list[RunResult]],
+    args: argparse.Namespace,
+    chunk: int,
+    capacity: float,
+    rate: float,
+    prompts: list[tuple[int, ...]],
+    bench: PrefillBench,
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cost = bench.worker.cost
+    assert cost is not None
+    base = med(runs["fcfs + fixed"], RunResult.attainment)
+    lines = [
+        "# TTFT-SLO attainment with heterogeneous SLOs (AccelGen §3.2 setting) and scheduling overhead",
+        "",
+        f"Command: `python benchmarks/prefill_slo.py --num-prompts {args.num_prompts} --load {args.load} "
+        f"--rounds {args.rounds}`",
+        "",
+        f"{len(prompts)} ShareGPT prompts (seed {args.seed}, mean {statistics.mean(map(len, prompts)):.0f} tokens), "
+        f"Poisson arrivals at {rate:.1f} req/s = {args.load} × the measured capacity of {capacity:.0f} prompt "
+        f"tokens/s; one prefill worker (tiny model, CPU, 1 engine thread), PrefillSchedBatch {args.sched_batch}. "
+        f"TTFT SLO = mean TTFT of the request's {args.group_tokens}-token length group in an FCFS calibration run "
+        f"× U[0.5, 1.5]. Cost profile: S_pf = {cost.pivot_tokens} tokens, T̄_pf = {cost.pivot_seconds * 1e3:.2f} ms; "
+        f"fixed ChunkSize = S_pf = {chunk}. Median over {args.rounds} rounds, all on one warm engine.",
+        "",
+        "| policy | SLO attainment | vs FCFS | mean TTFT (ms) | scheduler overhead / iteration | "
+        "overhead per iteration (µs) | iterations |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, res in runs.items():
+        att = med(res, RunResult.attainment)
+        ovh = med(res, lambda r: r.overhead_share)
+        per_it = med(res, lambda r: r.overhead_s / max(1, r.iterations) * 1e6)
+        ttft = med(res, lambda r: r.mean("ttft_s")) * 1e3
+        lines.append(
+            f"| {name} | {100 * att:.1f}% | {100 * (att / base - 1):+.1f}% | {ttft:.1f} "
+            f"| {100 * ovh:.2f}% | {per_it:.0f} | {med(res, lambda r: r.iterations):.0f} |"
+        )
+    fit = runs["fcfs + fixed"][-1].fit_error
+    lines += [
+        "",
+        "AccelGen reports +37–90% SLO attainment over its baselines; SOLA reports 0.40–0.45% scheduling overhead, "
+        "AccelGen 0.02% of JCT.",
+        f"Online cost-model error (SOLA eq. 3 with the eq. 5 correction, mean |pred − meas| / meas over every "
+        f"iteration of the run): {100 * fit:.1f}%."
+        if fit is not None
+        else "",
+    ]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "prefill_slo.md").write_text("\n".join(lines) + "\n")
+    fig, ax = plt.subplots(figsize=(9, 4))
+    names = list(runs)
+    ax.bar(range(len(names)), [100 * med(runs[n], RunResult.attainment) for n in names])
+    ax.set_xticks(range(len(names)), names, rotation=15)
+    ax.set_ylabel("TTFT SLO attainment (%)")
+    ax.set_title("Heterogeneous TTFT SLOs on one prefill worker")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "prefill_slo.png", dpi=120)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

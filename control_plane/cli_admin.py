@@ -1,0 +1,127 @@
+"""`tetriserve status` and `tetriserve policy set|show`: a running service's workers and policies, over gRPC.
+
+    tetriserve status      [--target HOST:PORT] [--json]              workers: role, state, policy, load
+    tetriserve policy show [--target HOST:PORT] [--worker ID] [--json] each worker's policies
+    tetriserve policy set  [--target HOST:PORT] [--worker ID] [--json] KEY=VALUE ...
+        e.g. `tetriserve policy set queue=sjf sched_batch=128 chunking=dynamic`: every prefill worker
+        (or --worker ID) switches at once; prints the policies as they now are.
+
+A malformed KEY=VALUE (or a key given twice) is a usage error: exit code 2
+before any call. A key or value the service rejects comes back as
+INVALID_ARGUMENT naming the key, an unknown worker as NOT_FOUND: exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+DEFAULT_TARGET = "localhost:50051"
+SET_KEYS_HELP = (
+    "queue=fcfs|sjf|ljf|accelgen|sola  chunking=fixed|none|dynamic  chunk_size=N  "
+    "selection=in-order|multi-resource  sched_batch=N"
+)
+_KEY_ORDER = ("queue", "chunking", "chunk_size", "selection", "sched_batch", "dispatch", "admission")
+
+
+def parse_assignment(text: str) -> tuple[str, str]:
+    """One ``KEY=VALUE`` argument; argparse turns the error into exit code 2 with a usage message."""
+    key, sep, value = text.partition("=")
+    key, value = key.strip(), value.strip()
+    if not sep or not key or not value:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. queue=sjf), got {text!r}")
+    return key, value
+
+
+def changes_from(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """The ``KEY=VALUE`` pairs as a dict; a key given twice raises ValueError (exit code 2)."""
+    changes: dict[str, str] = {}
+    for key, value in pairs:
+        if key in changes:
+            raise ValueError(f"{key}: given twice ({key}={changes[key]} and {key}={value})")
+        changes[key] = value
+    return changes
+
+
+def format_policy(policy: Mapping[str, str]) -> str:
+    """``queue=sjf chunking=fixed ...`` in a stable order (known keys first); ``-`` when empty."""
+    keys = sorted(policy, key=lambda k: (_KEY_ORDER.index(k) if k in _KEY_ORDER else len(_KEY_ORDER), k))
+    return " ".join(f"{k}={policy[k]}" for k in keys) or "-"
+
+
+def add_policy_parser(sub: Any) -> None:
+    """Register `policy set` and `policy show` on the top-level subparsers."""
+    p = sub.add_parser("policy", help="show or change workers' scheduling policies at run time (gRPC)")
+    psub = p.add_subparsers(dest="policy_command", required=True)
+    s = psub.add_parser("set", help="change policies, e.g. `policy set queue=sjf sched_batch=128`")
+    s.add_argument("changes", nargs="+", type=parse_assignment, metavar="KEY=VALUE", help=SET_KEYS_HELP)
+    sh = psub.add_parser("show", help="each worker's policies")
+    for cmd in (s, sh):
+        cmd.add_argument("--worker", default=None, help="worker id (default: set → every prefill worker, show → all)")
+        cmd.add_argument("--target", default=DEFAULT_TARGET, help="gRPC address")
+        cmd.add_argument("--json", action="store_true", help="machine-readable output")
+        cmd.add_argument("--timeout", type=float, default=30.0, help="deadline in seconds")
+
+
+def run_policy(args: argparse.Namespace) -> int:
+    from client import TetriServeClient
+
+    if args.policy_command == "set":
+        changes = changes_from(args.changes)
+        with TetriServeClient(args.target) as client:
+            update = client.set_policy(changes, args.worker, timeout=args.timeout)
+        rows = [(w.worker_id, w.role, w.policy) for w in update.workers]
+    else:
+        with TetriServeClient(args.target) as client:
+            st = client.cluster_status(timeout=args.timeout)
+        rows = [(w.worker_id, w.role, w.policy) for w in st.workers if args.worker in (None, w.worker_id)]
+        if not rows:
+            known = ", ".join(w.worker_id for w in st.workers)
+            print(f"tetriserve: error: no worker {args.worker!r}; known: {known}", file=sys.stderr)
+            return 1
+    if args.json:
+        workers = [{"worker_id": wid, "role": role, "policy": dict(policy)} for wid, role, policy in rows]
+        print(json.dumps({"workers": workers}, indent=2))
+        return 0
+    print(f"{'worker':<12} {'role':<8} policy")
+    for wid, role, policy in rows:
+        print(f"{wid:<12} {role:<8} {format_policy(policy)}")
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """`tetriserve status`: one line per worker with its state, policy and load."""
+    from client import TetriServeClient
+
+    with TetriServeClient(args.target) as client:
+        st = client.cluster_status(timeout=10)
+    if args.json:
+        workers = [
+            {
+                "worker_id": w.worker_id,
+                "role": w.role,
+                "state": w.state,
+                "policy": dict(w.policy),
+                "load": dict(w.load),
+            }
+            for w in st.workers
+        ]
+        status = {
+            "model": st.model,
+            "requests_in_flight": st.requests_in_flight,
+            "dashboard_url": st.dashboard_url,
+            "workers": workers,
+        }
+        print(json.dumps(status, indent=2))
+        return 0
+    policies = [format_policy(w.policy) for w in st.workers]
+    width = max([len("policy"), *map(len, policies)])
+    print(f"model {st.model}   in flight {st.requests_in_flight}   dashboard {st.dashboard_url or '-'}")
+    print(f"{'worker':<12} {'role':<8} {'state':<9} {'policy':<{width}} load")
+    for w, policy in zip(st.workers, policies, strict=True):
+        load = " ".join(f"{k}={v:g}" for k, v in sorted(w.load.items()))
+        print(f"{w.worker_id:<12} {w.role:<8} {w.state:<9} {policy:<{width}} {load}")
+    return 0

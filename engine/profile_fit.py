@@ -1,0 +1,115 @@
+"""From timed iterations to a cost profile: sweep → pivot, samples → SOLA eq. 3 / eq. 4 (SOLA §5.2, AccelGen §4.2).
+
+    MeasuredStep (scenario, pieces, median seconds)
+      ├─ SWEEP steps                      → SweepPoint(S, t)  → find_pivot → S_pf, T̄_pf
+      ├─ SWEEP + CHUNKED steps            → (l_has, l_in)* samples ─┐
+      └─ DECODE steps where all B decode  → context-length samples ─┤
+                                                                    ▼
+         split by scenario (engine.profile_plan.held_out) → fit on train → mean |pred − meas| / meas
+         on train and held-out → CostProfile (coefficients from the train fit, held-out errors)
+
+Pure: no vLLM, so it is unit-tested and can refit saved samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from common.cost_model import PrefillBatch, fit_decode, fit_prefill, mean_abs_pct_error
+from common.cost_profile import CostProfile, SweepPoint, find_pivot
+from engine.profile_plan import ScenarioKind, Step, held_out, pure_decode
+
+X = TypeVar("X")
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """One iteration of one scenario: its pieces (checked against the engine) and median time over repeats."""
+
+    scenario: str
+    kind: ScenarioKind
+    batch: int  # requests in the scenario
+    index: int  # iteration number within the scenario
+    pieces: Step
+    seconds: float
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """How well one cost model fits: errors are mean |pred − meas| / meas (a fraction)."""
+
+    train_error: float
+    test_error: float
+    n_train: int
+    n_test: int
+    test_measured: tuple[float, ...]
+    test_predicted: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    profile: CostProfile
+    prefill: FitReport
+    decode: FitReport
+    saturation: float
+
+
+def sweep_points(steps: Sequence[MeasuredStep]) -> list[SweepPoint]:
+    pts = [SweepPoint(s.pieces[0].new, s.seconds) for s in steps if s.kind is ScenarioKind.SWEEP]
+    return sorted(pts, key=lambda p: p.forward_tokens)
+
+
+def prefill_samples(steps: Sequence[MeasuredStep]) -> list[tuple[str, PrefillBatch, float]]:
+    kinds = (ScenarioKind.SWEEP, ScenarioKind.CHUNKED)
+    return [(s.scenario, [(p.has, p.new) for p in s.pieces], s.seconds) for s in steps if s.kind in kinds]
+
+
+def decode_samples(steps: Sequence[MeasuredStep]) -> list[tuple[str, list[int], float]]:
+    return [
+        (s.scenario, [p.has for p in s.pieces], s.seconds)
+        for s in steps
+        if s.kind is ScenarioKind.DECODE and pure_decode(s.pieces, s.batch)
+    ]
+
+
+def _split(
+    samples: Sequence[tuple[str, X, float]], test_names: set[str]
+) -> tuple[list[tuple[X, float]], list[tuple[X, float]]]:
+    train = [(x, t) for name, x, t in samples if name not in test_names]
+    test = [(x, t) for name, x, t in samples if name in test_names]
+    return train, test
+
+
+def _report(predict: Callable[[X], float], train: list[tuple[X, float]], test: list[tuple[X, float]]) -> FitReport:
+    train_err = mean_abs_pct_error([predict(x) for x, _ in train], [t for _, t in train])
+    test_pred = tuple(predict(x) for x, _ in test)
+    test_meas = tuple(t for _, t in test)
+    test_err = mean_abs_pct_error(test_pred, test_meas) if test else float("nan")
+    return FitReport(train_err, test_err, len(train), len(test), test_meas, test_pred)
+
+
+def calibrate(steps: Sequence[MeasuredStep], model: str, hardware: str, saturation: float = 0.9) -> Calibration:
+    """Fit both cost models on the train scenarios, measure them on the held-out ones, find the pivot."""
+    sweep = sweep_points(steps)
+    if not sweep:
+        raise ValueError("calibrate: no SWEEP iterations among the measured steps")
+    pivot = find_pivot(sweep, saturation)
+    test_names = held_out(list(dict.fromkeys(s.scenario for s in steps)))  # scenario order, deduplicated
+    p_train, p_test = _split(prefill_samples(steps), test_names)
+    d_train, d_test = _split(decode_samples(steps), test_names)
+    p_cost, d_cost = fit_prefill(p_train), fit_decode(d_train)
+    prefill, decode = _report(p_cost.predict, p_train, p_test), _report(d_cost.predict, d_train, d_test)
+    profile = CostProfile(
+        model=model,
+        hardware=hardware,
+        prefill=p_cost,
+        decode=d_cost,
+        pivot_tokens=pivot.forward_tokens,
+        pivot_seconds=pivot.seconds,
+        prefill_fit_error=prefill.test_error,
+        decode_fit_error=decode.test_error,
+        sweep=tuple(sweep),
+    )
+    return Calibration(profile, prefill, decode, saturation)

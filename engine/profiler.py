@@ -1,0 +1,198 @@
+"""Time profile scenarios on one in-process vLLM engine (SOLA §5.2 offline profiling; AccelGen §4.2 sweep).
+
+    engine_env (threads, in-process) ─▶ LLMEngine(COLOCATED, max_num_batched_tokens ≥ max forward)
+    warm-up: every scenario kind once, untimed
+    for each scenario × repeats:
+        scheduler.max_num_scheduled_tokens ← scenario budget        (the chunk size c)
+        add its prompts: random ids < vocab, fixed seed, a serial number in the first two ids (no prefix hits)
+        while unfinished: t0 = perf_counter(); engine.step(); t = perf_counter() − t0
+        the step's SchedulerOutput must equal engine.profile_plan's FCFS derivation, piece by piece
+    each iteration's time = the median over repeats ─▶ MeasuredStep ─▶ engine.profile_fit
+
+The environment (``engine_env``) must be set before ``vllm`` is first imported: ``ProfileEngine.open`` does it.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from common.config import EngineConfig
+from engine.profile_fit import MeasuredStep
+from engine.profile_plan import (
+    Scenario,
+    ScenarioKind,
+    Step,
+    chunked_scenarios,
+    decode_scenarios,
+    simulate_fcfs,
+    sweep_scenarios,
+)
+from engine.settings import EngineRole, build_engine_args, engine_env
+
+
+def detect_hardware() -> str:
+    """The GPU's name, else the CPU model from /proc/cpuinfo and ``x<N>-cores``."""
+    import torch
+
+    if torch.cuda.is_available():
+        return str(torch.cuda.get_device_name(0))
+    name = "cpu"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name} x{os.cpu_count() or 1}-cores"
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    max_model_len: int
+    max_batched_tokens: int
+    max_num_seqs: int
+    kv_capacity_tokens: int
+    vocab_size: int
+
+
+class ProfileEngine:
+    """One LLMEngine plus a tap on its scheduler: runs a scenario, checks each iteration, returns step times."""
+
+    def __init__(self, engine: Any, seed: int = 0) -> None:
+        import numpy as np
+
+        self.engine = engine
+        try:
+            self.scheduler = engine.engine_core.engine_core.scheduler
+        except AttributeError as exc:
+            raise RuntimeError("profile needs an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)") from exc
+        self._outputs: list[Any] = []
+        schedule = self.scheduler.schedule
+
+        def tap(*args: Any, **kwargs: Any) -> Any:
+            out = schedule(*args, **kwargs)
+            self._outputs.append(out)
+            return out
+
+        self.scheduler.schedule = tap
+        vcfg = engine.vllm_config
+        self.facts = EngineFacts(
+            max_model_len=int(vcfg.model_config.max_model_len),
+            max_batched_tokens=int(vcfg.scheduler_config.max_num_batched_tokens),
+            max_num_seqs=int(self.scheduler.max_num_running_reqs),
+            kv_capacity_tokens=int(vcfg.cache_config.num_gpu_blocks) * int(vcfg.cache_config.block_size),
+            vocab_size=int(vcfg.model_config.get_vocab_size()),
+        )
+        self._rng = np.random.default_rng(seed)
+        self._serial = 0
+
+    @classmethod
+    def open(cls, cfg: EngineConfig, model: str, max_forward: int, seed: int = 0) -> ProfileEngine:
+        os.environ.update(engine_env(cfg))
+        import torch
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        torch.set_num_threads(cfg.threads_per_engine)
+        args = build_engine_args(cfg, model, EngineRole.COLOCATED, chunk_size=max_forward)
+        return cls(LLMEngine.from_engine_args(args), seed)
+
+    def _prompt(self, length: int) -> list[int]:
+        vocab = self.facts.vocab_size
+        ids: list[int] = self._rng.integers(0, vocab, size=length).tolist()
+        ids[0] = self._serial % vocab
+        if length > 1:
+            ids[1] = (self._serial // vocab) % vocab
+        self._serial += 1
+        return ids
+
+    def run(self, sc: Scenario, plan: Sequence[Step]) -> list[float]:
+        """Run ``sc`` once from idle; every iteration must match ``plan``. Returns each iteration's seconds."""
+        from vllm import SamplingParams
+
+        if sc.budget > self.facts.max_batched_tokens:
+            raise ValueError(f"scenario {sc.name}: budget {sc.budget} > max_num_batched_tokens")
+        if self.engine.has_unfinished_requests():
+            raise RuntimeError(f"scenario {sc.name}: the engine is not idle")
+        self.scheduler.max_num_scheduled_tokens = sc.budget
+        index: dict[str, int] = {}
+        for i, (n, m) in enumerate(zip(sc.prompt_lens, sc.max_tokens, strict=True)):
+            params = SamplingParams(max_tokens=m, ignore_eos=True, temperature=0.0)
+            rid = self.engine.add_request(f"{sc.name}.{self._serial}", {"prompt_token_ids": self._prompt(n)}, params)
+            index[rid] = i
+        gc.collect()
+        times: list[float] = []
+        while self.engine.has_unfinished_requests():
+            self._outputs.clear()
+            t0 = time.perf_counter()
+            self.engine.step()
+            dt = time.perf_counter() - t0
+            outs = [o for o in self._outputs if o.total_num_scheduled_tokens > 0]
+            if len(outs) > 1:
+                raise RuntimeError(f"scenario {sc.name}: one engine.step() ran {len(outs)} iterations")
+            if outs:
+                self._check(sc, plan, len(times), outs[0], index)
+                times.append(dt)
+        if len(times) != len(plan):
+            raise RuntimeError(f"scenario {sc.name}: {len(times)} iterations ran, the FCFS derivation has {len(plan)}")
+        return times
+
+    @staticmethod
+    def _check(sc: Scenario, plan: Sequence[Step], i: int, out: Any, index: dict[str, int]) -> None:
+        has = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        has.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        seen = sorted((index[r], has[r], n) for r, n in out.num_scheduled_tokens.items())
+        want = sorted((p.request, p.has, p.new) for p in plan[i]) if i < len(plan) else []
+        if seen != want:
+            raise RuntimeError(
+                f"scenario {sc.name} iteration {i}: vLLM scheduled (request, l_has, l_in) {seen}, "
+                f"the FCFS derivation says {want}"
+            )
+
+
+def plan_scenarios(facts: EngineFacts, max_forward: int) -> list[Scenario]:
+    """Sweep sizes up to ``max_forward`` (a prompt needs one slot for its output token), chunked and decode sets."""
+    top = min(max_forward, facts.max_batched_tokens, facts.max_model_len - 1)
+    return [
+        *sweep_scenarios(top),
+        *chunked_scenarios(min(max_forward, facts.max_batched_tokens), facts.max_model_len - 1),
+        *decode_scenarios(facts.max_model_len, facts.max_batched_tokens, facts.max_num_seqs, facts.kv_capacity_tokens),
+    ]
+
+
+def measure(
+    engine: ProfileEngine, scenarios: Sequence[Scenario], repeats: int, progress: bool = True
+) -> list[MeasuredStep]:
+    """Warm up (the sweep and one scenario of each other kind), run every scenario ``repeats`` times, keep
+    each iteration's median time."""
+    from tqdm import tqdm
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    plans = {
+        sc.name: simulate_fcfs(sc.prompt_lens, sc.max_tokens, sc.budget, engine.facts.max_num_seqs) for sc in scenarios
+    }
+    warm = [sc for sc in scenarios if sc.kind is ScenarioKind.SWEEP]
+    for kind in (ScenarioKind.CHUNKED, ScenarioKind.DECODE):
+        warm += [sc for sc in scenarios if sc.kind is kind][:1]
+    out: list[MeasuredStep] = []
+    with tqdm(total=len(warm) + repeats * len(scenarios), desc="profile", unit="run", disable=not progress) as bar:
+        for sc in warm:
+            bar.set_postfix_str(f"warm-up {sc.name}")
+            engine.run(sc, plans[sc.name])
+            bar.update()
+        for sc in scenarios:
+            bar.set_postfix_str(sc.name)
+            runs = []
+            for _ in range(repeats):
+                runs.append(engine.run(sc, plans[sc.name]))
+                bar.update()
+            for i, step in enumerate(plans[sc.name]):
+                median = statistics.median(r[i] for r in runs)
+                out.append(MeasuredStep(sc.name, sc.kind, len(sc.prompt_lens), i, step, median))
+    return out

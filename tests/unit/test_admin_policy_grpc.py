@@ -1,0 +1,198 @@
+"""The SetPolicy admin RPC end to end over gRPC (gateway + SDK + CLI) against ``FakeBackend``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+pytest.importorskip("grpc")
+
+from client import AsyncTetriServeClient, InvalidArgument, NotFound, TetriServeClient
+from control_plane.cli import main
+from control_plane.frontdoor import FrontDoor
+from control_plane.gateway_grpc import start_grpc_server
+from tests.fakes import FakeBackend, LoopThread, tokenizer_dir
+
+
+@dataclass
+class Env:
+    backend: FakeBackend
+    target: str
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[Env]:
+    backend = FakeBackend(tokenizer_dir())
+    loop = LoopThread()
+    server, port = loop.run(start_grpc_server(backend, "127.0.0.1", 0, front=FrontDoor(backend)))
+    yield Env(backend, f"127.0.0.1:{port}")
+    loop.run(server.stop(None))
+    loop.stop()
+
+
+@pytest.fixture()
+def backend(env: Env) -> FakeBackend:
+    env.backend.reset()
+    return env.backend
+
+
+@pytest.fixture()
+def client(env: Env) -> Iterator[TetriServeClient]:
+    with TetriServeClient(env.target, timeout=10) as c:
+        yield c
+
+
+# ---- SDK round trip ------------------------------------------------------------------------------
+
+
+def test_set_policy_round_trip_reaches_worker_with_ints(backend: FakeBackend, client: TetriServeClient) -> None:
+    update = client.set_policy({"queue": "sjf", "sched_batch": "128", "chunk_size": 256})
+    assert [(w.worker_id, w.role) for w in update.workers] == [("prefill-0", "prefill")]
+    policy = update.policy_of("prefill-0")
+    assert (policy["queue"], policy["sched_batch"], policy["chunk_size"]) == ("sjf", "128", "256")
+    assert policy["dispatch"] == "power-of-two"  # untouched keys are reported too
+    # string values of int fields arrive at the worker as ints
+    assert backend.policy_changes == [("prefill-0", {"queue": "sjf", "sched_batch": 128, "chunk_size": 256})]
+    status = client.cluster_status()
+    by_id = {w.worker_id: w for w in status.workers}
+    assert by_id["prefill-0"].policy["queue"] == "sjf"
+    assert dict(by_id["decode-0"].policy) == {"admission": "greedy"}
+
+
+def test_set_policy_on_one_named_worker(backend: FakeBackend, client: TetriServeClient) -> None:
+    update = client.set_policy({"chunking": "none"}, worker_id="prefill-0")
+    assert update.policy_of("prefill-0")["chunking"] == "none"
+    with pytest.raises(KeyError):
+        update.policy_of("decode-0")
+
+
+def test_unknown_worker_is_not_found(backend: FakeBackend, client: TetriServeClient) -> None:
+    with pytest.raises(NotFound, match="prefill-9") as info:
+        client.set_policy({"queue": "sjf"}, worker_id="prefill-9")
+    assert "prefill-0" in info.value.details  # the known workers are listed
+    assert backend.policy_changes == []
+
+
+BAD_CHANGES: list[tuple[str, dict[str, str], str | None, str, str]] = [
+    # id, changes, worker_id, field, text in the message
+    ("decode target", {"admission": "greedy"}, "decode-0", "worker_id", "decode workers have no run-time policies yet"),
+    ("unknown key", {"bogus": "1"}, None, "bogus", "unknown prefill policy key"),
+    ("not settable", {"dispatch": "random"}, None, "dispatch", "unknown prefill policy key"),
+    ("not an int", {"sched_batch": "lots"}, None, "sched_batch", "must be an integer, got 'lots'"),
+    ("float for int", {"chunk_size": "1.5"}, None, "chunk_size", "must be an integer"),
+    ("empty value", {"queue": ""}, None, "queue", "must not be empty"),
+    ("no changes", {}, None, "changes", "at least one"),
+    ("worker rejects name", {"queue": "nope"}, None, "queue", "prefill.queue_policy: unknown policy 'nope'"),
+    ("worker rejects value", {"queue": "sjf", "sched_batch": "0"}, None, "sched_batch", "prefill.sched_batch must be"),
+]
+
+
+@pytest.mark.parametrize(
+    ("changes", "worker_id", "field", "text"), [c[1:] for c in BAD_CHANGES], ids=[c[0] for c in BAD_CHANGES]
+)
+def test_bad_change_is_invalid_argument_naming_the_field(
+    backend: FakeBackend,
+    client: TetriServeClient,
+    changes: dict[str, str],
+    worker_id: str | None,
+    field: str,
+    text: str,
+) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        client.set_policy(changes, worker_id=worker_id)
+    assert info.value.field == field
+    assert text in info.value.details
+    assert backend.policies["prefill-0"]["queue"] == "fcfs"  # nothing changed
+    reached = backend.policy_changes
+    assert reached == [] or field in reached[0][1]  # only a value the worker itself judges reaches it
+
+
+def test_async_client_set_policy(env: Env, backend: FakeBackend) -> None:
+    async def scenario() -> None:
+        async with AsyncTetriServeClient(env.target, timeout=10) as c:
+            update = await c.set_policy({"queue": "ljf"})
+            assert update.policy_of("prefill-0")["queue"] == "ljf"
+            assert (await c.cluster_status()).workers[0].policy["queue"] == "ljf"
+            with pytest.raises(NotFound):
+                await c.set_policy({"queue": "sjf"}, worker_id="nobody")
+            with pytest.raises(InvalidArgument) as info:
+                await c.set_policy({"sched_batch": "x"})
+            assert info.value.field == "sched_batch"
+
+    asyncio.run(scenario())
+
+
+def test_sdk_rejects_non_mapping_changes(client: TetriServeClient) -> None:
+    with pytest.raises(TypeError, match="changes must be a mapping"):
+        client.set_policy("queue=sjf")  # type: ignore[arg-type]
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arg", ["queue", "=sjf", "queue=", " = "])
+def test_cli_bad_key_value_form_exits_2(arg: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["policy", "set", "--target", "127.0.0.1:1", arg])
+    assert info.value.code == 2
+    assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_cli_policy_set_needs_a_change(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["policy", "set"])
+    assert info.value.code == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_cli_key_given_twice_exits_2(backend: FakeBackend, env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "set", "--target", env.target, "queue=sjf", "queue=ljf"]) == 2
+    assert "queue: given twice" in capsys.readouterr().err
+    assert backend.policy_changes == []
+
+
+def test_cli_policy_set_and_show(backend: FakeBackend, env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "set", "--target", env.target, "queue=sjf", "sched_batch=128", "chunking=none"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill-0" in out and "queue=sjf chunking=none" in out and "sched_batch=128" in out
+    assert backend.policy_changes == [("prefill-0", {"queue": "sjf", "sched_batch": 128, "chunking": "none"})]
+
+    assert main(["policy", "show", "--target", env.target, "--json"]) == 0
+    shown = {w["worker_id"]: w for w in json.loads(capsys.readouterr().out)["workers"]}
+    assert shown["prefill-0"]["policy"]["queue"] == "sjf" and shown["decode-0"]["policy"] == {"admission": "greedy"}
+
+    assert main(["policy", "show", "--target", env.target, "--worker", "decode-0"]) == 0
+    out = capsys.readouterr().out
+    assert "admission=greedy" in out and "prefill-0" not in out
+    assert main(["policy", "show", "--target", env.target, "--worker", "nobody"]) == 1
+    assert "no worker 'nobody'" in capsys.readouterr().err
+
+
+def test_cli_policy_set_errors_exit_1(backend: FakeBackend, env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "set", "--target", env.target, "--worker", "prefill-7", "queue=sjf"]) == 1
+    assert "NOT_FOUND" in capsys.readouterr().err
+    assert main(["policy", "set", "--target", env.target, "sched_batch=many"]) == 1
+    assert "sched_batch: must be an integer" in capsys.readouterr().err
+
+
+def test_cli_status_shows_policy_column_and_json(
+    backend: FakeBackend, env: Env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--target", env.target]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[1].split()
+    assert header == ["worker", "role", "state", "policy", "load"]
+    prefill = next(line for line in lines if line.startswith("prefill-0"))
+    assert "queue=fcfs" in prefill and "queued=1" in prefill
+    decode = next(line for line in lines if line.startswith("decode-0"))
+    assert decode.index("admission=greedy") == lines[1].index("policy")  # the column lines up
+
+    assert main(["status", "--target", env.target, "--json"]) == 0
+    workers = {w["worker_id"]: w for w in json.loads(capsys.readouterr().out)["workers"]}
+    assert workers["prefill-0"]["policy"]["sched_batch"] == "16"
+    assert workers["decode-0"]["policy"] == {"admission": "greedy"}
+    assert workers["decode-0"]["load"]["free_kv_blocks"] == 42.0
