@@ -100,8 +100,12 @@ class PrefillBench:
     async def _one(self, item: Item, start: float, rid: str) -> tuple[str, float, float]:
         from common.request import SLO, Request, SamplingSpec
 
-        await asyncio.sleep(max(0.0, start + item.offset_s - time.time()))
-        req = Request(rid, item.prompt, SamplingSpec(max_tokens=1, temperature=0.0), SLO(ttft_ms=item.ttft_slo_ms))
+        delay = start + item.offset_s - time.time()
+        if item.offset_s > 0 and delay > 0:  # a burst (offset 0) lands in the raw queue in one event-loop tick
+            await asyncio.sleep(delay)
+        # a first token unique to this run and request: no prefix-cache hits on blocks an earlier run computed
+        prompt = (5 + (self._n * 131 + int(rid.rsplit('-', 1)[1])) % 3000, *item.prompt[1:])
+        req = Request(rid, prompt, SamplingSpec(max_tokens=1, temperature=0.0), SLO(ttft_ms=item.ttft_slo_ms))
         async for chunk in self.worker.prefill(req):
             if getattr(chunk, "error", None):
                 raise RuntimeError(f"{rid}: {chunk.error}")
@@ -111,7 +115,7 @@ class PrefillBench:
         log = self.worker.engine.scheduler().log
         before = log.stats()
         self._n += 1
-        start = time.time() + 0.05
+        start = time.time()
         ids = [f"r{self._n}-{i}" for i in range(len(items))]
         done = await asyncio.gather(*(self._one(it, start, rid) for it, rid in zip(items, ids, strict=True)))
         first: dict[str, float] = {}

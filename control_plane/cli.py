@@ -9,6 +9,7 @@ from typing import Any
 
 from control_plane.cli_admin import add_policy_parser, run_policy, run_status
 from control_plane.cli_predictor import add_predictor_parser, run_predictor
+from control_plane.cli_profile import add_profile_parser, run_profile
 
 # flag -> dotted ClusterConfig field
 _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
@@ -76,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--force", action="store_true", help="rebuild even if present")
 
     add_predictor_parser(sub)
+    add_profile_parser(sub)
     add_policy_parser(sub)
     return p
 
@@ -140,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         "status": run_status,
         "model": _model,
         "predictor": run_predictor,
+        "profile": run_profile,
         "policy": run_policy,
     }
     from client.errors import TetriServeError, Unavailable

@@ -14,6 +14,7 @@ This module only parses flags and wires those parts together.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import time
@@ -86,13 +87,15 @@ def run_profile(args: argparse.Namespace) -> int:
         max_model_len=min(_model_max_len(model_dir), max(2048, max_forward + 1)),
     )
     t0 = time.monotonic()
+    from engine.hardware import detect_hardware
     from engine.profile_fit import calibrate
     from engine.profile_report import ReportContext, write_report
-    from engine.profiler import ProfileEngine, detect_hardware, measure, plan_scenarios
+    from engine.profiler import ProfileEngine, measure, plan_scenarios
 
     engine = ProfileEngine.open(cfg, model_dir, max_forward)  # sets the engine's environment before vllm loads
     hardware = args.hardware or detect_hardware()
-    out = Path(args.out) if args.out else default_profile_path(name, hardware)
+    # keyed like prefill_worker.policy.load_cost looks it up: the model directory's name and this hardware
+    out = Path(args.out) if args.out else default_profile_path(model_dir, hardware)
     report_dir = Path(args.report_dir) if args.report_dir else out.parent
     scenarios = plan_scenarios(engine.facts, max_forward)
     t_measure = time.monotonic()
@@ -104,7 +107,7 @@ def run_profile(args: argparse.Namespace) -> int:
     mode = "eager" if cfg.enforce_eager else "compiled"
     ctx = ReportContext(
         command=_command(args),
-        engine=f"vLLM, dtype {cfg.dtype}, {cfg.threads_per_engine} thread(s), {mode}, max_model_len {f.max_model_len},"
+        engine=f"vLLM, dtype {f.dtype}, {cfg.threads_per_engine} thread(s), {mode}, max_model_len {f.max_model_len},"
         f" max_num_batched_tokens {f.max_batched_tokens}",
         repeats=repeats,
         runtime_s=measure_s,
@@ -115,6 +118,10 @@ def run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
+
+
 def _summary(cal: Calibration, out: Path, png: Path, md: Path, seconds: float) -> None:
     p = cal.profile
     print(f"profile: {p.model} on {p.hardware} in {seconds:.0f} s")
@@ -123,7 +130,7 @@ def _summary(cal: Calibration, out: Path, png: Path, md: Path, seconds: float) -
     print(f"  decode       a1={p.decode.a1:.3g} b1={p.decode.b1:.3g} c1={p.decode.c1:.3g}")
     for label, r in (("prefill", cal.prefill), ("decode", cal.decode)):
         print(
-            f"  {label:<8} err train {100 * r.train_error:.1f}% ({r.n_train}), "
-            f"held-out {100 * r.test_error:.1f}% ({r.n_test})"
+            f"  {label:<8} err train {_pct(r.train_error)} ({r.n_train}), "
+            f"held-out {_pct(r.test_error)} ({r.n_test}), measurement noise {_pct(r.noise)}"
         )
     print(f"  wrote        {out}\n               {png}\n               {md}")

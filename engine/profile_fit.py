@@ -13,6 +13,8 @@ Pure: no vLLM, so it is unit-tested and can refit saved samples.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -34,6 +36,7 @@ class MeasuredStep:
     index: int  # iteration number within the scenario
     pieces: Step
     seconds: float
+    spread: float = float("nan")  # mean |t − median| / median over the repeats: the measurement noise
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class FitReport:
     n_test: int
     test_measured: tuple[float, ...]
     test_predicted: tuple[float, ...]
+    noise: float = float("nan")  # mean repeat-to-repeat spread of the same iterations: the error floor
 
 
 @dataclass(frozen=True)
@@ -82,12 +86,19 @@ def _split(
     return train, test
 
 
-def _report(predict: Callable[[X], float], train: list[tuple[X, float]], test: list[tuple[X, float]]) -> FitReport:
+def _report(
+    predict: Callable[[X], float], train: list[tuple[X, float]], test: list[tuple[X, float]], noise: float
+) -> FitReport:
     train_err = mean_abs_pct_error([predict(x) for x, _ in train], [t for _, t in train])
     test_pred = tuple(predict(x) for x, _ in test)
     test_meas = tuple(t for _, t in test)
     test_err = mean_abs_pct_error(test_pred, test_meas) if test else float("nan")
-    return FitReport(train_err, test_err, len(train), len(test), test_meas, test_pred)
+    return FitReport(train_err, test_err, len(train), len(test), test_meas, test_pred, noise)
+
+
+def _noise(steps: Sequence[MeasuredStep], keep: Callable[[MeasuredStep], bool]) -> float:
+    spreads = [s.spread for s in steps if keep(s) and not math.isnan(s.spread)]
+    return statistics.fmean(spreads) if spreads else float("nan")
 
 
 def calibrate(steps: Sequence[MeasuredStep], model: str, hardware: str, saturation: float = 0.9) -> Calibration:
@@ -100,7 +111,10 @@ def calibrate(steps: Sequence[MeasuredStep], model: str, hardware: str, saturati
     p_train, p_test = _split(prefill_samples(steps), test_names)
     d_train, d_test = _split(decode_samples(steps), test_names)
     p_cost, d_cost = fit_prefill(p_train), fit_decode(d_train)
-    prefill, decode = _report(p_cost.predict, p_train, p_test), _report(d_cost.predict, d_train, d_test)
+    p_noise = _noise(steps, lambda s: s.kind is not ScenarioKind.DECODE)
+    d_noise = _noise(steps, lambda s: s.kind is ScenarioKind.DECODE and pure_decode(s.pieces, s.batch))
+    prefill = _report(p_cost.predict, p_train, p_test, p_noise)
+    decode = _report(d_cost.predict, d_train, d_test, d_noise)
     profile = CostProfile(
         model=model,
         hardware=hardware,

@@ -131,7 +131,7 @@ def chunked_scenarios(max_budget: int, max_prompt: int) -> list[Scenario]:
     c = 64
     while c <= max_budget:
         for k in (2, 4, 8):
-            if c // k >= MIN_FORWARD:
+            if MIN_FORWARD <= c // k <= max_prompt:
                 out.append(Scenario(f"pack{k}-c{c}", ScenarioKind.CHUNKED, c, (c // k,) * k, (1,) * k))
         if 3 * c // 2 <= max_prompt:
             out.append(Scenario(f"stagger-c{c}", ScenarioKind.CHUNKED, c, (3 * c // 2,) * 4, (1,) * 4))

@@ -75,8 +75,12 @@ def _parity(ax: Axes, cal: Calibration) -> None:
             lo, hi = min(lo, *meas, *pred), max(hi, *meas, *pred)
     if hi > 0:
         ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter
+
+    for axis, scale in ((ax.xaxis, ax.set_xscale), (ax.yaxis, ax.set_yscale)):
+        scale("log")
+        axis.set_major_formatter(FormatStrFormatter("%g"))
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("measured (ms)")
     ax.set_ylabel("predicted (ms)")
     ax.grid(alpha=0.3)
@@ -115,7 +119,7 @@ def markdown(cal: Calibration, ctx: ReportContext, png_name: str) -> str:
         ["", "c₁", f"{dc.c1:.4g}", "s"],
     ]
     err_rows = [
-        [name, str(r.n_train), _pct(r.train_error), str(r.n_test), _pct(r.test_error)]
+        [name, str(r.n_train), _pct(r.train_error), str(r.n_test), _pct(r.test_error), _pct(r.noise)]
         for name, r in (("prefill (eq. 3)", cal.prefill), ("decode (eq. 4)", cal.decode))
     ]
     lines = [
@@ -123,7 +127,7 @@ def markdown(cal: Calibration, ctx: ReportContext, png_name: str) -> str:
         "",
         f"Command: `{ctx.command}`  ",
         f"Engine: {ctx.engine}  ",
-        f"Each iteration timed around `engine.step()`, median of {ctx.repeats} run(s); {ctx.samples}; "
+        f"Each iteration timed around `engine.step()`, median of {ctx.repeats} round(s); {ctx.samples}; "
         f"profiling took {ctx.runtime_s:.0f} s.",
         "",
         f"**Pivot** (smallest S reaching {cal.saturation:.0%} of the best throughput, {best:,.0f} tokens/s): "
@@ -142,11 +146,15 @@ def markdown(cal: Calibration, ctx: ReportContext, png_name: str) -> str:
         "## Fit error: mean |predicted − measured| / measured (SOLA reports 4.98–5.92%)",
         "",
         *_table(
-            ["model", "train iterations", "train error", "held-out iterations", "held-out error"], err_rows, "lrrrr"
+            ["model", "train iterations", "train error", "held-out iterations", "held-out error", "measurement noise"],
+            err_rows,
+            "lrrrrr",
         ),
         "",
         "Held out: every fourth scenario of each kind from the second on, never a kind's largest "
-        "(`engine.profile_plan.held_out`); the coefficients above are fitted on the rest.",
+        "(`engine.profile_plan.held_out`); the coefficients above are fitted on the rest. Measurement noise: "
+        "mean |t − median| / median of the same iteration over the repeats (n/a with one repeat), the floor "
+        "no model of the composition can beat.",
         "",
     ]
     return "\n".join(lines)

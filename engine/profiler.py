@@ -1,13 +1,14 @@
 """Time profile scenarios on one in-process vLLM engine (SOLA §5.2 offline profiling; AccelGen §4.2 sweep).
 
     engine_env (threads, in-process) ─▶ LLMEngine(COLOCATED, max_num_batched_tokens ≥ max forward)
-    warm-up: every scenario kind once, untimed
-    for each scenario × repeats:
-        scheduler.max_num_scheduled_tokens ← scenario budget        (the chunk size c)
+    warm-up, untimed: every sweep size, one chunked and one decode scenario
+    repeats × rounds over all scenarios:
+        scheduler.max_num_scheduled_tokens ← scenario budget   (the chunk size c; the knob
+                                                               prefill_worker.vllm_scheduler turns too)
         add its prompts: random ids < vocab, fixed seed, a serial number in the first two ids (no prefix hits)
         while unfinished: t0 = perf_counter(); engine.step(); t = perf_counter() − t0
         the step's SchedulerOutput must equal engine.profile_plan's FCFS derivation, piece by piece
-    each iteration's time = the median over repeats ─▶ MeasuredStep ─▶ engine.profile_fit
+    each iteration: the median over rounds and their spread ─▶ MeasuredStep ─▶ engine.profile_fit
 
 The environment (``engine_env``) must be set before ``vllm`` is first imported: ``ProfileEngine.open`` does it.
 """
@@ -36,23 +37,9 @@ from engine.profile_plan import (
 from engine.settings import EngineRole, build_engine_args, engine_env
 
 
-def detect_hardware() -> str:
-    """The GPU's name, else the CPU model from /proc/cpuinfo and ``x<N>-cores``."""
-    import torch
-
-    if torch.cuda.is_available():
-        return str(torch.cuda.get_device_name(0))
-    name = "cpu"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
-    except OSError:
-        pass
-    return f"{name} x{os.cpu_count() or 1}-cores"
-
-
 @dataclass(frozen=True)
 class EngineFacts:
+    dtype: str  # as vLLM resolved it (``auto`` on CPU may pick bfloat16)
     max_model_len: int
     max_batched_tokens: int
     max_num_seqs: int
@@ -82,6 +69,7 @@ class ProfileEngine:
         self.scheduler.schedule = tap
         vcfg = engine.vllm_config
         self.facts = EngineFacts(
+            dtype=str(vcfg.model_config.dtype).removeprefix("torch."),
             max_model_len=int(vcfg.model_config.max_model_len),
             max_batched_tokens=int(vcfg.scheduler_config.max_num_batched_tokens),
             max_num_seqs=int(self.scheduler.max_num_running_reqs),
@@ -168,8 +156,9 @@ def plan_scenarios(facts: EngineFacts, max_forward: int) -> list[Scenario]:
 def measure(
     engine: ProfileEngine, scenarios: Sequence[Scenario], repeats: int, progress: bool = True
 ) -> list[MeasuredStep]:
-    """Warm up (the sweep and one scenario of each other kind), run every scenario ``repeats`` times, keep
-    each iteration's median time."""
+    """Warm up (the sweep and one scenario of each other kind), then ``repeats`` rounds over all scenarios
+    (rounds, not back-to-back repeats, so a burst of machine noise does not land on one scenario only);
+    each iteration keeps the median over rounds and the rounds' spread around it."""
     from tqdm import tqdm
 
     if repeats < 1:
@@ -180,19 +169,22 @@ def measure(
     warm = [sc for sc in scenarios if sc.kind is ScenarioKind.SWEEP]
     for kind in (ScenarioKind.CHUNKED, ScenarioKind.DECODE):
         warm += [sc for sc in scenarios if sc.kind is kind][:1]
-    out: list[MeasuredStep] = []
+    runs: dict[str, list[list[float]]] = {sc.name: [] for sc in scenarios}
     with tqdm(total=len(warm) + repeats * len(scenarios), desc="profile", unit="run", disable=not progress) as bar:
         for sc in warm:
             bar.set_postfix_str(f"warm-up {sc.name}")
             engine.run(sc, plans[sc.name])
             bar.update()
-        for sc in scenarios:
-            bar.set_postfix_str(sc.name)
-            runs = []
-            for _ in range(repeats):
-                runs.append(engine.run(sc, plans[sc.name]))
+        for r in range(repeats):
+            for sc in scenarios:
+                bar.set_postfix_str(f"round {r + 1}/{repeats} {sc.name}")
+                runs[sc.name].append(engine.run(sc, plans[sc.name]))
                 bar.update()
-            for i, step in enumerate(plans[sc.name]):
-                median = statistics.median(r[i] for r in runs)
-                out.append(MeasuredStep(sc.name, sc.kind, len(sc.prompt_lens), i, step, median))
+    out: list[MeasuredStep] = []
+    for sc in scenarios:
+        for i, step in enumerate(plans[sc.name]):
+            times = [run[i] for run in runs[sc.name]]
+            median = statistics.median(times)
+            spread = statistics.fmean(abs(t - median) for t in times) / median if len(times) > 1 else float("nan")
+            out.append(MeasuredStep(sc.name, sc.kind, len(sc.prompt_lens), i, step, median, spread))
     return out

@@ -1,7 +1,8 @@
 """Raw queue → scheduled queue, PrefillSchedBatch requests at a time (TetriInfer §3.3.1).
 
 A *batch* of up to B requests is taken from the raw queue and ordered by the
-queue policy; its members enter the engine in that order while fewer than B
+queue policy (arrivals are pumped once per event-loop tick, so a burst that
+lands together is sorted together); its members enter the engine in that order while fewer than B
 of this worker's requests are in the engine. The next batch is formed only
 when the current one is fully released, so a request waits at most for the
 batches formed before it arrived: the starvation bound of the paper.
@@ -29,6 +30,7 @@ class SchedBatchGate:
         self._batch: deque[str] = deque()
         self._batch_seq = 0
         self._in_engine = 0
+        self._pump_pending = False
         self.policy = policy
         self.sched_batch = 1
         self.set_policy(policy, sched_batch)
@@ -46,9 +48,12 @@ class SchedBatchGate:
         """Wait for this request's turn in the engine; hold it for the body of the ``async with``.
 
         Yields the sequence number of the batch that moved it to the scheduled queue (1, 2, ...)."""
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
         self._raw[view.request_id] = (view, fut)
-        self._pump()
+        if not self._pump_pending:  # pump once per loop tick, so requests arriving together are sorted together
+            self._pump_pending = True
+            loop.call_soon(self._deferred_pump)
         try:
             seq = await fut
         except BaseException:
@@ -85,6 +90,10 @@ class SchedBatchGate:
         self._raw.pop(request_id, None)
         if request_id in self._batch:
             self._batch.remove(request_id)
+
+    def _deferred_pump(self) -> None:
+        self._pump_pending = False
+        self._pump()
 
     def _pump(self) -> None:
         while self._in_engine < self.sched_batch:

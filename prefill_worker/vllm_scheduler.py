@@ -45,6 +45,7 @@ class TetriPrefillScheduler(Scheduler):
         ) = None
         self._t_exec = 0.0
         self._ext: dict[str, str] = {}  # vLLM's request id -> ours
+        self._views: dict[str, ReqView] = {}
 
     def configure(self, policy: PrefillPolicy) -> None:
         """Swap the policy; takes effect at the next iteration (called from another thread)."""
@@ -52,6 +53,15 @@ class TetriPrefillScheduler(Scheduler):
 
     # -- views ---------------------------------------------------------------------------
     def _view(self, req: Any) -> ReqView:
+        """The request's view, rebuilt only when its progress changed since the last iteration."""
+        cached = self._views.get(req.request_id)
+        if cached is not None and cached.computed_tokens == req.num_computed_tokens:
+            return cached
+        view = self._build_view(req)
+        self._views[req.request_id] = view
+        return view
+
+    def _build_view(self, req: Any) -> ReqView:
         params = req.sampling_params
         meta = (params.extra_args or {}).get(EXTRA_KEY, {}) if params is not None else {}
         arrival = float(meta.get("arrival", req.arrival_time))
@@ -142,11 +152,12 @@ class TetriPrefillScheduler(Scheduler):
             for rid in scheduler_output.num_scheduled_tokens:
                 self._queued_since[rid] = now
         result = super().update_from_output(scheduler_output, model_runner_output)
-        if max(len(self._queued_since), len(self._ext)) > 2 * len(self.requests) + 64:  # drop finished ones
+        if max(len(self._queued_since), len(self._views)) > 2 * len(self.requests) + 64:  # drop finished ones
             forget = getattr(self.policy.queue, "forget", None)
             for rid in [r for r in self._queued_since if r not in self.requests]:
                 del self._queued_since[rid]
                 if forget is not None:
                     forget(rid)
             self._ext = {k: v for k, v in self._ext.items() if k in self.requests}
+            self._views = {k: v for k, v in self._views.items() if k in self.requests}
         return result
