@@ -104,7 +104,7 @@ class PrefillBench:
         if item.offset_s > 0 and delay > 0:  # a burst (offset 0) lands in the raw queue in one event-loop tick
             await asyncio.sleep(delay)
         # a first token unique to this run and request: no prefix-cache hits on blocks an earlier run computed
-        prompt = (5 + (self._n * 131 + int(rid.rsplit('-', 1)[1])) % 3000, *item.prompt[1:])
+        prompt = (5 + (self._n * 131 + int(rid.rsplit("-", 1)[1])) % 3000, *item.prompt[1:])
         req = Request(rid, prompt, SamplingSpec(max_tokens=1, temperature=0.0), SLO(ttft_ms=item.ttft_slo_ms))
         async for chunk in self.worker.prefill(req):
             if getattr(chunk, "error", None):
