@@ -1,9 +1,9 @@
 """Raw queue → scheduled queue, PrefillSchedBatch requests at a time (TetriInfer §3.3.1).
 
-A *batch* of up to B requests is taken from the raw queue and ordered by the
-queue policy (arrivals are pumped once per event-loop tick, so a burst that
-lands together is sorted together); its members enter the engine in that order while fewer than B
-of this worker's requests are in the engine. The next batch is formed only
+A *batch* is the B earliest arrivals in the raw queue, ordered by the queue
+policy (arrivals are pumped once per event-loop tick, so a burst that lands
+together is batched together); its members enter the engine in that order
+while fewer than B of this worker's requests are in the engine. The next batch is formed only
 when the current one is fully released, so a request waits at most for the
 batches formed before it arrived: the starvation bound of the paper.
 """
@@ -98,10 +98,13 @@ class SchedBatchGate:
     def _pump(self) -> None:
         while self._in_engine < self.sched_batch:
             if not self._batch:
-                waiting = [v for v, f in self._raw.values() if not f.done()]
+                waiting = sorted(
+                    (v for v, f in self._raw.values() if not f.done()), key=lambda v: (v.arrival_time, v.request_id)
+                )
                 if not waiting:
                     return
-                ordered = self.policy.order(waiting, time.time())[: self.sched_batch]
+                # the next B arrivals, then sorted: a request waits at most for the batches that arrived before it
+                ordered = self.policy.order(waiting[: self.sched_batch], time.time())
                 self._batch.extend(v.request_id for v in ordered)
                 self._batch_seq += 1
             request_id = self._batch.popleft()

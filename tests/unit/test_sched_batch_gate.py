@@ -15,6 +15,7 @@ import pytest
 from prefill_worker.admission import RequestAborted, SchedBatchGate
 from prefill_worker.queue import make_queue_policy
 from prefill_worker.queue.fcfs import FCFS
+from prefill_worker.queue.length_order import SJF
 from prefill_worker.views import ReqView
 
 
@@ -251,3 +252,22 @@ def test_gate_task_cancelled_right_after_admission_does_not_leak_its_slot() -> N
         await asyncio.wait_for(late(), timeout=0.5)
 
     asyncio.run(scenario())
+
+
+def test_gate_sorts_within_a_batch_of_the_earliest_arrivals_only() -> None:
+    # TetriInfer §3.3.1: twenty queued, batch size ten → two sorted batches; a short late arrival cannot
+    # overtake the long prompts of the batch before it (the starvation bound), but a burst is sorted together
+    async def scenario() -> None:
+        h = Harness(SchedBatchGate(SJF(), 2))
+        for rid, arrival, n in [("long1", 0.0, 900), ("long2", 1.0, 800), ("short3", 2.0, 5), ("short4", 3.0, 4)]:
+            h.start(rid, arrival, prompt_len=n)
+        await h.settle()
+        assert h.entered == ["long2", "long1"]  # the first batch: the two earliest, shortest first
+        for rid in ["long2", "long1"]:
+            await h.finish(rid)
+        await until(lambda: len(h.entered) == 4, "second batch inside")
+        assert h.entered[2:] == ["short4", "short3"]
+        for rid in ["short4", "short3"]:
+            await h.finish(rid)
+
+    run_async(scenario)
