@@ -66,6 +66,18 @@ class RunResult:
         return self.overhead_s / (self.overhead_s + self.exec_s) if self.exec_s > 0 else 0.0
 
 
+def bench_overrides(max_batch_tokens: int, cost_profile: str | None, **extra: Any) -> dict[str, Any]:
+    """Config for the benchmarks' prefill worker: 2048-token context, room for 128 requests in the engine."""
+    return {
+        "engine.max_model_len": 2048,
+        "engine.max_num_seqs": 128,
+        "engine.kv_cache_gb": 2.0,
+        "prefill.max_batch_tokens": max_batch_tokens,
+        "prefill.cost_profile": cost_profile or None,
+        **extra,
+    }
+
+
 def sharegpt_prompts(n: int, seed: int, tokenizer_dir: str, max_len: int) -> list[tuple[int, ...]]:
     from transformers import AutoTokenizer
 

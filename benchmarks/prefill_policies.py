@@ -15,7 +15,7 @@ import argparse
 import statistics
 from typing import Any
 
-from prefill_harness import RESULTS, Item, PrefillBench, RunResult, sharegpt_prompts
+from prefill_harness import RESULTS, Item, PrefillBench, RunResult, bench_overrides, sharegpt_prompts
 from tqdm import tqdm
 
 MAX_PROMPT = 1024
@@ -39,15 +39,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    bench = PrefillBench(
-        {
-            "engine.max_model_len": 2048,
-            "engine.max_num_seqs": 128,
-            "engine.kv_cache_gb": 2.0,
-            "prefill.max_batch_tokens": 16 * MAX_PROMPT,
-            "prefill.cost_profile": args.cost_profile or None,
-        }
-    )
+    bench = PrefillBench(bench_overrides(16 * MAX_PROMPT, args.cost_profile))
     chunk = args.chunk_size or (bench.worker.cost.pivot_tokens if bench.worker.cost else 512)
     prompts = sharegpt_prompts(args.num_prompts, args.seed, bench.model, MAX_PROMPT)
     burst = [Item(p, 0.0) for p in prompts]

@@ -20,7 +20,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from prefill_harness import RESULTS, Item, PrefillBench, RunResult, sharegpt_prompts
+from prefill_harness import RESULTS, Item, PrefillBench, RunResult, bench_overrides, sharegpt_prompts
 from tqdm import tqdm
 
 MAX_PROMPT = 1024
@@ -62,16 +62,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
 
-    bench = PrefillBench(
-        {
-            "engine.max_model_len": 2048,
-            "engine.max_num_seqs": 128,
-            "engine.kv_cache_gb": 2.0,
-            "prefill.max_batch_tokens": 8192,
-            "prefill.sched_batch": args.sched_batch,
-            "prefill.cost_profile": args.cost_profile,
-        }
-    )
+    bench = PrefillBench(bench_overrides(8192, args.cost_profile, **{"prefill.sched_batch": args.sched_batch}))
     if bench.worker.cost is None:
         raise SystemExit("this benchmark needs a cost profile: run benchmarks/profile_tiny.sh first")
     chunk = bench.worker.cost.pivot_tokens

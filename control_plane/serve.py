@@ -34,6 +34,14 @@ def resolve_model(config: ClusterConfig) -> tuple[str, str]:
     return str(path), config.engine.served_model_name or path.name
 
 
+def check_prefill_policy(config: ClusterConfig, model_path: str) -> None:
+    """Fail before launching anything when the prefill policy cannot be built (e.g. no cost profile)."""
+    from engine.hardware import detect_hardware
+    from prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
+
+    build_prefill_policy(spec_from_config(config.prefill), load_cost(config.prefill, model_path, detect_hardware()))
+
+
 async def run_front_doors(
     config: ClusterConfig,
     backend: object,
@@ -68,6 +76,7 @@ def serve(config: ClusterConfig) -> None:
     t0 = time.monotonic()
     model_path, name = resolve_model(config)
     print(f"tetriserve: model {name} ({model_path})", flush=True)
+    check_prefill_policy(config, model_path)
     print(f"tetriserve: starting {config.num_prefill} prefill + {config.num_decode} decode workers ...", flush=True)
     cluster = launch(config, model_path)
     backend = RayBackend(cluster, name)

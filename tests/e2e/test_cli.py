@@ -165,3 +165,17 @@ def test_ctrl_c_stops_cleanly(service: Service) -> None:
     while "shutting down" not in "".join(service.output) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "shutting down" in "".join(service.output)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--chunking", "dynamic", "--cost-profile", "/nonexistent/profile.json"], "run `tetriserve profile`"),
+        (["--prefill-policy", "lifo"], "prefill.queue_policy"),
+    ],
+)
+def test_serve_refuses_a_policy_it_cannot_build_before_starting_anything(flags: list[str], message: str) -> None:
+    out = subprocess.run([*CLI, "serve", *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
