@@ -24,6 +24,7 @@ left to vLLM untouched.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -33,6 +34,19 @@ from prefill_worker.policy import PrefillPolicy, PrefillPolicySpec, build_prefil
 from prefill_worker.views import EXTRA_KEY, Chunk, PrefillState, ReqView
 
 
+@dataclass(frozen=True)
+class _Pending:
+    """An iteration scheduled but not yet finished."""
+
+    policy: PrefillPolicy
+    started: float
+    overhead_s: float
+    budget: int
+    chunks: tuple[tuple[str, int, int], ...]
+    predicted_s: float | None
+    exec_start: float
+
+
 class TetriPrefillScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -40,10 +54,7 @@ class TetriPrefillScheduler(Scheduler):
         self.policy: PrefillPolicy = build_prefill_policy(PrefillPolicySpec(chunk_size=self.ceiling), None)
         self.log = IterationLog()
         self._queued_since: dict[str, float] = {}
-        self._pending: (
-            tuple[PrefillPolicy, float, float, int, tuple[tuple[str, int, int], ...], float | None] | None
-        ) = None
-        self._t_exec = 0.0
+        self._pending: _Pending | None = None
         self._ext: dict[str, str] = {}  # vLLM's request id -> ours
         self._views: dict[str, ReqView] = {}
 
@@ -134,20 +145,17 @@ class TetriPrefillScheduler(Scheduler):
         comp = tuple((self._ext.get(rid, rid), computed.get(rid, 0), n) for rid, n in out.num_scheduled_tokens.items())
         predicted = policy.cost.prefill_time([(h, n) for _, h, n in comp]) if policy.cost is not None else None
         overhead += time.perf_counter() - t1
-        self._pending = (policy, started, overhead, budget, comp, predicted)
-        self._t_exec = time.perf_counter()
+        self._pending = _Pending(policy, started, overhead, budget, comp, predicted, time.perf_counter())
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        pending, self._pending = self._pending, None
-        if pending is not None and scheduler_output.total_num_scheduled_tokens > 0:
-            exec_s = time.perf_counter() - self._t_exec
-            policy, started, overhead, budget, comp, predicted = pending
-            cost = policy.cost
-            if cost is not None:
-                cost.observe_prefill([(h, n) for _, h, n in comp], exec_s)
-                self.log.gamma = cost.prefill_gamma.gamma
-            self.log.add(IterationRecord(started, budget, comp, overhead, exec_s, predicted))
+        p, self._pending = self._pending, None
+        if p is not None and scheduler_output.total_num_scheduled_tokens > 0:
+            exec_s = time.perf_counter() - p.exec_start
+            if p.policy.cost is not None:
+                p.policy.cost.observe_prefill([(h, n) for _, h, n in p.chunks], exec_s)
+                self.log.gamma = p.policy.cost.prefill_gamma.gamma
+            self.log.add(IterationRecord(p.started, p.budget, p.chunks, p.overhead_s, exec_s, p.predicted_s))
             now = time.time()
             for rid in scheduler_output.num_scheduled_tokens:
                 self._queued_since[rid] = now
