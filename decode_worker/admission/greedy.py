@@ -1,0 +1,18 @@
+"""Greedy admission: vLLM's own behaviour (TetriInfer §3.4's baseline).
+
+Admit whenever the request's current context fits the free KV; when the batch
+grows past what the cache holds, vLLM preempts (recomputes) the newest request.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from decode_worker.views import DecodeReqView, DecodeState, blocks_for
+
+
+class Greedy:
+    name: ClassVar[str] = "greedy"
+
+    def admit(self, req: DecodeReqView, state: DecodeState) -> bool:
+        return blocks_for(req.context, state.block_size) - req.held_blocks <= state.free_blocks

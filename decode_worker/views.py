@@ -1,0 +1,60 @@
+"""Frozen views that decode-side policies decide from (DESIGN.md §4).
+
+``DecodeReqView`` is one request on a decode worker: its context so far, how
+much it may still generate and the predicted length range; ``DecodeState`` is
+the worker's KV budget and running batch at one scheduling step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from common.length import LengthEstimate
+
+LengthEnd = Literal["lower", "estimate", "upper"]
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return math.ceil(max(0, tokens) / block_size)
+
+
+@dataclass(frozen=True)
+class DecodeReqView:
+    request_id: str
+    prompt_len: int  # tokens in its context when decoding starts (prompt + first token)
+    max_tokens: int  # tokens it may still generate at most
+    arrival_time: float = 0.0
+    generated: int = 0  # tokens generated on this worker so far
+    estimate: LengthEstimate | None = None
+    held_blocks: int = 0  # KV blocks it already holds (its prompt's, once its KV has landed)
+
+    @property
+    def context(self) -> int:
+        return self.prompt_len + self.generated
+
+    def predicted_remaining(self, end: LengthEnd = "lower") -> int:
+        """Tokens still to generate by the predicted range's ``end`` (TetriInfer uses the lower end);
+        without an estimate, all of ``max_tokens``."""
+        total = getattr(self.estimate, end) if self.estimate is not None else self.max_tokens
+        return max(0, min(total, self.max_tokens) - self.generated)
+
+    def blocks_at(self, steps: int, block_size: int, end: LengthEnd = "lower") -> int:
+        """KV blocks it holds ``steps`` iterations from now, if it is still running then."""
+        return blocks_for(self.context + min(steps, self.predicted_remaining(end)), block_size)
+
+    def advanced(self, tokens: int) -> DecodeReqView:
+        return replace(self, generated=self.generated + tokens)
+
+
+@dataclass(frozen=True)
+class DecodeState:
+    free_blocks: int
+    block_size: int
+    running: tuple[DecodeReqView, ...] = ()
+
+    def with_admitted(self, req: DecodeReqView) -> DecodeState:
+        """The state after ``req`` joins the batch (its context's blocks taken from the free pool)."""
+        taken = max(0, blocks_for(req.context, self.block_size) - req.held_blocks)
+        return DecodeState(self.free_blocks - taken, self.block_size, (*self.running, req))
