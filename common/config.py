@@ -122,7 +122,13 @@ class PrefillConfig(BaseModel):
 class DecodeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    admission_policy: Literal["greedy"] = Field("greedy", description="Decode admission policy.")
+    admission_policy: Literal["greedy", "reserve-static", "reserve-dynamic"] = Field(
+        "greedy",
+        description=(
+            "Decode admission (TetriInfer §3.4): greedy (vLLM's own), reserve-static (each request reserves its "
+            "predicted KV), reserve-dynamic (admit only if KV stays free until the batch's jobs finish, by prediction)."
+        ),
+    )
 
 
 class ClusterConfig(BaseModel):

@@ -29,6 +29,7 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--chunk-selection": ("prefill.chunk_selection", str, "dynamic chunking: in-order | multi-resource"),
     "--max-batch-tokens": ("prefill.max_batch_tokens", int, "prefill engine's ceiling on tokens per iteration"),
     "--cost-profile": ("prefill.cost_profile", str, "cost profile JSON (default: this model's, from `profile`)"),
+    "--admission-policy": ("decode.admission_policy", str, "greedy | reserve-static | reserve-dynamic"),
     "--dispatch-policy": ("prefill.dispatch_policy", str, "power-of-two | random | round-robin"),
     "--predictor": ("prefill.predictor", str, "output-length predictor: auto | trained | baseline | oracle"),
     "--predictor-artifact": ("prefill.predictor_artifact", str, "trained heads' JSON (default: the committed g200)"),

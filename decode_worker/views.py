@@ -28,7 +28,7 @@ class DecodeReqView:
     arrival_time: float = 0.0
     generated: int = 0  # tokens generated on this worker so far
     estimate: LengthEstimate | None = None
-    held_blocks: int = 0  # KV blocks it already holds (its prompt's, once its KV has landed)
+    held_blocks: int = 0  # KV blocks it holds now: ⌈computed tokens / b⌉ (a waiting request: its landed KV's)
 
     @property
     def context(self) -> int:
@@ -54,7 +54,14 @@ class DecodeState:
     block_size: int
     running: tuple[DecodeReqView, ...] = ()
 
+    @property
+    def capacity(self) -> int:
+        """Blocks the batch may use in all: what is free plus what its members hold."""
+        return self.free_blocks + sum(r.held_blocks for r in self.running)
+
     def with_admitted(self, req: DecodeReqView) -> DecodeState:
-        """The state after ``req`` joins the batch (its context's blocks taken from the free pool)."""
-        taken = max(0, blocks_for(req.context, self.block_size) - req.held_blocks)
-        return DecodeState(self.free_blocks - taken, self.block_size, (*self.running, req))
+        """The state after ``req`` joins the batch: its context's blocks move from the free pool to it."""
+        need = blocks_for(req.context, self.block_size)
+        taken = max(0, need - req.held_blocks)
+        joined = replace(req, held_blocks=max(need, req.held_blocks))
+        return DecodeState(self.free_blocks - taken, self.block_size, (*self.running, joined))

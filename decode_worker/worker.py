@@ -9,8 +9,9 @@
 ``submit`` returns at once. Outputs of every request go to the worker's one
 ``Outbox``, which the GlobalScheduler drains through a single long-lived
 ``subscribe`` stream, so relaying costs one message per engine step rather
-than one per request per step. Admission is vLLM's own (``greedy``) until the
-decode policies issue lands.
+than one per request per step. Admission is decided by ``decode.admission_policy``
+(greedy, reserve-static, reserve-dynamic) in the engine's scheduler subclass,
+once the request's KV has landed.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ from common.load import DecodeLoad
 from common.outbox import Outbox
 from common.request import Request
 from common.stream import StreamChunk
+from decode_worker.admission import make_admission_policy
 from engine.settings import EngineRole, build_engine_args
 from engine.worker_base import EngineWorker
 
 logger = logging.getLogger(__name__)
+
+SCHEDULER_CLS = "decode_worker.vllm_scheduler.TetriDecodeScheduler"
 
 
 @dataclass
@@ -53,8 +57,10 @@ class DecodeWorker(EngineWorker):
             endpoint=worker_id,
             transport=config.transport,
             kv_deadline_s=config.kv_transfer_timeout_s,
+            scheduler_cls=SCHEDULER_CLS,
         )
         self.engine = EngineLoop(args, worker_id)
+        self.engine.scheduler().configure(make_admission_policy(config.decode.admission_policy))
         self.accepting = True
         self._running: dict[str, _Running] = {}
         self.outbox = Outbox()
@@ -76,7 +82,8 @@ class DecodeWorker(EngineWorker):
         )
 
     def policies(self) -> dict[str, str]:
-        return {"admission": self.config.decode.admission_policy}
+        sched = self.engine.scheduler()
+        return {"admission": sched.admission.name, "preemptions": str(sched.preemptions)}
 
     # -- the request path -------------------------------------------------------------
     async def submit(self, req: Request, first_token: int, estimate: LengthEstimate | None) -> bool:

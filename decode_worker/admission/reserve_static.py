@@ -1,10 +1,12 @@
 """Reserve-static admission (TetriInfer §3.4).
 
-Admit a request only if its predicted KV — context plus the tokens it is
-predicted to generate, by the predicted range's lower end as in the paper —
-fits the KV that is free now:
+Every admitted request reserves its predicted KV: its context plus the tokens it
+is predicted to generate (the predicted range's lower end, as in the paper). A
+new request is admitted only if its reservation fits what the batch's
+reservations leave of the KV cache:
 
-    ⌈(context + remaining_pred) / b⌉ − held ≤ free
+    capacity = free + Σ_batch held_i          (blocks the batch holds now)
+    admit ⇔  Σ_batch blocks(context_i + rem_i) + blocks(context_new + rem_new) − held_new ≤ capacity
 """
 
 from __future__ import annotations
@@ -21,5 +23,7 @@ class ReserveStatic:
         self.end: LengthEnd = end
 
     def admit(self, req: DecodeReqView, state: DecodeState) -> bool:
-        need = blocks_for(req.context + req.predicted_remaining(self.end), state.block_size) - req.held_blocks
-        return need <= state.free_blocks
+        bs = state.block_size
+        capacity = state.capacity + req.held_blocks
+        reserved = sum(blocks_for(r.context + r.predicted_remaining(self.end), bs) for r in state.running)
+        return reserved + blocks_for(req.context + req.predicted_remaining(self.end), bs) <= capacity

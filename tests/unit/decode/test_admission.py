@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from common.length import LengthEstimate
@@ -9,7 +11,7 @@ from decode_worker.admission import ADMISSION_NAMES, make_admission_policy
 from decode_worker.admission.greedy import Greedy
 from decode_worker.admission.reserve_dynamic import ReserveDynamic
 from decode_worker.admission.reserve_static import ReserveStatic
-from decode_worker.views import DecodeReqView, DecodeState
+from decode_worker.views import DecodeReqView, DecodeState, blocks_for
 
 BS = 16
 
@@ -19,6 +21,11 @@ def req(
 ) -> DecodeReqView:
     est = LengthEstimate(lower, lower, upper if upper is not None else lower + 100, 0, 0.9, "test")
     return DecodeReqView(rid, prompt, 1000, generated=generated, estimate=est, held_blocks=held)
+
+
+def run(rid: str, prompt: int, lower: int, generated: int = 0) -> DecodeReqView:
+    """A member of the running batch: it holds the blocks of its context."""
+    return replace(req(rid, prompt, lower, generated=generated), held_blocks=blocks_for(prompt + generated, BS))
 
 
 def test_views_count_context_remaining_and_blocks() -> None:
@@ -52,30 +59,40 @@ def test_no_worker_room_refuses_everything_but_greedy_of_a_fitting_context() -> 
     assert Greedy().admit(req("b", 16, lower=0, held=1), full)
 
 
-def test_reserve_dynamic_checks_kv_when_the_shortest_job_finishes() -> None:
+def test_reserve_dynamic_literal_rule_checks_kv_when_the_shortest_job_finishes() -> None:
     # batch: r1 has 20 tokens left, r2 100; k = 20. r1: 48 → 68 tokens (3 → 5 blocks); r2: 64 → 84 (4 → 6)
-    running = (req("r1", 48, lower=20), req("r2", 64, lower=100))
+    literal = ReserveDynamic(horizons="shortest")
+    running = (run("r1", 48, lower=20), run("r2", 64, lower=100))
     state = DecodeState(free_blocks=8, block_size=BS, running=running)
-    assert ReserveDynamic().horizon(state) == 20
-    # growth 4 blocks; new 40-token prompt at k=20 → 60 tokens = 4 blocks: 8 ≤ 8
-    assert ReserveDynamic().admit(req("n", 40, lower=200), state)
-    assert not ReserveDynamic().admit(req("m", 49, lower=200), state)  # 69 tokens = 5 blocks: 9 > 8
-    # reserve-static would refuse the first one (its whole predicted output: 240 tokens = 15 blocks)
-    assert not ReserveStatic().admit(req("n", 40, lower=200), state)
+    assert literal.horizon(state) == 20
+    # capacity 8 + 3 + 4 = 15; at k=20: 5 + 6 + new; a 40-token prompt → 60 tokens = 4 blocks: 15 ≤ 15
+    assert literal.admit(req("n", 40, lower=200), state)
+    assert not literal.admit(req("m", 49, lower=200), state)  # 69 tokens = 5 blocks: 16 > 15
+    # checking every finish: at k=100 (r2's end) r2 holds 11 blocks and n 9: 20 > 15
+    assert not ReserveDynamic().admit(req("n", 40, lower=200), state)
+    # n ending at k=40: k=20 → 5 + 6 + 4 = 15; k=40 (r1 gone) → 7 + 5; k=100 (n gone) → 11: all ≤ 15
+    assert ReserveDynamic().admit(req("n", 40, lower=40), state)
 
 
 def test_reserve_dynamic_when_the_shortest_job_finishes_this_very_step() -> None:
-    running = (req("done", 48, lower=10, generated=10), req("long", 64, lower=500))
+    running = (run("done", 48, lower=10, generated=10), run("long", 64, lower=500))
     state = DecodeState(free_blocks=2, block_size=BS, running=running)
-    assert ReserveDynamic().horizon(state) == 0  # nothing grows before it frees its blocks
-    assert ReserveDynamic().admit(req("n", 32, lower=300), state)  # needs its 2 prompt blocks only
-    assert not ReserveDynamic().admit(req("n", 33, lower=300), state)
+    literal = ReserveDynamic(horizons="shortest")
+    assert literal.horizon(state) == 0  # nothing grows before it frees its blocks
+    assert literal.admit(req("n", 32, lower=300), state)  # needs its 2 prompt blocks only
+    assert not literal.admit(req("n", 33, lower=300), state)
+    # every horizon: the long job alone outgrows the 10-block cache by k=500 (36 blocks), so nothing more
+    # joins it until it is done: whatever joined would be preempted or cause a preemption
+    assert not ReserveDynamic().admit(req("n", 16, lower=0), state)
 
 
 def test_reserve_dynamic_with_an_empty_batch_admits_what_fits_now() -> None:
     state = DecodeState(free_blocks=3, block_size=BS)
-    assert ReserveDynamic().admit(req("n", 48, lower=1000), state)
-    assert not ReserveDynamic().admit(req("n", 49, lower=1000), state)
+    for policy in (ReserveDynamic(), ReserveDynamic(horizons="shortest")):
+        assert policy.admit(req("n", 48, lower=1000), state)  # larger than the cache in the end: runs alone
+        assert not policy.admit(req("n", 49, lower=1000), state)
+    with pytest.raises(ValueError, match="reserve_horizons"):
+        ReserveDynamic(horizons="some")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("shift", [-100, 100], ids=["one-bucket-low", "one-bucket-high"])
@@ -83,12 +100,13 @@ def test_every_prediction_one_bucket_off(shift: int) -> None:
     """With every prediction one 100-token bucket off, decisions follow the prediction, not the truth:
     low predictions admit more (risking preemption later), high ones admit fewer (idle KV)."""
     truth = {"r1": 150, "r2": 250}
-    running = tuple(req(rid, 64, lower=max(0, n + shift)) for rid, n in truth.items())
-    state = DecodeState(free_blocks=40, block_size=BS, running=running)
+    running = tuple(run(rid, 64, lower=max(0, n + shift)) for rid, n in truth.items())
+    state = DecodeState(free_blocks=25, block_size=BS, running=running)  # capacity 25 + 4 + 4 = 33 blocks
     new = req("n", 64, lower=max(0, 200 + shift))
-    admitted = ReserveDynamic().admit(new, state)
-    # k = 50 (low) or 250 (high): growth 4+4 blocks + new 8 → 16 ≤ 40 (low); 16+16 + 20 → 52 > 40 (high)
-    assert admitted is (shift < 0)
+    # low (rem 50/150/100): peak at k=50 → 8 + 8 + 8 = 24 ≤ 33; high (250/350/300): at k=250 → 20 + 20 + 20 > 33
+    assert ReserveDynamic().admit(new, state) is (shift < 0)
+    # static reserves whole predictions: low 8 + 14 + 11 = 33 ≤ 33; high 20 + 26 + 23 > 33
+    assert ReserveStatic().admit(new, state) is (shift < 0)
 
 
 def test_admitting_folds_into_the_state_for_the_next_decision() -> None:
@@ -96,7 +114,8 @@ def test_admitting_folds_into_the_state_for_the_next_decision() -> None:
     a = req("a", 48, lower=16)
     assert ReserveStatic().admit(a, state)
     after = state.with_admitted(a)
-    assert after.free_blocks == 3 and after.running == (a,)
+    assert after.free_blocks == 3 and after.running == (replace(a, held_blocks=3),)  # it now holds its prompt's
+    assert after.capacity == state.capacity == 6  # blocks move from the pool to the batch; the total stays
     assert not ReserveStatic().admit(req("b", 48, lower=16), after)
 
 
