@@ -109,6 +109,22 @@ class PrefillBench:
     def run(self, items: Sequence[Item]) -> RunResult:
         return asyncio.run(self._run(items))
 
+    def compare(
+        self, configs: dict[str, dict[str, Any]], items: Sequence[Item], rounds: int, desc: str
+    ) -> dict[str, list[RunResult]]:
+        """Every configuration once per round, in an order rotated each round, on this one warm engine."""
+        from tqdm import tqdm
+
+        runs: dict[str, list[RunResult]] = {name: [] for name in configs}
+        names = list(configs)
+        with tqdm(total=rounds * len(names), desc=desc) as bar:
+            for r in range(rounds):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    self.set_policy(configs[name])
+                    runs[name].append(self.run(items))
+                    bar.update()
+        return runs
+
     async def _one(self, item: Item, start: float, rid: str) -> tuple[str, float, float]:
         from common.request import SLO, Request, SamplingSpec
 

@@ -16,7 +16,6 @@ import statistics
 from typing import Any
 
 from prefill_harness import RESULTS, Item, PrefillBench, RunResult, bench_overrides, sharegpt_prompts
-from tqdm import tqdm
 
 MAX_PROMPT = 1024
 
@@ -47,14 +46,7 @@ def main() -> int:
     for warm in ("fcfs b128", "fcfs b16 unchunked"):  # compile every shape the runs will use before timing
         bench.set_policy(cfgs[warm])
         bench.run(burst)
-    runs: dict[str, list[RunResult]] = {name: [] for name in cfgs}
-    names = list(cfgs)
-    with tqdm(total=args.rounds * len(names), desc="prefill policies") as bar:
-        for r in range(args.rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                bench.set_policy(cfgs[name])
-                runs[name].append(bench.run(burst))
-                bar.update()
+    runs = bench.compare(cfgs, burst, args.rounds, "prefill policies")
     write_report(runs, args, chunk, prompts)
     return 0
 

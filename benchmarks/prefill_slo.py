@@ -21,7 +21,6 @@ from collections import defaultdict
 from typing import Any
 
 from prefill_harness import RESULTS, Item, PrefillBench, RunResult, bench_overrides, sharegpt_prompts
-from tqdm import tqdm
 
 MAX_PROMPT = 1024
 
@@ -84,14 +83,7 @@ def main() -> int:
     slos = [statistics.mean(groups[len(p) // args.group_tokens]) * 1e3 * rng.uniform(0.5, 1.5) for p in prompts]
     items = [Item(p, t, s) for p, t, s in zip(prompts, arrivals, slos, strict=True)]
 
-    runs: dict[str, list[RunResult]] = {n: [] for n in cfgs}
-    names = list(cfgs)
-    with tqdm(total=args.rounds * len(names), desc="SLO attainment") as bar:
-        for r in range(args.rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                bench.set_policy(cfgs[name])
-                runs[name].append(bench.run(items))
-                bar.update()
+    runs = bench.compare(cfgs, items, args.rounds, "SLO attainment")
     write_report(runs, args, chunk, capacity, rate, prompts, bench)
     return 0
 

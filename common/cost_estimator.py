@@ -1,14 +1,11 @@
 """Cost models with SOLA's online correction applied: what scheduling policies ask for time estimates.
 
-The scheduler adapters feed every measured iteration back (``observe_prefill`` /
-``observe_decode``, SOLA eq. 5); policies read the corrected estimates
-(γ·C₀). With no profile, ``CostEstimator.uncalibrated`` stands in: linear in
-tokens, so orderings that only compare requests still behave sensibly.
+The scheduler adapter feeds every measured iteration back (``observe_prefill``,
+SOLA eq. 5); policies read the corrected estimates (γ·C₀). Policies that need
+one refuse to start without a profile (``tetriserve profile`` writes it).
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 from common.cost_model import DecodeCost, OnlineCorrection, PrefillBatch, PrefillCost
 from common.cost_profile import CostProfile
@@ -22,7 +19,6 @@ class CostEstimator:
         pivot_tokens: int,
         pivot_seconds: float,
         alpha: float = 0.2,
-        calibrated: bool = True,
     ) -> None:
         if pivot_tokens < 1 or pivot_seconds <= 0:
             raise ValueError(f"cost profile: pivot must be positive, got {pivot_tokens} tokens / {pivot_seconds} s")
@@ -30,19 +26,11 @@ class CostEstimator:
         self.decode_base = decode
         self.pivot_tokens = pivot_tokens
         self.pivot_seconds = pivot_seconds
-        self.calibrated = calibrated
         self.prefill_gamma = OnlineCorrection(alpha)
-        self.decode_gamma = OnlineCorrection(alpha)
 
     @classmethod
     def from_profile(cls, profile: CostProfile, alpha: float = 0.2) -> CostEstimator:
         return cls(profile.prefill, profile.decode, profile.pivot_tokens, profile.pivot_seconds, alpha)
-
-    @classmethod
-    def uncalibrated(cls, chunk_size: int, alpha: float = 0.2) -> CostEstimator:
-        """1 ms per ``chunk_size`` tokens: enough to order requests; not to promise SLOs."""
-        per_token = 1e-3 / chunk_size
-        return cls(PrefillCost(0.0, 0.0, per_token, 0.0), DecodeCost(1e-5, 0.0, 1e-3), chunk_size, 1e-3, alpha, False)
 
     # -- prefill -------------------------------------------------------------------------
     def prefill_time(self, batch: PrefillBatch) -> float:
@@ -60,13 +48,4 @@ class CostEstimator:
         """Fold one measured prefill iteration in; returns the base (uncorrected) prediction."""
         base = self.prefill_base.predict(batch)
         self.prefill_gamma.observe(base, seconds)
-        return base
-
-    # -- decode --------------------------------------------------------------------------
-    def decode_time(self, context_lens: Sequence[int]) -> float:
-        return self.decode_gamma.gamma * self.decode_base.predict(context_lens)
-
-    def observe_decode(self, context_lens: Sequence[int], seconds: float) -> float:
-        base = self.decode_base.predict(context_lens)
-        self.decode_gamma.observe(base, seconds)
         return base

@@ -44,9 +44,6 @@ class DecodeReqView:
         """KV blocks it holds ``steps`` iterations from now, if it is still running then."""
         return blocks_for(self.context + min(steps, self.predicted_remaining(end)), block_size)
 
-    def advanced(self, tokens: int) -> DecodeReqView:
-        return replace(self, generated=self.generated + tokens)
-
 
 @dataclass(frozen=True)
 class DecodeState:
