@@ -81,8 +81,13 @@ class PrefillConfig(BaseModel):
         ),
     )
     cost_alpha: float = Field(0.2, gt=0, le=1, description="SOLA eq. 5 alpha: weight of the newest iteration in γ.")
-    dispatch_policy: Literal["power-of-two", "random", "round-robin"] = Field(
-        "power-of-two", description="How the dispatcher chooses a decode worker."
+    dispatch_policy: Literal["power-of-two", "random", "round-robin", "least-loaded", "imbalance", "max-min"] = Field(
+        "power-of-two",
+        description=(
+            "How the dispatcher chooses a decode worker: power-of-two (TetriInfer §3.3.4), random, round-robin, "
+            "least-loaded, imbalance (heavy decodes always to the same workers; TetriInfer Fig. 19's worst case), "
+            "max-min (least predicted remaining work, SCLS §4.5)."
+        ),
     )
     heavy_threshold_tokens: int = Field(
         128, ge=1, description="A request predicted to generate at least this many tokens is a heavy decode."

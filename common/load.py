@@ -36,3 +36,4 @@ class DecodeLoad:
     light: int
     at: float
     accepting: bool = True
+    remaining_tokens: int = 0  # Σ predicted tokens still to generate (running + queued): SCLS max-min's load

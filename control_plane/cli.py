@@ -30,7 +30,11 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--max-batch-tokens": ("prefill.max_batch_tokens", int, "prefill engine's ceiling on tokens per iteration"),
     "--cost-profile": ("prefill.cost_profile", str, "cost profile JSON (default: this model's, from `profile`)"),
     "--admission-policy": ("decode.admission_policy", str, "greedy | reserve-static | reserve-dynamic"),
-    "--dispatch-policy": ("prefill.dispatch_policy", str, "power-of-two | random | round-robin"),
+    "--dispatch-policy": (
+        "prefill.dispatch_policy",
+        str,
+        "power-of-two | random | round-robin | least-loaded | imbalance | max-min",
+    ),
     "--predictor": ("prefill.predictor", str, "output-length predictor: auto | trained | baseline | oracle"),
     "--predictor-artifact": ("prefill.predictor_artifact", str, "trained heads' JSON (default: the committed g200)"),
     "--predictor-workload": ("prefill.predictor_workload", str, "oracle predictor's JSONL of true lengths"),

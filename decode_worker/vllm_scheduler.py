@@ -53,6 +53,11 @@ class TetriDecodeScheduler(Scheduler):
             held_blocks=math.ceil(req.num_computed_tokens / self.block_size),
         )
 
+    def remaining_tokens(self) -> int:
+        """Σ predicted tokens still to generate over running and queued requests (called from another thread)."""
+        reqs = [*list(self.running), *list(self.kv_holding_waiting), *list(self.waiting)]
+        return sum(self._view(r).predicted_remaining("estimate") for r in reqs)
+
     def _must_pass(self, req: Any) -> bool:
         """A request whose KV has yet to be pulled through the connector (it needs its blocks first)."""
         return req.num_computed_tokens == 0 and getattr(req, "kv_transfer_params", None) is not None

@@ -79,6 +79,7 @@ class DecodeWorker(EngineWorker):
             len(self._running) - heavy,
             time.time(),
             self.accepting,
+            self.engine.scheduler().remaining_tokens(),
         )
 
     def policies(self) -> dict[str, str]:

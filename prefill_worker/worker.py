@@ -203,6 +203,7 @@ class PrefillWorker(EngineWorker):
             queued=ld.queued + 1,
             heavy=ld.heavy + heavy,
             light=ld.light + (not heavy),
+            remaining_tokens=ld.remaining_tokens + view.expected_output(),
         )
 
     async def _run_engine(self, req: Request, view: ReqView, park: bool) -> StreamChunk:

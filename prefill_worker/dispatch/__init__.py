@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prefill_worker.dispatch.base import DispatchParams, DispatchPolicy
+from prefill_worker.dispatch.load_based import Imbalance, LeastLoaded, MaxMin
 from prefill_worker.dispatch.power_of_two import PowerOfTwo
 from prefill_worker.dispatch.simple import RandomChoice, RoundRobin
 
@@ -10,6 +11,9 @@ DISPATCH_POLICIES: dict[str, type[DispatchPolicy]] = {
     PowerOfTwo.name: PowerOfTwo,
     RandomChoice.name: RandomChoice,
     RoundRobin.name: RoundRobin,
+    LeastLoaded.name: LeastLoaded,
+    Imbalance.name: Imbalance,
+    MaxMin.name: MaxMin,
 }
 
 

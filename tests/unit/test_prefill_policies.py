@@ -36,9 +36,15 @@ def est(lower: int, estimate: int, upper: int) -> LengthEstimate:
 
 
 def load(
-    wid: str, free: int = 1000, heavy: int = 0, light: int = 0, accepting: bool = True, total: int = 1000
+    wid: str,
+    free: int = 1000,
+    heavy: int = 0,
+    light: int = 0,
+    accepting: bool = True,
+    total: int = 1000,
+    remaining: int = 0,
 ) -> DecodeLoad:
-    return DecodeLoad(wid, free, total, BS, heavy + light, 0, heavy, light, 0.0, accepting)
+    return DecodeLoad(wid, free, total, BS, heavy + light, 0, heavy, light, 0.0, accepting, remaining)
 
 
 LIGHT = view("light", prompt_len=100, max_tokens=100, estimate=est(5, 10, 20))  # 120 tokens -> 8 blocks
@@ -220,11 +226,36 @@ def test_round_robin_none_when_nobody_accepts_and_then_resumes() -> None:
 
 
 def test_dispatch_registry() -> None:
-    assert set(DISPATCH_POLICIES) == {"power-of-two", "random", "round-robin"}
+    assert set(DISPATCH_POLICIES) == {"power-of-two", "random", "round-robin", "least-loaded", "imbalance", "max-min"}
     assert isinstance(make_dispatch_policy("power-of-two", PARAMS), PowerOfTwo)
     assert isinstance(make_dispatch_policy("random", PARAMS), RandomChoice)
     assert isinstance(make_dispatch_policy("round-robin", PARAMS), RoundRobin)
-    with pytest.raises(ValueError, match=r"prefill\.dispatch_policy: unknown policy 'least-loaded'") as err:
-        make_dispatch_policy("least-loaded", PARAMS)
+    with pytest.raises(ValueError, match=r"prefill\.dispatch_policy: unknown policy 'fastest'") as err:
+        make_dispatch_policy("fastest", PARAMS)
     for name in DISPATCH_POLICIES:
         assert name in str(err.value)
+
+
+# -- dispatch: load-based variants (issue #5) ---------------------------------------------------------------------
+
+
+def test_least_loaded_takes_fewest_requests_ties_by_free_kv() -> None:
+    policy = make_dispatch_policy("least-loaded", PARAMS)
+    loads = [load("d0", free=10, light=3), load("d1", free=5, light=1), load("d2", free=50, heavy=1)]
+    assert policy.choose(LIGHT, loads, random.Random(0)) == "d2"
+    assert policy.choose(LIGHT, [load("d0", accepting=False)], random.Random(0)) is None
+
+
+def test_imbalance_sends_heavy_decodes_to_the_same_workers() -> None:
+    policy = make_dispatch_policy("imbalance", PARAMS)
+    loads = [load(f"d{i}") for i in range(4)]
+    assert {policy.choose(HEAVY, loads, random.Random(s)) for s in SEEDS} == {"d0", "d1"}
+    assert {policy.choose(LIGHT, loads, random.Random(s)) for s in SEEDS} == {"d2", "d3"}
+    assert policy.choose(LIGHT, [load("d0")], random.Random(0)) == "d0"  # one worker takes both kinds
+
+
+def test_max_min_takes_the_least_predicted_remaining_work() -> None:
+    policy = make_dispatch_policy("max-min", PARAMS)
+    loads = [load("d0", remaining=900), load("d1", remaining=100), load("d2", remaining=400)]
+    assert policy.choose(LIGHT, loads, random.Random(0)) == "d1"
+    assert policy.choose(LIGHT, [load("d0", accepting=False)], random.Random(0)) is None

@@ -357,7 +357,7 @@ def test_config_chunk_size_below_block_size_rejected() -> None:
     [
         ({"num_prefill": 0}, "num_prefill"),
         ({"engine.max_model_len": 8}, "max_model_len"),
-        ({"prefill.dispatch_policy": "least-loaded"}, "dispatch_policy"),
+        ({"prefill.dispatch_policy": "fastest"}, "dispatch_policy"),
         ({"transport": "rdma"}, "transport"),
         ({"grpc_port": 70000}, "grpc_port"),
         ({"engine.gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),

@@ -1,0 +1,61 @@
+"""Load-based dispatchers for experiments (issue #5; TetriInfer Fig. 19, SCLS §4.5).
+
+least-loaded  fewest running + queued requests; ties: more free KV, then id
+imbalance     Fig. 19's worst case: heavy decodes always to the same workers (the first half by id),
+              light ones to the rest; random within each group
+max-min       SCLS §4.5 for one request at a time: the worker with the least estimated remaining
+              work (Σ predicted tokens still to generate); the dispatcher adds the request's own
+              expected tokens to its local copy until the next broadcast, which reflects what finished
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import ClassVar
+
+from common.load import DecodeLoad
+from prefill_worker.dispatch.base import DispatchParams, accepting
+from prefill_worker.views import ReqView
+
+
+class LeastLoaded:
+    name: ClassVar[str] = "least-loaded"
+
+    def __init__(self, params: DispatchParams) -> None:
+        self.params = params
+
+    def choose(self, req: ReqView, loads: Sequence[DecodeLoad], rng: random.Random) -> str | None:
+        candidates = accepting(loads)
+        if not candidates:
+            return None
+        return min(candidates, key=lambda ld: (ld.running + ld.queued, -ld.free_kv_blocks, ld.worker_id)).worker_id
+
+
+class Imbalance:
+    name: ClassVar[str] = "imbalance"
+
+    def __init__(self, params: DispatchParams) -> None:
+        self.params = params
+
+    def choose(self, req: ReqView, loads: Sequence[DecodeLoad], rng: random.Random) -> str | None:
+        candidates = accepting(loads)
+        if not candidates:
+            return None
+        half = max(1, len(candidates) // 2)
+        heavy, light = candidates[:half], candidates[half:] or candidates
+        pool = heavy if req.is_heavy(self.params.heavy_threshold_tokens) else light
+        return rng.choice(pool).worker_id
+
+
+class MaxMin:
+    name: ClassVar[str] = "max-min"
+
+    def __init__(self, params: DispatchParams) -> None:
+        self.params = params
+
+    def choose(self, req: ReqView, loads: Sequence[DecodeLoad], rng: random.Random) -> str | None:
+        candidates = accepting(loads)
+        if not candidates:
+            return None
+        return min(candidates, key=lambda ld: (ld.remaining_tokens, -ld.free_kv_blocks, ld.worker_id)).worker_id
