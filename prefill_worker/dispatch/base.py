@@ -29,3 +29,20 @@ class DispatchPolicy(Protocol):
 
 def accepting(loads: Sequence[DecodeLoad]) -> list[DecodeLoad]:
     return sorted((ld for ld in loads if ld.accepting), key=lambda ld: ld.worker_id)
+
+
+class AcceptingDispatcher:
+    """What every dispatcher shares: no accepting worker is ``None`` (backpressure); otherwise ``pick``
+    chooses among the accepting workers, given sorted by id."""
+
+    name: ClassVar[str]
+
+    def __init__(self, params: DispatchParams) -> None:
+        self.params = params
+
+    def choose(self, req: ReqView, loads: Sequence[DecodeLoad], rng: random.Random) -> str | None:
+        candidates = accepting(loads)
+        return self.pick(req, candidates, rng).worker_id if candidates else None
+
+    def pick(self, req: ReqView, candidates: list[DecodeLoad], rng: random.Random) -> DecodeLoad:
+        raise NotImplementedError

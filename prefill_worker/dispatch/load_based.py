@@ -11,51 +11,31 @@ max-min       SCLS §4.5 for one request at a time: the worker with the least es
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from typing import ClassVar
 
 from common.load import DecodeLoad
-from prefill_worker.dispatch.base import DispatchParams, accepting
+from prefill_worker.dispatch.base import AcceptingDispatcher
 from prefill_worker.views import ReqView
 
 
-class LeastLoaded:
+class LeastLoaded(AcceptingDispatcher):
     name: ClassVar[str] = "least-loaded"
 
-    def __init__(self, params: DispatchParams) -> None:
-        self.params = params
-
-    def choose(self, req: ReqView, loads: Sequence[DecodeLoad], rng: random.Random) -> str | None:
-        candidates = accepting(loads)
-        if not candidates:
-            return None
-        return min(candidates, key=lambda ld: (ld.running + ld.queued, -ld.free_kv_blocks, ld.worker_id)).worker_id
+    def pick(self, req: ReqView, candidates: list[DecodeLoad], rng: random.Random) -> DecodeLoad:
+        return min(candidates, key=lambda ld: (ld.running + ld.queued, -ld.free_kv_blocks, ld.worker_id))
 
 
-class Imbalance:
+class Imbalance(AcceptingDispatcher):
     name: ClassVar[str] = "imbalance"
 
-    def __init__(self, params: DispatchParams) -> None:
-        self.params = params
-
-    def choose(self, req: ReqView, loads: Sequence[DecodeLoad], rng: random.Random) -> str | None:
-        candidates = accepting(loads)
-        if not candidates:
-            return None
+    def pick(self, req: ReqView, candidates: list[DecodeLoad], rng: random.Random) -> DecodeLoad:
         half = max(1, len(candidates) // 2)
         heavy, light = candidates[:half], candidates[half:] or candidates
-        pool = heavy if req.is_heavy(self.params.heavy_threshold_tokens) else light
-        return rng.choice(pool).worker_id
+        return rng.choice(heavy if req.is_heavy(self.params.heavy_threshold_tokens) else light)
 
 
-class MaxMin:
+class MaxMin(AcceptingDispatcher):
     name: ClassVar[str] = "max-min"
 
-    def __init__(self, params: DispatchParams) -> None:
-        self.params = params
-
-    def choose(self, req: ReqView, loads: Sequence[DecodeLoad], rng: random.Random) -> str | None:
-        candidates = accepting(loads)
-        if not candidates:
-            return None
-        return min(candidates, key=lambda ld: (ld.remaining_tokens, -ld.free_kv_blocks, ld.worker_id)).worker_id
+    def pick(self, req: ReqView, candidates: list[DecodeLoad], rng: random.Random) -> DecodeLoad:
+        return min(candidates, key=lambda ld: (ld.remaining_tokens, -ld.free_kv_blocks, ld.worker_id))

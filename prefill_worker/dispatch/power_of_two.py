@@ -11,24 +11,17 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from typing import ClassVar
 
 from common.load import DecodeLoad
-from prefill_worker.dispatch.base import DispatchParams, accepting
+from prefill_worker.dispatch.base import AcceptingDispatcher
 from prefill_worker.views import ReqView
 
 
-class PowerOfTwo:
+class PowerOfTwo(AcceptingDispatcher):
     name: ClassVar[str] = "power-of-two"
 
-    def __init__(self, params: DispatchParams) -> None:
-        self.params = params
-
-    def choose(self, req: ReqView, loads: Sequence[DecodeLoad], rng: random.Random) -> str | None:
-        candidates = accepting(loads)
-        if not candidates:
-            return None
+    def pick(self, req: ReqView, candidates: list[DecodeLoad], rng: random.Random) -> DecodeLoad:
         fits = [ld for ld in candidates if ld.free_kv_blocks >= req.kv_blocks_upper(ld.block_size)]
         pool = fits or candidates
         pair = rng.sample(pool, 2) if len(pool) >= 2 else pool
@@ -38,4 +31,4 @@ class PowerOfTwo:
             h, light = ld.heavy + heavy, ld.light + (not heavy)
             return h / (light + 1), -ld.free_kv_blocks
 
-        return min(pair, key=ratio_after).worker_id
+        return min(pair, key=ratio_after)

@@ -3,36 +3,28 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from typing import ClassVar
 
 from common.load import DecodeLoad
-from prefill_worker.dispatch.base import DispatchParams, accepting
+from prefill_worker.dispatch.base import AcceptingDispatcher, DispatchParams
 from prefill_worker.views import ReqView
 
 
-class RandomChoice:
+class RandomChoice(AcceptingDispatcher):
     name: ClassVar[str] = "random"
 
-    def __init__(self, params: DispatchParams) -> None:
-        self.params = params
-
-    def choose(self, req: ReqView, loads: Sequence[DecodeLoad], rng: random.Random) -> str | None:
-        candidates = accepting(loads)
-        return rng.choice(candidates).worker_id if candidates else None
+    def pick(self, req: ReqView, candidates: list[DecodeLoad], rng: random.Random) -> DecodeLoad:
+        return rng.choice(candidates)
 
 
-class RoundRobin:
+class RoundRobin(AcceptingDispatcher):
     name: ClassVar[str] = "round-robin"
 
     def __init__(self, params: DispatchParams) -> None:
-        self.params = params
+        super().__init__(params)
         self._next = 0
 
-    def choose(self, req: ReqView, loads: Sequence[DecodeLoad], rng: random.Random) -> str | None:
-        candidates = accepting(loads)
-        if not candidates:
-            return None
-        pick = candidates[self._next % len(candidates)]
+    def pick(self, req: ReqView, candidates: list[DecodeLoad], rng: random.Random) -> DecodeLoad:
+        chosen = candidates[self._next % len(candidates)]
         self._next += 1
-        return pick.worker_id
+        return chosen
