@@ -34,7 +34,6 @@ class TetriDecodeScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.admission: AdmissionPolicy = make_admission_policy("greedy")
         self.preemptions = 0
-        self.refusals = 0  # request-steps a waiting request was held back by the policy
 
     def configure(self, policy: AdmissionPolicy) -> None:
         self.admission = policy
@@ -60,30 +59,29 @@ class TetriDecodeScheduler(Scheduler):
 
     def _must_pass(self, req: Any) -> bool:
         """A request whose KV has yet to be pulled through the connector (it needs its blocks first)."""
-        return req.num_computed_tokens == 0 and getattr(req, "kv_transfer_params", None) is not None
+        return req.num_computed_tokens == 0 and req.kv_transfer_params is not None
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        candidates = [
+            (queue, req)
+            for queue in (self.kv_holding_waiting, self.waiting)
+            for req in queue
+            if not (self._must_pass(req) or self._is_blocked_waiting_status(req.status))
+        ]
+        if not candidates:  # the common decode step: nobody waits to start, no views to build
+            return super().schedule(*args, **kwargs)
         policy = self.admission
-        state = DecodeState(
-            self.kv_cache_manager.block_pool.get_num_free_blocks(),
-            self.block_size,
-            tuple(self._view(r) for r in self.running),
-        )
-        held: list[tuple[Any, Any]] = []  # (queue, request)
-        refused = False
-        for queue in (self.kv_holding_waiting, self.waiting):
-            for req in sorted(queue, key=lambda r: r.arrival_time):
-                if self._must_pass(req) or self._is_blocked_waiting_status(req.status):
-                    continue
-                view = self._view(req)
-                if not refused and policy.admit(view, state):
-                    state = state.with_admitted(view)
-                    continue
-                refused = True
+        running = tuple(self._view(r) for r in self.running)
+        state = DecodeState(self.kv_cache_manager.block_pool.get_num_free_blocks(), self.block_size, running)
+        held: list[tuple[Any, Any]] = []  # (queue, request): refused, or behind a refusal
+        for queue, req in sorted(candidates, key=lambda c: c[1].arrival_time):
+            view = self._view(req)
+            if not held and policy.admit(view, state):
+                state = state.with_admitted(view)
+            else:
                 held.append((queue, req))
         for queue, req in held:
             queue.remove_request(req)
-        self.refusals += len(held)
         try:
             return super().schedule(*args, **kwargs)
         finally:

@@ -70,7 +70,6 @@ class Chunk:
 class PrefillState:
     """One iteration's input to a chunking policy."""
 
-    now: float
     ordered: tuple[ReqView, ...]  # the queue policy's order; requests already in progress included
     max_budget: int  # the engine's ceiling on tokens per iteration
     block_size: int = 32

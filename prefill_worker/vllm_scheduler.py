@@ -96,7 +96,6 @@ class TetriPrefillScheduler(Scheduler):
         ordered = tuple(policy.queue.order(views, now))
         remaining = getattr(policy.queue, "remaining_times", None)
         state = PrefillState(
-            now=now,
             ordered=ordered,
             max_budget=self.ceiling,
             block_size=self.block_size,

@@ -21,8 +21,8 @@ def linear_cost(per_token_s: float = 1e-3, pivot_tokens: int = 512, pivot_s: flo
     return CostEstimator(PrefillCost(0.0, 0.0, per_token_s, 0.0), DecodeCost(0.0, 0.0, 0.0), pivot_tokens, pivot_s)
 
 
-def state(ordered: Sequence[ReqView], max_budget: int = 1 << 20, now: float = 0.0, **kw: object) -> PrefillState:
-    return PrefillState(now=now, ordered=tuple(ordered), max_budget=max_budget, **kw)  # type: ignore[arg-type]
+def state(ordered: Sequence[ReqView], max_budget: int = 1 << 20, **kw: object) -> PrefillState:
+    return PrefillState(ordered=tuple(ordered), max_budget=max_budget, **kw)  # type: ignore[arg-type]
 
 
 def layouts(

@@ -9,7 +9,7 @@ dynamic  S_b = S_pf·SLO_min/T̄_pf with ERA; optionally           AccelGen §4.
 from __future__ import annotations
 
 from common.cost_estimator import CostEstimator
-from prefill_worker.chunking.base import ChunkingPolicy, fill_in_order
+from prefill_worker.chunking.base import ChunkingPolicy
 from prefill_worker.chunking.dynamic import DynamicChunking, Selection
 from prefill_worker.chunking.fixed import FixedChunking
 from prefill_worker.chunking.unchunked import Unchunked
@@ -31,4 +31,4 @@ def make_chunking_policy(
     raise ValueError(f"prefill.chunking: unknown policy {name!r}; known: {list(CHUNKING_NAMES)}")
 
 
-__all__ = ["CHUNKING_NAMES", "ChunkingPolicy", "fill_in_order", "make_chunking_policy"]
+__all__ = ["CHUNKING_NAMES", "ChunkingPolicy", "make_chunking_policy"]
