@@ -176,9 +176,12 @@ class AsyncTetriServeClient:
         """Admin: change scheduling policies at run time; returns the changed workers' policies.
 
         ``changes`` maps policy keys to values, e.g. ``{"queue": "sjf", "sched_batch": 128}``
-        (prefill keys: queue, chunking, chunk_size, selection, sched_batch). ``worker_id``
-        ``None`` changes every prefill worker. Raises ``NotFound`` for an unknown worker and
-        ``InvalidArgument`` (``field`` = the key) for a bad key or value.
+        (prefill keys: queue, chunking, chunk_size, selection, sched_batch; decode keys:
+        admission_policy, preemption_order, preemption_mode, preemption_profile and the
+        cacheopt_* integers). ``worker_id`` is one worker's id, ``"decode"`` for every decode
+        worker, or ``None`` for every prefill worker. Raises ``NotFound`` for an unknown worker
+        and ``InvalidArgument`` (``field`` = the key) for a bad key or value, or a key of the
+        other role.
         """
         request = build_set_policy_request(changes, worker_id)
         return PolicyUpdate.from_proto(await self._unary(self._get_stub().SetPolicy, request, timeout))

@@ -127,13 +127,48 @@ class PrefillConfig(BaseModel):
 class DecodeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    admission_policy: Literal["greedy", "reserve-static", "reserve-dynamic"] = Field(
+    admission_policy: Literal["greedy", "reserve-static", "reserve-dynamic", "cacheopt", "sola"] = Field(
         "greedy",
         description=(
-            "Decode admission (TetriInfer §3.4): greedy (vLLM's own), reserve-static (each request reserves its "
-            "predicted KV), reserve-dynamic (admit only if KV stays free until the batch's jobs finish, by prediction)."
+            "Decode admission: greedy (vLLM's own), reserve-static (each request reserves its predicted KV), "
+            "reserve-dynamic (admit only if KV stays free until the batch's jobs finish, by prediction; "
+            "TetriInfer §3.4), cacheopt (padded reservation with reuse, proactive grants and a global reserve; "
+            "CacheOpt §3.3), sola (predicted-TPOT order, peak-memory check; SOLA §4.4.2, §5.1)."
         ),
     )
+    cacheopt_reserve_blocks: int = Field(4, ge=0, description="cacheopt: KV blocks kept out of admission grants.")
+    cacheopt_proactive_tokens: int = Field(
+        8, ge=0, description="cacheopt: tokens granted ahead of need to a request that outlived its estimate."
+    )
+    cacheopt_buffer_tokens: int = Field(8, ge=0, description="cacheopt: slack tokens per request (the paper's b).")
+    preemption_order: Literal["vllm", "srtf", "lkvo", "cacheopt"] = Field(
+        "vllm",
+        description=(
+            "Which running request is preempted first when KV runs out (CacheOpt §3.4): vllm (latest arrival), "
+            "srtf (longest predicted remaining), lkvo (smallest KV), cacheopt (loosest TBT SLO, then longest "
+            "remaining, then smallest KV, bucketed)."
+        ),
+    )
+    preemption_mode: Literal["recompute", "swap", "auto"] = Field(
+        "recompute",
+        description=(
+            "How a victim gives up its KV (CacheOpt §3.5): recompute (vLLM's), swap (to a host buffer through "
+            "the KV connector and back), auto (swap from the profiled sweet-spot length on)."
+        ),
+    )
+    preemption_profile: str | None = Field(
+        None, description="Swap/recompute latency profile JSON for preemption_mode=auto (preemption_profile.py)."
+    )
+
+    def policy_kwargs(self) -> dict[str, int]:
+        """Constructor parameters of the configured admission policy."""
+        if self.admission_policy != "cacheopt":
+            return {}
+        return {
+            "reserve_blocks": self.cacheopt_reserve_blocks,
+            "proactive_tokens": self.cacheopt_proactive_tokens,
+            "buffer_tokens": self.cacheopt_buffer_tokens,
+        }
 
 
 class ClusterConfig(BaseModel):

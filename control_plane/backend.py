@@ -75,10 +75,12 @@ class ServingBackend(Protocol):
         ...
 
     async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:
-        """Change the policies of one worker (``None``: every prefill worker); returns them as they now are.
+        """Change the policies of one worker, or of every worker of a role; returns them as they now are.
 
-        Raises ``policy_admin.UnknownWorkerError`` for an unknown id and
+        ``worker_id``: a worker's id, ``"decode"`` for every decode worker, or
+        ``None`` / ``""`` / ``"prefill"`` for every prefill worker. Raises
+        ``policy_admin.UnknownWorkerError`` for an unknown id and
         ``common.errors.InvalidRequestError`` (field = the offending key) for a
-        bad key or value, or a worker that has no run-time policies.
+        bad key or value, or a key of the other role.
         """
         ...

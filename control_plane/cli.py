@@ -29,7 +29,14 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--chunk-selection": ("prefill.chunk_selection", str, "dynamic chunking: in-order | multi-resource"),
     "--max-batch-tokens": ("prefill.max_batch_tokens", int, "prefill engine's ceiling on tokens per iteration"),
     "--cost-profile": ("prefill.cost_profile", str, "cost profile JSON (default: this model's, from `profile`)"),
-    "--admission-policy": ("decode.admission_policy", str, "greedy | reserve-static | reserve-dynamic"),
+    "--admission-policy": (
+        "decode.admission_policy",
+        str,
+        "greedy | reserve-static | reserve-dynamic | cacheopt | sola",
+    ),
+    "--preemption-order": ("decode.preemption_order", str, "decode victim order: vllm | srtf | lkvo | cacheopt"),
+    "--preemption-mode": ("decode.preemption_mode", str, "recompute | swap | auto (sweet spot from the profile)"),
+    "--preemption-profile": ("decode.preemption_profile", str, "swap/recompute latency profile JSON (for auto)"),
     "--dispatch-policy": (
         "prefill.dispatch_policy",
         str,

@@ -5,6 +5,14 @@
     tetriserve policy set  [--target HOST:PORT] [--worker ID] [--json] KEY=VALUE ...
         e.g. `tetriserve policy set queue=sjf sched_batch=128 chunking=dynamic`: every prefill worker
         (or --worker ID) switches at once; prints the policies as they now are.
+        `tetriserve policy set --worker decode admission_policy=cacheopt preemption_order=srtf`:
+        every decode worker (or --worker decode-0) switches its admission and preemption policies.
+
+--worker is a worker's id or a role: "prefill" / "decode" means every worker of that role.
+Keys belong to one role, a key of the other role is rejected naming it (INVALID_ARGUMENT):
+    prefill  queue chunking chunk_size selection sched_batch
+    decode   admission_policy cacheopt_reserve_blocks cacheopt_proactive_tokens cacheopt_buffer_tokens
+             preemption_order preemption_mode preemption_profile     (the ``decode`` config section)
 
 A malformed KEY=VALUE (or a key given twice) is a usage error: exit code 2
 before any call. A key or value the service rejects comes back as
@@ -21,10 +29,28 @@ from typing import Any
 
 DEFAULT_TARGET = "localhost:50051"
 SET_KEYS_HELP = (
-    "queue=fcfs|sjf|ljf|accelgen|sola  chunking=fixed|none|dynamic  chunk_size=N  "
-    "selection=in-order|multi-resource  sched_batch=N"
+    "prefill: queue=fcfs|sjf|ljf|accelgen|sola  chunking=fixed|none|dynamic  chunk_size=N  "
+    "selection=in-order|multi-resource  sched_batch=N;  "
+    "decode (--worker decode or decode-N): admission_policy=greedy|reserve-static|reserve-dynamic|cacheopt|sola  "
+    "cacheopt_reserve_blocks=N  cacheopt_proactive_tokens=N  cacheopt_buffer_tokens=N  "
+    "preemption_order=vllm|srtf|lkvo|cacheopt  preemption_mode=recompute|swap|auto  preemption_profile=PATH"
 )
-_KEY_ORDER = ("queue", "chunking", "chunk_size", "selection", "sched_batch", "dispatch", "admission")
+_PREFILL_ORDER = ("queue", "chunking", "chunk_size", "selection", "sched_batch", "dispatch")
+_DECODE_ORDER = (
+    "admission_policy",
+    "cacheopt_reserve_blocks",
+    "cacheopt_proactive_tokens",
+    "cacheopt_buffer_tokens",
+    "preemption_order",
+    "preemption_mode",
+    "preemption_profile",
+    "preemptions",
+    "swapped",
+    "recomputed",
+    "preemption_median_ms",
+    "preemption_p99_ms",
+)
+_KEY_ORDER = (*_PREFILL_ORDER, *_DECODE_ORDER)
 
 
 def parse_assignment(text: str) -> tuple[str, str]:
@@ -60,7 +86,12 @@ def add_policy_parser(sub: Any) -> None:
     s.add_argument("changes", nargs="+", type=parse_assignment, metavar="KEY=VALUE", help=SET_KEYS_HELP)
     sh = psub.add_parser("show", help="each worker's policies")
     for cmd in (s, sh):
-        cmd.add_argument("--worker", default=None, help="worker id (default: set → every prefill worker, show → all)")
+        cmd.add_argument(
+            "--worker",
+            default=None,
+            help="worker id, or prefill / decode for every worker of that role "
+            "(default: set → every prefill worker, show → all)",
+        )
         cmd.add_argument("--target", default=DEFAULT_TARGET, help="gRPC address")
         cmd.add_argument("--json", action="store_true", help="machine-readable output")
         cmd.add_argument("--timeout", type=float, default=30.0, help="deadline in seconds")
@@ -77,7 +108,7 @@ def run_policy(args: argparse.Namespace) -> int:
     else:
         with TetriServeClient(args.target) as client:
             st = client.cluster_status(timeout=args.timeout)
-        rows = [(w.worker_id, w.role, w.policy) for w in st.workers if args.worker in (None, w.worker_id)]
+        rows = [(w.worker_id, w.role, w.policy) for w in st.workers if args.worker in (None, w.worker_id, w.role)]
         if not rows:
             known = ", ".join(w.worker_id for w in st.workers)
             print(f"tetriserve: error: no worker {args.worker!r}; known: {known}", file=sys.stderr)

@@ -17,7 +17,8 @@ request is a failed call — every gRPC client, interceptor and metric sees the
 status, and our SDK raises ``InternalError`` after the tokens already yielded.
 "abort" (the request was aborted via ``Abort``) is a normal finish, status OK.
 
-SetPolicy (admin) ─▶ backend.set_policy: unknown worker ─▶ NOT_FOUND; bad key or value ─▶
+SetPolicy (admin) ─▶ backend.set_policy (worker_id: an id, "decode" = every decode worker, empty = every
+prefill worker): unknown worker ─▶ NOT_FOUND; bad key or value, or a key of the other role ─▶
 INVALID_ARGUMENT "key: message" (+ tetriserve-field=key); a worker that did not answer ─▶ DEADLINE_EXCEEDED.
 """
 
@@ -37,7 +38,7 @@ from common.errors import InvalidRequestError
 from common.request import Request
 from control_plane.backend import ServingBackend
 from control_plane.frontdoor import FrontDoor, TextDelta
-from control_plane.policy_admin import UnknownWorkerError
+from control_plane.policy_admin import UnknownWorkerError, describe_target
 from protos import tetriserve_pb2 as pb
 from protos import tetriserve_pb2_grpc as pb_grpc
 
@@ -140,7 +141,7 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
         return reply
 
     async def SetPolicy(self, request: pb.SetPolicyRequest, context: grpc.aio.ServicerContext) -> pb.SetPolicyResponse:
-        target = request.worker_id or "every prefill worker"
+        target = describe_target(request.worker_id)
         try:
             workers = await self._front.backend.set_policy(request.worker_id or None, dict(request.changes))
         except UnknownWorkerError as exc:

@@ -1,19 +1,21 @@
 """Run-time policy changes (the ``SetPolicy`` admin RPC): which workers, which keys, which types.
 
     SetPolicy(worker_id, changes: {key: "value"})
-        │ resolve_targets       "" / None ─▶ every prefill worker
-        │                       unknown id ─▶ UnknownWorkerError                 (gRPC NOT_FOUND)
-        │                       decode id  ─▶ InvalidRequestError("worker_id")   (no run-time policies yet)
-        │ parse_prefill_changes key must be a ``PrefillPolicySpec`` field; int fields parsed here,
-        │                       so a worker never sees "128" for sched_batch ─▶ InvalidRequestError(key)
+        │ resolve_targets  "" / None / "prefill" ─▶ every prefill worker
+        │                  "decode"              ─▶ every decode worker
+        │                  a worker's id         ─▶ that worker (its role picks the key table)
+        │                  unknown id            ─▶ UnknownWorkerError                (gRPC NOT_FOUND)
+        │ parse_changes    key must be in the role's table: PREFILL_KEYS (``PrefillPolicySpec``) or
+        │                  DECODE_KEYS (``DecodeConfig``); a key of the other role ─▶ InvalidRequestError(key)
+        │                  saying whose it is; int fields parsed here, so a worker never sees "128"
         ▼
     apply_changes  the first target first: a value the workers reject then changes nothing anywhere;
                    the others in parallel. A worker's ValueError ─▶ InvalidRequestError naming the key
                    its message mentions (gRPC INVALID_ARGUMENT, trailing metadata tetriserve-field=key).
 
 Both backends share this module: the Ray backend passes a setter that calls the
-actor, the test fake one that edits a dict. Decode workers get their own key
-table here once they have run-time policies (a later issue).
+actor, the test fake one that edits a dict. Whether a value is allowed (a policy
+name, a bound) is the worker's call, as it builds the policies from it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import logging
 import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import fields
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
+from common.config import DecodeConfig
 from common.errors import InvalidRequestError
 from control_plane.backend import WorkerPolicy
 from prefill_worker.policy import PrefillPolicySpec
@@ -32,11 +35,15 @@ from prefill_worker.policy import PrefillPolicySpec
 logger = logging.getLogger(__name__)
 
 _H = TypeVar("_H")
+Role = Literal["prefill", "decode"]
 
-# key -> type of value the prefill worker's ``set_policy`` expects, from the spec it builds policies from
+# key -> type of value the worker's ``set_policy`` expects, from what it builds its policies from
 _HINTS = typing.get_type_hints(PrefillPolicySpec)
 PREFILL_KEYS: dict[str, type] = {f.name: int if _HINTS[f.name] is int else str for f in fields(PrefillPolicySpec)}
-NO_DECODE_POLICIES = "decode workers have no run-time policies yet"
+DECODE_KEYS: dict[str, type] = {
+    name: int if f.annotation is int else str for name, f in DecodeConfig.model_fields.items()
+}
+KEYS: dict[Role, dict[str, type]] = {"prefill": PREFILL_KEYS, "decode": DECODE_KEYS}
 
 Setter = Callable[[dict[str, Any]], Awaitable[Mapping[str, str]]]
 
@@ -45,32 +52,46 @@ class UnknownWorkerError(LookupError):
     """No worker has this id (gRPC NOT_FOUND)."""
 
     def __init__(self, worker_id: str, known: list[str]) -> None:
-        super().__init__(f"worker_id: no worker {worker_id!r}; known: {', '.join(known) or 'none'}")
+        roles = " or ".join(repr(r) for r in KEYS)
+        super().__init__(
+            f"worker_id: no worker {worker_id!r}; known: {', '.join(known) or 'none'} (or {roles} for all of a role)"
+        )
         self.worker_id = worker_id
 
 
-def resolve_targets(worker_id: str | None, prefill: Mapping[str, _H], decode: Mapping[str, _H]) -> dict[str, _H]:
-    """The workers a change goes to: one by id, or every prefill worker for ``None`` / ``""``."""
-    if not worker_id:
-        if not prefill:
-            raise InvalidRequestError("worker_id", "the cluster has no prefill workers")
-        return dict(prefill)
-    if worker_id in prefill:
-        return {worker_id: prefill[worker_id]}
-    if worker_id in decode:
-        raise InvalidRequestError("worker_id", f"{NO_DECODE_POLICIES} ({worker_id} is a decode worker)")
-    raise UnknownWorkerError(worker_id, sorted([*prefill, *decode]))
+def describe_target(worker_id: str | None) -> str:
+    """``worker_id`` in words, for logs and messages."""
+    if not worker_id or worker_id in KEYS:
+        return f"every {worker_id or 'prefill'} worker"
+    return worker_id
 
 
-def parse_prefill_changes(changes: Mapping[str, str]) -> dict[str, Any]:
-    """Check the keys against the prefill policy spec and convert integer values."""
+def resolve_targets(
+    worker_id: str | None, prefill: Mapping[str, _H], decode: Mapping[str, _H]
+) -> tuple[Role, dict[str, _H]]:
+    """The role and workers a change goes to: one by id, or every worker of a role (``None`` / ``""``: prefill)."""
+    by_role: dict[Role, Mapping[str, _H]] = {"prefill": prefill, "decode": decode}
+    for role, workers in by_role.items():
+        if worker_id and worker_id in workers:
+            return role, {worker_id: workers[worker_id]}
+    for role, workers in by_role.items():
+        if (worker_id or "prefill") == role:
+            if not workers:
+                raise InvalidRequestError("worker_id", f"the cluster has no {role} workers")
+            return role, dict(workers)
+    raise UnknownWorkerError(str(worker_id), sorted([*prefill, *decode]))
+
+
+def parse_changes(role: Role, changes: Mapping[str, str]) -> dict[str, Any]:
+    """Check the keys against the ``role``'s table and convert integer values."""
+    table = KEYS[role]
     if not changes:
-        raise InvalidRequestError("changes", f"give at least one KEY=VALUE; keys: {', '.join(PREFILL_KEYS)}")
+        raise InvalidRequestError("changes", f"give at least one KEY=VALUE; {role} keys: {', '.join(table)}")
     parsed: dict[str, Any] = {}
     for key, raw in changes.items():
-        kind = PREFILL_KEYS.get(key)
+        kind = table.get(key)
         if kind is None:
-            raise InvalidRequestError(key, f"unknown prefill policy key; known: {', '.join(PREFILL_KEYS)}")
+            raise InvalidRequestError(key, _not_a_key(role, key))
         value = str(raw).strip()
         if not value:
             raise InvalidRequestError(key, "value must not be empty")
@@ -84,6 +105,16 @@ def parse_prefill_changes(changes: Mapping[str, str]) -> dict[str, Any]:
     return parsed
 
 
+def _not_a_key(role: Role, key: str) -> str:
+    other: Role = "decode" if role == "prefill" else "prefill"
+    if key in KEYS[other]:
+        return (
+            f"a {other} policy key, not a {role} one: send it to {other} workers "
+            f"(worker_id {other!r} for all of them, or one {other} worker's id)"
+        )
+    return f"unknown {role} policy key; known: {', '.join(KEYS[role])}"
+
+
 def rejection(worker_id: str, changes: Mapping[str, Any], exc: BaseException, done: list[str]) -> InvalidRequestError:
     """A worker's ValueError as an ``InvalidRequestError`` whose field is the key its message names."""
     message = str(exc)
@@ -93,7 +124,7 @@ def rejection(worker_id: str, changes: Mapping[str, Any], exc: BaseException, do
 
 
 async def apply_changes(
-    targets: Mapping[str, Setter], changes: dict[str, Any], role: str = "prefill"
+    targets: Mapping[str, Setter], changes: dict[str, Any], role: Role = "prefill"
 ) -> list[WorkerPolicy]:
     """Call every target's setter with ``changes``; returns the workers' policies as they now are.
 

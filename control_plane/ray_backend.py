@@ -7,7 +7,8 @@ bound to the event loop it was opened in and reopened if that loop changes.
 
 ``status`` asks every worker actor for its policies in parallel, each with a
 deadline, so a stuck worker shows an empty policy instead of hanging the call;
-``set_policy`` checks the change (``policy_admin``) before any actor sees it.
+``set_policy`` checks the change (``policy_admin``) before any actor sees it and
+calls the targeted workers' ``set_policy`` (prefill or decode, by the target's role).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from common.request import Request
 from common.stream import StreamChunk
 from control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
 from control_plane.launcher import Cluster
-from control_plane.policy_admin import Setter, apply_changes, parse_prefill_changes, resolve_targets
+from control_plane.policy_admin import Setter, apply_changes, parse_changes, resolve_targets
 
 logger = logging.getLogger(__name__)
 
@@ -149,9 +150,9 @@ class RayBackend:
         return dict(zip(handles, answers, strict=True))
 
     async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:
-        targets = resolve_targets(worker_id, self.cluster.prefill, self.cluster.decode)
-        parsed = parse_prefill_changes(changes)
-        return await apply_changes({wid: _actor_setter(h) for wid, h in targets.items()}, parsed)
+        role, targets = resolve_targets(worker_id, self.cluster.prefill, self.cluster.decode)
+        parsed = parse_changes(role, changes)
+        return await apply_changes({wid: _actor_setter(h) for wid, h in targets.items()}, parsed, role)
 
 
 def _actor_setter(handle: Any) -> Setter:

@@ -42,6 +42,13 @@ def check_prefill_policy(config: ClusterConfig, model_path: str) -> None:
     build_prefill_policy(spec_from_config(config.prefill), load_cost(config.prefill, model_path, detect_hardware()))
 
 
+def check_decode_policy(config: ClusterConfig) -> None:
+    """Fail before launching anything when the decode policies cannot be built (e.g. auto without a profile)."""
+    from decode_worker.policy import decode_policies
+
+    decode_policies(config.decode)
+
+
 async def run_front_doors(
     config: ClusterConfig,
     backend: object,
@@ -77,6 +84,7 @@ def serve(config: ClusterConfig) -> None:
     model_path, name = resolve_model(config)
     print(f"tetriserve: model {name} ({model_path})", flush=True)
     check_prefill_policy(config, model_path)
+    check_decode_policy(config)
     print(f"tetriserve: starting {config.num_prefill} prefill + {config.num_decode} decode workers ...", flush=True)
     cluster = launch(config, model_path)
     backend = RayBackend(cluster, name)

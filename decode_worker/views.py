@@ -29,6 +29,8 @@ class DecodeReqView:
     generated: int = 0  # tokens generated on this worker so far
     estimate: LengthEstimate | None = None
     held_blocks: int = 0  # KV blocks it holds now: ⌈computed tokens / b⌉ (a waiting request: its landed KV's)
+    tbt_slo_s: float | None = None  # its time-between-tokens SLO, if it has one
+    transferring: bool = False  # its KV is in flight (being loaded, swapped out or shipped elsewhere)
 
     @property
     def context(self) -> int:
@@ -50,15 +52,21 @@ class DecodeState:
     free_blocks: int
     block_size: int
     running: tuple[DecodeReqView, ...] = ()
+    now: float = 0.0  # same clock as ``DecodeReqView.arrival_time``
+    step_s: float = 0.0  # the engine's recent decode iteration time
 
     @property
     def capacity(self) -> int:
         """Blocks the batch may use in all: what is free plus what its members hold."""
         return self.free_blocks + sum(r.held_blocks for r in self.running)
 
+    def fits_now(self, req: DecodeReqView) -> bool:
+        """Whether ``req``'s context fits the free KV now (vLLM's own test; an empty batch's for every policy)."""
+        return blocks_for(req.context, self.block_size) - req.held_blocks <= self.free_blocks
+
     def with_admitted(self, req: DecodeReqView) -> DecodeState:
         """The state after ``req`` joins the batch: its context's blocks move from the free pool to it."""
         need = blocks_for(req.context, self.block_size)
         taken = max(0, need - req.held_blocks)
         joined = replace(req, held_blocks=max(need, req.held_blocks))
-        return DecodeState(self.free_blocks - taken, self.block_size, (*self.running, joined))
+        return replace(self, free_blocks=self.free_blocks - taken, running=(*self.running, joined))

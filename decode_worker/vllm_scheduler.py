@@ -1,47 +1,72 @@
-"""The decode engine's vLLM scheduler subclass (``scheduler_cls``): admission policies gate who starts.
+"""The decode engine's vLLM scheduler subclass (``scheduler_cls``): admission, preemption order, swap.
 
 Each ``schedule()`` call:
 
     1. views of the running batch (context, tokens generated, the predicted length range from
-       ``SamplingParams.extra_args["tetriserve_length"]``) and the KV that is free
+       ``SamplingParams.extra_args["tetriserve_length"]``, the TBT SLO from ``["tetriserve"]``)
+       and the KV that is free
     2. every waiting request that would *start decoding* now is put to the admission policy,
-       in arrival order, each admitted one folded into the state before the next is asked;
-       the first refusal stops admission for this step (no overtaking)
-    3. refused requests are held aside for this one call, then ``super().schedule()``
+       in the policy's order (arrival unless it says otherwise), each admitted one folded into
+       the state before the next is asked; the first refusal stops admission for this step
+    3. refused requests are held aside for this one call
+    4. when the batch may run out of KV this step (fewer free blocks than running requests),
+       the running list is sorted so that vLLM, which preempts from its tail, preempts in the
+       preemption order's sequence (CacheOpt §3.4); then ``super().schedule()``
 
-A request that still has to pull its prompt's KV through the connector (no
-blocks yet) is never held: it must get its blocks so its KV can land; it is
-gated once its KV is in, holding those blocks. Preemptions vLLM performs are
-counted (``preemptions``), the measure reserve policies exist to bring down.
+A request that still has to pull its KV through the connector (no blocks yet) is
+never held: it must get its blocks so its KV can land; it is gated once its KV
+is in, holding those blocks. A request swapped out (CacheOpt §3.5) comes back the
+same way. Every preemption is counted and timed until the request decodes again.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from common.length import LengthEstimate
 from decode_worker.admission import AdmissionPolicy, make_admission_policy
+from decode_worker.policy import EXTRA_KEY, LENGTH_KEY
+from decode_worker.preemption import PreemptionOrder, PreemptionStrategy, make_preemption_order
+from decode_worker.preemption.stats import PreemptionStats
 from decode_worker.views import DecodeReqView, DecodeState
 
-LENGTH_KEY = "tetriserve_length"  # SamplingParams.extra_args key: LengthEstimate.to_dict()
+STEP_SMOOTHING = 0.2
 
 
 class TetriDecodeScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.admission: AdmissionPolicy = make_admission_policy("greedy")
-        self.preemptions = 0
+        self.victim_order: PreemptionOrder = make_preemption_order("vllm")
+        self.strategy = PreemptionStrategy("recompute")
+        self.stats = PreemptionStats()
+        self._out: dict[str, tuple[float, int]] = {}  # preempted req_id -> (when, tokens it had computed)
+        self._last_call = 0.0
+        self.step_s = 0.0
 
-    def configure(self, policy: AdmissionPolicy) -> None:
+    def configure(
+        self,
+        policy: AdmissionPolicy,
+        order: PreemptionOrder | None = None,
+        strategy: PreemptionStrategy | None = None,
+    ) -> None:
         self.admission = policy
+        self.victim_order = order or self.victim_order
+        self.strategy = strategy or self.strategy
 
-    def _view(self, req: Any) -> DecodeReqView:
+    @property
+    def preemptions(self) -> int:
+        return self.stats.count
+
+    def _view(self, req: Any, in_flight: set[str] | frozenset[str] = frozenset()) -> DecodeReqView:
         params = req.sampling_params
         extra = (params.extra_args or {}) if params is not None else {}
         est = extra.get(LENGTH_KEY)
+        slo = (extra.get(EXTRA_KEY) or {}).get("tbt_slo_s")
         return DecodeReqView(
             request_id=req.request_id,
             prompt_len=req.num_prompt_tokens,
@@ -50,6 +75,8 @@ class TetriDecodeScheduler(Scheduler):
             generated=len(req.output_token_ids),
             estimate=LengthEstimate.from_dict(est) if isinstance(est, dict) else None,
             held_blocks=math.ceil(req.num_computed_tokens / self.block_size),
+            tbt_slo_s=float(slo) if slo is not None else None,
+            transferring=req.request_id in in_flight,
         )
 
     def remaining_tokens(self) -> int:
@@ -61,33 +88,82 @@ class TetriDecodeScheduler(Scheduler):
         """A request whose KV has yet to be pulled through the connector (it needs its blocks first)."""
         return req.num_computed_tokens == 0 and req.kv_transfer_params is not None
 
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        candidates = [
-            (queue, req)
-            for queue in (self.kv_holding_waiting, self.waiting)
-            for req in queue
-            if not (self._must_pass(req) or self._is_blocked_waiting_status(req.status))
-        ]
-        if not candidates:  # the common decode step: nobody waits to start, no views to build
-            return super().schedule(*args, **kwargs)
-        policy = self.admission
+    def _state(self, now: float) -> DecodeState:
         running = tuple(self._view(r) for r in self.running)
-        state = DecodeState(self.kv_cache_manager.block_pool.get_num_free_blocks(), self.block_size, running)
-        held: list[tuple[Any, Any]] = []  # (queue, request): refused, or behind a refusal
-        for queue, req in sorted(candidates, key=lambda c: c[1].arrival_time):
-            view = self._view(req)
-            if not held and policy.admit(view, state):
-                state = state.with_admitted(view)
-            else:
-                held.append((queue, req))
-        for queue, req in held:
-            queue.remove_request(req)
+        return DecodeState(
+            self.kv_cache_manager.block_pool.get_num_free_blocks(), self.block_size, running, now, self.step_s
+        )
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        now = time.time()
+        if self._last_call and self.running:
+            gap = now - self._last_call
+            self.step_s = gap if not self.step_s else (1 - STEP_SMOOTHING) * self.step_s + STEP_SMOOTHING * gap
+        self._last_call = now
+        held = self._gate(now)
+        self._order_victims()
         try:
-            return super().schedule(*args, **kwargs)
+            out = super().schedule(*args, **kwargs)
         finally:
             for queue, req in held:
                 queue.add_request(req)
+        if self._out:
+            self._note_resumed(time.time())
+        return out
+
+    def _gate(self, now: float) -> list[tuple[Any, Any]]:
+        """Put waiting requests to the admission policy; remove and return the ones held back this step."""
+        candidates = {
+            req.request_id: (queue, req)
+            for queue in (self.kv_holding_waiting, self.waiting)
+            for req in queue
+            if not (self._must_pass(req) or self._is_blocked_waiting_status(req.status))
+        }
+        if not candidates:  # the common decode step: nobody waits to start, no views to build
+            return []
+        policy = self.admission
+        state = self._state(now)
+        held: list[tuple[Any, Any]] = []  # (queue, request): refused, or behind a refusal
+        for view in policy.order([self._view(req) for _, req in candidates.values()], state):
+            if not held and policy.admit(view, state):
+                state = state.with_admitted(view)
+            else:
+                held.append(candidates[view.request_id])
+        for queue, req in held:
+            queue.remove_request(req)
+        return held
+
+    def _order_victims(self) -> None:
+        """Sort the running list so vLLM's tail-first preemption follows ``victim_order`` (a no-op unless
+        this step can run out of KV: each running request needs at most one new block per step)."""
+        if self.victim_order.name == "vllm" or len(self.running) < 2:
+            return
+        if self.kv_cache_manager.block_pool.get_num_free_blocks() >= len(self.running):
+            return
+        in_flight = self.connector.in_flight() if hasattr(self.connector, "in_flight") else set()
+        by_id = {r.request_id: r for r in self.running}
+        victims = self.victim_order.victims([self._view(r, in_flight) for r in self.running])
+        self.running[:] = [by_id[v.request_id] for v in reversed(victims)]
 
     def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
-        self.preemptions += 1
+        self.stats.count += 1
+        computed = min(request.num_computed_tokens, request.num_tokens - 1)
+        if self.strategy.choose(computed) == "swap" and computed > 0 and hasattr(self.connector, "swap_out"):
+            block_ids = list(self.kv_cache_manager.get_block_ids(request.request_id)[0])
+            self.connector.swap_out(request, block_ids, computed)
+            self.stats.swapped += 1
+        else:
+            self.stats.recomputed += 1
+        self._out[request.request_id] = (time.time(), computed)
         super()._preempt_request(request, *args, **kwargs)
+
+    def _note_resumed(self, now: float) -> None:
+        """A preempted request is back once it is running with its KV restored (computed this step)."""
+        durations = self.stats.durations_s
+        for rid, (since, tokens) in list(self._out.items()):
+            req = self.requests.get(rid)
+            if req is None:  # finished or aborted while out
+                del self._out[rid]
+            elif req in self.running and req.num_computed_tokens >= tokens:
+                durations.append(now - since)
+                del self._out[rid]

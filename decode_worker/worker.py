@@ -9,9 +9,9 @@
 ``submit`` returns at once. Outputs of every request go to the worker's one
 ``Outbox``, which the GlobalScheduler drains through a single long-lived
 ``subscribe`` stream, so relaying costs one message per engine step rather
-than one per request per step. Admission is decided by ``decode.admission_policy``
-(greedy, reserve-static, reserve-dynamic) in the engine's scheduler subclass,
-once the request's KV has landed.
+than one per request per step. Admission (``decode.admission_policy``), the preemption
+victim order and swap-or-recompute (``decode.preemption_order`` / ``_mode``) are
+decided in the engine's scheduler subclass (``vllm_scheduler.py``).
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from common.config import ClusterConfig
+from pydantic import ValidationError
+
+from common.config import ClusterConfig, DecodeConfig
 from common.length import LengthEstimate
 from common.load import DecodeLoad
 from common.outbox import Outbox
 from common.request import Request
 from common.stream import StreamChunk
-from decode_worker.admission import make_admission_policy
+from decode_worker.policy import EXTRA_KEY, LENGTH_KEY, decode_policies
 from engine.settings import EngineRole, build_engine_args
 from engine.worker_base import EngineWorker
 
@@ -43,6 +45,23 @@ class _Running:
     request: Request
     heavy: bool
     task: asyncio.Task[None] | None = None
+
+
+def updated_decode_config(cfg: DecodeConfig, changes: dict[str, Any]) -> DecodeConfig:
+    """``cfg`` with ``changes`` applied and validated; a ValueError names every bad ``decode.<field>``."""
+    try:
+        return DecodeConfig.model_validate({**cfg.model_dump(), **changes})
+    except ValidationError as exc:
+        bad = "; ".join(f"decode.{'.'.join(map(str, e['loc'])) or 'changes'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(bad) from None
+
+
+def decode_policy_settings(cfg: DecodeConfig) -> dict[str, str]:
+    """The policy settings in force, as ``policy show`` lists them (cacheopt's knobs only under cacheopt)."""
+    shown = cfg.model_dump(exclude_none=True)
+    if cfg.admission_policy != "cacheopt":
+        shown = {k: v for k, v in shown.items() if not k.startswith("cacheopt_")}
+    return {k: str(v) for k, v in shown.items()}
 
 
 class DecodeWorker(EngineWorker):
@@ -60,7 +79,8 @@ class DecodeWorker(EngineWorker):
             scheduler_cls=SCHEDULER_CLS,
         )
         self.engine = EngineLoop(args, worker_id)
-        self.engine.scheduler().configure(make_admission_policy(config.decode.admission_policy))
+        self._decode_cfg = config.decode  # what the policies were last built from (``set_policy``)
+        self.engine.scheduler().configure(*decode_policies(config.decode))
         self.accepting = True
         self._running: dict[str, _Running] = {}
         self.outbox = Outbox()
@@ -83,8 +103,26 @@ class DecodeWorker(EngineWorker):
         )
 
     def policies(self) -> dict[str, str]:
-        sched = self.engine.scheduler()
-        return {"admission": sched.admission.name, "preemptions": str(sched.preemptions)}
+        """The settings ``set_policy`` takes, by the same names, and the preemption counters."""
+        return {**decode_policy_settings(self._decode_cfg), **self.engine.scheduler().stats.summary()}
+
+    def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
+        """Admin RPC: switch admission, preemption order or swap-or-recompute at run time.
+
+        ``changes`` are ``DecodeConfig`` fields; all policies are built before any is
+        installed, so a bad value (ValueError naming the setting) changes nothing.
+        """
+        cfg = updated_decode_config(self._decode_cfg, changes)
+        try:
+            admission, order, strategy = decode_policies(cfg)
+        except ValueError as exc:  # every message names its setting but a profile's that did not load
+            if cfg.preemption_profile and not str(exc).startswith("decode"):
+                raise ValueError(f"decode.preemption_profile: {exc}") from None
+            raise
+        self.engine.scheduler().configure(admission, order, strategy)
+        self._decode_cfg = cfg
+        logger.info("decode %s: policy now %s", self.worker_id, self.policies())
+        return self.policies()
 
     # -- the request path -------------------------------------------------------------
     async def submit(self, req: Request, first_token: int, estimate: LengthEstimate | None) -> bool:
@@ -97,8 +135,12 @@ class DecodeWorker(EngineWorker):
         run = _Running(req, heavy)
         self._running[req.request_id] = run
         kv = {"mode": "recv", "key": req.request_id, "num_tokens": len(req.prompt_token_ids)}
-        extra = {"tetriserve_length": estimate.to_dict()} if estimate is not None else None  # for the decode scheduler
-        params = to_vllm(req.sampling, max_tokens=req.sampling.max_tokens - 1, kv_params=kv, extra=extra)
+        extra: dict[str, Any] = {}  # for the decode scheduler
+        if estimate is not None:
+            extra[LENGTH_KEY] = estimate.to_dict()
+        if req.slo.tbt_ms is not None:
+            extra[EXTRA_KEY] = {"tbt_slo_s": req.slo.tbt_ms / 1e3}
+        params = to_vllm(req.sampling, max_tokens=req.sampling.max_tokens - 1, kv_params=kv, extra=extra or None)
         prompt = (*req.prompt_token_ids, first_token)
         run.task = asyncio.create_task(self._pump(run, prompt, params))
         run.task.add_done_callback(functools.partial(self._on_pump_done, run))

@@ -7,6 +7,8 @@ token, or end with an error chunk; it records every request, abort and early
 close so tests can assert on them (polling with ``wait_until``). Its two
 workers (prefill-0, decode-0) keep policies in a dict; ``set_policy`` goes
 through the real ``policy_admin`` checks and records what each worker received.
+The decode worker judges its changes with the real ``DecodeConfig`` validation
+and ``decode_policies``, as ``DecodeWorker.set_policy`` does.
 
 ``LoopThread`` runs an asyncio loop in a daemon thread, so gateway servers can
 serve while a test drives them with blocking clients.
@@ -25,10 +27,14 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from common.config import DecodeConfig
 from common.request import Request
 from common.stream import StreamChunk
 from control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
-from control_plane.policy_admin import apply_changes, parse_prefill_changes, resolve_targets
+from control_plane.policy_admin import apply_changes, parse_changes, resolve_targets
+from decode_worker.policy import decode_policies
+from decode_worker.preemption.stats import PreemptionStats
+from decode_worker.worker import decode_policy_settings, updated_decode_config
 
 _T = TypeVar("_T")
 
@@ -77,7 +83,12 @@ FAKE_QUEUES = ("fcfs", "sjf", "ljf")
 def default_policies() -> dict[str, dict[str, str]]:
     """What the fake's workers report before any change (shaped like the real workers' ``policies()``)."""
     prefill = {"queue": "fcfs", "chunking": "fixed", "chunk_size": "512", "sched_batch": "16"}
-    return {"prefill-0": {**prefill, "dispatch": "power-of-two"}, "decode-0": {"admission": "greedy"}}
+    return {"prefill-0": {**prefill, "dispatch": "power-of-two"}, "decode-0": decode_policies_shown(DecodeConfig())}
+
+
+def decode_policies_shown(cfg: DecodeConfig) -> dict[str, str]:
+    """What a ``DecodeWorker`` built from ``cfg`` reports in ``policies()`` (before any preemption)."""
+    return {**decode_policy_settings(cfg), **PreemptionStats().summary()}
 
 
 @dataclass
@@ -105,6 +116,7 @@ class FakeBackend:
     generate_calls: int = 0
     policies: dict[str, dict[str, str]] = field(default_factory=default_policies)
     policy_changes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # what each worker received
+    decode_config: DecodeConfig = field(default_factory=DecodeConfig)  # type: ignore[arg-type]  # decode-0's
     _abort_events: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def reset(self) -> None:
@@ -115,6 +127,7 @@ class FakeBackend:
         self.generate_calls = 0
         self.policies = default_policies()
         self.policy_changes.clear()
+        self.decode_config = DecodeConfig()
 
     async def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
         self.generate_calls += 1
@@ -174,11 +187,21 @@ class FakeBackend:
         return ClusterStatus(self.model_name, workers, len(self._abort_events), "http://127.0.0.1:8265")
 
     async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:
-        targets = resolve_targets(worker_id, {"prefill-0": "prefill-0"}, {"decode-0": "decode-0"})
-        parsed = parse_prefill_changes(changes)
-        return await apply_changes({wid: functools.partial(self._worker_set_policy, wid) for wid in targets}, parsed)
+        role, targets = resolve_targets(worker_id, {"prefill-0": "prefill-0"}, {"decode-0": "decode-0"})
+        parsed = parse_changes(role, changes)
+        setter = self._decode_set_policy if role == "decode" else self._prefill_set_policy
+        return await apply_changes({wid: functools.partial(setter, wid) for wid in targets}, parsed, role)
 
-    async def _worker_set_policy(self, worker_id: str, changes: dict[str, Any]) -> dict[str, str]:
+    async def _decode_set_policy(self, worker_id: str, changes: dict[str, Any]) -> dict[str, str]:
+        """Stands in for ``DecodeWorker.set_policy``: the same checks, the same ValueErrors."""
+        self.policy_changes.append((worker_id, dict(changes)))
+        cfg = updated_decode_config(self.decode_config, changes)
+        decode_policies(cfg)
+        self.decode_config = cfg
+        self.policies[worker_id] = decode_policies_shown(cfg)
+        return dict(self.policies[worker_id])
+
+    async def _prefill_set_policy(self, worker_id: str, changes: dict[str, Any]) -> dict[str, str]:
         """Stands in for ``PrefillWorker.set_policy``: a ValueError naming the config field on bad input."""
         self.policy_changes.append((worker_id, dict(changes)))
         if changes.get("queue", "fcfs") not in FAKE_QUEUES:

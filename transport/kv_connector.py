@@ -27,6 +27,15 @@ with prefill and the dispatcher choose afterwards. A load that misses its
 deadline or fails validation reports its blocks as load errors, and vLLM's
 ``kv_load_failure_policy="fail"`` finishes the request with an error instead
 of recomputing the prompt.
+
+Swap (CacheOpt §3.5) reuses both halves inside one decode engine: when the
+decode scheduler preempts a request by swapping, ``swap_out`` (scheduler side,
+before the blocks are freed) queues a save of its blocks and turns its
+instructions into ``{"mode": "recv", "key": "swap:<id>:<n>"}``; the worker packs
+the blocks into this endpoint's own landing area in ``handle_preemptions``, before
+the model runner zeroes or overwrites blocks handed to others, and when vLLM resumes
+the request it loads the KV back through the ordinary ``recv`` path instead of
+recomputing it.
 """
 
 from __future__ import annotations
@@ -69,6 +78,8 @@ class KVCounters:
 
     bytes_packed: int = 0
     requests_packed: int = 0
+    swaps_out: int = 0
+    bytes_swapped_out: int = 0
     bytes_loaded: int = 0
     requests_loaded: int = 0
     tokens_loaded: int = 0
@@ -110,6 +121,7 @@ class LoadSpec:
 @dataclass
 class TetriKVMetadata(KVConnectorMetadata):
     saves: list[SaveSpec] = field(default_factory=list)
+    swaps: list[SaveSpec] = field(default_factory=list)  # swap-outs: packed before the step touches any block
     loads: list[LoadSpec] = field(default_factory=list)
     cancelled: list[tuple[str, str]] = field(default_factory=list)  # (req_id, key)
 
@@ -137,6 +149,8 @@ class TetriKVConnector(KVConnectorBase_V1):
         self._producers: dict[str, _Producer] = {}
         self._load_requested: set[str] = set()
         self._pending_loads: list[LoadSpec] = []
+        self._pending_swaps: list[SaveSpec] = []
+        self._swapped: dict[str, str] = {}  # req_id -> key of its KV swapped out and not yet back
         self._cancelled: list[tuple[str, str]] = []
         # worker side
         self._layers: dict[str, torch.Tensor] = {}
@@ -170,14 +184,29 @@ class TetriKVConnector(KVConnectorBase_V1):
             LoadSpec(request.request_id, str(params["key"]), block_ids, int(params["num_tokens"]))
         )
 
+    def swap_out(self, request: Request, block_ids: list[int], num_tokens: int) -> str:
+        """Queue ``request``'s first ``num_tokens`` of KV (in ``block_ids``) to leave the block pool this step;
+        call before the blocks are freed. On resume vLLM loads it back through the ``recv`` path."""
+        key = f"swap:{request.request_id}:{request.num_preemptions}"
+        used = tuple(block_ids[: kv_codec.blocks_for(num_tokens, self._block_size)])
+        self._pending_swaps.append(SaveSpec(request.request_id, key, used, num_tokens))
+        self._swapped[request.request_id] = key
+        self._load_requested.discard(request.request_id)
+        request.kv_transfer_params = {PARAMS_KEY: {"mode": "recv", "key": key, "num_tokens": num_tokens}}
+        return key
+
+    def in_flight(self) -> set[str]:
+        """Requests whose KV is being loaded or swapped out right now."""
+        return {s.req_id for s in self._pending_loads} | {s.req_id for s in self._pending_swaps}
+
     def on_new_request(self, request: Request) -> None:
         params = _params(request)
         if params is not None and params.get("mode") == "park":
             self._producers[request.request_id] = _Producer(str(params["key"]), len(request.prompt_token_ids or ()), [])
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        meta = TetriKVMetadata(loads=self._pending_loads, cancelled=self._cancelled)
-        self._pending_loads, self._cancelled = [], []
+        meta = TetriKVMetadata(swaps=self._pending_swaps, loads=self._pending_loads, cancelled=self._cancelled)
+        self._pending_loads, self._pending_swaps, self._cancelled = [], [], []
         progress: dict[str, int] = {}
         for new in scheduler_output.scheduled_new_reqs:
             if new.req_id in self._producers:
@@ -203,6 +232,9 @@ class TetriKVConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._producers.pop(request.request_id, None)
+        swapped = self._swapped.pop(request.request_id, None)
+        if swapped is not None and request.request_id not in self._load_requested:  # never came back: drop it
+            self._cancelled.append(("", swapped))
         if request.request_id in self._load_requested:
             self._load_requested.discard(request.request_id)
             params = _params(request) or {}
@@ -217,6 +249,16 @@ class TetriKVConnector(KVConnectorBase_V1):
         logger.info(
             "kv connector: %d layers, block dim %d, layer shape %s", len(self._layers), self._dim, tuple(first.shape)
         )
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        """Swap-outs, before the step touches any block: the model runner zeroes blocks it hands out anew,
+        and a victim's freed blocks may be handed to another request in this very step."""
+        assert isinstance(kv_connector_metadata, TetriKVMetadata)
+        assert self._transport is not None
+        for spec in kv_connector_metadata.swaps:
+            packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)
+            self._transport.hold(spec.key, packed.buffers)
+            _bump(swaps_out=1, bytes_swapped_out=packed.nbytes)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()

@@ -1,23 +1,32 @@
-"""Decode admission policies (TetriInfer §3.4): greedy (vLLM's), reserve-static, reserve-dynamic."""
+"""Decode admission policies: greedy (vLLM's), reserve-static, reserve-dynamic (TetriInfer §3.4),
+cacheopt (CacheOpt §3.3), sola (SOLA §4.4.2, §5.1)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from decode_worker.admission.base import AdmissionPolicy
+from decode_worker.admission.cacheopt import CacheOptAdmission
 from decode_worker.admission.greedy import Greedy
 from decode_worker.admission.reserve_dynamic import ReserveDynamic
 from decode_worker.admission.reserve_static import ReserveStatic
+from decode_worker.admission.sola import SolaDecode
 
-ADMISSION_NAMES = ("greedy", "reserve-static", "reserve-dynamic")
+ADMISSION_NAMES = ("greedy", "reserve-static", "reserve-dynamic", "cacheopt", "sola")
 
 
-def make_admission_policy(name: str) -> AdmissionPolicy:
-    if name == Greedy.name:
-        return Greedy()
-    if name == ReserveStatic.name:
-        return ReserveStatic()
-    if name == ReserveDynamic.name:
-        return ReserveDynamic()
-    raise ValueError(f"decode.admission_policy: unknown policy {name!r}; known: {list(ADMISSION_NAMES)}")
+def make_admission_policy(name: str, **params: Any) -> AdmissionPolicy:
+    """``params`` go to the policy's constructor (e.g. cacheopt's ``reserve_blocks``)."""
+    classes: dict[str, Any] = {
+        c.name: c for c in (Greedy, ReserveStatic, ReserveDynamic, CacheOptAdmission, SolaDecode)
+    }
+    if name not in classes:
+        raise ValueError(f"decode.admission_policy: unknown policy {name!r}; known: {list(ADMISSION_NAMES)}")
+    try:
+        policy: AdmissionPolicy = classes[name](**params)
+    except TypeError as exc:
+        raise ValueError(f"decode admission policy {name!r}: {exc}") from None
+    return policy
 
 
 __all__ = ["ADMISSION_NAMES", "AdmissionPolicy", "make_admission_policy"]

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from decode_worker.views import DecodeReqView, DecodeState, blocks_for
+from decode_worker.admission.base import ArrivalOrder
+from decode_worker.views import DecodeReqView, DecodeState
 
 
-class Greedy:
+class Greedy(ArrivalOrder):
     name: ClassVar[str] = "greedy"
 
     def admit(self, req: DecodeReqView, state: DecodeState) -> bool:
-        return blocks_for(req.context, state.block_size) - req.held_blocks <= state.free_blocks
+        return state.fits_now(req)

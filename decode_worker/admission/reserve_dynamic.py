@@ -24,12 +24,14 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from decode_worker.views import DecodeReqView, DecodeState, LengthEnd, blocks_for
+from decode_worker.admission.base import ArrivalOrder
+from decode_worker.admission.peak import peak_fits
+from decode_worker.views import DecodeReqView, DecodeState, LengthEnd
 
 Horizons = Literal["all", "shortest"]
 
 
-class ReserveDynamic:
+class ReserveDynamic(ArrivalOrder):
     name: ClassVar[str] = "reserve-dynamic"
 
     def __init__(self, end: LengthEnd = "lower", horizons: Horizons = "all") -> None:
@@ -42,17 +44,12 @@ class ReserveDynamic:
         """Steps until the shortest job in the batch finishes (by prediction)."""
         return min((r.predicted_remaining(self.end) for r in state.running), default=0)
 
-    def usage(self, members: tuple[DecodeReqView, ...], k: int, block_size: int) -> int:
-        return sum(blocks_for(r.context + k, block_size) for r in members if r.predicted_remaining(self.end) >= k)
+    def remaining(self, r: DecodeReqView) -> int:
+        return r.predicted_remaining(self.end)
 
     def admit(self, req: DecodeReqView, state: DecodeState) -> bool:
         bs = state.block_size
         if not state.running:  # nothing finishes first: admit what fits now (never starve a long request)
-            return blocks_for(req.context, bs) - req.held_blocks <= state.free_blocks
-        capacity = state.capacity + req.held_blocks
-        members = (*state.running, req)
-        if self.horizons == "shortest":
-            ks = {self.horizon(state)}
-        else:
-            ks = {r.predicted_remaining(self.end) for r in members} | {0}
-        return all(self.usage(members, k, bs) <= capacity for k in ks)
+            return state.fits_now(req)
+        horizons = [self.horizon(state)] if self.horizons == "shortest" else None
+        return peak_fits((*state.running, req), self.remaining, state.capacity + req.held_blocks, bs, horizons)

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from decode_worker.admission.base import ArrivalOrder
 from decode_worker.views import DecodeReqView, DecodeState, LengthEnd, blocks_for
 
 
-class ReserveStatic:
+class ReserveStatic(ArrivalOrder):
     name: ClassVar[str] = "reserve-static"
 
     def __init__(self, end: LengthEnd = "lower") -> None:

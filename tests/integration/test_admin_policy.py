@@ -1,4 +1,5 @@
-"""SetPolicy on the real cluster: change the prefill worker's policies over gRPC, read them back, restore them."""
+"""SetPolicy on the real cluster: change the prefill and decode workers' policies over gRPC, read them back,
+restore them."""
 
 from __future__ import annotations
 
@@ -27,3 +28,27 @@ def test_set_policy_on_the_real_prefill_worker_shows_in_status(frontend: Any) ->
             client.set_policy(original)
         restored = {w.worker_id: w for w in client.cluster_status().workers}[prefill_id].policy
         assert {k: restored[k] for k in original} == original
+
+
+def test_set_policy_on_the_real_decode_worker_shows_in_status(frontend: Any) -> None:
+    with TetriServeClient(frontend.grpc_target, timeout=60) as client:
+        before = {w.worker_id: w for w in client.cluster_status().workers}
+        (decode_id,) = [wid for wid, w in before.items() if w.role == "decode"]
+        shown = before[decode_id].policy
+        original = {"admission_policy": shown["admission_policy"], "preemption_order": shown["preemption_order"]}
+        try:
+            update = client.set_policy({"admission_policy": "cacheopt", "preemption_order": "srtf"}, worker_id="decode")
+            policy = update.policy_of(decode_id)
+            assert (policy["admission_policy"], policy["preemption_order"]) == ("cacheopt", "srtf")
+            after = {w.worker_id: w for w in client.cluster_status().workers}[decode_id].policy
+            assert (after["admission_policy"], after["preemption_order"]) == ("cacheopt", "srtf")
+            with pytest.raises(InvalidArgument) as info:  # the worker's own check, mapped to the key
+                client.set_policy({"admission_policy": "lifo"}, worker_id=decode_id)
+            assert info.value.field == "admission_policy"
+            with pytest.raises(InvalidArgument) as info:  # a prefill key never reaches a decode worker
+                client.set_policy({"queue": "sjf"}, worker_id="decode")
+            assert info.value.field == "queue"
+        finally:
+            client.set_policy(original, worker_id="decode")
+        restored = {w.worker_id: w for w in client.cluster_status().workers}[decode_id].policy
+        assert (restored["admission_policy"], restored["preemption_order"]) == tuple(original.values())

@@ -1,9 +1,13 @@
-"""Decode admission on the real engine (TetriInfer §3.4): with oracle lengths and a KV cache small enough
-to force pressure, reserve-dynamic never makes vLLM preempt, where greedy (vLLM's own policy) does.
+"""Decode admission and preemption on the real engine (TetriInfer §3.4, CacheOpt §3.4–3.5).
 
-One in-process vLLM engine (tiny model) with ``TetriDecodeScheduler``; each run adds the same requests
-(``ignore_eos``, so the true output length is ``max_tokens``, which the oracle estimate carries in
-``SamplingParams.extra_args["tetriserve_length"]``) and steps until all finish.
+With oracle lengths and a KV cache small enough to force pressure, reserve-dynamic never makes vLLM
+preempt, where greedy (vLLM's own policy) does; a preemption by swap moves the victim's KV out of the
+block pool through the KV connector and back, and the tokens are exactly those of recomputation.
+
+One in-process vLLM engine (tiny model, decode role: KV connector, no prefix cache) with
+``TetriDecodeScheduler``; requests carry no KV instructions, so the engine prefills them itself. Each
+run adds the same requests (``ignore_eos``, so the true output length is ``max_tokens``, which the
+oracle estimate carries in ``SamplingParams.extra_args["tetriserve_length"]``) and steps until all finish.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ def engine(model_path: str) -> Iterator[Any]:
     args = build_engine_args(
         probe,
         model_path,
-        EngineRole.COLOCATED,
+        EngineRole.DECODE,
+        endpoint="test-decode-admission",
+        transport="tcp",
         chunk_size=512,
         scheduler_cls="decode_worker.vllm_scheduler.TetriDecodeScheduler",
     )
@@ -42,15 +48,18 @@ def engine(model_path: str) -> Iterator[Any]:
     yield LLMEngine.from_engine_args(args)
 
 
-def run(engine: Any, policy: Any, seed: int) -> tuple[int, int]:
-    """(preemptions, finished requests) for one burst under ``policy`` (a name or a policy object)."""
+def run(engine: Any, policy: Any, seed: int, mode: str = "recompute") -> tuple[int, int, dict[str, list[int]]]:
+    """(preemptions, finished requests, tokens by request index) for one burst under ``policy``
+    (a name or a policy object), preempting by ``mode``."""
     from vllm import SamplingParams
 
     from common.length import LengthEstimate
     from decode_worker.admission import make_admission_policy
+    from decode_worker.preemption import PreemptionStrategy
 
     sched = engine.engine_core.engine_core.scheduler
-    sched.configure(make_admission_policy(policy) if isinstance(policy, str) else policy)
+    strategy = PreemptionStrategy(mode)  # type: ignore[arg-type]
+    sched.configure(make_admission_policy(policy) if isinstance(policy, str) else policy, strategy=strategy)
     policy = policy if isinstance(policy, str) else f"{policy.name}-{getattr(policy, 'horizons', '')}"
     before = sched.preemptions
     rng = random.Random(seed)
@@ -62,11 +71,15 @@ def run(engine: Any, policy: Any, seed: int) -> tuple[int, int]:
             max_tokens=out_len, ignore_eos=True, temperature=0.0, extra_args={"tetriserve_length": oracle}
         )
         prompt = [rng.randrange(10, 1000) for _ in range(rng.randrange(32, 64))]
-        engine.add_request(f"{policy}-{seed}-{i}", {"prompt_token_ids": prompt}, params)
+        engine.add_request(f"{policy}-{mode}-{seed}-{i}", {"prompt_token_ids": prompt}, params)
     finished = 0
+    tokens: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
-        finished += sum(o.finished for o in engine.step())
-    return sched.preemptions - before, finished
+        for out in engine.step():
+            if out.finished:
+                finished += 1
+                tokens[out.request_id.split("-")[-1]] = list(out.outputs[0].token_ids)
+    return sched.preemptions - before, finished, tokens
 
 
 def test_kv_cache_is_as_small_as_asked(engine: Any) -> None:
@@ -76,13 +89,28 @@ def test_kv_cache_is_as_small_as_asked(engine: Any) -> None:
 def test_reserve_dynamic_avoids_the_preemptions_greedy_makes(engine: Any) -> None:
     from decode_worker.admission.reserve_dynamic import ReserveDynamic
 
-    greedy, done_g = run(engine, "greedy", seed=1)
-    dynamic, done_d = run(engine, "reserve-dynamic", seed=1)
-    static, done_s = run(engine, "reserve-static", seed=1)
-    literal, done_l = run(engine, ReserveDynamic(horizons="shortest"), seed=1)
+    greedy, done_g, _ = run(engine, "greedy", seed=1)
+    dynamic, done_d, _ = run(engine, "reserve-dynamic", seed=1)
+    static, done_s, _ = run(engine, "reserve-static", seed=1)
+    literal, done_l, _ = run(engine, ReserveDynamic(horizons="shortest"), seed=1)
     assert done_g == done_d == done_s == done_l == 8  # every request finishes under every policy
     assert greedy > 0, "the KV cache must be small enough that greedy admission preempts"
     assert dynamic == 0 and static == 0
     # the paper's sentence taken literally (only the shortest job's finish) lets a long request in beside a
     # short one and preempts here too; this is why reserve-dynamic checks every predicted finish
     assert literal > 0
+
+
+def test_swap_moves_the_victims_kv_out_and_back_with_the_tokens_of_recomputation(engine: Any) -> None:
+    from transport.kv_connector import counters
+
+    sched = engine.engine_core.engine_core.scheduler
+    pre_r, done_r, recomputed = run(engine, "greedy", seed=1, mode="recompute")
+    swaps_before, loads_before = counters().swaps_out, counters().requests_loaded
+    swapped_before = sched.stats.swapped
+    pre_s, done_s, swapped = run(engine, "greedy", seed=1, mode="swap")
+    assert done_r == done_s == 8 and pre_r > 0 and pre_s > 0
+    assert sched.stats.swapped - swapped_before == pre_s  # every preemption of this run was a swap
+    assert counters().swaps_out - swaps_before == pre_s  # packed out of the block pool by the connector
+    assert counters().requests_loaded - loads_before == pre_s  # and loaded back on resume
+    assert swapped == recomputed  # greedy float32: the swapped-in KV is exactly the KV recomputation builds

@@ -6,16 +6,24 @@ import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 pytest.importorskip("grpc")
 
+import grpc
+
 from client import AsyncTetriServeClient, InvalidArgument, NotFound, TetriServeClient
+from common.config import DecodeConfig
 from control_plane.cli import main
 from control_plane.frontdoor import FrontDoor
 from control_plane.gateway_grpc import start_grpc_server
-from tests.fakes import FakeBackend, LoopThread, tokenizer_dir
+from protos import tetriserve_pb2 as pb
+from protos import tetriserve_pb2_grpc as pb_grpc
+from tests.fakes import FakeBackend, LoopThread, decode_policies_shown, tokenizer_dir
+
+DECODE_DEFAULT = decode_policies_shown(DecodeConfig())
 
 
 @dataclass
@@ -60,7 +68,7 @@ def test_set_policy_round_trip_reaches_worker_with_ints(backend: FakeBackend, cl
     status = client.cluster_status()
     by_id = {w.worker_id: w for w in status.workers}
     assert by_id["prefill-0"].policy["queue"] == "sjf"
-    assert dict(by_id["decode-0"].policy) == {"admission": "greedy"}
+    assert dict(by_id["decode-0"].policy) == DECODE_DEFAULT
 
 
 def test_set_policy_on_one_named_worker(backend: FakeBackend, client: TetriServeClient) -> None:
@@ -68,6 +76,21 @@ def test_set_policy_on_one_named_worker(backend: FakeBackend, client: TetriServe
     assert update.policy_of("prefill-0")["chunking"] == "none"
     with pytest.raises(KeyError):
         update.policy_of("decode-0")
+
+
+@pytest.mark.parametrize("worker_id", ["decode", "decode-0"])
+def test_set_policy_on_decode_workers(backend: FakeBackend, client: TetriServeClient, worker_id: str) -> None:
+    changes = {"admission_policy": "cacheopt", "preemption_order": "srtf", "cacheopt_reserve_blocks": "2"}
+    update = client.set_policy(changes, worker_id=worker_id)
+    assert [(w.worker_id, w.role) for w in update.workers] == [("decode-0", "decode")]
+    expected = {"admission_policy": "cacheopt", "preemption_order": "srtf", "cacheopt_reserve_blocks": 2}
+    # under cacheopt its knobs are listed too, by the names set_policy takes
+    assert dict(update.policy_of("decode-0")) == decode_policies_shown(DecodeConfig(**expected))  # type: ignore[arg-type]
+    assert backend.policy_changes == [("decode-0", expected)]  # ints converted, as for prefill
+    assert backend.decode_config.cacheopt_reserve_blocks == 2
+    by_id = {w.worker_id: w for w in client.cluster_status().workers}
+    assert by_id["decode-0"].policy["admission_policy"] == "cacheopt"
+    assert by_id["prefill-0"].policy["queue"] == "fcfs"  # the prefill side is untouched
 
 
 def test_unknown_worker_is_not_found(backend: FakeBackend, client: TetriServeClient) -> None:
@@ -79,8 +102,21 @@ def test_unknown_worker_is_not_found(backend: FakeBackend, client: TetriServeCli
 
 BAD_CHANGES: list[tuple[str, dict[str, str], str | None, str, str]] = [
     # id, changes, worker_id, field, text in the message
-    ("decode target", {"admission": "greedy"}, "decode-0", "worker_id", "decode workers have no run-time policies yet"),
     ("unknown key", {"bogus": "1"}, None, "bogus", "unknown prefill policy key"),
+    ("decode key to prefill", {"admission_policy": "cacheopt"}, None, "admission_policy", "a decode policy key"),
+    ("prefill key to decode", {"queue": "sjf"}, "decode-0", "queue", "a prefill policy key, not a decode one"),
+    ("mixed roles", {"preemption_order": "srtf", "queue": "sjf"}, "decode", "queue", "a prefill policy key"),
+    ("unknown decode key", {"admission": "greedy"}, "decode", "admission", "unknown decode policy key"),
+    ("decode not an int", {"cacheopt_buffer_tokens": "8.5"}, "decode", "cacheopt_buffer_tokens", "must be an integer"),
+    ("decode rejects name", {"admission_policy": "lifo"}, "decode", "admission_policy", "Input should be 'greedy'"),
+    (
+        "decode rejects bound",
+        {"cacheopt_reserve_blocks": "-1"},
+        "decode-0",
+        "cacheopt_reserve_blocks",
+        "greater than or equal to 0",
+    ),
+    ("decode needs profile", {"preemption_mode": "auto"}, "decode", "preemption_mode", "swap/recompute profile"),
     ("not settable", {"dispatch": "random"}, None, "dispatch", "unknown prefill policy key"),
     ("not an int", {"sched_batch": "lots"}, None, "sched_batch", "must be an integer, got 'lots'"),
     ("float for int", {"chunk_size": "1.5"}, None, "chunk_size", "must be an integer"),
@@ -107,6 +143,7 @@ def test_bad_change_is_invalid_argument_naming_the_field(
     assert info.value.field == field
     assert text in info.value.details
     assert backend.policies["prefill-0"]["queue"] == "fcfs"  # nothing changed
+    assert backend.policies["decode-0"] == DECODE_DEFAULT and backend.decode_config == DecodeConfig()
     reached = backend.policy_changes
     assert reached == [] or field in reached[0][1]  # only a value the worker itself judges reaches it
 
@@ -124,6 +161,16 @@ def test_async_client_set_policy(env: Env, backend: FakeBackend) -> None:
             assert info.value.field == "sched_batch"
 
     asyncio.run(scenario())
+
+
+def test_bad_decode_value_is_invalid_argument_with_field_metadata(env: Env, backend: FakeBackend) -> None:
+    request = pb.SetPolicyRequest(worker_id="decode", changes={"admission_policy": "lifo"})
+    with grpc.insecure_channel(env.target) as channel, pytest.raises(grpc.RpcError) as info:
+        pb_grpc.TetriServeStub(channel).SetPolicy(request, timeout=10)
+    err: Any = info.value
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ("tetriserve-field", "admission_policy") in tuple(err.trailing_metadata())
+    assert err.details().startswith("admission_policy: decode-0 rejected the change: decode.admission_policy:")
 
 
 def test_sdk_rejects_non_mapping_changes(client: TetriServeClient) -> None:
@@ -163,13 +210,47 @@ def test_cli_policy_set_and_show(backend: FakeBackend, env: Env, capsys: pytest.
 
     assert main(["policy", "show", "--target", env.target, "--json"]) == 0
     shown = {w["worker_id"]: w for w in json.loads(capsys.readouterr().out)["workers"]}
-    assert shown["prefill-0"]["policy"]["queue"] == "sjf" and shown["decode-0"]["policy"] == {"admission": "greedy"}
+    assert shown["prefill-0"]["policy"]["queue"] == "sjf" and shown["decode-0"]["policy"] == DECODE_DEFAULT
 
     assert main(["policy", "show", "--target", env.target, "--worker", "decode-0"]) == 0
     out = capsys.readouterr().out
-    assert "admission=greedy" in out and "prefill-0" not in out
+    assert "admission_policy=greedy" in out and "prefill-0" not in out
     assert main(["policy", "show", "--target", env.target, "--worker", "nobody"]) == 1
     assert "no worker 'nobody'" in capsys.readouterr().err
+
+
+def test_cli_policy_set_and_show_decode(backend: FakeBackend, env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--target", env.target, "--worker", "decode", "admission_policy=cacheopt", "preemption_order=srtf"]
+    assert main(["policy", "set", *args]) == 0
+    out = capsys.readouterr().out
+    assert "prefill-0" not in out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("decode-0")]
+    # decode keys in their order: admission (with cacheopt's knobs under cacheopt), preemption policy, counters
+    assert line.split()[1:] == [
+        "decode",
+        "admission_policy=cacheopt",
+        "cacheopt_reserve_blocks=4",
+        "cacheopt_proactive_tokens=8",
+        "cacheopt_buffer_tokens=8",
+        "preemption_order=srtf",
+        "preemption_mode=recompute",
+        "preemptions=0",
+        "swapped=0",
+        "recomputed=0",
+        "preemption_median_ms=-",
+        "preemption_p99_ms=-",
+    ]
+    assert main(["policy", "show", "--target", env.target, "--worker", "decode"]) == 0
+    out = capsys.readouterr().out
+    assert "decode-0" in out and "admission_policy=cacheopt" in out and "prefill-0" not in out
+    assert main(["policy", "show", "--target", env.target, "--worker", "prefill"]) == 0
+    assert "decode-0" not in capsys.readouterr().out
+
+    assert main(["policy", "set", "--target", env.target, "admission_policy=sola"]) == 1  # no --worker: prefill
+    assert "admission_policy: a decode policy key, not a prefill one" in capsys.readouterr().err
+    assert main(["policy", "set", "--target", env.target, "--worker", "decode-0", "preemption_mode=later"]) == 1
+    assert "INVALID_ARGUMENT" in capsys.readouterr().err
+    assert backend.decode_config.admission_policy == "cacheopt"
 
 
 def test_cli_policy_set_errors_exit_1(backend: FakeBackend, env: Env, capsys: pytest.CaptureFixture[str]) -> None:
@@ -189,10 +270,10 @@ def test_cli_status_shows_policy_column_and_json(
     prefill = next(line for line in lines if line.startswith("prefill-0"))
     assert "queue=fcfs" in prefill and "queued=1" in prefill
     decode = next(line for line in lines if line.startswith("decode-0"))
-    assert decode.index("admission=greedy") == lines[1].index("policy")  # the column lines up
+    assert decode.index("admission_policy=greedy") == lines[1].index("policy")  # the column lines up
 
     assert main(["status", "--target", env.target, "--json"]) == 0
     workers = {w["worker_id"]: w for w in json.loads(capsys.readouterr().out)["workers"]}
     assert workers["prefill-0"]["policy"]["sched_batch"] == "16"
-    assert workers["decode-0"]["policy"] == {"admission": "greedy"}
+    assert workers["decode-0"]["policy"] == DECODE_DEFAULT
     assert workers["decode-0"]["load"]["free_kv_blocks"] == 42.0

@@ -1,22 +1,33 @@
-"""Run-time policy changes: key checks, targets, ordering across workers, and RayBackend over fake actors."""
+"""Run-time policy changes: key checks, targets, ordering across workers, and RayBackend over fake actors.
+
+Decode targets are real ``DecodeWorker`` objects without an engine (a stub scheduler
+records ``configure``), so their ``set_policy`` is the one the actors run.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from common.config import DecodeConfig
 from common.errors import InvalidRequestError
 from control_plane import ray_backend
 from control_plane.policy_admin import (
+    DECODE_KEYS,
     PREFILL_KEYS,
     UnknownWorkerError,
     apply_changes,
-    parse_prefill_changes,
+    parse_changes,
     resolve_targets,
 )
+from decode_worker.policy import decode_policies
+from decode_worker.preemption.stats import PreemptionStats
+from decode_worker.preemption.strategy import PreemptionCosts, RecomputeLatency, SwapLatency
+from decode_worker.worker import DecodeWorker
 from tests.actor_fakes import FakeHandle
 
 
@@ -30,25 +41,62 @@ def test_prefill_keys_follow_the_worker_spec() -> None:
     }
 
 
+def test_decode_keys_follow_the_decode_config() -> None:
+    assert dict(DECODE_KEYS) == {
+        "admission_policy": str,
+        "cacheopt_reserve_blocks": int,
+        "cacheopt_proactive_tokens": int,
+        "cacheopt_buffer_tokens": int,
+        "preemption_order": str,
+        "preemption_mode": str,
+        "preemption_profile": str,
+    }
+    assert not set(DECODE_KEYS) & set(PREFILL_KEYS)  # a key names its role
+
+
 def test_parse_converts_ints_and_strips() -> None:
-    assert parse_prefill_changes({"sched_batch": " 128 ", "queue": "sjf"}) == {"sched_batch": 128, "queue": "sjf"}
+    assert parse_changes("prefill", {"sched_batch": " 128 ", "queue": "sjf"}) == {"sched_batch": 128, "queue": "sjf"}
     with pytest.raises(InvalidRequestError) as info:
-        parse_prefill_changes({"queue": "sjf", "chunk_size": "big"})
+        parse_changes("prefill", {"queue": "sjf", "chunk_size": "big"})
     assert info.value.field == "chunk_size" and "must be an integer, got 'big'" in str(info.value)
+    decode = parse_changes("decode", {"admission_policy": "cacheopt", "cacheopt_reserve_blocks": "2"})
+    assert decode == {"admission_policy": "cacheopt", "cacheopt_reserve_blocks": 2}
+    with pytest.raises(InvalidRequestError, match="cacheopt_buffer_tokens: must be an integer"):
+        parse_changes("decode", {"cacheopt_buffer_tokens": "lots"})
+
+
+@pytest.mark.parametrize(
+    ("role", "key", "text"),
+    [
+        ("prefill", "admission_policy", "a decode policy key, not a prefill one: send it to decode workers"),
+        ("decode", "queue", "a prefill policy key, not a decode one: send it to prefill workers"),
+        ("decode", "admission", "unknown decode policy key; known: admission_policy, cacheopt_reserve_blocks"),
+        ("prefill", "bogus", "unknown prefill policy key; known: queue, chunking"),
+    ],
+)
+def test_parse_names_a_key_of_the_other_role_or_an_unknown_one(role: Any, key: str, text: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        parse_changes(role, {key: "x"})
+    assert info.value.field == key and text in str(info.value)
 
 
 def test_resolve_targets() -> None:
-    prefill, decode = {"prefill-0": 0, "prefill-1": 1}, {"decode-0": 2}
-    assert resolve_targets(None, prefill, decode) == prefill
-    assert resolve_targets("", prefill, decode) == prefill
-    assert resolve_targets("prefill-1", prefill, decode) == {"prefill-1": 1}
-    with pytest.raises(InvalidRequestError, match="decode workers have no run-time policies yet") as info:
-        resolve_targets("decode-0", prefill, decode)
-    assert info.value.field == "worker_id"
-    with pytest.raises(UnknownWorkerError, match="decode-0, prefill-0, prefill-1"):
+    prefill, decode = {"prefill-0": 0, "prefill-1": 1}, {"decode-0": 2, "decode-1": 3}
+    assert resolve_targets(None, prefill, decode) == ("prefill", prefill)
+    assert resolve_targets("", prefill, decode) == ("prefill", prefill)
+    assert resolve_targets("prefill", prefill, decode) == ("prefill", prefill)
+    assert resolve_targets("prefill-1", prefill, decode) == ("prefill", {"prefill-1": 1})
+    assert resolve_targets("decode-1", prefill, decode) == ("decode", {"decode-1": 3})
+    assert resolve_targets("decode", prefill, decode) == ("decode", decode)
+    with pytest.raises(
+        UnknownWorkerError, match=r"decode-0, decode-1, prefill-0, prefill-1 \(or 'prefill' or 'decode'"
+    ):
         resolve_targets("prefill-2", prefill, decode)
     with pytest.raises(InvalidRequestError, match="no prefill workers"):
         resolve_targets(None, {}, decode)
+    with pytest.raises(InvalidRequestError, match="no decode workers") as info:
+        resolve_targets("decode", prefill, {})
+    assert info.value.field == "worker_id"
 
 
 @dataclass
@@ -123,7 +171,7 @@ class _Cluster:
     dashboard_url: str = ""
 
 
-def _backend(prefill: dict[str, _Worker], decode: dict[str, _Worker]) -> ray_backend.RayBackend:
+def _backend(prefill: dict[str, Any], decode: dict[str, Any]) -> ray_backend.RayBackend:
     ids = [(w, "decode") for w in decode] + [(w, "prefill") for w in prefill]
     cluster = _Cluster(
         {w: FakeHandle(o) for w, o in prefill.items()},
@@ -155,28 +203,104 @@ def test_ray_backend_set_policy_converts_and_unwraps_errors() -> None:
     assert info.value.field == "sched_batch" and "exceeds 64" in str(info.value)
     with pytest.raises(UnknownWorkerError):
         asyncio.run(backend.set_policy("prefill-3", {"queue": "sjf"}))
-    with pytest.raises(InvalidRequestError, match="decode workers"):
+    with pytest.raises(InvalidRequestError, match="queue: a prefill policy key, not a decode one"):
         asyncio.run(backend.set_policy("decode-0", {"queue": "sjf"}))
+    assert prefill["prefill-0"].received == [{"queue": "sjf", "sched_batch": 32}, {"sched_batch": 100}]
 
 
-class _RayStyleError(ValueError):
-    """Like Ray's RayTaskError(ValueError): the worker's exception is in ``cause``."""
-
-    def __init__(self, cause: ValueError) -> None:
-        super().__init__(f"ray.exceptions.RayTaskError(ValueError): traceback...\n{cause}")
-        self.cause = cause
+# ---- decode workers: the real DecodeWorker.set_policy behind RayBackend -------------------------
 
 
-def test_actor_setter_raises_the_workers_own_error() -> None:
-    class Raising:
-        def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
-            raise _RayStyleError(ValueError("prefill.chunking: unknown policy 'x'"))
+class _DecodeScheduler:
+    """What ``DecodeWorker.set_policy`` / ``policies`` use of ``TetriDecodeScheduler``; counts ``configure``."""
 
-    setter = ray_backend._actor_setter(FakeHandle(Raising()))
+    def __init__(self) -> None:
+        self.admission, self.victim_order, self.strategy = decode_policies(DecodeConfig())
+        self.configured = 0
+        self.stats = PreemptionStats()
 
-    async def call() -> object:
-        return await setter({"chunking": "x"})
+    def configure(self, admission: Any, order: Any, strategy: Any) -> None:
+        self.admission, self.victim_order, self.strategy = admission, order, strategy
+        self.configured += 1
 
-    with pytest.raises(ValueError) as info:
-        asyncio.run(call())
-    assert str(info.value) == "prefill.chunking: unknown policy 'x'"
+
+class _Engine:
+    def __init__(self) -> None:
+        self.sched = _DecodeScheduler()
+
+    def scheduler(self) -> _DecodeScheduler:
+        return self.sched
+
+
+def _decode_worker(worker_id: str) -> DecodeWorker:
+    """A ``DecodeWorker`` without ``__init__`` (no engine, no transport): just what ``set_policy`` needs."""
+    worker = DecodeWorker.__new__(DecodeWorker)
+    worker.worker_id = worker_id
+    worker.engine = _Engine()
+    worker._decode_cfg = DecodeConfig()
+    return worker
+
+
+def _configured(workers: dict[str, DecodeWorker]) -> list[int]:
+    return [w.engine.sched.configured for w in workers.values()]
+
+
+def test_set_policy_on_every_decode_worker() -> None:
+    decode = {f"decode-{i}": _decode_worker(f"decode-{i}") for i in range(2)}
+    backend = _backend({"prefill-0": _Worker()}, decode)
+    changes = {"admission_policy": "cacheopt", "preemption_order": "srtf", "cacheopt_reserve_blocks": "2"}
+    result = asyncio.run(backend.set_policy("decode", changes))
+    assert [(w.worker_id, w.role) for w in result] == [("decode-0", "decode"), ("decode-1", "decode")]
+    for w in result:
+        assert w.policy == {
+            "admission_policy": "cacheopt",
+            "cacheopt_reserve_blocks": "2",
+            "cacheopt_proactive_tokens": "8",
+            "cacheopt_buffer_tokens": "8",
+            "preemption_order": "srtf",
+            "preemption_mode": "recompute",
+            **PreemptionStats().summary(),
+        }
+    assert all(w.engine.sched.admission.reserve_blocks == 2 for w in decode.values())
+    assert decode["decode-1"]._decode_cfg.cacheopt_reserve_blocks == 2
+    # one worker by id; the others keep what they had
+    (one,) = asyncio.run(backend.set_policy("decode-1", {"preemption_mode": "swap"}))
+    assert one.policy["preemption_mode"] == "swap" and one.policy["admission_policy"] == "cacheopt"
+    assert decode["decode-0"].policies()["preemption_mode"] == "recompute"
+    assert _configured(decode) == [1, 2]
+
+
+BAD_DECODE: list[tuple[dict[str, str], str, str]] = [
+    # changes, field, text in the message
+    (
+        {"preemption_order": "srtf", "admission_policy": "lifo"},
+        "admission_policy",
+        "decode-0 rejected the change: decode.admission_policy: Input should be 'greedy',",
+    ),
+    ({"cacheopt_reserve_blocks": "-1"}, "cacheopt_reserve_blocks", "greater than or equal to 0"),
+    ({"preemption_mode": "auto"}, "preemption_mode", "needs a swap/recompute profile (decode.preemption_profile)"),
+    ({"preemption_profile": "/no/such/profile.json"}, "preemption_profile", "decode.preemption_profile: preemption"),
+]
+
+
+@pytest.mark.parametrize(("changes", "field", "text"), BAD_DECODE, ids=[c[1] for c in BAD_DECODE])
+def test_a_bad_decode_value_changes_no_worker(changes: dict[str, str], field: str, text: str) -> None:
+    decode = {f"decode-{i}": _decode_worker(f"decode-{i}") for i in range(2)}
+    backend = _backend({"prefill-0": _Worker()}, decode)
+    with pytest.raises(InvalidRequestError) as info:
+        asyncio.run(backend.set_policy("decode", changes))
+    assert info.value.field == field and text in str(info.value)
+    assert _configured(decode) == [0, 0]
+    assert all(w._decode_cfg == DecodeConfig() for w in decode.values())
+    assert decode["decode-0"].policies()["admission_policy"] == "greedy"
+
+
+def test_decode_mode_auto_with_a_profile(tmp_path: Path) -> None:
+    profile = tmp_path / "profile.json"
+    worker = _decode_worker("decode-0")
+    changes = {"preemption_mode": "auto", "preemption_profile": str(profile)}
+    with pytest.raises(ValueError, match=r"^decode\.preemption_profile: preemption cost profile"):
+        worker.set_policy(changes)  # not written yet
+    PreemptionCosts(RecomputeLatency(1e-6, 1.0, 0.0, 0.0), SwapLatency(1e-7, 0.0), sweet_spot=256).save(profile)
+    assert worker.set_policy(changes)["preemption_mode"] == "auto"
+    assert worker.engine.sched.strategy.threshold == 256

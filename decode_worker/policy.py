@@ -1,0 +1,26 @@
+"""Decode-side policies from configuration (DESIGN.md §4): admission, preemption order, swap or recompute.
+
+Also the keys under which the decode worker hands per-request facts to its
+engine's scheduler subclass in ``SamplingParams.extra_args``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.config import DecodeConfig
+from decode_worker.admission import AdmissionPolicy, make_admission_policy
+from decode_worker.preemption import PreemptionCosts, PreemptionOrder, PreemptionStrategy, make_preemption_order
+
+LENGTH_KEY = "tetriserve_length"  # LengthEstimate.to_dict()
+EXTRA_KEY = "tetriserve"  # {"tbt_slo_s": ...}
+
+
+def decode_policies(cfg: DecodeConfig) -> tuple[AdmissionPolicy, PreemptionOrder, PreemptionStrategy]:
+    """Build the configured policies; a ValueError names the setting that is wrong."""
+    costs = PreemptionCosts.load(Path(cfg.preemption_profile)) if cfg.preemption_profile else None
+    return (
+        make_admission_policy(cfg.admission_policy, **cfg.policy_kwargs()),
+        make_preemption_order(cfg.preemption_order),
+        PreemptionStrategy(cfg.preemption_mode, costs),
+    )
