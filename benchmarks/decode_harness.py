@@ -187,3 +187,24 @@ def median(xs: Sequence[float]) -> float:
 def tail(xs: Sequence[float], q: float = 0.99) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, round(q * len(s)) - 1))] if s else 0.0
+
+
+def workload_args(ap: Any, **defaults: int) -> None:
+    """The options every decode benchmark shares (the workload), with per-benchmark defaults."""
+    ap.add_argument("--blocks", type=int, default=defaults.get("blocks", 64), help="KV blocks per engine")
+    ap.add_argument("--max-prompt", type=int, default=128)
+    ap.add_argument("--max-out", type=int, default=384)
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def bench_header(script: str) -> tuple[str, dict[str, Any]]:
+    """The tiny model's path (built once) and the facts every result file starts with."""
+    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from engine.hardware import detect_hardware
+
+    facts = {
+        "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:]),
+        "hardware": detect_hardware(),
+        "cores": os.cpu_count(),
+    }
+    return str(build_tiny_model(default_tiny_model_dir())), facts

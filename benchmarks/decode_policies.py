@@ -35,12 +35,14 @@ from benchmarks.decode_harness import (
     RESULTS,
     BurstResult,
     Job,
+    bench_header,
     load_jobs,
     make_engine,
     median,
     run_burst,
     scheduler,
     tail,
+    workload_args,
 )
 
 TBT_CLASSES_S = (0.1, 0.3, 1.0)  # CacheOpt's TBT SLO buckets need SLOs: each job gets one of these at random
@@ -212,29 +214,16 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=96)
-    ap.add_argument("--blocks", type=int, default=64)
-    ap.add_argument("--max-prompt", type=int, default=128)
-    ap.add_argument("--max-out", type=int, default=384)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile-reps", type=int, default=3)
+    workload_args(ap, blocks=64)
     ap.add_argument("--out", default=str(RESULTS / "decode_policies"))
     args = ap.parse_args()
 
-    import os
-
-    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
-    from engine.hardware import detect_hardware
-
-    model_path = str(build_tiny_model(default_tiny_model_dir()))
+    model_path, facts = bench_header("decode_policies.py")
     jobs = with_slos(load_jobs(args.requests, args.seed, model_path, args.max_prompt, args.max_out), args.seed)
     engine = make_engine(model_path, args.blocks, connector="bench-decode-policies")
     print(f"{len(jobs)} jobs, mean output {statistics.mean(j.truth for j in jobs):.0f} tokens", flush=True)
-    res: dict[str, Any] = {
-        "command": "python benchmarks/decode_policies.py " + " ".join(sys.argv[1:]),
-        "hardware": detect_hardware(),
-        "cores": os.cpu_count(),
-        "mean_output": statistics.mean(j.truth for j in jobs),
-    }
+    res: dict[str, Any] = {**facts, "mean_output": statistics.mean(j.truth for j in jobs)}
     res["fig18"] = fig18(engine, jobs, args.max_out)
     longest = engine.vllm_config.model_config.max_model_len - 1
     lengths = sorted({min(s, longest) for s in (32, 64, 128, 256, 512, 768, 1000)})

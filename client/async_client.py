@@ -173,16 +173,7 @@ class AsyncTetriServeClient:
     async def set_policy(
         self, changes: Mapping[str, str | int], worker_id: str | None = None, *, timeout: float | None = None
     ) -> PolicyUpdate:
-        """Admin: change scheduling policies at run time; returns the changed workers' policies.
-
-        ``changes`` maps policy keys to values, e.g. ``{"queue": "sjf", "sched_batch": 128}``
-        (prefill keys: queue, chunking, chunk_size, selection, sched_batch; decode keys:
-        admission_policy, preemption_order, preemption_mode, preemption_profile and the
-        cacheopt_* integers). ``worker_id`` is one worker's id, ``"decode"`` for every decode
-        worker, or ``None`` for every prefill worker. Raises ``NotFound`` for an unknown worker
-        and ``InvalidArgument`` (``field`` = the key) for a bad key or value, or a key of the
-        other role.
-        """
+        """Admin: change scheduling policies at run time (see ``TetriServeClient.set_policy``)."""
         request = build_set_policy_request(changes, worker_id)
         return PolicyUpdate.from_proto(await self._unary(self._get_stub().SetPolicy, request, timeout))
 

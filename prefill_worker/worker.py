@@ -34,6 +34,7 @@ from engine.settings import EngineRole, build_engine_args
 from engine.worker_base import EngineWorker
 from prefill_worker.admission import RequestAborted, SchedBatchGate
 from prefill_worker.dispatch import DispatchParams, make_dispatch_policy
+from prefill_worker.dispatch.base import account
 from prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
 from prefill_worker.views import EXTRA_KEY, ReqView
 
@@ -195,15 +196,8 @@ class PrefillWorker(EngineWorker):
 
     def _account(self, worker_id: str, view: ReqView) -> None:
         """Update the local copy of the broadcast view so bursts between broadcasts do not herd."""
-        ld = self.decode_loads[worker_id]
-        heavy = view.is_heavy(self.config.prefill.heavy_threshold_tokens)
-        self.decode_loads[worker_id] = replace(
-            ld,
-            free_kv_blocks=max(0, ld.free_kv_blocks - view.kv_blocks_upper(ld.block_size)),
-            queued=ld.queued + 1,
-            heavy=ld.heavy + heavy,
-            light=ld.light + (not heavy),
-            remaining_tokens=ld.remaining_tokens + view.expected_output(),
+        self.decode_loads[worker_id] = account(
+            self.decode_loads[worker_id], view, self.config.prefill.heavy_threshold_tokens
         )
 
     async def _run_engine(self, req: Request, view: ReqView, park: bool) -> StreamChunk:

@@ -79,10 +79,12 @@ class Transport(Protocol):
 
     def recv(self, key: str) -> list[bytearray] | None: ...
 
-    def hold(self, key: str, buffers: Sequence[Buffer]) -> None:
+    def hold(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
         """Deposit ``buffers`` under ``key`` in this endpoint's own landing area, as if they had arrived.
 
         Lets a producer park data before it knows where it goes, then ``recv`` + ``send`` it later.
+        ``expires=False`` keeps it past the landing area's TTL, for an owner that always takes or
+        discards it (a swapped-out request's KV).
         """
         ...
 

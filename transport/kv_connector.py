@@ -257,7 +257,7 @@ class TetriKVConnector(KVConnectorBase_V1):
         assert self._transport is not None
         for spec in kv_connector_metadata.swaps:
             packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)
-            self._transport.hold(spec.key, packed.buffers)
+            self._transport.hold(spec.key, packed.buffers, expires=False)  # request_finished discards it
             _bump(swaps_out=1, bytes_swapped_out=packed.nbytes)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:

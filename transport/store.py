@@ -2,7 +2,9 @@
 
 A key is taken exactly once. Data for a discarded key (an aborted request)
 is dropped when it lands; data nobody takes within ``ttl_s`` expires, so an
-orphaned transfer cannot pin memory forever.
+orphaned transfer cannot pin memory forever. Data held with ``expires=False``
+(a swapped-out request's KV, whose owner discards it) stays until taken or
+discarded.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from transport.api import TransferHandle, TransferState, TransportStats
 class _Entry:
     buffers: list[Any]  # bytearray when received, the producer's buffers when held locally
     landed: float
+    expires: bool = True
 
 
 class ReceiveStore:
@@ -32,14 +35,14 @@ class ReceiveStore:
         self.transfers_received = 0
         self.expired = 0
 
-    def put(self, key: str, buffers: list[Any], *, landed: bool = True) -> bool:
-        """Store a transfer (``landed=False``: deposited locally, not counted as received);
-        False if the key was discarded beforehand."""
+    def put(self, key: str, buffers: list[Any], *, landed: bool = True, expires: bool = True) -> bool:
+        """Store a transfer (``landed=False``: deposited locally, not counted as received; ``expires=False``:
+        kept past the TTL until taken or discarded); False if the key was discarded beforehand."""
         with self._lock:
             self._expire_locked()
             if self._discarded.pop(key, None) is not None:
                 return False
-            self._entries[key] = _Entry(buffers, time.monotonic())
+            self._entries[key] = _Entry(buffers, time.monotonic(), expires)
             if landed:
                 self.bytes_received += sum(len(b) for b in buffers)
                 self.transfers_received += 1
@@ -66,7 +69,7 @@ class ReceiveStore:
 
     def _expire_locked(self) -> None:
         now = time.monotonic()
-        for key in [k for k, e in self._entries.items() if now - e.landed > self._ttl_s]:
+        for key in [k for k, e in self._entries.items() if e.expires and now - e.landed > self._ttl_s]:
             del self._entries[key]
             self.expired += 1
         for key in [k for k, t in self._discarded.items() if now - t > self._ttl_s]:
@@ -101,8 +104,8 @@ class StoreBackedEndpoint:
     def discard(self, key: str) -> bool:
         return self._store.discard(key)
 
-    def hold(self, key: str, buffers: Sequence[Any]) -> None:
-        self._store.put(key, list(buffers), landed=False)
+    def hold(self, key: str, buffers: Sequence[Any], expires: bool = True) -> None:
+        self._store.put(key, list(buffers), landed=False, expires=expires)
 
     def stats(self) -> TransportStats:
         s = self._store

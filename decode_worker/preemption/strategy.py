@@ -34,7 +34,7 @@ class RecomputeLatency:
     eps: float
 
     def __call__(self, s: float) -> float:
-        return self.alpha * s**self.beta + self.kappa * s + self.eps
+        return float(self.alpha * s**self.beta + self.kappa * s + self.eps)
 
 
 @dataclass(frozen=True)

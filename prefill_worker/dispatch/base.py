@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 from common.load import DecodeLoad
@@ -46,3 +46,18 @@ class AcceptingDispatcher:
 
     def pick(self, req: ReqView, candidates: list[DecodeLoad], rng: random.Random) -> DecodeLoad:
         raise NotImplementedError
+
+
+def account(load: DecodeLoad, req: ReqView, heavy_threshold_tokens: int) -> DecodeLoad:
+    """``load`` as it will be once ``req`` is on that worker: what a dispatcher assumes until the next broadcast,
+    so a burst between broadcasts does not herd onto one worker. Free KV is debited by the request's
+    predicted upper range and may go below zero (overcommitted)."""
+    heavy = req.is_heavy(heavy_threshold_tokens)
+    return replace(
+        load,
+        free_kv_blocks=load.free_kv_blocks - req.kv_blocks_upper(load.block_size),
+        queued=load.queued + 1,
+        heavy=load.heavy + heavy,
+        light=load.light + (not heavy),
+        remaining_tokens=load.remaining_tokens + req.expected_output(),
+    )

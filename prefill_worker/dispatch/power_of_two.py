@@ -2,10 +2,19 @@
 
 1. Split decode workers into those whose free KV fits the request's predicted
    upper range (prompt + upper output tokens) and those whose does not.
-2. Pick two at random from the first set (from all accepting workers if none fits:
-   the decode side's admission policy then queues it).
+2. Pick two at random from the first set.
 3. Of the two, choose the one whose heavy:light decode ratio is lowest once this
    request is added; ties go to the one with more free KV.
+
+When no worker fits (the paper does not say what then), pick two at random from
+all accepting workers and choose the one with the most free KV, the ratio only
+breaking ties; the decode side's admission policy queues the request there. The
+dispatcher's local copy of a load, debited for each request it sends until the
+next broadcast (``base.account``), may go below zero, so "most free" is "least
+overcommitted". Choosing by the ratio alone here made a burst herd: the ratio
+(+1 smoothing) stays lowest on the worker that already holds the most light
+requests, and in ``benchmarks/decode_dispatch.py`` that put 54 of 64 requests on
+one of two workers.
 """
 
 from __future__ import annotations
@@ -27,8 +36,9 @@ class PowerOfTwo(AcceptingDispatcher):
         pair = rng.sample(pool, 2) if len(pool) >= 2 else pool
         heavy = req.is_heavy(self.params.heavy_threshold_tokens)
 
-        def ratio_after(ld: DecodeLoad) -> tuple[float, int]:
-            h, light = ld.heavy + heavy, ld.light + (not heavy)
-            return h / (light + 1), -ld.free_kv_blocks
+        def ratio_after(ld: DecodeLoad) -> float:
+            return (ld.heavy + heavy) / (ld.light + (not heavy) + 1)
 
-        return min(pair, key=ratio_after)
+        if fits:
+            return min(pair, key=lambda ld: (ratio_after(ld), -ld.free_kv_blocks))
+        return min(pair, key=lambda ld: (-ld.free_kv_blocks, ratio_after(ld)))

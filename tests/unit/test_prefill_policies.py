@@ -13,7 +13,7 @@ import pytest
 from common.length import LengthEstimate
 from common.load import DecodeLoad
 from prefill_worker.dispatch import DISPATCH_POLICIES, make_dispatch_policy
-from prefill_worker.dispatch.base import DispatchParams
+from prefill_worker.dispatch.base import DispatchParams, account
 from prefill_worker.dispatch.power_of_two import PowerOfTwo
 from prefill_worker.dispatch.simple import RandomChoice, RoundRobin
 from prefill_worker.views import ReqView
@@ -107,8 +107,12 @@ def test_p2c_samples_among_fitting_workers_only() -> None:
 
 
 def test_p2c_falls_back_to_all_accepting_when_none_fits() -> None:
-    loads = [load("a", free=1, heavy=3), load("b", free=2, heavy=0), load("off", free=500, accepting=False)]
-    assert p2c_picks(HEAVY, loads) == {"b"}  # neither fits: the lower ratio of the two accepting ones
+    loads = [load("a", free=1, heavy=0), load("b", free=2, heavy=3), load("off", free=500, accepting=False)]
+    # neither fits: the one with more free KV, whatever the ratio (the ratio alone herds a burst)
+    assert p2c_picks(HEAVY, loads) == {"b"}
+    overcommitted = [load("a", free=-40, light=20), load("b", free=-8, heavy=5)]  # local copies after a burst
+    assert p2c_picks(LIGHT, overcommitted) == {"b"}
+    assert p2c_picks(HEAVY, [load("a", free=-8, heavy=3), load("b", free=-8, heavy=0)]) == {"b"}  # tie: ratio
 
 
 def test_p2c_returns_none_when_nobody_accepts() -> None:
@@ -259,3 +263,13 @@ def test_max_min_takes_the_least_predicted_remaining_work() -> None:
     loads = [load("d0", remaining=900), load("d1", remaining=100), load("d2", remaining=400)]
     assert policy.choose(LIGHT, loads, random.Random(0)) == "d1"
     assert policy.choose(LIGHT, [load("d0", accepting=False)], random.Random(0)) is None
+
+
+def test_account_debits_the_local_copy_until_the_next_broadcast() -> None:
+    before = load("a", free=40, heavy=1, light=1)
+    after = account(before, HEAVY, PARAMS.heavy_threshold_tokens)
+    assert (after.free_kv_blocks, after.queued, after.heavy, after.light) == (8, before.queued + 1, 2, 1)
+    assert after.remaining_tokens == before.remaining_tokens + 300  # the point estimate
+    after = account(after, HEAVY, PARAMS.heavy_threshold_tokens)
+    assert after.free_kv_blocks == -24  # overcommitted: kept, so "least overcommitted" can still be told
+    assert account(after, LIGHT, PARAMS.heavy_threshold_tokens).light == 2

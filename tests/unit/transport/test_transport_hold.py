@@ -32,3 +32,23 @@ def test_discard_before_hold_drops_the_parked_data(pair: tuple[Transport, Transp
     a.discard("gone")
     a.hold("gone", [b"x"])
     assert a.recv("gone") is None
+
+
+def test_data_held_without_expiry_outlives_the_ttl_until_taken_or_discarded() -> None:
+    """A swapped-out request's KV may wait longer than any transfer; only its owner drops it."""
+    import time
+
+    from transport.inproc import InProcTransport
+
+    t = InProcTransport("hold-no-expiry", ttl_s=0.001)
+    try:
+        t.hold("swap", [b"kv"], expires=False)
+        t.hold("parked", [b"kv"])
+        time.sleep(0.02)
+        assert t.recv("parked") is None  # past the TTL
+        got = t.recv("swap")
+        assert got is not None and bytes(got[0]) == b"kv"
+        t.hold("swap2", [b"kv"], expires=False)
+        assert t.discard("swap2") and t.recv("swap2") is None
+    finally:
+        t.close()
