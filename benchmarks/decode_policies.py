@@ -1,6 +1,6 @@
 """Decode admission and preemption side by side on one real decode engine (TetriInfer Fig. 18, CacheOpt Fig. 7-8).
 
-    python benchmarks/decode_policies.py            # ~15 min on 2 cores; writes results/decode_policies.{md,json}
+    python benchmarks/decode_policies.py            # ~35 min on 2 cores; writes results/decode_policies.{md,json}
 
 1. Fig. 18: mean JCT of greedy (vLLM's), reserve-static and reserve-dynamic admission, with the trained
    predictor's estimates and with the oracle's, on one burst of ShareGPT requests.
@@ -10,7 +10,7 @@
    results/preemption_profile_tiny_cpu.json.
 3. Fig. 7: number of preemptions and tail preemption time (preempted → decoding again) under greedy
    admission for vLLM's victim order, SRTF, LKVO and CacheOpt's, each preempting by recompute; then
-   CacheOpt's order with swap and with the sweet-spot choice, and CacheOpt's admission.
+   CacheOpt's order with swap, and CacheOpt's admission with its order and the sweet-spot choice.
 
 Every run uses the same requests on the same warm engine (``decode_harness.py``); the KV cache is small
 enough (``--blocks``) that greedy admission must preempt.
@@ -24,7 +24,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,32 +62,64 @@ def configure(engine: Any, admission: str, order: str = "vllm", mode: str = "rec
     )
 
 
-def row(name: str, r: BurstResult) -> dict[str, Any]:
-    return {
-        "run": name,
-        "mean_jct_s": statistics.mean(r.jct_s),
-        "median_jct_s": median(r.jct_s),
-        "wall_s": r.wall_s,
-        "preemptions": r.preemptions,
-        "swapped": r.swapped,
-        "preemption_median_ms": median(r.preemption_s) * 1e3,
-        "preemption_p99_ms": tail(r.preemption_s) * 1e3,
-    }
+@dataclass(frozen=True)
+class Config:
+    name: str
+    admission: str
+    order: str = "vllm"
+    mode: str = "recompute"
+    estimates: str = "trained"
 
 
-def fig18(engine: Any, jobs: list[Job], max_out: int) -> list[dict[str, Any]]:
-    rows = []
-    for source in ("trained", "oracle"):
-        for policy in ("greedy", "reserve-static", "reserve-dynamic"):
-            configure(engine, policy)
-            r = run_burst(engine, jobs, source, f"f18-{source}-{policy}", max_out)
-            rows.append({**row(policy, r), "estimates": source})
+GREEDY = Config("greedy", "greedy")  # ignores the estimates; also Fig. 7's "vllm order, recompute" row
+FIG18 = (
+    GREEDY,
+    Config("reserve-static", "reserve-static"),
+    Config("reserve-dynamic", "reserve-dynamic"),
+    Config("reserve-static", "reserve-static", estimates="oracle"),
+    Config("reserve-dynamic", "reserve-dynamic", estimates="oracle"),
+)
+FIG7 = (
+    Config("srtf order, recompute", "greedy", "srtf"),
+    Config("lkvo order, recompute", "greedy", "lkvo"),
+    Config("cacheopt order, recompute", "greedy", "cacheopt"),
+    Config("cacheopt order, swap", "greedy", "cacheopt", "swap"),
+    Config("cacheopt admission + order + sweet spot", "cacheopt", "cacheopt", "auto"),
+)
+
+
+def measure(engine: Any, jobs: list[Job], max_out: int, costs: Any, rounds: int) -> dict[Config, dict[str, Any]]:
+    """Every config ``rounds`` times, their order rotated each round (this VM's speed drifts by tens of
+    percent from minute to minute); per config the median over rounds of each timing, and every round's
+    mean JCT. Preemption counts are the same every round (greedy sampling, same requests)."""
+    configs = (*FIG18, *FIG7)
+    runs: dict[Config, list[BurstResult]] = {c: [] for c in configs}
+    for r in range(rounds):
+        k = r * len(configs) // max(1, rounds)
+        for c in configs[k:] + configs[:k]:
+            configure(engine, c.admission, c.order, c.mode, costs)
+            res = run_burst(engine, jobs, c.estimates, f"r{r}-{c.admission}-{c.order}-{c.mode}-{c.estimates}", max_out)
+            runs[c].append(res)
             print(
-                f"  fig18 {source:8s} {policy:16s} mean JCT {rows[-1]['mean_jct_s']:.2f} s, "
-                f"{r.preemptions} preemptions",
+                f"  round {r} {c.name:40s} {c.estimates:8s} mean JCT {statistics.mean(res.jct_s):.2f} s, "
+                f"{res.preemptions} preemptions",
                 flush=True,
             )
-    return rows
+    out = {}
+    for c, rs in runs.items():
+        out[c] = {
+            "run": c.name,
+            "estimates": c.estimates if c.admission != "greedy" else "(ignored)",
+            "mean_jct_s": median([statistics.mean(x.jct_s) for x in rs]),
+            "median_jct_s": median([median(x.jct_s) for x in rs]),
+            "wall_s": median([x.wall_s for x in rs]),
+            "preemptions": "/".join(sorted({str(x.preemptions) for x in rs})),
+            "swapped": "/".join(sorted({str(x.swapped) for x in rs})),
+            "preemption_median_ms": median([median(x.preemption_s) for x in rs]) * 1e3,
+            "preemption_p99_ms": median([tail(x.preemption_s) for x in rs]) * 1e3,
+            "rounds_mean_jct_s": ", ".join(f"{statistics.mean(x.jct_s):.1f}" for x in rs),
+        }
+    return out
 
 
 def profile_preemption(engine: Any, lengths: list[int], reps: int) -> dict[str, Any]:
@@ -132,29 +164,6 @@ def profile_preemption(engine: Any, lengths: list[int], reps: int) -> dict[str, 
     return {"lengths": lengths, "recompute_s": rec_med, "swap_s": swp_med, "costs": costs}
 
 
-def fig7(engine: Any, jobs: list[Job], max_out: int, costs: Any) -> list[dict[str, Any]]:
-    runs = [
-        ("vllm order, recompute", "greedy", "vllm", "recompute"),
-        ("srtf order, recompute", "greedy", "srtf", "recompute"),
-        ("lkvo order, recompute", "greedy", "lkvo", "recompute"),
-        ("cacheopt order, recompute", "greedy", "cacheopt", "recompute"),
-        ("cacheopt order, swap", "greedy", "cacheopt", "swap"),
-        ("cacheopt order, sweet spot", "greedy", "cacheopt", "auto"),
-        ("cacheopt admission + order + sweet spot", "cacheopt", "cacheopt", "auto"),
-    ]
-    rows = []
-    for name, admission, order, mode in runs:
-        configure(engine, admission, order, mode, costs)
-        r = run_burst(engine, jobs, "trained", f"f7-{order}-{mode}-{admission}", max_out)
-        rows.append(row(name, r))
-        print(
-            f"  fig7 {name:40s} {r.preemptions:4d} preemptions, p99 {rows[-1]['preemption_p99_ms']:.1f} ms, "
-            f"mean JCT {rows[-1]['mean_jct_s']:.2f} s",
-            flush=True,
-        )
-    return rows
-
-
 def report(res: dict[str, Any], args: argparse.Namespace) -> str:
     def table(rows: list[dict[str, Any]], cols: list[str]) -> list[str]:
         out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -164,21 +173,23 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> str:
         return out
 
     f18 = res["fig18"]
+    rounds = res["rounds"]
     lines = [
         "# Decode admission and preemption on one real decode engine",
         "",
         f"`{res['command']}` — {res['hardware']}, {res['cores']} cores, tiny model (float32, 1 thread), "
         f"{args.requests} ShareGPT test-split requests in one burst (prompt ≤ {args.max_prompt} tokens, "
         f"true output ≤ {args.max_out} tokens, mean {res['mean_output']:.0f}), KV cache {args.blocks} blocks × "
-        f"{BLOCK} tokens. Same requests, same warm engine for every run.",
+        f"{BLOCK} tokens. Same requests, same warm engine for every run; {rounds} rounds, configurations "
+        "rotated; timings are medians over rounds (every round's mean JCT in the last column).",
         "",
         "## TetriInfer Fig. 18: decode admission, mean JCT",
         "",
-        *table(f18, ["estimates", "run", "mean_jct_s", "median_jct_s", "preemptions", "wall_s"]),
+        *table(f18, ["estimates", "run", "mean_jct_s", "median_jct_s", "preemptions", "wall_s", "rounds_mean_jct_s"]),
         "",
     ]
+    base = next(r for r in f18 if r["run"] == "greedy")["mean_jct_s"]
     for source in ("trained", "oracle"):
-        base = next(r for r in f18 if r["estimates"] == source and r["run"] == "greedy")["mean_jct_s"]
         for pol in ("reserve-static", "reserve-dynamic"):
             v = next(r for r in f18 if r["estimates"] == source and r["run"] == pol)["mean_jct_s"]
             lines.append(f"- {source} estimates: {pol} mean JCT {v / base - 1:+.1%} vs greedy")
@@ -203,10 +214,20 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> str:
         "",
         *table(
             res["fig7"],
-            ["run", "preemptions", "swapped", "preemption_median_ms", "preemption_p99_ms", "mean_jct_s", "wall_s"],
+            [
+                "run",
+                "preemptions",
+                "swapped",
+                "preemption_median_ms",
+                "preemption_p99_ms",
+                "mean_jct_s",
+                "rounds_mean_jct_s",
+            ],
         ),
         "",
-        "Preemption time: from a request's preemption until it is decoding again (waiting + recompute or swap-in).",
+        "Preemption time: from a request's preemption until it is decoding again (waiting + recompute or swap-in). "
+        f"The first row is Fig. 18's greedy run. `auto` swaps victims with at least "
+        f"{prof['costs']['sweet_spot']} tokens of context (the sweet spot above) and recomputes the rest.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -215,6 +236,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=96)
     ap.add_argument("--profile-reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
     workload_args(ap, blocks=64)
     ap.add_argument("--out", default=str(RESULTS / "decode_policies"))
     args = ap.parse_args()
@@ -224,14 +246,16 @@ def main() -> int:
     engine = make_engine(model_path, args.blocks, connector="bench-decode-policies")
     print(f"{len(jobs)} jobs, mean output {statistics.mean(j.truth for j in jobs):.0f} tokens", flush=True)
     res: dict[str, Any] = {**facts, "mean_output": statistics.mean(j.truth for j in jobs)}
-    res["fig18"] = fig18(engine, jobs, args.max_out)
     longest = engine.vllm_config.model_config.max_model_len - 1
     lengths = sorted({min(s, longest) for s in (32, 64, 128, 256, 512, 768, 1000)})
     prof = profile_preemption(engine, lengths, args.profile_reps)
     profile_path = Path(args.out).with_name("preemption_profile_tiny_cpu.json")
     prof["costs"].save(profile_path)
     res["profile_path"] = profile_path.name
-    res["fig7"] = fig7(engine, jobs, args.max_out, prof["costs"])
+    rows = measure(engine, jobs, args.max_out, prof["costs"], args.rounds)
+    res["rounds"] = args.rounds
+    res["fig18"] = [rows[c] for c in FIG18]
+    res["fig7"] = [{**rows[GREEDY], "run": "vllm order, recompute"}, *(rows[c] for c in FIG7)]
     res["profile"] = {**prof, "costs": asdict(prof["costs"])}
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")

@@ -133,12 +133,19 @@ class TetriDecodeScheduler(Scheduler):
             queue.remove_request(req)
         return held
 
+    def _may_run_out(self) -> bool:
+        """Whether this step's allocations could exceed the free blocks: a decoding request needs at most one
+        new block, one still prefilling (e.g. recomputing after a preemption) at most its remaining tokens'."""
+        need = 0
+        for r in self.running:
+            left = r.num_tokens - r.num_computed_tokens
+            need += 1 if left <= 1 else math.ceil(left / self.block_size) + 1
+        return need > self.kv_cache_manager.block_pool.get_num_free_blocks()
+
     def _order_victims(self) -> None:
         """Sort the running list so vLLM's tail-first preemption follows ``victim_order`` (a no-op unless
-        this step can run out of KV: each running request needs at most one new block per step)."""
-        if self.victim_order.name == "vllm" or len(self.running) < 2:
-            return
-        if self.kv_cache_manager.block_pool.get_num_free_blocks() >= len(self.running):
+        this step can run out of KV)."""
+        if self.victim_order.name == "vllm" or len(self.running) < 2 or not self._may_run_out():
             return
         in_flight = self.connector.in_flight() if hasattr(self.connector, "in_flight") else set()
         by_id = {r.request_id: r for r in self.running}
