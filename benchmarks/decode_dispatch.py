@@ -25,7 +25,6 @@ them contending for cores.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -45,6 +44,7 @@ from benchmarks.decode_harness import (
     make_engine,
     scheduler,
     workload_args,
+    write_results,
 )
 
 
@@ -217,10 +217,7 @@ def main() -> int:
         jobs = pool[: n * args.per_worker]
         res["fig19"] += rounds(args, ("power-of-two", "random", "imbalance"), subset, jobs, "total_decode_s")
     res["fig17"] = rounds(args, ("round-robin", "max-min"), engines, pool, "completion_std_s")
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
-    out.with_suffix(".md").write_text(report(res, args))
-    print(out.with_suffix(".md").read_text())
+    write_results(Path(args.out), res, report(res, args))
     return 0
 
 

@@ -18,6 +18,7 @@ includes that (short) prefill.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import statistics
@@ -208,3 +209,10 @@ def bench_header(script: str) -> tuple[str, dict[str, Any]]:
         "cores": os.cpu_count(),
     }
     return str(build_tiny_model(default_tiny_model_dir())), facts
+
+
+def write_results(out: Path, res: dict[str, Any], markdown: str) -> None:
+    """``out``.json (everything measured) and ``out``.md (the report, also printed)."""
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown)
+    print(markdown)

@@ -19,7 +19,6 @@ enough (``--blocks``) that greedy admission must preempt.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -43,6 +42,7 @@ from benchmarks.decode_harness import (
     scheduler,
     tail,
     workload_args,
+    write_results,
 )
 
 TBT_CLASSES_S = (0.1, 0.3, 1.0)  # CacheOpt's TBT SLO buckets need SLOs: each job gets one of these at random
@@ -257,10 +257,7 @@ def main() -> int:
     res["fig18"] = [rows[c] for c in FIG18]
     res["fig7"] = [{**rows[GREEDY], "run": "vllm order, recompute"}, *(rows[c] for c in FIG7)]
     res["profile"] = {**prof, "costs": asdict(prof["costs"])}
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
-    out.with_suffix(".md").write_text(report(res, args))
-    print(out.with_suffix(".md").read_text())
+    write_results(Path(args.out), res, report(res, args))
     return 0
 
 
