@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from decode_worker.admission.base import ArrivalOrder
-from decode_worker.admission.peak import peak_fits
+from decode_worker.admission.peak import admits
 from decode_worker.views import DecodeReqView, DecodeState
 
 
@@ -52,8 +52,4 @@ class CacheOptAdmission(ArrivalOrder):
         return rem
 
     def admit(self, req: DecodeReqView, state: DecodeState) -> bool:
-        bs = state.block_size
-        if not state.running:
-            return state.fits_now(req)
-        capacity = state.capacity + req.held_blocks - self.reserve_blocks
-        return peak_fits((*state.running, req), self.remaining, capacity, bs, pad=self.buffer_tokens)
+        return admits(req, state, self.remaining, reserve=self.reserve_blocks, pad=self.buffer_tokens)

@@ -8,13 +8,16 @@ so checking the moments when members are predicted to finish covers the peak:
 
 ``remaining`` says how many more tokens each member is predicted to generate;
 ``pad`` tokens per member absorb small under-predictions (CacheOpt's buffer b).
+``admits`` is the admission test built on it, shared by reserve-dynamic, SOLA and
+CacheOpt: an empty batch admits whatever fits now, so a request larger than any
+grant still runs (alone).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from decode_worker.views import DecodeReqView, blocks_for
+from decode_worker.views import DecodeReqView, DecodeState, blocks_for
 
 Remaining = Callable[[DecodeReqView], int]
 
@@ -35,3 +38,19 @@ def peak_fits(
     """Whether the members' KV stays within ``capacity`` at every horizon (by default: every predicted finish)."""
     ks = set(horizons) if horizons is not None else {remaining(r) for r in members} | {0}
     return all(usage(members, remaining, k, block_size, pad) <= capacity for k in ks)
+
+
+def admits(
+    req: DecodeReqView,
+    state: DecodeState,
+    remaining: Remaining,
+    *,
+    reserve: int = 0,
+    horizons: Iterable[int] | None = None,
+    pad: int = 0,
+) -> bool:
+    """Whether the batch with ``req`` stays within the KV it may use, less ``reserve`` blocks, at its peak."""
+    if not state.running:
+        return state.fits_now(req)
+    capacity = state.capacity + req.held_blocks - reserve
+    return peak_fits((*state.running, req), remaining, capacity, state.block_size, horizons, pad)

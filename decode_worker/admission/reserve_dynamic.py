@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from decode_worker.admission.base import ArrivalOrder
-from decode_worker.admission.peak import peak_fits
+from decode_worker.admission.peak import admits
 from decode_worker.views import DecodeReqView, DecodeState, LengthEnd
 
 Horizons = Literal["all", "shortest"]
@@ -48,8 +48,5 @@ class ReserveDynamic(ArrivalOrder):
         return r.predicted_remaining(self.end)
 
     def admit(self, req: DecodeReqView, state: DecodeState) -> bool:
-        bs = state.block_size
-        if not state.running:  # nothing finishes first: admit what fits now (never starve a long request)
-            return state.fits_now(req)
         horizons = [self.horizon(state)] if self.horizons == "shortest" else None
-        return peak_fits((*state.running, req), self.remaining, state.capacity + req.held_blocks, bs, horizons)
+        return admits(req, state, self.remaining, horizons=horizons)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from decode_worker.admission.peak import peak_fits
+from decode_worker.admission.peak import admits
 from decode_worker.views import DecodeReqView, DecodeState
 
 
@@ -43,7 +43,4 @@ class SolaDecode:
         return r.predicted_remaining("estimate")
 
     def admit(self, req: DecodeReqView, state: DecodeState) -> bool:
-        bs = state.block_size
-        if not state.running:
-            return state.fits_now(req)
-        return peak_fits((*state.running, req), self.remaining, state.capacity + req.held_blocks, bs)
+        return admits(req, state, self.remaining)
