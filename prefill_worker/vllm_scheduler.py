@@ -94,20 +94,17 @@ class TetriPrefillScheduler(Scheduler):
     def _plan(self, policy: PrefillPolicy, views: list[ReqView], now: float) -> tuple[list[Chunk], int, int]:
         """(chunks, their tokens, the policy's token budget) for this iteration."""
         ordered = tuple(policy.queue.order(views, now))
-        remaining = getattr(policy.queue, "remaining_times", None)
         state = PrefillState(
             ordered=ordered,
             max_budget=self.ceiling,
             block_size=self.block_size,
             free_kv_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
-            remaining_time=remaining(ordered, now) if remaining is not None else {},
+            remaining_time=policy.queue.remaining_times(ordered, now),
             urgent_s=policy.cost.iteration_seconds() if policy.cost is not None else 0.0,
         )
         chunks = policy.chunking.plan(state)
-        on_scheduled = getattr(policy.queue, "on_scheduled", None)
-        if on_scheduled is not None:
-            planned = {c.request_id for c in chunks}
-            on_scheduled([v for v in ordered if v.request_id in planned], now)
+        planned = {c.request_id for c in chunks}
+        policy.queue.on_scheduled([v for v in ordered if v.request_id in planned], now)
         return chunks, sum(c.tokens for c in chunks), policy.chunking.token_budget(state)
 
     # -- vLLM hooks ------------------------------------------------------------------------
@@ -160,11 +157,9 @@ class TetriPrefillScheduler(Scheduler):
                 self._queued_since[rid] = now
         result = super().update_from_output(scheduler_output, model_runner_output)
         if max(len(self._queued_since), len(self._views)) > 2 * len(self.requests) + 64:  # drop finished ones
-            forget = getattr(self.policy.queue, "forget", None)
             for rid in [r for r in self._queued_since if r not in self.requests]:
                 del self._queued_since[rid]
-                if forget is not None:
-                    forget(rid)
+                self.policy.queue.forget(rid)
             self._ext = {k: v for k, v in self._ext.items() if k in self.requests}
             self._views = {k: v for k, v in self._views.items() if k in self.requests}
         return result

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
+from prefill_worker.queue.base import Stateless
 from prefill_worker.views import ReqView
 
 
-class FCFS:
+class FCFS(Stateless):
     name: ClassVar[str] = "fcfs"
 
     def order(self, waiting: Sequence[ReqView], now: float) -> list[ReqView]:

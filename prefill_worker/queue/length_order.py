@@ -11,17 +11,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
+from prefill_worker.queue.base import Stateless
 from prefill_worker.views import ReqView
 
 
-class SJF:
+class SJF(Stateless):
     name: ClassVar[str] = "sjf"
 
     def order(self, waiting: Sequence[ReqView], now: float) -> list[ReqView]:
         return sorted(waiting, key=lambda r: (r.batch_seq, r.prompt_len, r.arrival_time, r.request_id))
 
 
-class LJF:
+class LJF(Stateless):
     name: ClassVar[str] = "ljf"
 
     def order(self, waiting: Sequence[ReqView], now: float) -> list[ReqView]:

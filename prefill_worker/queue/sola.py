@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from common.cost_estimator import CostEstimator
+from prefill_worker.queue.base import Stateless
 from prefill_worker.views import ReqView
 
 
-class SolaTTFT:
+class SolaTTFT(Stateless):
     name: ClassVar[str] = "sola"
 
     def __init__(self, cost: CostEstimator) -> None:
