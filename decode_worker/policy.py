@@ -18,7 +18,12 @@ EXTRA_KEY = "tetriserve"  # {"tbt_slo_s": ...}
 
 def decode_policies(cfg: DecodeConfig) -> tuple[AdmissionPolicy, PreemptionOrder, PreemptionStrategy]:
     """Build the configured policies; a ValueError names the setting that is wrong."""
-    costs = PreemptionCosts.load(Path(cfg.preemption_profile)) if cfg.preemption_profile else None
+    costs = None
+    if cfg.preemption_profile:
+        try:
+            costs = PreemptionCosts.load(Path(cfg.preemption_profile))
+        except ValueError as exc:
+            raise ValueError(f"decode.preemption_profile: {exc}") from None
     return (
         make_admission_policy(cfg.admission_policy, **cfg.policy_kwargs()),
         make_preemption_order(cfg.preemption_order),

@@ -113,12 +113,7 @@ class DecodeWorker(EngineWorker):
         installed, so a bad value (ValueError naming the setting) changes nothing.
         """
         cfg = updated_decode_config(self._decode_cfg, changes)
-        try:
-            admission, order, strategy = decode_policies(cfg)
-        except ValueError as exc:  # every message names its setting but a profile's that did not load
-            if cfg.preemption_profile and not str(exc).startswith("decode"):
-                raise ValueError(f"decode.preemption_profile: {exc}") from None
-            raise
+        admission, order, strategy = decode_policies(cfg)
         self.engine.scheduler().configure(admission, order, strategy)
         self._decode_cfg = cfg
         logger.info("decode %s: policy now %s", self.worker_id, self.policies())
