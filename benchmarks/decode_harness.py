@@ -185,11 +185,6 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
-def tail(xs: Sequence[float], q: float = 0.99) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q * len(s)) - 1))] if s else 0.0
-
-
 def workload_args(ap: Any, **defaults: int) -> None:
     """The options every decode benchmark shares (the workload), with per-benchmark defaults."""
     ap.add_argument("--blocks", type=int, default=defaults.get("blocks", 64), help="KV blocks per engine")

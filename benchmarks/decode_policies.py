@@ -40,10 +40,10 @@ from benchmarks.decode_harness import (
     median,
     run_burst,
     scheduler,
-    tail,
     workload_args,
     write_results,
 )
+from decode_worker.preemption.stats import tail
 
 TBT_CLASSES_S = (0.1, 0.3, 1.0)  # CacheOpt's TBT SLO buckets need SLOs: each job gets one of these at random
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+
+def tail(xs: Sequence[float], q: float = 0.99) -> float:
+    """The ``q`` quantile by rank (the value at rank round(q·n)); 0 for no values."""
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q * len(s)) - 1))] if s else 0.0
 
 
 @dataclass
@@ -17,8 +23,7 @@ class PreemptionStats:
     durations_s: list[float] = field(default_factory=list)  # preemption → decoding again, one per preemption
 
     def tail_s(self, q: float = 0.99) -> float:
-        d = sorted(self.durations_s)
-        return d[min(len(d) - 1, math.ceil(q * len(d)) - 1)] if d else 0.0
+        return tail(self.durations_s, q)
 
     def summary(self) -> dict[str, str]:
         d = self.durations_s
