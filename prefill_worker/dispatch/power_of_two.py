@@ -13,8 +13,8 @@ dispatcher's local copy of a load, debited for each request it sends until the
 next broadcast (``base.account``), may go below zero, so "most free" is "least
 overcommitted". Choosing by the ratio alone here made a burst herd: the ratio
 (+1 smoothing) stays lowest on the worker that already holds the most light
-requests, and in ``benchmarks/decode_dispatch.py`` that put 54 of 64 requests on
-one of two workers.
+requests, and in a first run of ``benchmarks/decode_dispatch.py`` that put most of
+a burst on one of two workers.
 """
 
 from __future__ import annotations
