@@ -160,6 +160,16 @@ class DecodeConfig(BaseModel):
         None, description="Swap/recompute latency profile JSON for preemption_mode=auto (preemption_profile.py)."
     )
 
+    slice_iters: int = Field(
+        0,
+        ge=0,
+        description=(
+            "SCLS slices (§4, §7): every S decode iterations a request reaches a slice boundary, where the "
+            "cluster monitor's max-min rebalancing may move it, KV and all, to a less-loaded decode worker. "
+            "0 turns slicing off on this worker (its requests stay)."
+        ),
+    )
+
     def policy_kwargs(self) -> dict[str, int]:
         """Constructor parameters of the configured admission policy."""
         if self.admission_policy != "cacheopt":
@@ -189,6 +199,10 @@ class ClusterConfig(BaseModel):
     report_interval_ms: int = Field(100, ge=10, description="Load report / broadcast period.")
     transport: Literal["tcp"] = Field("tcp", description="KV transfer backend.")
     kv_transfer_timeout_s: float = Field(30.0, gt=0, description="Deadline for one request's KV transfer.")
+    slice_lambda: float = Field(
+        0.5, gt=0, le=1, description="SCLS eq. 12 λ: the rebalancing interval is λ·(least worker load)..."
+    )
+    slice_min_interval_s: float = Field(1.0, gt=0, description="...but at least Γ seconds (SCLS eq. 12).")
 
     @model_validator(mode="after")
     def _check(self) -> ClusterConfig:

@@ -8,7 +8,7 @@ exact count; schedulers use ``lower``/``upper`` for reservation decisions and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 
@@ -44,6 +44,17 @@ class LengthEstimate:
     def is_heavy(self, threshold_tokens: int) -> bool:
         """A *heavy* decode in TetriInfer's sense (§2.2.3): predicted to generate many tokens."""
         return self.estimate >= threshold_tokens
+
+    def after(self, generated: int) -> LengthEstimate:
+        """The estimate of what is still to come once ``generated`` tokens are out (a request that moves)."""
+        if generated <= 0:
+            return self
+        return replace(
+            self,
+            lower=max(0, self.lower - generated),
+            estimate=max(0, self.estimate - generated),
+            upper=max(0, self.upper - generated),
+        )
 
     def to_dict(self) -> dict[str, object]:
         return {

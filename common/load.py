@@ -37,3 +37,5 @@ class DecodeLoad:
     at: float
     accepting: bool = True
     remaining_tokens: int = 0  # Σ predicted tokens still to generate (running + queued): SCLS max-min's load
+    step_s: float = 0.0  # recent decode iteration time (0 while idle)
+    slice_iters: int = 0  # SCLS slice length S; 0: its requests are never moved elsewhere

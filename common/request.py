@@ -3,8 +3,9 @@
 Lifecycle::
 
     QUEUED ─▶ PREFILLING ─▶ TRANSFERRING ─▶ DECODE_QUEUED ─▶ DECODING ─▶ FINISHED_*
-                                                   ▲            │
-                                                   └─PREEMPTED◀─┘
+                               ▲                   ▲            │
+                               │                   └─PREEMPTED◀─┤
+                               └─── moved to another decode ◀───┘  (SCLS slice, §7)
     any non-finished state ─▶ FINISHED_ABORTED | FINISHED_ERROR
 
 Every transition appends a ``RequestEvent``; TTFT, TBT, transfer time and
@@ -45,8 +46,8 @@ _ALLOWED: dict[RequestState, frozenset[RequestState]] = {
     ),
     RequestState.TRANSFERRING: frozenset({RequestState.DECODE_QUEUED}),
     RequestState.DECODE_QUEUED: frozenset({RequestState.DECODING}),
-    RequestState.DECODING: frozenset(
-        {RequestState.PREEMPTED, RequestState.FINISHED_STOPPED, RequestState.FINISHED_LENGTH}
+    RequestState.DECODING: frozenset(  # TRANSFERRING again: moved to another decode worker (SCLS §7)
+        {RequestState.PREEMPTED, RequestState.TRANSFERRING, RequestState.FINISHED_STOPPED, RequestState.FINISHED_LENGTH}
     ),
     RequestState.PREEMPTED: frozenset({RequestState.DECODING}),
 }

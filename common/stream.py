@@ -10,7 +10,9 @@ class StreamChunk:
     """New tokens for one request, in order. ``finish_reason`` is set on the last chunk only.
 
     ``finish_reason`` is one of ``stop``, ``length``, ``abort`` or ``error``; for
-    ``error`` the ``error`` field says why.
+    ``error`` the ``error`` field says why. A decode worker that has moved the request
+    to another at a slice boundary (SCLS §7) ends its part with an empty chunk whose
+    ``moved_to`` names that worker; the GlobalScheduler consumes it.
     """
 
     request_id: str
@@ -20,6 +22,7 @@ class StreamChunk:
     prompt_tokens: int = 0
     worker: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    moved_to: str | None = None
 
     @property
     def finished(self) -> bool:

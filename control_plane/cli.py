@@ -37,6 +37,8 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--preemption-order": ("decode.preemption_order", str, "decode victim order: vllm | srtf | lkvo | cacheopt"),
     "--preemption-mode": ("decode.preemption_mode", str, "recompute | swap | auto (sweet spot from the profile)"),
     "--preemption-profile": ("decode.preemption_profile", str, "swap/recompute latency profile JSON (for auto)"),
+    "--slice-iters": ("decode.slice_iters", int, "SCLS slice length S; requests may move at slice ends (0: off)"),
+    "--slice-min-interval": ("slice_min_interval_s", float, "SCLS eq. 12 Γ: least seconds between rebalancings"),
     "--dispatch-policy": (
         "prefill.dispatch_policy",
         str,

@@ -7,6 +7,13 @@ GlobalScheduler. Decode endpoints and actor handles travel only when a prefill
 worker has not seen them yet. A worker's state is derived from its reports:
 ``starting`` before the first, ``stale`` once the last is older than
 ``stale_after`` periods (it is then left out of the broadcast), else ``serving``.
+
+SCLS slice rebalancing (§4.5, §4.6, §7) runs here too, because the monitor has
+every decode worker's load: each round pairs the most loaded decode worker that
+slices with the least loaded one (``decode_worker.slices.plan``) and orders the
+source to move requests at their next slice boundary; the next round comes after
+T = max(λ · min_w T_load(w), Γ) (eq. 12). Nothing is ordered while no decode
+worker has ``slice_iters`` > 0.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.load import DecodeLoad, PrefillLoad, Role
+from decode_worker import slices
 
 logger = logging.getLogger(__name__)
 
@@ -33,17 +41,26 @@ class _Member:
 
 
 class ClusterMonitor:
-    def __init__(self, report_interval_ms: int = 100, stale_after: int = 30) -> None:
+    def __init__(
+        self,
+        report_interval_ms: int = 100,
+        stale_after: int = 30,
+        slice_lambda: float = 0.5,
+        slice_min_interval_s: float = 1.0,
+    ) -> None:
         self.interval = report_interval_ms / 1000
         self.stale_s = self.interval * stale_after
+        self.slice_lambda = slice_lambda
+        self.slice_min_interval_s = slice_min_interval_s
+        self.slice_orders = 0
         self.members: dict[str, _Member] = {}
         self.scheduler: Any = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        if self._task is None:
-            self._task = asyncio.create_task(self._broadcast_loop())
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(self._broadcast_loop()), asyncio.create_task(self._rebalance_loop())]
 
     def register(self, worker_id: str, role: str, handle: Any, address: str) -> None:
         self.members[worker_id] = _Member(worker_id, Role(role), handle, address)
@@ -84,6 +101,33 @@ class ClusterMonitor:
             p.known_decodes = p.known_decodes | ids
         if self.scheduler is not None:
             self.scheduler.update_prefill_loads.remote([m.load for m in self._serving(Role.PREFILL)])
+
+    async def _rebalance_loop(self) -> None:
+        while True:
+            wait = self.slice_min_interval_s
+            try:
+                wait = self.rebalance_once()
+            except Exception:
+                logger.exception("cluster monitor: slice rebalancing failed")
+            await asyncio.sleep(wait)
+
+    def rebalance_once(self) -> float:
+        """One max-min round over the decode workers (SCLS §4.5); returns the time to the next (eq. 12)."""
+        members = {m.worker_id: m for m in self._serving(Role.DECODE)}
+        loads = [m.load for m in members.values() if isinstance(m.load, DecodeLoad)]
+        if any(ld.slice_iters > 0 for ld in loads):
+            for order in slices.plan(loads):
+                dst = members[order.dst]
+                members[order.src].handle.rebalance.remote(order, dst.address, dst.handle)
+                self.slice_orders += 1
+                logger.info(
+                    "slices: %s (%.2f s of work) gives to %s (%.2f s)",
+                    order.src,
+                    order.src_load_s,
+                    order.dst,
+                    order.dst_load_s,
+                )
+        return slices.next_interval(loads, self.slice_lambda, self.slice_min_interval_s)
 
     def snapshot(self) -> list[dict[str, Any]]:
         now = time.time()

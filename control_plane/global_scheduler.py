@@ -5,6 +5,10 @@
                                                                            ▼ routed by request id
     front door ◀══subscribe(subscriber)══ one Outbox per front door ◀── every request's chunks
 
+A request moved to another decode worker at a slice boundary (SCLS §7) ends its
+part on the old worker with a ``moved_to`` marker; its chunks are relayed in
+order across the move, and aborts go to where it is now.
+
 Relays are multiplexed (``common.outbox``): one long-lived stream per decode
 worker in, one per front door out, each message carrying every chunk that was
 ready. Least load = this scheduler's own count of requests it has in prefill
@@ -53,7 +57,7 @@ class GlobalScheduler:
         self.table: dict[str, _Entry] = {}
         self.finished: deque[Request] = deque(maxlen=history)
         self.prefill_loads: dict[str, PrefillLoad] = {}
-        self.counts = {"admitted": 0, "finished": 0, "aborted": 0, "errors": 0}
+        self.counts = {"admitted": 0, "finished": 0, "aborted": 0, "errors": 0, "moved": 0}
         self._outboxes: dict[str, Outbox] = {}
         self._listeners: list[asyncio.Task[None]] = []
 
@@ -155,13 +159,32 @@ class GlobalScheduler:
         req.advance(RequestState.DECODE_QUEUED, handoff.decode_worker)
         if entry.aborted:  # the abort raced the handoff: the decode worker has not heard of it yet
             self.decode[req.decode_worker].abort.remote(req.request_id)
-        while True:
-            chunk = await entry.decode_chunks.get()
+        async for chunk in self._decode_stream(entry):
             if req.state is RequestState.DECODE_QUEUED:
                 req.advance(RequestState.DECODING)
             yield chunk
             if chunk.finish_reason is not None:
                 return
+
+    async def _decode_stream(self, entry: _Entry) -> Any:
+        """The request's decode chunks in order, across slice moves (SCLS §7): chunks from a worker it has
+        not moved to yet wait until the current worker's ``moved_to`` marker says so."""
+        req = entry.request
+        early: list[StreamChunk] = []
+        ready: deque[StreamChunk] = deque()
+        while True:
+            chunk = ready.popleft() if ready else await entry.decode_chunks.get()
+            if chunk.worker and chunk.worker != req.decode_worker:
+                early.append(chunk)
+            elif chunk.moved_to is not None:
+                req.advance(RequestState.TRANSFERRING, f"{req.decode_worker} -> {chunk.moved_to}")
+                req.decode_worker = chunk.moved_to
+                req.advance(RequestState.DECODE_QUEUED, chunk.moved_to)
+                self.counts["moved"] += 1
+                ready.extend(c for c in early if c.worker == chunk.moved_to)
+                early = [c for c in early if c.worker != chunk.moved_to]
+            else:
+                yield chunk
 
     def _pick_prefill(self) -> str:
         in_prefill: dict[str, int] = dict.fromkeys(self.prefill, 0)

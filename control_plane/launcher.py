@@ -83,7 +83,15 @@ def launch(config: ClusterConfig, model_path: str) -> Cluster:
     # on a cluster with GPUs each engine gets its own (Ray sets CUDA_VISIBLE_DEVICES per worker actor)
     engine_opts = dict(opts, num_gpus=1) if ray.cluster_resources().get("GPU", 0) > 0 else opts
 
-    monitor = ray.remote(ClusterMonitor).options(name="cluster-monitor", **opts).remote(config.report_interval_ms)
+    monitor = (
+        ray.remote(ClusterMonitor)
+        .options(name="cluster-monitor", **opts)
+        .remote(
+            config.report_interval_ms,
+            slice_lambda=config.slice_lambda,
+            slice_min_interval_s=config.slice_min_interval_s,
+        )
+    )
     decode = {
         f"decode-{i}": ray.remote(DecodeWorker)
         .options(name=f"decode-{i}", runtime_env=runtime_env, **engine_opts)

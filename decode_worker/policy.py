@@ -13,7 +13,7 @@ from decode_worker.admission import AdmissionPolicy, make_admission_policy
 from decode_worker.preemption import PreemptionCosts, PreemptionOrder, PreemptionStrategy, make_preemption_order
 
 LENGTH_KEY = "tetriserve_length"  # LengthEstimate.to_dict()
-EXTRA_KEY = "tetriserve"  # {"tbt_slo_s": ...}
+EXTRA_KEY = "tetriserve"  # {"id": the worker's request id, "tbt_slo_s": ... if it has a TBT SLO}
 
 
 def decode_policies(cfg: DecodeConfig) -> tuple[AdmissionPolicy, PreemptionOrder, PreemptionStrategy]:

@@ -13,6 +13,11 @@ Each ``schedule()`` call:
        the running list is sorted so that vLLM, which preempts from its tail, preempts in the
        preemption order's sequence (CacheOpt §3.4); then ``super().schedule()``
 
+    5. SCLS slices (§7): a request the worker has marked to move (``mark_moving``) ends at its
+       next slice boundary, when it has generated a multiple of ``slice_iters`` tokens here: its
+       ``max_tokens`` is cut to this step's token and the connector parks its KV, which the
+       worker ships to the destination when the engine reports the request finished (``length``)
+
 A request that still has to pull its KV through the connector (no blocks yet) is
 never held: it must get its blocks so its KV can land; it is gated once its KV
 is in, holding those blocks. A request swapped out (CacheOpt §3.5) comes back the
@@ -22,7 +27,9 @@ same way. Every preemption is counted and timed until the request decodes again.
 from __future__ import annotations
 
 import math
+import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -47,6 +54,9 @@ class TetriDecodeScheduler(Scheduler):
         self._out: dict[str, tuple[float, int]] = {}  # preempted req_id -> (when, tokens it had computed)
         self._last_call = 0.0
         self.step_s = 0.0
+        self.slice_iters = 0
+        self._moving: dict[str, str] = {}  # req_id -> key its KV is parked under at its next slice boundary
+        self._moving_lock = threading.Lock()  # the worker marks from its own thread
 
     def configure(
         self,
@@ -84,6 +94,51 @@ class TetriDecodeScheduler(Scheduler):
         reqs = [*list(self.running), *list(self.kv_holding_waiting), *list(self.waiting)]
         return sum(self._view(r).predicted_remaining("estimate") for r in reqs)
 
+    @staticmethod
+    def _worker_id_of(req: Any) -> str:
+        """The id the decode worker knows ``req`` by (vLLM suffixes its own ``request_id``)."""
+        params = req.sampling_params
+        extra = (params.extra_args or {}) if params is not None else {}
+        return str((extra.get(EXTRA_KEY) or {}).get("id", req.request_id))
+
+    def running_views(self) -> list[DecodeReqView]:
+        """The running batch as the slice rebalancer sees it, by the worker's ids (called from another thread)."""
+        in_flight = self.connector.in_flight() if hasattr(self.connector, "in_flight") else set()
+        with self._moving_lock:
+            marked = set(self._moving)
+        views = []
+        for req in list(self.running):
+            rid = self._worker_id_of(req)
+            view = self._view(req, in_flight)
+            views.append(replace(view, request_id=rid, transferring=view.transferring or rid in marked))
+        return views
+
+    def mark_moving(self, request_id: str, key: str) -> None:
+        """End the worker's ``request_id`` at its next slice boundary with its KV parked under ``key`` (SCLS §7)."""
+        with self._moving_lock:
+            self._moving[request_id] = key
+
+    def _cut_slices(self) -> None:
+        """Cut every marked request that is at a slice boundary this step: it generates this step's token
+        and finishes (``length``), its KV parked by the connector. Not in a step that may preempt."""
+        with self._moving_lock:
+            if not self._moving or self.slice_iters <= 0 or not hasattr(self.connector, "park_running"):
+                return
+            live = {self._worker_id_of(r): r for r in self.requests.values() if not r.is_finished()}
+            for rid in [rid for rid in self._moving if rid not in live]:  # finished or aborted meanwhile
+                del self._moving[rid]
+            if self._may_run_out():
+                return
+            for rid, key in list(self._moving.items()):
+                req = live[rid]
+                produced = req.num_output_tokens + 1  # with this step's token
+                decoding = req.num_computed_tokens == req.num_tokens - 1 and req in self.running
+                if not decoding or produced % self.slice_iters or produced >= req.max_tokens:
+                    continue
+                req.max_tokens = produced
+                self.connector.park_running(req, list(self.kv_cache_manager.get_block_ids(req.request_id)[0]), key)
+                del self._moving[rid]
+
     def _must_pass(self, req: Any) -> bool:
         """A request whose KV has yet to be pulled through the connector (it needs its blocks first)."""
         return req.num_computed_tokens == 0 and req.kv_transfer_params is not None
@@ -102,6 +157,7 @@ class TetriDecodeScheduler(Scheduler):
         self._last_call = now
         held = self._gate(now)
         self._order_victims()
+        self._cut_slices()
         try:
             out = super().schedule(*args, **kwargs)
         finally:

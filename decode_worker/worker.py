@@ -6,6 +6,13 @@
                                   ▼
     subscribe() ◀── one Outbox for all requests: each pull carries every delta ready ──▶ GlobalScheduler
 
+    SCLS slices (§7; ``decode.slice_iters`` > 0), ordered by the ClusterMonitor's rebalancing round:
+    rebalance(order) ─▶ marks the requests ``slices.pick_movers`` chooses; each ends at its next slice
+    boundary with its KV parked ─▶ send KV to the destination's endpoint ─▶ destination.adopt(...) ─▶
+    a ``moved_to`` marker in this worker's stream tells the GlobalScheduler where the rest comes from.
+    A destination that refuses (or a send that cannot start) leaves the request here: it resumes
+    from its own parked KV.
+
 ``submit`` returns at once. Outputs of every request go to the worker's one
 ``Outbox``, which the GlobalScheduler drains through a single long-lived
 ``subscribe`` stream, so relaying costs one message per engine step rather
@@ -20,7 +27,8 @@ import asyncio
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -32,18 +40,32 @@ from common.outbox import Outbox
 from common.request import Request
 from common.stream import StreamChunk
 from decode_worker.policy import EXTRA_KEY, LENGTH_KEY, decode_policies
+from decode_worker.slices import Order, SliceMoves, pick_movers
 from engine.settings import EngineRole, build_engine_args
 from engine.worker_base import EngineWorker
 
 logger = logging.getLogger(__name__)
 
 SCHEDULER_CLS = "decode_worker.vllm_scheduler.TetriDecodeScheduler"
+MOVED_MEMORY = 4096  # moved-away requests remembered, to forward a late abort to where they went
+
+
+@dataclass(frozen=True)
+class _Move:
+    key: str  # its KV is parked under this at the slice boundary
+    dst: str
+    address: str
+    handle: Any
 
 
 @dataclass
 class _Running:
     request: Request
     heavy: bool
+    estimate: LengthEstimate | None
+    generated: list[int] = field(default_factory=list)  # every output token so far, the prefill's first too
+    hops: int = 0  # times it has moved
+    move: _Move | None = None
     task: asyncio.Task[None] | None = None
 
 
@@ -81,8 +103,11 @@ class DecodeWorker(EngineWorker):
         self.engine = EngineLoop(args, worker_id)
         self._decode_cfg = config.decode  # what the policies were last built from (``set_policy``)
         self.engine.scheduler().configure(*decode_policies(config.decode))
+        self.engine.scheduler().slice_iters = config.decode.slice_iters
         self.accepting = True
         self._running: dict[str, _Running] = {}
+        self._moved: OrderedDict[str, Any] = OrderedDict()  # request id -> handle of the worker it moved to
+        self.moves = SliceMoves()
         self.outbox = Outbox()
 
     def load(self) -> DecodeLoad:
@@ -100,11 +125,14 @@ class DecodeWorker(EngineWorker):
             time.time(),
             self.accepting,
             self.engine.scheduler().remaining_tokens(),
+            self.engine.scheduler().step_s if s.running else 0.0,
+            self._decode_cfg.slice_iters,
         )
 
     def policies(self) -> dict[str, str]:
         """The settings ``set_policy`` takes, by the same names, and the preemption counters."""
-        return {**decode_policy_settings(self._decode_cfg), **self.engine.scheduler().stats.summary()}
+        stats = {**self.engine.scheduler().stats.summary(), **self.moves.summary()}
+        return {**decode_policy_settings(self._decode_cfg), **stats}
 
     def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
         """Admin RPC: switch admission, preemption order or swap-or-recompute at run time.
@@ -115,6 +143,7 @@ class DecodeWorker(EngineWorker):
         cfg = updated_decode_config(self._decode_cfg, changes)
         admission, order, strategy = decode_policies(cfg)
         self.engine.scheduler().configure(admission, order, strategy)
+        self.engine.scheduler().slice_iters = cfg.slice_iters
         self._decode_cfg = cfg
         logger.info("decode %s: policy now %s", self.worker_id, self.policies())
         return self.policies()
@@ -122,24 +151,46 @@ class DecodeWorker(EngineWorker):
     # -- the request path -------------------------------------------------------------
     async def submit(self, req: Request, first_token: int, estimate: LengthEstimate | None) -> bool:
         """Start decoding ``req`` whose prompt KV is (or will be) pushed here under key ``request_id``."""
-        from engine.sampling import to_vllm
-
         if not self.accepting or req.request_id in self._running:
             return False
+        self._start(self._track(req, estimate, [first_token], 0), req.request_id)
+        return True
+
+    async def adopt(
+        self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, key: str, hops: int
+    ) -> bool:
+        """Go on decoding a request moved here at a slice boundary (SCLS §7): ``generated`` is every token it
+        has produced so far; the KV of all but the last is (or will be) pushed here under ``key``."""
+        if not self.accepting or req.request_id in self._running:
+            return False
+        self.moves.moved_in += 1
+        self._start(self._track(req, estimate, list(generated), hops), key)
+        return True
+
+    def _track(self, req: Request, estimate: LengthEstimate | None, generated: list[int], hops: int) -> _Running:
         heavy = estimate is not None and estimate.is_heavy(self.config.prefill.heavy_threshold_tokens)
-        run = _Running(req, heavy)
+        run = _Running(req, heavy, estimate, generated, hops)
         self._running[req.request_id] = run
-        kv = {"mode": "recv", "key": req.request_id, "num_tokens": len(req.prompt_token_ids)}
+        return run
+
+    def _start(self, run: _Running, key: str | None) -> None:
+        """Put ``run`` on the engine: prompt and tokens so far, the KV of all but the last loaded from ``key``
+        through the connector (None: recompute it)."""
+        from engine.sampling import to_vllm
+
+        req = run.request
+        prompt = (*req.prompt_token_ids, *run.generated)
+        kv = {"mode": "recv", "key": key, "num_tokens": len(prompt) - 1} if key is not None else None
         extra: dict[str, Any] = {}  # for the decode scheduler
-        if estimate is not None:
-            extra[LENGTH_KEY] = estimate.to_dict()
+        if run.estimate is not None:  # as on first submit, counted from the prefill's token on
+            extra[LENGTH_KEY] = run.estimate.after(len(run.generated) - 1).to_dict()
+        extra[EXTRA_KEY] = {"id": req.request_id}  # vLLM's scheduler knows it by a suffixed id
         if req.slo.tbt_ms is not None:
-            extra[EXTRA_KEY] = {"tbt_slo_s": req.slo.tbt_ms / 1e3}
-        params = to_vllm(req.sampling, max_tokens=req.sampling.max_tokens - 1, kv_params=kv, extra=extra or None)
-        prompt = (*req.prompt_token_ids, first_token)
+            extra[EXTRA_KEY]["tbt_slo_s"] = req.slo.tbt_ms / 1e3
+        left = req.sampling.max_tokens - len(run.generated)
+        params = to_vllm(req.sampling, max_tokens=left, kv_params=kv, extra=extra)
         run.task = asyncio.create_task(self._pump(run, prompt, params))
         run.task.add_done_callback(functools.partial(self._on_pump_done, run))
-        return True
 
     def _on_pump_done(self, run: _Running, task: asyncio.Task[None]) -> None:
         if task.cancelled():  # aborted, perhaps before the pump ever ran: end the stream explicitly
@@ -150,6 +201,12 @@ class DecodeWorker(EngineWorker):
         prompt_len = len(run.request.prompt_token_ids)
         try:
             async for delta in self.engine.generate(rid, prompt, params):
+                run.generated.extend(delta.token_ids)
+                if delta.finish_reason == "length" and run.move is not None and not self._at_end(run):
+                    if delta.token_ids:  # the slice's last token; the request goes on elsewhere
+                        self._emit(StreamChunk(rid, delta.token_ids, None, None, prompt_len, self.worker_id))
+                    await self._hand_over(run, run.move)
+                    return
                 self._emit(
                     StreamChunk(rid, delta.token_ids, delta.finish_reason, delta.error, prompt_len, self.worker_id)
                 )
@@ -157,9 +214,70 @@ class DecodeWorker(EngineWorker):
             logger.exception("decode %s: request %s failed", self.worker_id, rid)
             self._emit(StreamChunk(rid, (), "error", f"{type(exc).__name__}: {exc}", prompt_len, self.worker_id))
 
+    def _at_end(self, run: _Running) -> bool:
+        """Whether a ``length`` finish is the request's own (its cap or the context limit), not a slice cut."""
+        total = len(run.request.prompt_token_ids) + len(run.generated)
+        return len(run.generated) >= run.request.sampling.max_tokens or total >= self.config.engine.max_model_len
+
+    # -- SCLS slice moves ------------------------------------------------------------
+    def rebalance(self, order: Order, address: str, handle: Any) -> list[str]:
+        """ClusterMonitor's round (SCLS §4.5): mark requests to move to ``order.dst`` at their next boundary."""
+        slice_iters = self._decode_cfg.slice_iters
+        if slice_iters <= 0 or order.src != self.worker_id or order.dst == self.worker_id:
+            return []
+        scheduler = self.engine.scheduler()
+        picked = [rid for rid in pick_movers(scheduler.running_views(), order, slice_iters) if rid in self._running]
+        for rid in picked:
+            run = self._running[rid]
+            run.move = _Move(f"move:{rid}:{run.hops}", order.dst, address, handle)
+            scheduler.mark_moving(rid, run.move.key)
+        if picked:
+            logger.info(
+                "decode %s: %d request(s) to move to %s at their slice boundary", self.worker_id, len(picked), order.dst
+            )
+        return picked
+
+    async def _hand_over(self, run: _Running, move: _Move) -> None:
+        """The slice has ended with the KV parked under ``move.key``: continue the request on ``move.dst``,
+        or here if it cannot go."""
+        rid = run.request.request_id
+        run.move = None
+        buffers = await self.parked_kv(move.key)
+        if buffers is None:
+            logger.error("decode %s: parked KV %s not found; %s recomputes it", self.worker_id, move.key, rid)
+        handed = False
+        if buffers is not None:
+            self.endpoint.send(move.address, move.key, buffers, self.config.kv_transfer_timeout_s)
+            try:
+                handed = await move.handle.adopt.remote(
+                    run.request, tuple(run.generated), run.estimate, move.key, run.hops + 1
+                )
+            except asyncio.CancelledError:  # aborted meanwhile: it may have landed there
+                move.handle.abort.remote(rid)
+                raise
+            except Exception:
+                logger.exception("decode %s: %s refused %s", self.worker_id, move.dst, rid)
+            if not handed:
+                move.handle.discard.remote(move.key)
+        if handed:
+            self.moves.moved_out += 1
+            self._running.pop(rid, None)
+            self._moved[rid] = move.handle
+            while len(self._moved) > MOVED_MEMORY:
+                self._moved.popitem(last=False)
+            marker = StreamChunk(rid, (), None, None, len(run.request.prompt_token_ids), self.worker_id)
+            self.outbox.put(replace(marker, moved_to=move.dst))
+            return
+        self.moves.kept += 1  # it goes on here, from its parked KV (recomputed if that was lost)
+        if buffers is not None:
+            self.endpoint.hold(move.key, buffers)
+        self._start(run, move.key if buffers is not None else None)
+
     def _emit(self, chunk: StreamChunk) -> None:
         if chunk.finish_reason is not None:
-            self._running.pop(chunk.request_id, None)
+            run = self._running.pop(chunk.request_id, None)
+            if run is not None and run.move is not None:  # finished at its boundary: its parked KV goes
+                self.endpoint.discard(run.move.key)
         self.outbox.put(chunk)
 
     async def subscribe(self) -> Any:
@@ -168,11 +286,17 @@ class DecodeWorker(EngineWorker):
             yield batch
 
     def abort(self, request_id: str) -> bool:
-        """Stop decoding; the request's stream (attached or not yet) ends with an ``abort`` chunk."""
+        """Stop decoding; the request's stream (attached or not yet) ends with an ``abort`` chunk.
+        A request that has moved on is aborted where it went."""
         self.endpoint.discard(request_id)
         run = self._running.get(request_id)
         if run is None:
-            return False
+            moved_to = self._moved.pop(request_id, None)
+            if moved_to is not None:
+                moved_to.abort.remote(request_id)
+            return moved_to is not None
+        if run.move is not None:
+            self.endpoint.discard(run.move.key)
         if run.task is not None and not run.task.done():
             run.task.cancel()
         self.engine.abort(request_id)

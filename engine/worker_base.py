@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from common.config import ClusterConfig
@@ -50,6 +52,16 @@ class EngineWorker:
             "transport": self.endpoint.stats(),
             "policy": self.policies(),
         }
+
+    async def parked_kv(self, key: str, give_up: Callable[[], bool] = lambda: False) -> list[bytearray] | None:
+        """The KV the engine parked in this endpoint under ``key`` (in the step that computed it), or None
+        once ``give_up()`` or the transfer deadline has passed."""
+        deadline = time.monotonic() + self.config.kv_transfer_timeout_s
+        while (buffers := self.endpoint.recv(key)) is None:
+            if give_up() or time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(0.001)
+        return buffers
 
     async def _report_loop(self) -> None:
         interval = self.config.report_interval_ms / 1000

@@ -175,11 +175,9 @@ class PrefillWorker(EngineWorker):
 
     async def _forward_kv(self, rid: str, decode_id: str) -> str | None:
         """Send the parked KV to the chosen decode worker; returns an error message or None."""
-        deadline = time.monotonic() + self.config.kv_transfer_timeout_s
-        while (buffers := self.endpoint.recv(rid)) is None:  # parked in the step that produced the first token
-            if rid in self._aborted or time.monotonic() >= deadline:
-                return f"prefilled KV of {rid} was not found on {self.worker_id}"
-            await asyncio.sleep(0.001)
+        buffers = await self.parked_kv(rid, lambda: rid in self._aborted)  # parked with the first token
+        if buffers is None:
+            return f"prefilled KV of {rid} was not found on {self.worker_id}"
         self.endpoint.send(self.decode_addresses[decode_id], rid, buffers, self.config.kv_transfer_timeout_s)
         return None
 

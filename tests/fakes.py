@@ -34,6 +34,7 @@ from control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
 from control_plane.policy_admin import apply_changes, parse_changes, resolve_targets
 from decode_worker.policy import decode_policies
 from decode_worker.preemption.stats import PreemptionStats
+from decode_worker.slices import SliceMoves
 from decode_worker.worker import decode_policy_settings, updated_decode_config
 
 _T = TypeVar("_T")
@@ -88,7 +89,7 @@ def default_policies() -> dict[str, dict[str, str]]:
 
 def decode_policies_shown(cfg: DecodeConfig) -> dict[str, str]:
     """What a ``DecodeWorker`` built from ``cfg`` reports in ``policies()`` (before any preemption)."""
-    return {**decode_policy_settings(cfg), **PreemptionStats().summary()}
+    return {**decode_policy_settings(cfg), **PreemptionStats().summary(), **SliceMoves().summary()}
 
 
 @dataclass

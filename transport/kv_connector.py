@@ -36,6 +36,11 @@ the blocks into this endpoint's own landing area in ``handle_preemptions``, befo
 the model runner zeroes or overwrites blocks handed to others, and when vLLM resumes
 the request it loads the KV back through the ordinary ``recv`` path instead of
 recomputing it.
+
+A slice move (SCLS §7) parks a *decoding* request like a prompt: ``park_running``
+saves the KV of all its tokens in the step that computes the last of them (the
+step that ends its slice); the decode worker then sends it to another decode
+worker's endpoint, which loads it through ``recv`` as it would a prefill's.
 """
 
 from __future__ import annotations
@@ -129,7 +134,7 @@ class TetriKVMetadata(KVConnectorMetadata):
 @dataclass
 class _Producer:
     key: str
-    prompt_len: int
+    num_tokens: int  # save once the KV of this many tokens is computed
     block_ids: list[int]
 
 
@@ -195,9 +200,14 @@ class TetriKVConnector(KVConnectorBase_V1):
         request.kv_transfer_params = {PARAMS_KEY: {"mode": "recv", "key": key, "num_tokens": num_tokens}}
         return key
 
+    def park_running(self, request: Request, block_ids: list[int], key: str) -> None:
+        """Park a decoding request's KV under ``key`` at the end of its next step, as a prefill engine parks
+        a prompt's (SCLS slice move): the step that computes its last known token saves every token's KV."""
+        self._producers[request.request_id] = _Producer(key, request.num_tokens, list(block_ids))
+
     def in_flight(self) -> set[str]:
-        """Requests whose KV is being loaded or swapped out right now."""
-        return {s.req_id for s in self._pending_loads} | {s.req_id for s in self._pending_swaps}
+        """Requests whose KV is being loaded, swapped out or parked to leave right now."""
+        return {s.req_id for s in self._pending_loads} | {s.req_id for s in self._pending_swaps} | set(self._producers)
 
     def on_new_request(self, request: Request) -> None:
         params = _params(request)
@@ -225,8 +235,8 @@ class TetriKVConnector(KVConnectorBase_V1):
             progress[req_id] = cached.num_computed_tokens[i]
         for req_id, computed in progress.items():
             prod = self._producers[req_id]
-            if computed + scheduler_output.num_scheduled_tokens.get(req_id, 0) >= prod.prompt_len:
-                meta.saves.append(SaveSpec(req_id, prod.key, tuple(prod.block_ids), prod.prompt_len))
+            if computed + scheduler_output.num_scheduled_tokens.get(req_id, 0) >= prod.num_tokens:
+                meta.saves.append(SaveSpec(req_id, prod.key, tuple(prod.block_ids), prod.num_tokens))
                 del self._producers[req_id]
         return meta
 

@@ -234,11 +234,15 @@ def test_cli_policy_set_and_show_decode(backend: FakeBackend, env: Env, capsys: 
         "cacheopt_buffer_tokens=8",
         "preemption_order=srtf",
         "preemption_mode=recompute",
+        "slice_iters=0",
         "preemptions=0",
         "swapped=0",
         "recomputed=0",
         "preemption_median_ms=-",
         "preemption_p99_ms=-",
+        "slice_moved_out=0",
+        "slice_moved_in=0",
+        "slice_kept=0",
     ]
     assert main(["policy", "show", "--target", env.target, "--worker", "decode"]) == 0
     out = capsys.readouterr().out

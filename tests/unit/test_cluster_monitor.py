@@ -58,3 +58,34 @@ def test_directory_travels_once_loads_every_time_and_stale_workers_are_left_out(
     third = prefill.called("update_decode_view")[2]
     assert sorted(ld.worker_id for ld in third[0]) == ["decode-0", "decode-1"] and third[1] == {"decode-1": "d:1"}
     assert len(sched.called("update_prefill_loads")) == 3
+
+
+class _Decode:
+    def rebalance(self, order: Any, address: str, handle: Any) -> list[str]:
+        return []
+
+
+def test_slice_round_orders_the_most_loaded_to_give_to_the_least_and_paces_itself_by_eq_12() -> None:
+    mon = ClusterMonitor(report_interval_ms=100, slice_lambda=0.5, slice_min_interval_s=0.2)
+    handles = {wid: FakeHandle(_Decode()) for wid in ("decode-0", "decode-1")}
+    for wid, h in handles.items():
+        mon.register(wid, "decode", h, f"{wid}:1")
+    now = time.time()
+    # 10 ms a token on both: decode-0 holds 8 s of work, decode-1 2 s
+    mon.report(DecodeLoad("decode-0", 10, 10, 32, 4, 0, 0, 0, now, True, 800, 0.04, 32))
+    mon.report(DecodeLoad("decode-1", 10, 10, 32, 4, 0, 0, 0, now, True, 200, 0.04, 32))
+    assert mon.rebalance_once() == 1.0  # λ · min load = 0.5 · 2 s
+    ((order, address, handle),) = handles["decode-0"].called("rebalance")
+    assert (order.src, order.dst, address, handle) == ("decode-0", "decode-1", "decode-1:1", handles["decode-1"])
+    assert not handles["decode-1"].called("rebalance")
+
+
+def test_no_slice_round_orders_anything_while_no_decode_worker_slices() -> None:
+    mon = ClusterMonitor(report_interval_ms=100, slice_min_interval_s=0.2)
+    handle = FakeHandle(_Decode())
+    mon.register("decode-0", "decode", handle, "d:0")
+    mon.register("decode-1", "decode", FakeHandle(_Decode()), "d:1")
+    now = time.time()
+    mon.report(DecodeLoad("decode-0", 10, 10, 32, 4, 0, 0, 0, now, True, 800, 0.04, 0))
+    mon.report(DecodeLoad("decode-1", 10, 10, 32, 0, 0, 0, 0, now, True, 0, 0.0, 0))
+    assert mon.rebalance_once() == 0.2 and not handle.called("rebalance")

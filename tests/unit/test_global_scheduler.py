@@ -193,3 +193,40 @@ def test_outbox_batches_everything_ready() -> None:
         assert [c.token_ids for c in await batches.__anext__()] == [(9,)]
 
     asyncio.run(main())
+
+
+def test_a_slice_move_relays_tokens_in_order_and_aborts_go_where_the_request_is() -> None:
+    async def main() -> None:
+        d0, d1 = FakeDecode(), FakeDecode()
+        h0, h1 = FakeHandle(d0), FakeHandle(d1)
+        gs = GlobalScheduler({"prefill-0": FakeHandle(FakePrefill())}, {"decode-0": h0, "decode-1": h1})
+        collector = asyncio.create_task(_collect(gs, "fd", {"m"}))
+        await asyncio.sleep(0)
+        gs.submit(_req("m", max_tokens=10), "fd")
+        while "m" not in gs.table or gs.table["m"].request.state < RequestState.DECODE_QUEUED:
+            await asyncio.sleep(0.001)
+        d0.outbox.put(StreamChunk("m", (8, 9), worker="decode-0"))
+        await asyncio.sleep(0.01)
+        d1.outbox.put(StreamChunk("m", (11,), worker="decode-1"))  # overtakes the rest of decode-0's part
+        await asyncio.sleep(0.01)
+        d0.outbox.put(StreamChunk("m", (10,), worker="decode-0"))
+        d0.outbox.put(StreamChunk("m", (), worker="decode-0", moved_to="decode-1"))
+        while gs.table["m"].request.decode_worker != "decode-1":
+            await asyncio.sleep(0.001)
+        await gs.abort("m")
+        got = await asyncio.wait_for(collector, 5)
+        assert [t for c in got["m"] for t in c.token_ids] == [7, 8, 9, 10, 11]
+        assert all(c.moved_to is None for c in got["m"])  # the marker stays in the control plane
+        assert set(h1.called("abort")) == {("m",)} and not h0.called("abort")
+        states = [e.state for e in gs.recent()[-1].events]
+        assert states[3:] == [
+            RequestState.DECODE_QUEUED,
+            RequestState.DECODING,
+            RequestState.TRANSFERRING,
+            RequestState.DECODE_QUEUED,
+            RequestState.DECODING,
+            RequestState.FINISHED_ABORTED,
+        ]
+        assert gs.counts["moved"] == 1
+
+    asyncio.run(main())

@@ -27,6 +27,7 @@ from control_plane.policy_admin import (
 from decode_worker.policy import decode_policies
 from decode_worker.preemption.stats import PreemptionStats
 from decode_worker.preemption.strategy import PreemptionCosts, RecomputeLatency, SwapLatency
+from decode_worker.slices import SliceMoves
 from decode_worker.worker import DecodeWorker
 from tests.actor_fakes import FakeHandle
 
@@ -50,6 +51,7 @@ def test_decode_keys_follow_the_decode_config() -> None:
         "preemption_order": str,
         "preemption_mode": str,
         "preemption_profile": str,
+        "slice_iters": int,
     }
     assert not set(DECODE_KEYS) & set(PREFILL_KEYS)  # a key names its role
 
@@ -238,6 +240,7 @@ def _decode_worker(worker_id: str) -> DecodeWorker:
     worker.worker_id = worker_id
     worker.engine = _Engine()
     worker._decode_cfg = DecodeConfig()
+    worker.moves = SliceMoves()
     return worker
 
 
@@ -259,7 +262,9 @@ def test_set_policy_on_every_decode_worker() -> None:
             "cacheopt_buffer_tokens": "8",
             "preemption_order": "srtf",
             "preemption_mode": "recompute",
+            "slice_iters": "0",
             **PreemptionStats().summary(),
+            **SliceMoves().summary(),
         }
     assert all(w.engine.sched.admission.reserve_blocks == 2 for w in decode.values())
     assert decode["decode-1"]._decode_cfg.cacheopt_reserve_blocks == 2

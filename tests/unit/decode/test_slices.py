@@ -1,0 +1,130 @@
+"""SCLS slice rebalancing (§4.5 max-min, §4.6 eq. 12, §7) on hand-built loads and batches."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.length import LengthEstimate
+from common.load import DecodeLoad
+from decode_worker.slices import Order, SliceMoves, load_s, next_interval, pick_movers, plan, token_costs
+from decode_worker.views import DecodeReqView
+
+
+def _load(wid: str, remaining: int, running: int = 4, step_s: float = 0.04, **kw: object) -> DecodeLoad:
+    fields: dict[str, object] = {
+        "free_kv_blocks": 100,
+        "total_kv_blocks": 100,
+        "block_size": 16,
+        "queued": 0,
+        "heavy": 0,
+        "light": 0,
+        "at": 0.0,
+        "remaining_tokens": remaining,
+        "step_s": step_s,
+        "slice_iters": 32,
+        **kw,
+    }
+    return DecodeLoad(wid, running=running, **fields)  # type: ignore[arg-type]
+
+
+def _req(rid: str, remaining: int, context: int = 100, transferring: bool = False) -> DecodeReqView:
+    est = LengthEstimate(remaining, remaining, remaining + 1, source="oracle")
+    return DecodeReqView(rid, context, 4096, estimate=est, transferring=transferring)
+
+
+def _order(src_s: float, dst_s: float, free: int = 100, cost: float = 0.01) -> Order:
+    return Order("decode-0", "decode-1", src_s, dst_s, cost, cost, free, 16)
+
+
+# ---- loads in seconds --------------------------------------------------------------------------
+
+
+def test_load_is_remaining_tokens_at_the_workers_own_cost_per_token() -> None:
+    busy = _load("decode-0", 1000, running=4, step_s=0.04)  # 10 ms a token
+    costs = token_costs([busy])
+    assert costs == {"decode-0": pytest.approx(0.01)}
+    assert load_s(busy, costs["decode-0"]) == pytest.approx(10.0)
+
+
+def test_an_idle_worker_is_priced_at_the_median_of_the_others() -> None:
+    loads = [_load("a", 10, 2, 0.02), _load("b", 10, 1, 0.03), _load("c", 10, 4, 0.2), _load("idle", 0, 0, 0.0)]
+    assert token_costs(loads)["idle"] == pytest.approx(0.03)
+    assert token_costs([_load("idle", 5, 0, 0.0)]) == {"idle": 1.0}  # nobody known: loads stay in tokens
+
+
+# ---- eq. 12 --------------------------------------------------------------------------------------
+
+
+def test_interval_is_lambda_times_the_least_load_but_at_least_gamma() -> None:
+    loads = [_load("a", 1000), _load("b", 400)]  # 10 s and 4 s
+    assert next_interval(loads, lam=0.5, gamma_s=1.0) == pytest.approx(2.0)
+    assert next_interval(loads, lam=0.1, gamma_s=1.0) == 1.0
+    assert next_interval([], lam=0.5, gamma_s=3.0) == 3.0
+
+
+# ---- max-min pairing -------------------------------------------------------------------------
+
+
+def test_most_loaded_gives_to_least_loaded_then_the_next_pair() -> None:
+    loads = [_load("a", 100), _load("b", 900), _load("c", 500), _load("d", 50)]
+    orders = plan(loads)
+    assert [(o.src, o.dst) for o in orders] == [("b", "d"), ("c", "a")]
+    assert orders[0].src_load_s == pytest.approx(9.0) and orders[0].dst_load_s == pytest.approx(0.5)
+
+
+def test_only_slicing_busy_workers_give_and_only_accepting_ones_take() -> None:
+    loads = [
+        _load("no-slices", 900, slice_iters=0),  # the most loaded, but its requests stay
+        _load("closed", 0, running=0, accepting=False),  # the least loaded, but takes nothing
+        _load("src", 500),
+        _load("idle", 0, running=0),
+        _load("busy", 100),
+    ]
+    assert [(o.src, o.dst) for o in plan(loads)] == [("src", "idle")]
+
+
+def test_balanced_or_single_workers_get_no_order() -> None:
+    assert plan([_load("a", 100), _load("b", 100)]) == []
+    assert plan([_load("a", 900)]) == []
+
+
+# ---- which requests move ---------------------------------------------------------------------
+
+
+def test_longest_remaining_moves_first_while_the_gap_narrows() -> None:
+    running = [_req("short", 40), _req("long", 300), _req("mid", 150), _req("mid2", 120)]
+    # src 10 s, dst 2 s, 10 ms a token: long (3 s) → 7 vs 5; mid (1.5 s) and mid2 (1.2 s) would overshoot
+    # (5.5 vs 6.5, 5.8 vs 6.2); short (0.4 s) still fits the gap → 6.6 vs 5.4
+    assert pick_movers(running, _order(10.0, 2.0), slice_iters=32) == ["long", "short"]
+    assert pick_movers(running, _order(20.0, 0.0), slice_iters=32) == ["long", "mid", "mid2", "short"]
+
+
+def test_requests_finishing_within_a_slice_stay() -> None:
+    assert pick_movers([_req("a", 32), _req("b", 10)], _order(100.0, 0.0), slice_iters=32) == []
+
+
+def test_a_request_whose_kv_is_in_flight_stays() -> None:
+    running = [_req("moving", 300, transferring=True), _req("b", 200)]
+    assert pick_movers(running, _order(100.0, 0.0), slice_iters=32) == ["b"]
+
+
+def test_destination_without_room_for_the_context_gets_nothing_that_does_not_fit() -> None:
+    running = [_req("big", 300, context=1000), _req("small", 200, context=60)]
+    # (60 + 32) tokens = 6 blocks of 16 fit in 7 free blocks; 1032 tokens do not
+    assert pick_movers(running, _order(100.0, 0.0, free=7), slice_iters=32) == ["small"]
+
+
+def test_a_move_never_leaves_the_destination_above_the_source() -> None:
+    # moving the only long request would make the destination the loaded one: it stays
+    assert pick_movers([_req("long", 600)], _order(7.0, 2.0), slice_iters=32) == []
+
+
+def test_moves_are_counted_by_name() -> None:
+    moves = SliceMoves(moved_out=2, kept=1)
+    assert moves.summary() == {"slice_moved_out": "2", "slice_moved_in": "0", "slice_kept": "1"}
+
+
+def test_estimate_after_tokens_generated() -> None:
+    est = LengthEstimate(100, 150, 200, 3, 0.8, "trained")
+    assert est.after(120) == LengthEstimate(0, 30, 80, 3, 0.8, "trained")
+    assert est.after(0) is est and est.after(500).upper == 0
