@@ -24,11 +24,13 @@ decided in the engine's scheduler subclass (``vllm_scheduler.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import itertools
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -64,7 +66,6 @@ class _Running:
     heavy: bool
     estimate: LengthEstimate | None
     generated: list[int] = field(default_factory=list)  # every output token so far, the prefill's first too
-    hops: int = 0  # times it has moved
     move: _Move | None = None
     task: asyncio.Task[None] | None = None
 
@@ -108,6 +109,7 @@ class DecodeWorker(EngineWorker):
         self._running: dict[str, _Running] = {}
         self._moved: OrderedDict[str, Any] = OrderedDict()  # request id -> handle of the worker it moved to
         self.moves = SliceMoves()
+        self._move_keys = itertools.count()  # each parked slice its own key
         self.outbox = Outbox()
 
     def load(self) -> DecodeLoad:
@@ -153,23 +155,21 @@ class DecodeWorker(EngineWorker):
         """Start decoding ``req`` whose prompt KV is (or will be) pushed here under key ``request_id``."""
         if not self.accepting or req.request_id in self._running:
             return False
-        self._start(self._track(req, estimate, [first_token], 0), req.request_id)
+        self._start(self._track(req, estimate, [first_token]), req.request_id)
         return True
 
-    async def adopt(
-        self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, key: str, hops: int
-    ) -> bool:
+    async def adopt(self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, key: str) -> bool:
         """Go on decoding a request moved here at a slice boundary (SCLS §7): ``generated`` is every token it
         has produced so far; the KV of all but the last is (or will be) pushed here under ``key``."""
         if not self.accepting or req.request_id in self._running:
             return False
         self.moves.moved_in += 1
-        self._start(self._track(req, estimate, list(generated), hops), key)
+        self._start(self._track(req, estimate, list(generated)), key)
         return True
 
-    def _track(self, req: Request, estimate: LengthEstimate | None, generated: list[int], hops: int) -> _Running:
+    def _track(self, req: Request, estimate: LengthEstimate | None, generated: list[int]) -> _Running:
         heavy = estimate is not None and estimate.is_heavy(self.config.prefill.heavy_threshold_tokens)
-        run = _Running(req, heavy, estimate, generated, hops)
+        run = _Running(req, heavy, estimate, generated)
         self._running[req.request_id] = run
         return run
 
@@ -226,16 +226,23 @@ class DecodeWorker(EngineWorker):
         if slice_iters <= 0 or order.src != self.worker_id or order.dst == self.worker_id:
             return []
         scheduler = self.engine.scheduler()
-        picked = [rid for rid in pick_movers(scheduler.running_views(), order, slice_iters) if rid in self._running]
+        views = scheduler.running_views()
+        # a request marked before keeps its mark (and key) until it has moved: the engine may already have
+        # cut it, with its KV parked under that key, while still listing it as running
+        picked = [rid for rid in pick_movers(views, order, slice_iters) if self._unmarked(rid)]
         for rid in picked:
             run = self._running[rid]
-            run.move = _Move(f"move:{rid}:{run.hops}", order.dst, address, handle)
+            run.move = _Move(f"move:{rid}:{self.worker_id}:{next(self._move_keys)}", order.dst, address, handle)
             scheduler.mark_moving(rid, run.move.key)
         if picked:
             logger.info(
                 "decode %s: %d request(s) to move to %s at their slice boundary", self.worker_id, len(picked), order.dst
             )
         return picked
+
+    def _unmarked(self, rid: str) -> bool:
+        run = self._running.get(rid)
+        return run is not None and run.move is None
 
     async def _hand_over(self, run: _Running, move: _Move) -> None:
         """The slice has ended with the KV parked under ``move.key``: continue the request on ``move.dst``,
@@ -249,24 +256,23 @@ class DecodeWorker(EngineWorker):
         if buffers is not None:
             self.endpoint.send(move.address, move.key, buffers, self.config.kv_transfer_timeout_s)
             try:
-                handed = await move.handle.adopt.remote(
-                    run.request, tuple(run.generated), run.estimate, move.key, run.hops + 1
-                )
+                handed = await move.handle.adopt.remote(run.request, tuple(run.generated), run.estimate, move.key)
             except asyncio.CancelledError:  # aborted meanwhile: it may have landed there
                 move.handle.abort.remote(rid)
                 raise
             except Exception:
-                logger.exception("decode %s: %s refused %s", self.worker_id, move.dst, rid)
+                logger.exception("decode %s: %s could not take %s", self.worker_id, move.dst, rid)
             if not handed:
-                move.handle.discard.remote(move.key)
+                with contextlib.suppress(Exception):  # best effort: the KV expires there anyway
+                    move.handle.discard.remote(move.key)
         if handed:
             self.moves.moved_out += 1
             self._running.pop(rid, None)
             self._moved[rid] = move.handle
             while len(self._moved) > MOVED_MEMORY:
                 self._moved.popitem(last=False)
-            marker = StreamChunk(rid, (), None, None, len(run.request.prompt_token_ids), self.worker_id)
-            self.outbox.put(replace(marker, moved_to=move.dst))
+            prompt_len = len(run.request.prompt_token_ids)
+            self.outbox.put(StreamChunk(rid, (), prompt_tokens=prompt_len, worker=self.worker_id, moved_to=move.dst))
             return
         self.moves.kept += 1  # it goes on here, from its parked KV (recomputed if that was lost)
         if buffers is not None:

@@ -69,7 +69,7 @@ def _run(cluster: Any, tag: str, during: Any = None) -> dict[str, tuple[int, ...
     return asyncio.run(run_all())
 
 
-def _order_moves(cluster: Any, src: str, dst: str, want: int) -> list[str]:
+def _order_moves(cluster: Any, src: str, dst: str, want: int, dst_handle: Any = None) -> list[str]:
     """Order ``src`` to give everything long to ``dst`` (the monitor's ``rebalance`` call), again and again
     until ``want`` requests are marked: each order marks those decoding on ``src`` at that moment."""
     import ray
@@ -78,11 +78,12 @@ def _order_moves(cluster: Any, src: str, dst: str, want: int) -> list[str]:
 
     address = {m["worker_id"]: m["address"] for m in ray.get(cluster.monitor.snapshot.remote())}[dst]
     order = Order(src, dst, 1e6, 0.0, 1.0, 1.0, 10_000, cluster.config.engine.block_size)
+    handle = dst_handle if dst_handle is not None else cluster.decode[dst]
     picked: list[str] = []
     deadline = time.monotonic() + 120
-    while len(picked) < want:
+    while len(set(picked)) < want:
         assert time.monotonic() < deadline, f"only {picked} were ever decoding on {src}"
-        picked += ray.get(cluster.decode[src].rebalance.remote(order, address, cluster.decode[dst]))
+        picked += ray.get(cluster.decode[src].rebalance.remote(order, address, handle))
         time.sleep(0.002)
     return picked
 
@@ -118,3 +119,21 @@ def test_moved_requests_keep_their_tokens_and_their_kv_is_shipped_not_recomputed
     assert kv1.requests_loaded - kv0.requests_loaded == 6
     assert eng1.prompt_tokens_computed - eng0.prompt_tokens_computed == 6
     assert kv1.load_failures == kv0.load_failures
+
+
+def test_a_destination_that_cannot_take_the_request_leaves_it_where_it_was(sliced: Any) -> None:
+    import ray
+
+    reference = _run(sliced, "ref2")
+    kept_before = int(ray.get(sliced.decode["decode-0"].policies.remote())["slice_kept"])
+    not_a_decode_worker = next(iter(sliced.prefill.values()))  # has no ``adopt``: every hand-over fails
+    movers: list[str] = []
+    kept = _run(
+        sliced,
+        "kept",
+        during=lambda: movers.extend(_order_moves(sliced, "decode-0", "decode-1", 3, not_a_decode_worker)),
+    )
+    assert kept == reference  # nothing lost: each resumed on decode-0 from its own parked KV
+    assert int(ray.get(sliced.decode["decode-0"].policies.remote())["slice_kept"]) - kept_before == len(movers)
+    requests = {r.request_id: r for r in ray.get(sliced.scheduler.recent.remote(len(PROMPTS)))}
+    assert all(requests[rid].decode_worker == "decode-0" for rid in movers)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import pytest
 
 from common.length import LengthEstimate
@@ -128,3 +131,55 @@ def test_estimate_after_tokens_generated() -> None:
     est = LengthEstimate(100, 150, 200, 3, 0.8, "trained")
     assert est.after(120) == LengthEstimate(0, 30, 80, 3, 0.8, "trained")
     assert est.after(0) is est and est.after(500).upper == 0
+
+
+# ---- the decode worker's side of an order ------------------------------------------------------
+
+
+class _Scheduler:
+    """What ``DecodeWorker.rebalance`` uses of the scheduler subclass."""
+
+    def __init__(self, running: list[DecodeReqView]) -> None:
+        self.running = running
+        self.marks: dict[str, str] = {}
+
+    def running_views(self) -> list[DecodeReqView]:
+        return list(self.running)
+
+    def mark_moving(self, request_id: str, key: str) -> None:
+        self.marks[request_id] = key
+
+
+def _worker(running: list[DecodeReqView]) -> tuple[Any, _Scheduler]:
+    import itertools
+
+    from common.config import DecodeConfig
+    from common.request import Request
+    from decode_worker.worker import DecodeWorker, _Running
+
+    sched = _Scheduler(running)
+    worker = DecodeWorker.__new__(DecodeWorker)  # no engine: just what ``rebalance`` needs
+    worker.worker_id = "decode-0"
+    worker.engine = type("_Engine", (), {"scheduler": lambda self: sched})()
+    worker._decode_cfg = DecodeConfig(slice_iters=32)
+    worker._move_keys = itertools.count()
+    worker._running = {v.request_id: _Running(Request(v.request_id, (1, 2)), False, v.estimate) for v in running}
+    return worker, sched
+
+
+def test_a_marked_request_keeps_its_key_when_a_later_order_comes_before_it_has_moved() -> None:
+    # the engine may already have cut it (its KV parked under the first key) while still listing it as running
+    worker, sched = _worker([_req("long", 300)])
+    assert worker.rebalance(_order(100.0, 0.0), "d1:1", object()) == ["long"]
+    first = sched.marks["long"]
+    assert worker.rebalance(_order(100.0, 0.0), "d1:1", object()) == []
+    assert sched.marks["long"] == first and worker._running["long"].move.key == first
+
+
+def test_a_worker_without_slices_or_an_order_for_another_worker_marks_nothing() -> None:
+    from common.config import DecodeConfig
+
+    worker, sched = _worker([_req("long", 300)])
+    assert worker.rebalance(replace(_order(100.0, 0.0), src="decode-9"), "d1:1", object()) == []
+    worker._decode_cfg = DecodeConfig(slice_iters=0)
+    assert worker.rebalance(_order(100.0, 0.0), "d1:1", object()) == [] and not sched.marks
