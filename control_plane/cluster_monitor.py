@@ -52,7 +52,6 @@ class ClusterMonitor:
         self.stale_s = self.interval * stale_after
         self.slice_lambda = slice_lambda
         self.slice_min_interval_s = slice_min_interval_s
-        self.slice_orders = 0
         self.members: dict[str, _Member] = {}
         self.scheduler: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -119,7 +118,6 @@ class ClusterMonitor:
             for order in slices.plan(loads):
                 dst = members[order.dst]
                 members[order.src].handle.rebalance.remote(order, dst.address, dst.handle)
-                self.slice_orders += 1
                 logger.info(
                     "slices: %s (%.2f s of work) gives to %s (%.2f s)",
                     order.src,
