@@ -200,9 +200,9 @@ class ClusterConfig(BaseModel):
     transport: Literal["tcp"] = Field("tcp", description="KV transfer backend.")
     kv_transfer_timeout_s: float = Field(30.0, gt=0, description="Deadline for one request's KV transfer.")
     slice_lambda: float = Field(
-        0.5, gt=0, le=1, description="SCLS eq. 12 λ: the rebalancing interval is λ·(least worker load)..."
+        0.5, gt=0, le=1, description="SCLS eq. 12 λ: slice rebalancing rounds come every max(λ·least load, Γ) s."
     )
-    slice_min_interval_s: float = Field(1.0, gt=0, description="...but at least Γ seconds (SCLS eq. 12).")
+    slice_min_interval_s: float = Field(1.0, gt=0, description="SCLS eq. 12 Γ: least seconds between those rounds.")
 
     @model_validator(mode="after")
     def _check(self) -> ClusterConfig:

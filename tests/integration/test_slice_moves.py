@@ -20,7 +20,7 @@ from common.request import Request, RequestState, SamplingSpec
 from tests.integration.conftest import CONFIG_OVERRIDES
 
 SLICE = 16
-SAMPLING = SamplingSpec(max_tokens=160, temperature=0.0, ignore_eos=True)
+SAMPLING = SamplingSpec(max_tokens=256, temperature=0.0, ignore_eos=True)  # baseline estimate: 128
 PROMPTS = {f"mv-{i}": tuple(range(10 + 7 * i, 10 + 7 * i + 40 + 13 * i)) for i in range(6)}  # 3 per worker
 
 
