@@ -95,8 +95,9 @@ def plan(loads: Sequence[DecodeLoad]) -> list[Order]:
 
 
 def next_interval(loads: Sequence[DecodeLoad], lam: float, gamma_s: float) -> float:
-    """Eq. 12: T ← max(λ · min_w T_load(w), Γ)."""
-    if not loads:
+    """Eq. 12: T ← max(λ · min_w T_load(w), Γ); Γ while no worker's time per token is known (loads are
+    then in tokens, not seconds)."""
+    if not any(token_cost_s(ld) is not None for ld in loads):
         return gamma_s
     costs = token_costs(loads)
     return max(lam * min(load_s(ld, costs[ld.worker_id]) for ld in loads), gamma_s)

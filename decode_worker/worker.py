@@ -66,6 +66,7 @@ class _Running:
     heavy: bool
     estimate: LengthEstimate | None
     generated: list[int] = field(default_factory=list)  # every output token so far, the prefill's first too
+    kv_key: str | None = None  # where its KV arrives (the request id from prefill, ``move:...`` after a move)
     move: _Move | None = None
     task: asyncio.Task[None] | None = None
 
@@ -179,6 +180,7 @@ class DecodeWorker(EngineWorker):
         from engine.sampling import to_vllm
 
         req = run.request
+        run.kv_key = key
         prompt = (*req.prompt_token_ids, *run.generated)
         kv = {"mode": "recv", "key": key, "num_tokens": len(prompt) - 1} if key is not None else None
         extra: dict[str, Any] = {}  # for the decode scheduler
@@ -226,10 +228,10 @@ class DecodeWorker(EngineWorker):
         if slice_iters <= 0 or order.src != self.worker_id or order.dst == self.worker_id:
             return []
         scheduler = self.engine.scheduler()
-        views = scheduler.running_views()
         # a request marked before keeps its mark (and key) until it has moved: the engine may already have
         # cut it, with its KV parked under that key, while still listing it as running
-        picked = [rid for rid in pick_movers(views, order, slice_iters) if self._unmarked(rid)]
+        views = [v for v in scheduler.running_views() if self._unmarked(v.request_id)]
+        picked = pick_movers(views, order, slice_iters)
         for rid in picked:
             run = self._running[rid]
             run.move = _Move(f"move:{rid}:{self.worker_id}:{next(self._move_keys)}", order.dst, address, handle)
@@ -253,12 +255,12 @@ class DecodeWorker(EngineWorker):
         if buffers is None:
             logger.error("decode %s: parked KV %s not found; %s recomputes it", self.worker_id, move.key, rid)
         handed = False
-        if buffers is not None:
-            self.endpoint.send(move.address, move.key, buffers, self.config.kv_transfer_timeout_s)
+        if buffers is not None and await self._sent(move, buffers):
             try:
                 handed = await move.handle.adopt.remote(run.request, tuple(run.generated), run.estimate, move.key)
-            except asyncio.CancelledError:  # aborted meanwhile: it may have landed there
+            except asyncio.CancelledError:  # aborted meanwhile: it may have been taken over there
                 move.handle.abort.remote(rid)
+                move.handle.discard.remote(move.key)
                 raise
             except Exception:
                 logger.exception("decode %s: %s could not take %s", self.worker_id, move.dst, rid)
@@ -279,6 +281,18 @@ class DecodeWorker(EngineWorker):
             self.endpoint.hold(move.key, buffers)
         self._start(run, move.key if buffers is not None else None)
 
+    async def _sent(self, move: _Move, buffers: list[bytearray]) -> bool:
+        """Send the parked KV to the destination and wait until it has landed there (False: it failed)."""
+        from transport.api import TransferState
+
+        handle = self.endpoint.send(move.address, move.key, buffers, self.config.kv_transfer_timeout_s)
+        while handle.state is TransferState.PENDING:
+            await asyncio.sleep(0.001)
+        if handle.state is TransferState.FAILED:
+            logger.error("decode %s: sending %s to %s failed: %s", self.worker_id, move.key, move.dst, handle.error)
+            return False
+        return True
+
     def _emit(self, chunk: StreamChunk) -> None:
         if chunk.finish_reason is not None:
             run = self._running.pop(chunk.request_id, None)
@@ -296,6 +310,8 @@ class DecodeWorker(EngineWorker):
         A request that has moved on is aborted where it went."""
         self.endpoint.discard(request_id)
         run = self._running.get(request_id)
+        if run is not None and run.kv_key is not None:  # not loaded yet, or a late arrival: dropped on landing
+            self.endpoint.discard(run.kv_key)
         if run is None:
             moved_to = self._moved.pop(request_id, None)
             if moved_to is not None:

@@ -65,6 +65,12 @@ def test_interval_is_lambda_times_the_least_load_but_at_least_gamma() -> None:
     assert next_interval([], lam=0.5, gamma_s=3.0) == 3.0
 
 
+def test_interval_is_gamma_while_no_worker_has_a_time_per_token_yet() -> None:
+    # a burst whose requests all still wait for their KV: loads are in tokens, not seconds
+    waiting = [_load("a", 2000, running=0, step_s=0.0), _load("b", 900, running=0, step_s=0.0)]
+    assert next_interval(waiting, lam=0.5, gamma_s=1.0) == 1.0
+
+
 # ---- max-min pairing -------------------------------------------------------------------------
 
 
