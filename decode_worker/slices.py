@@ -66,7 +66,8 @@ def plan(loads: Sequence[DecodeLoad]) -> list[Order]:
     """Max-min pairing (§4.5): the most loaded worker that slices gives to the least loaded accepting one,
     the second most to the second least, and so on; each worker takes part in at most one order."""
     costs = token_costs(loads)
-    by_load = sorted(loads, key=lambda ld: (load_s(ld, costs[ld.worker_id]), ld.worker_id))
+    seconds = {ld.worker_id: load_s(ld, costs[ld.worker_id]) for ld in loads}
+    by_load = sorted(loads, key=lambda ld: (seconds[ld.worker_id], ld.worker_id))
     sources = [ld for ld in reversed(by_load) if ld.slice_iters > 0 and ld.running > 0]
     dests = [ld for ld in by_load if ld.accepting]
     orders: list[Order] = []
@@ -74,23 +75,12 @@ def plan(loads: Sequence[DecodeLoad]) -> list[Order]:
     for src in sources:
         if src.worker_id in used:
             continue
-        src_load = load_s(src, costs[src.worker_id])
         dst = next((d for d in dests if d.worker_id not in used and d.worker_id != src.worker_id), None)
-        if dst is None or load_s(dst, costs[dst.worker_id]) >= src_load:
+        if dst is None or seconds[dst.worker_id] >= seconds[src.worker_id]:
             break
         used |= {src.worker_id, dst.worker_id}
-        orders.append(
-            Order(
-                src.worker_id,
-                dst.worker_id,
-                src_load,
-                load_s(dst, costs[dst.worker_id]),
-                costs[src.worker_id],
-                costs[dst.worker_id],
-                dst.free_kv_blocks,
-                dst.block_size,
-            )
-        )
+        s, d = src.worker_id, dst.worker_id
+        orders.append(Order(s, d, seconds[s], seconds[d], costs[s], costs[d], dst.free_kv_blocks, dst.block_size))
     return orders
 
 

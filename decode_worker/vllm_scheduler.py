@@ -104,14 +104,7 @@ class TetriDecodeScheduler(Scheduler):
     def running_views(self) -> list[DecodeReqView]:
         """The running batch as the slice rebalancer sees it, by the worker's ids (called from another thread)."""
         in_flight = self.connector.in_flight() if hasattr(self.connector, "in_flight") else set()
-        with self._moving_lock:
-            marked = set(self._moving)
-        views = []
-        for req in list(self.running):
-            rid = self._worker_id_of(req)
-            view = self._view(req, in_flight)
-            views.append(replace(view, request_id=rid, transferring=view.transferring or rid in marked))
-        return views
+        return [replace(self._view(r, in_flight), request_id=self._worker_id_of(r)) for r in list(self.running)]
 
     def mark_moving(self, request_id: str, key: str) -> None:
         """End the worker's ``request_id`` at its next slice boundary with its KV parked under ``key`` (SCLS §7)."""

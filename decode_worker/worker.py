@@ -103,9 +103,7 @@ class DecodeWorker(EngineWorker):
             scheduler_cls=SCHEDULER_CLS,
         )
         self.engine = EngineLoop(args, worker_id)
-        self._decode_cfg = config.decode  # what the policies were last built from (``set_policy``)
-        self.engine.scheduler().configure(*decode_policies(config.decode))
-        self.engine.scheduler().slice_iters = config.decode.slice_iters
+        self._install(config.decode)
         self.accepting = True
         self._running: dict[str, _Running] = {}
         self._moved: OrderedDict[str, Any] = OrderedDict()  # request id -> handle of the worker it moved to
@@ -138,18 +136,21 @@ class DecodeWorker(EngineWorker):
         return {**decode_policy_settings(self._decode_cfg), **stats}
 
     def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
-        """Admin RPC: switch admission, preemption order or swap-or-recompute at run time.
+        """Admin RPC: switch admission, preemption order, swap-or-recompute or slices at run time.
 
         ``changes`` are ``DecodeConfig`` fields; all policies are built before any is
         installed, so a bad value (ValueError naming the setting) changes nothing.
         """
-        cfg = updated_decode_config(self._decode_cfg, changes)
-        admission, order, strategy = decode_policies(cfg)
-        self.engine.scheduler().configure(admission, order, strategy)
-        self.engine.scheduler().slice_iters = cfg.slice_iters
-        self._decode_cfg = cfg
+        self._install(updated_decode_config(self._decode_cfg, changes))
         logger.info("decode %s: policy now %s", self.worker_id, self.policies())
         return self.policies()
+
+    def _install(self, cfg: DecodeConfig) -> None:
+        """Build ``cfg``'s policies (a ValueError changes nothing) and hand them to the engine's scheduler."""
+        policies = decode_policies(cfg)
+        self.engine.scheduler().configure(*policies)
+        self.engine.scheduler().slice_iters = cfg.slice_iters
+        self._decode_cfg = cfg  # what the policies were last built from (``set_policy``)
 
     # -- the request path -------------------------------------------------------------
     async def submit(self, req: Request, first_token: int, estimate: LengthEstimate | None) -> bool:
