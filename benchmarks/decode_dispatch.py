@@ -49,7 +49,7 @@ from benchmarks.decode_harness import (
 
 
 def engine_load(wid: str, engine: Any, heavy: int, light: int) -> Any:
-    from common.load import DecodeLoad
+    from tetriserve.common.load import DecodeLoad
 
     sched = scheduler(engine)
     pool = sched.kv_cache_manager.block_pool
@@ -77,9 +77,9 @@ def run(
     max_out: int,
     source: str = "trained",
 ) -> dict[str, Any]:
-    from prefill_worker.dispatch import DispatchParams, make_dispatch_policy
-    from prefill_worker.dispatch.base import account
-    from prefill_worker.views import ReqView
+    from tetriserve.prefill_worker.dispatch import DispatchParams, make_dispatch_policy
+    from tetriserve.prefill_worker.dispatch.base import account
+    from tetriserve.prefill_worker.views import ReqView
 
     rng = random.Random(seed)
     dispatcher = make_dispatch_policy(policy, DispatchParams(heavy_threshold))

@@ -33,13 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 
-from common.config import EngineConfig  # noqa: E402
-from engine.settings import engine_env  # noqa: E402
+from tetriserve.common.config import EngineConfig  # noqa: E402
+from tetriserve.engine.settings import engine_env  # noqa: E402
 
 os.environ.update(engine_env(EngineConfig(threads_per_engine=1)))  # in-process engines; before vllm is imported
 
-from common.length import LengthEstimate  # noqa: E402
-from decode_worker.vllm_scheduler import TetriDecodeScheduler  # noqa: E402
+from tetriserve.common.length import LengthEstimate  # noqa: E402
+from tetriserve.decode_worker.vllm_scheduler import TetriDecodeScheduler  # noqa: E402
 
 BLOCK = 32
 DECLARED_KEY = "bench_max_tokens"
@@ -68,10 +68,10 @@ def load_jobs(
 ) -> list[Job]:
     from transformers import AutoTokenizer
 
-    from common.config import PrefillConfig
-    from common.length import PredictInput
-    from length_predictor.commands import DataOptions, load_pairs
-    from length_predictor.factory import build_predictor
+    from tetriserve.common.config import PrefillConfig
+    from tetriserve.common.length import PredictInput
+    from tetriserve.length_predictor.commands import DataOptions, load_pairs
+    from tetriserve.length_predictor.factory import build_predictor
 
     tok = AutoTokenizer.from_pretrained(model_path)
     pairs = [p for p in load_pairs(DataOptions(model_path), progress=False) if p.split == "test"]
@@ -93,7 +93,7 @@ def make_engine(model_path: str, num_blocks: int, connector: str | None = None) 
     """A decode engine; ``connector`` names its KV connector endpoint (needed to swap), None for none."""
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from engine.settings import EngineRole, build_engine_args
+    from tetriserve.engine.settings import EngineRole, build_engine_args
 
     max_len = min(1024, (num_blocks - 1) * BLOCK)  # vLLM keeps one block aside and wants room for a longest request
     cfg = EngineConfig(dtype="float32", max_model_len=max_len, enforce_eager=True, kv_cache_gb=0.05, block_size=BLOCK)
@@ -121,7 +121,7 @@ def scheduler(engine: Any) -> TetriDecodeScheduler:
 def add(engine: Any, job: Job, source: str, tag: str, max_out: int) -> str:
     from vllm import SamplingParams
 
-    from decode_worker.policy import EXTRA_KEY, LENGTH_KEY
+    from tetriserve.decode_worker.policy import EXTRA_KEY, LENGTH_KEY
 
     extra: dict[str, Any] = {LENGTH_KEY: job.estimates[source].to_dict(), DECLARED_KEY: max_out}
     if job.tbt_slo_s is not None:
@@ -195,8 +195,8 @@ def workload_args(ap: Any, **defaults: int) -> None:
 
 def bench_header(script: str) -> tuple[str, dict[str, Any]]:
     """The tiny model's path (built once) and the facts every result file starts with."""
-    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
-    from engine.hardware import detect_hardware
+    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.engine.hardware import detect_hardware
 
     facts = {
         "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:]),

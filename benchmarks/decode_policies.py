@@ -43,7 +43,7 @@ from benchmarks.decode_harness import (
     workload_args,
     write_results,
 )
-from decode_worker.preemption.stats import tail
+from tetriserve.decode_worker.preemption.stats import tail
 
 TBT_CLASSES_S = (0.1, 0.3, 1.0)  # CacheOpt's TBT SLO buckets need SLOs: each job gets one of these at random
 
@@ -54,8 +54,8 @@ def with_slos(jobs: list[Job], seed: int) -> list[Job]:
 
 
 def configure(engine: Any, admission: str, order: str = "vllm", mode: str = "recompute", costs: Any = None) -> None:
-    from decode_worker.admission import make_admission_policy
-    from decode_worker.preemption import PreemptionStrategy, make_preemption_order
+    from tetriserve.decode_worker.admission import make_admission_policy
+    from tetriserve.decode_worker.preemption import PreemptionStrategy, make_preemption_order
 
     scheduler(engine).configure(
         make_admission_policy(admission), make_preemption_order(order), PreemptionStrategy(mode, costs)
@@ -129,9 +129,9 @@ def profile_preemption(engine: Any, lengths: list[int], reps: int) -> dict[str, 
     from vllm import SamplingParams
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-    from decode_worker.preemption.strategy import PreemptionCosts, fit_recompute, fit_swap, sweet_spot
-    from engine.hardware import detect_hardware
-    from transport import kv_codec
+    from tetriserve.decode_worker.preemption.strategy import PreemptionCosts, fit_recompute, fit_swap, sweet_spot
+    from tetriserve.engine.hardware import detect_hardware
+    from tetriserve.transport import kv_codec
 
     connector: Any = get_kv_transfer_group()
     rng = random.Random(7)

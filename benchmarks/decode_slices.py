@@ -41,8 +41,8 @@ from benchmarks.decode_harness import RESULTS, Job, bench_header, load_jobs, med
 
 
 def launch(args: argparse.Namespace, model_path: str, dispatch: str, workload: Path) -> Any:
-    from common.config import ClusterConfig
-    from control_plane.launcher import launch as launch_cluster
+    from tetriserve.common.config import ClusterConfig
+    from tetriserve.control_plane.launcher import launch as launch_cluster
 
     overrides = {
         "num_decode": args.decode,
@@ -66,8 +66,8 @@ def launch(args: argparse.Namespace, model_path: str, dispatch: str, workload: P
 def burst(cluster: Any, jobs: list[Job], tag: str) -> dict[str, Any]:
     import ray
 
-    from common.request import Request, SamplingSpec
-    from control_plane.ray_backend import RayBackend
+    from tetriserve.common.request import Request, SamplingSpec
+    from tetriserve.control_plane.ray_backend import RayBackend
 
     backend = RayBackend(cluster, "tiny-llama")
     moved_before = ray.get(cluster.scheduler.status.remote())["counts"]["moved"]

@@ -16,10 +16,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> int:
-    from common.sharegpt import iter_conversations
-    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
-    from length_predictor.commands import DataOptions, load_pairs
-    from length_predictor.data import by_split, label_stats
+    from tetriserve.common.sharegpt import iter_conversations
+    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.length_predictor.commands import DataOptions, load_pairs
+    from tetriserve.length_predictor.data import by_split, label_stats
 
     opts = DataOptions(target_tokenizer=str(build_tiny_model(default_tiny_model_dir())))
     pairs = load_pairs(opts, progress=False)

@@ -26,10 +26,10 @@ def main() -> int:
     ap.add_argument("--granularity", type=int, default=200)
     args = ap.parse_args()
     logging.disable(logging.INFO)
-    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
-    from length_predictor.commands import DataOptions, load_pairs, split_xy
-    from length_predictor.data import by_split
-    from length_predictor.train import TrainConfig, train_heads
+    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.length_predictor.commands import DataOptions, load_pairs, split_xy
+    from tetriserve.length_predictor.data import by_split
+    from tetriserve.length_predictor.train import TrainConfig, train_heads
 
     splits = by_split(load_pairs(DataOptions(str(build_tiny_model(default_tiny_model_dir())), args.limit), False))
     tx, ty = split_xy(splits["train"], False)

@@ -37,7 +37,7 @@ MAX_PROMPT = 1024
 def load_prompts(n: int, tokenizer_dir: str) -> list[tuple[int, ...]]:
     from transformers import AutoTokenizer
 
-    from length_predictor.commands import DataOptions, load_pairs
+    from tetriserve.length_predictor.commands import DataOptions, load_pairs
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     test = [p for p in load_pairs(DataOptions(tokenizer_dir), progress=False) if p.split == "test"][:n]
@@ -45,7 +45,7 @@ def load_prompts(n: int, tokenizer_dir: str) -> list[tuple[int, ...]]:
 
 
 def latency(predictor: object, prompts: list[tuple[int, ...]]) -> dict[str, float]:
-    from common.length import PredictInput
+    from tetriserve.common.length import PredictInput
 
     items = [PredictInput(len(p), 2048, p) for p in prompts]
     predictor.predict(items[:4])  # type: ignore[attr-defined]
@@ -70,13 +70,13 @@ def latency(predictor: object, prompts: list[tuple[int, ...]]) -> dict[str, floa
 def child(n_prompts: int, rounds: int) -> dict[str, object]:
     import torch
 
-    from common.config import EngineConfig
-    from common.length import PredictInput
-    from common.request import SamplingSpec
-    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
-    from engine.colocated import ColocatedEngine
-    from length_predictor.paths import default_artifact
-    from length_predictor.served import TrainedPredictor
+    from tetriserve.common.config import EngineConfig
+    from tetriserve.common.length import PredictInput
+    from tetriserve.common.request import SamplingSpec
+    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.engine.colocated import ColocatedEngine
+    from tetriserve.length_predictor.paths import default_artifact
+    from tetriserve.length_predictor.served import TrainedPredictor
 
     model = str(build_tiny_model(default_tiny_model_dir()))
     prompts = load_prompts(n_prompts, model)
@@ -171,8 +171,8 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args.prompts, args.rounds)))
         return 0
-    from common.config import EngineConfig
-    from engine.settings import engine_env
+    from tetriserve.common.config import EngineConfig
+    from tetriserve.engine.settings import engine_env
 
     env = dict(os.environ, **engine_env(EngineConfig()))
     cmd = [sys.executable, __file__, "--child", "--prompts", str(args.prompts), "--rounds", str(args.rounds)]

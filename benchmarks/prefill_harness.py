@@ -26,6 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
+SUBSCRIBER = "benchmark"  # the harness reads the worker's stream as a front door would
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def bench_overrides(max_batch_tokens: int, cost_profile: str | None, **extra: An
 def sharegpt_prompts(n: int, seed: int, tokenizer_dir: str, max_len: int) -> list[tuple[int, ...]]:
     from transformers import AutoTokenizer
 
-    from common.sharegpt import sample_prompts
+    from tetriserve.common.sharegpt import sample_prompts
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     return [tuple(tok.encode(p)[:max_len]) for p in sample_prompts(n, seed)]
@@ -90,21 +91,21 @@ def sharegpt_prompts(n: int, seed: int, tokenizer_dir: str, max_len: int) -> lis
 class PrefillBench:
     def __init__(self, overrides: dict[str, Any]) -> None:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        from common.config import ClusterConfig
-        from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
-        from engine.settings import engine_env
+        from tetriserve.common.config import ClusterConfig
+        from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+        from tetriserve.engine.settings import engine_env
 
         self.config = ClusterConfig.load(overrides=overrides)
         os.environ.update(engine_env(self.config.engine))
-        from length_predictor.baseline import BucketQuantilePredictor
-        from prefill_worker.worker import PrefillWorker
+        from tetriserve.length_predictor.baseline import BucketQuantilePredictor
+        from tetriserve.prefill_worker.worker import PrefillWorker
 
         self.model = str(self.config.engine.model or build_tiny_model(default_tiny_model_dir()))
         self.worker = PrefillWorker("bench-prefill", self.config, self.model, BucketQuantilePredictor())
         self._n = 0
 
     def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
-        return self.worker.set_policy(changes)
+        return asyncio.run(self.worker.set_policy(changes))
 
     def run(self, items: Sequence[Item]) -> RunResult:
         return asyncio.run(self._run(items))
@@ -125,8 +126,18 @@ class PrefillBench:
                     bar.update()
         return runs
 
-    async def _one(self, item: Item, start: float, rid: str) -> tuple[str, float, float]:
-        from common.request import SLO, Request, SamplingSpec
+    async def _read(self, finished: dict[str, asyncio.Future[Any]]) -> None:
+        """The worker's stream to this harness: each request's finishing chunk resolves its future."""
+        async for batch in self.worker.streams.subscribe(SUBSCRIBER):
+            for chunk in batch:
+                fut = finished.get(chunk.request_id)
+                if chunk.finished and fut is not None and not fut.done():
+                    fut.set_result(chunk)
+
+    async def _one(
+        self, item: Item, start: float, rid: str, finished: dict[str, asyncio.Future[Any]]
+    ) -> tuple[str, float, float]:
+        from tetriserve.common.request import SLO, Request, SamplingSpec
 
         delay = start + item.offset_s - time.time()
         if item.offset_s > 0 and delay > 0:  # a burst (offset 0) lands in the raw queue in one event-loop tick
@@ -134,18 +145,26 @@ class PrefillBench:
         # a first token unique to this run and request: no prefix-cache hits on blocks an earlier run computed
         prompt = (5 + (self._n * 131 + int(rid.rsplit("-", 1)[1])) % 3000, *item.prompt[1:])
         req = Request(rid, prompt, SamplingSpec(max_tokens=1, temperature=0.0), SLO(ttft_ms=item.ttft_slo_ms))
-        async for chunk in self.worker.prefill(req):
-            if getattr(chunk, "error", None):
-                raise RuntimeError(f"{rid}: {chunk.error}")
+        finished[rid] = asyncio.get_running_loop().create_future()
+        self.worker.submit(req, SUBSCRIBER)
+        chunk = await finished[rid]
+        if chunk.error:
+            raise RuntimeError(f"{rid}: {chunk.error}")
         return rid, req.arrival_time, time.time() - req.arrival_time
 
     async def _run(self, items: Sequence[Item]) -> RunResult:
-        log = self.worker.engine.scheduler().log
+        log = self.worker.engine.scheduler().log  # read between runs, while the engine is idle
         before = log.stats()
         self._n += 1
         start = time.time()
         ids = [f"r{self._n}-{i}" for i in range(len(items))]
-        done = await asyncio.gather(*(self._one(it, start, rid) for it, rid in zip(items, ids, strict=True)))
+        finished: dict[str, asyncio.Future[Any]] = {}
+        reader = asyncio.create_task(self._read(finished))
+        try:
+            runs = (self._one(it, start, rid, finished) for it, rid in zip(items, ids, strict=True))
+            done = await asyncio.gather(*runs)
+        finally:
+            reader.cancel()
         first: dict[str, float] = {}
         for rec in log.records(since=start - 1):
             for rid, _, _ in rec.chunks:

@@ -36,10 +36,10 @@ def prompts(n: int, tag: str) -> dict[str, tuple[int, ...]]:
 
 def engine_side(eager: bool) -> dict[int, float]:
     """Run in a child process: vLLM reads its environment at import."""
-    from common.config import EngineConfig
-    from common.request import SamplingSpec
-    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
-    from engine.colocated import ColocatedEngine
+    from tetriserve.common.config import EngineConfig
+    from tetriserve.common.request import SamplingSpec
+    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.engine.colocated import ColocatedEngine
 
     eng = ColocatedEngine(
         EngineConfig(kv_cache_gb=1, enforce_eager=eager), str(build_tiny_model(default_tiny_model_dir()))
@@ -59,11 +59,11 @@ def engine_side(eager: bool) -> dict[int, float]:
 
 
 def cluster_side(eager: bool) -> dict[int, float]:
-    from common.config import ClusterConfig
-    from common.request import Request, SamplingSpec
-    from control_plane.launcher import launch
-    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
-    from control_plane.ray_backend import RayBackend
+    from tetriserve.common.config import ClusterConfig
+    from tetriserve.common.request import Request, SamplingSpec
+    from tetriserve.control_plane.launcher import launch
+    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.control_plane.ray_backend import RayBackend
 
     cfg = ClusterConfig.load(
         overrides={"engine.kv_cache_gb": 1, "engine.enforce_eager": eager, "namespace": "relay-bench"}
@@ -102,8 +102,8 @@ def main() -> int:
     if args.engine_only:
         print(json.dumps(engine_side(args.enforce_eager)))
         return 0
-    from common.config import EngineConfig
-    from engine.settings import engine_env
+    from tetriserve.common.config import EngineConfig
+    from tetriserve.engine.settings import engine_env
 
     env = dict(os.environ, **engine_env(EngineConfig()))
     cmd = [sys.executable, __file__, "--engine-only"] + (["--enforce-eager"] if args.enforce_eager else [])

@@ -1,13 +1,17 @@
 """Side by side: vLLM's own benchmark client against tetriserve's HTTP front door and a plain vLLM server.
 
 Both systems serve the same model on the same machine, one after the other in
-one run, with the same ShareGPT prompts, seed and Poisson arrival rate:
+one run, with the same ShareGPT prompts and seed, in three scenarios each:
 
-    python benchmarks/vllm_bench_serve.py --num-prompts 200 --request-rate 2
+    rate        Poisson arrivals at --request-rate (default 2 req/s), --num-prompts prompts
+    single      one stream at a time (--max-concurrency 1), --single-prompts prompts
+    saturation  every prompt at once (--request-rate inf), --num-prompts prompts
 
-Writes ``benchmarks/results/vllm_bench_serve.{md,json}``: per system the
-benchmark client's JSON summary, and a table of medians and the ratio
-tetriserve / vLLM.
+    python benchmarks/vllm_bench_serve.py --num-prompts 200 --request-rate 2 --seed 0
+
+Writes ``benchmarks/results/vllm_bench_serve.{md,json}``: per system and
+scenario the benchmark client's JSON summary, and tables of medians and the
+ratio tetriserve / vLLM.
 """
 
 from __future__ import annotations
@@ -64,8 +68,21 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def run_bench(name: str, port: int, args: argparse.Namespace, model: str, dataset: Path) -> dict[str, float]:
-    out = WORK / f"bench_{name}.json"
+SCENARIOS = ("rate", "single", "saturation")
+
+
+def scenario_args(scenario: str, args: argparse.Namespace) -> list[str]:
+    if scenario == "rate":
+        return ["--num-prompts", str(args.num_prompts), "--request-rate", str(args.request_rate)]
+    if scenario in ("single", "warmup"):
+        return ["--num-prompts", str(args.single_prompts), "--request-rate", "inf", "--max-concurrency", "1"]
+    return ["--num-prompts", str(args.num_prompts), "--request-rate", "inf"]
+
+
+def run_bench(
+    name: str, scenario: str, port: int, args: argparse.Namespace, model: str, dataset: Path
+) -> dict[str, float]:
+    out = WORK / f"bench_{name}_{scenario}.json"
     cmd = [
         sys.executable,
         "-c",
@@ -84,12 +101,9 @@ def run_bench(name: str, port: int, args: argparse.Namespace, model: str, datase
         "sharegpt",
         "--dataset-path",
         str(dataset),
-        "--num-prompts",
-        str(args.num_prompts),
-        "--request-rate",
-        str(args.request_rate),
+        *scenario_args(scenario, args),
         "--seed",
-        "0",
+        str(args.seed),
         "--save-result",
         "--result-dir",
         str(WORK),
@@ -97,7 +111,7 @@ def run_bench(name: str, port: int, args: argparse.Namespace, model: str, datase
         out.name,
         "--save-detailed",
     ]
-    print(f"[{name}] {' '.join(cmd[3:])}", flush=True)
+    print(f"[{name} / {scenario}] {' '.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
     result = json.loads(out.read_text())
     return {k: float(result[k]) for k in METRICS if k in result}
@@ -108,7 +122,7 @@ def tetriserve_cmd(*extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "control_plane.cli",
+        "tetriserve.control_plane.cli",
         "serve",
         "--http-port",
         "8100",
@@ -124,13 +138,15 @@ def tetriserve_cmd(*extra: str) -> list[str]:
 
 def serve_and_bench(
     name: str, cmd: list[str], port: int, env: dict[str, str], args: argparse.Namespace, model: str, dataset: Path
-) -> dict[str, float]:
-    """Start a server, wait until it answers, run the benchmark client against it, stop it."""
+) -> dict[str, dict[str, float]]:
+    """Start a server, wait until it answers, run every scenario against it, stop it."""
     with open(WORK / f"server_{name}.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_ready(f"http://127.0.0.1:{port}", proc)
-            return run_bench(name, port, args, model, dataset)
+            warm = argparse.Namespace(**{**vars(args), "single_prompts": 4})
+            run_bench(name, "warmup", port, warm, model, dataset)  # compiled graphs, caches: not measured
+            return {s: run_bench(name, s, port, args, model, dataset) for s in SCENARIOS}
         finally:
             stop(proc)
 
@@ -138,8 +154,8 @@ def serve_and_bench(
 def prepare() -> tuple[str, Path, dict[str, str]]:
     """The tiny model, a valid ShareGPT JSON for the client, and the servers' environment."""
     sys.path.insert(0, str(ROOT))
-    from common.sharegpt import write_valid_json
-    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.common.sharegpt import write_valid_json
+    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
 
     WORK.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -152,8 +168,10 @@ def prepare() -> tuple[str, Path, dict[str, str]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--num-prompts", type=int, default=200)
-    ap.add_argument("--request-rate", type=float, default=2.0)
+    ap.add_argument("--num-prompts", type=int, default=200, help="prompts of the rate and saturation scenarios")
+    ap.add_argument("--request-rate", type=float, default=2.0, help="Poisson arrival rate of the rate scenario")
+    ap.add_argument("--single-prompts", type=int, default=50, help="prompts of the one-stream scenario")
+    ap.add_argument("--seed", type=int, default=0, help="the benchmark client's seed (prompt sample, arrivals)")
     args = ap.parse_args()
     model, dataset, env = prepare()
     systems = {
@@ -183,28 +201,32 @@ def main() -> int:
             dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2"),
         ),
     }
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, dict[str, float]]] = {}
     for name, (cmd, port, senv) in systems.items():
         results[name] = serve_and_bench(name, cmd, port, senv, args, model, dataset)
     write_report(results, args)
-    return 0 if all(r.get("failed", 1) == 0 for r in results.values()) else 1
+    return 0 if all(r.get("failed", 1) == 0 for s in results.values() for r in s.values()) else 1
 
 
-def write_report(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+TITLES = {
+    "rate": "Poisson arrivals at {request_rate} req/s, {num_prompts} prompts",
+    "single": "one stream at a time (max concurrency 1), {single_prompts} prompts",
+    "saturation": "all {num_prompts} prompts at once (request rate inf): throughput at saturation",
+}
+
+
+def write_report(results: dict[str, dict[str, dict[str, float]]], args: argparse.Namespace) -> None:
     (RESULTS / "vllm_bench_serve.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
-    t, v = results["tetriserve"], results["vllm"]
     lines = [
         "# vLLM benchmark client: tetriserve vs plain vLLM",
         "",
         f"Command: `python benchmarks/vllm_bench_serve.py --num-prompts {args.num_prompts} "
-        f"--request-rate {args.request_rate}`  ",
-        "Client: `vllm.benchmarks.serve --backend openai --dataset-name sharegpt --seed 0` (Poisson arrivals).  ",
+        f"--request-rate {args.request_rate} --single-prompts {args.single_prompts} --seed {args.seed}`  ",
+        f"Client: `vllm.benchmarks.serve --backend openai --dataset-name sharegpt --seed {args.seed}`; "
+        "each server gets 4 warm-up requests first.  ",
         f"Machine: {os.cpu_count()} CPU cores, no GPU; tiny random-weight Llama (5.2M params), same for both.  ",
-        "tetriserve: 1 prefill + 1 decode worker, 1 OMP thread per engine, KV over TCP. "
-        "vLLM: one `vllm.entrypoints.openai.api_server`, 2 OMP threads.",
-        "",
-        "| metric | tetriserve | vLLM | tetriserve / vLLM |",
-        "| --- | ---: | ---: | ---: |",
+        "tetriserve: defaults (1 prefill + 1 decode worker, trained length predictor), 1 OMP thread per engine, "
+        "KV over TCP. vLLM: one `vllm.entrypoints.openai.api_server`, 2 OMP threads.",
     ]
     binding = [
         ln.split("]", 1)[-1].strip()
@@ -212,11 +234,15 @@ def write_report(results: dict[str, dict[str, float]], args: argparse.Namespace)
         if "core ids=" in ln or "reserved_cpus=" in ln
     ]
     if binding:
-        lines[6:6] = [f"vLLM's own CPU binding (from its log): {'; '.join(binding)}."]
-    for k in METRICS:
-        if k in t and k in v:
-            ratio = f"{t[k] / v[k]:.2f}" if v[k] else "-"
-            lines.append(f"| {k} | {t[k]:.2f} | {v[k]:.2f} | {ratio} |")
+        lines.append(f"vLLM's own CPU binding (from its log): {'; '.join(binding)}.")
+    for scenario in SCENARIOS:
+        t, v = results["tetriserve"][scenario], results["vllm"][scenario]
+        lines += ["", f"## {TITLES[scenario].format(**vars(args))}", ""]
+        lines += ["| metric | tetriserve | vLLM | tetriserve / vLLM |", "| --- | ---: | ---: | ---: |"]
+        for k in METRICS:
+            if k in t and k in v:
+                ratio = f"{t[k] / v[k]:.2f}" if v[k] else "-"
+                lines.append(f"| {k} | {t[k]:.2f} | {v[k]:.2f} | {ratio} |")
     (RESULTS / "vllm_bench_serve.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

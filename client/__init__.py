@@ -7,8 +7,8 @@ admin call ``set_policy()``.
 Failures raise subclasses of ``client.errors.TetriServeError``.
 """
 
-from client.async_client import AsyncResponseStream, AsyncTetriServeClient
-from client.errors import (
+from tetriserve.client.async_client import AsyncResponseStream, AsyncTetriServeClient
+from tetriserve.client.errors import (
     Cancelled,
     DeadlineExceeded,
     InternalError,
@@ -17,8 +17,8 @@ from client.errors import (
     TetriServeError,
     Unavailable,
 )
-from client.options import GenerateOptions
-from client.results import (
+from tetriserve.client.options import GenerateOptions
+from tetriserve.client.results import (
     Chunk,
     ClusterStatus,
     Completion,
@@ -28,8 +28,8 @@ from client.results import (
     WorkerInfo,
     WorkerPolicy,
 )
-from client.retry import NO_RETRY, RetryPolicy
-from client.sync_client import ResponseStream, TetriServeClient
+from tetriserve.client.retry import NO_RETRY, RetryPolicy
+from tetriserve.client.sync_client import ResponseStream, TetriServeClient
 
 __all__ = [
     "NO_RETRY",

@@ -26,12 +26,12 @@ from typing import Any, TypeVar, Unpack
 import grpc
 import grpc.aio
 
-from client.errors import from_rpc_error
-from client.options import GenerateOptions, build_generate_request, build_set_policy_request, with_request_id
-from client.results import Chunk, ClusterStatus, Completion, CompletionCollector, HealthStatus, PolicyUpdate
-from client.retry import Deadline, RetryPolicy, retry_delay
-from protos import tetriserve_pb2 as pb
-from protos import tetriserve_pb2_grpc as pb_grpc
+from tetriserve.client.errors import from_rpc_error
+from tetriserve.client.options import GenerateOptions, build_generate_request, build_set_policy_request, with_request_id
+from tetriserve.client.results import Chunk, ClusterStatus, Completion, CompletionCollector, HealthStatus, PolicyUpdate
+from tetriserve.client.retry import Deadline, RetryPolicy, retry_delay
+from tetriserve.protos import tetriserve_pb2 as pb
+from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 

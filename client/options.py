@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
-from protos import tetriserve_pb2 as pb
+from tetriserve.protos import tetriserve_pb2 as pb
 
 
 class GenerateOptions(TypedDict, total=False):
@@ -25,7 +25,11 @@ class GenerateOptions(TypedDict, total=False):
         top_k: sample among the k most likely tokens; 0 or -1 disables.
         seed: per-request sampling seed.
         stop_token_ids: tokens that end generation (besides EOS).
+        stop: strings that end generation (a str or a sequence); the one found is not returned.
         ignore_eos: keep generating past EOS (benchmarks).
+        min_tokens: generate at least this many tokens before EOS or a stop token.
+        presence_penalty / frequency_penalty: in [-2, 2], for tokens already in the output.
+        repetition_penalty: > 0, for tokens in the prompt or output (1 is none).
         slo_ttft_ms / slo_tbt_ms / slo_jct_ms: latency objectives in milliseconds.
         priority: higher is more important.
         request_id: id for ``abort()``; a random one is generated when absent.
@@ -39,7 +43,12 @@ class GenerateOptions(TypedDict, total=False):
     top_k: int
     seed: int
     stop_token_ids: Sequence[int]
+    stop: str | Sequence[str]
     ignore_eos: bool
+    min_tokens: int
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
     slo_ttft_ms: float
     slo_tbt_ms: float
     slo_jct_ms: float
@@ -50,6 +59,17 @@ class GenerateOptions(TypedDict, total=False):
 
 
 _KNOWN = frozenset(GenerateOptions.__annotations__)
+_SCALARS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "min_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 
 
 def new_request_id() -> str:
@@ -75,10 +95,12 @@ def build_generate_request(prompt: str | Sequence[int], options: GenerateOptions
         raise TypeError(f"prompt must be a str or a sequence of int token ids, got {type(prompt).__name__}")
     raw: dict[str, object] = dict(options)
     sampling = request.sampling
-    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
+    for name in _SCALARS:
         if raw.get(name) is not None:
             setattr(sampling, name, raw[name])
     sampling.stop_token_ids.extend(options.get("stop_token_ids", ()))
+    stop = options.get("stop", ())
+    sampling.stop.extend([stop] if isinstance(stop, str) else stop)
     sampling.ignore_eos = bool(options.get("ignore_eos", False))
     for name in ("ttft_ms", "tbt_ms", "jct_ms"):
         value = raw.get(f"slo_{name}")

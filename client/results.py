@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from protos import tetriserve_pb2 as pb
+from tetriserve.protos import tetriserve_pb2 as pb
 
 
 @dataclass(frozen=True)

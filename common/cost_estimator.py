@@ -7,8 +7,8 @@ one refuse to start without a profile (``tetriserve profile`` writes it).
 
 from __future__ import annotations
 
-from common.cost_model import DecodeCost, OnlineCorrection, PrefillBatch, PrefillCost
-from common.cost_profile import CostProfile
+from tetriserve.common.cost_model import DecodeCost, OnlineCorrection, PrefillBatch, PrefillCost
+from tetriserve.common.cost_profile import CostProfile
 
 
 class CostEstimator:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.cost_model import DecodeCost, PrefillCost
+from tetriserve.common.cost_model import DecodeCost, PrefillCost
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,11 @@ measured twice.
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 
-from common.length import LengthEstimate
+from tetriserve.common.length import LengthEstimate
 
 
 class RequestState(enum.IntEnum):
@@ -70,7 +71,13 @@ class SLO:
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """Engine-independent sampling parameters; adapters translate them to vLLM's."""
+    """Engine-independent sampling parameters; adapters translate them to vLLM's.
+
+    Every generated token counts as output wherever it was generated (the prefill
+    worker's first token too): ``min_tokens``, ``max_tokens`` and the presence /
+    frequency penalties see the whole output. ``stop`` strings are matched by the
+    front door over the whole text, never by an engine (which sees only its part).
+    """
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -79,10 +86,24 @@ class SamplingSpec:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty must be a positive number, got {self.repetition_penalty}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must not be empty")
         if not 0.0 <= self.temperature <= 2.0:
             raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -113,6 +134,7 @@ class Request:
     decode_worker: str | None = None
     finish_reason: str | None = None
     events: list[RequestEvent] = field(default_factory=list)
+    attempt: int = 0  # placement attempt: chunks of an earlier one are stale
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -148,6 +170,20 @@ class Request:
             )
         self.finish_reason = reason or final.name.removeprefix("FINISHED_").lower()
         self.events.append(RequestEvent(final, time.time() if at is None else at, reason))
+
+    def observe(self, state: RequestState, at: float, detail: str = "") -> None:
+        """Record a transition reported by a worker, in time order and without the lifecycle checks of
+        ``advance``: reports from different processes arrive out of order. Nothing follows a finish."""
+        if self.state.finished:
+            return
+        event = RequestEvent(state, at, detail)
+        pos = len(self.events)
+        while pos > 1 and self.events[pos - 1].at > at:
+            pos -= 1
+        self.events.insert(pos, event)
+        if state.finished:
+            del self.events[pos + 1 :]
+            self.finish_reason = detail or state.name.removeprefix("FINISHED_").lower()
 
     def first_time(self, state: RequestState) -> float | None:
         """Timestamp of the first entry into ``state``, or ``None``."""

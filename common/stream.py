@@ -1,37 +1,115 @@
-"""What flows back to the front door for a request: token deltas and a final summary."""
+"""What flows between front doors, the control plane and the workers (DESIGN.md §5b), as typed messages.
+
+Tokens go straight from the worker that produces them to the front door that
+owns the request; the control plane only places requests and keeps a table of
+their states from events::
+
+    front door ──place(PlacementRequest)──▶ GlobalScheduler ──Placement──▶ front door
+    front door ──submit(Request, subscriber)──▶ prefill worker
+    prefill worker ══StreamChunk (first token, then moved_to=decode-j)══▶ front door
+    decode worker j ══StreamChunk (every other token, finish)══════════▶ front door
+    workers, front door ──StateEvent batches──▶ GlobalScheduler (request table)
+
+Every message that crosses processes carries ``version``. A chunk says where
+its tokens sit in the request's output (``index``) and which placement attempt
+produced them (``attempt``), so the front door drops duplicates and sees gaps.
+"""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+from tetriserve.common.request import RequestState
+
+PROTOCOL_VERSION = 1
+
+
+class FinishReason(enum.StrEnum):
+    """Why a request's stream ended (compares equal to the OpenAI strings)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+    @property
+    def state(self) -> RequestState:
+        return _FINAL[self]
+
+
+_FINAL = {
+    FinishReason.STOP: RequestState.FINISHED_STOPPED,
+    FinishReason.LENGTH: RequestState.FINISHED_LENGTH,
+    FinishReason.ABORT: RequestState.FINISHED_ABORTED,
+    FinishReason.ERROR: RequestState.FINISHED_ERROR,
+}
 
 
 @dataclass(frozen=True)
 class StreamChunk:
-    """New tokens for one request, in order. ``finish_reason`` is set on the last chunk only.
+    """New tokens of one request, in order. ``finish_reason`` is set on the last chunk only.
 
-    ``finish_reason`` is one of ``stop``, ``length``, ``abort`` or ``error``; for
-    ``error`` the ``error`` field says why. A decode worker that has moved the request
-    to another at a slice boundary (SCLS §7) ends its part with an empty chunk whose
-    ``moved_to`` names that worker; the GlobalScheduler consumes it.
+    ``index`` is the position of ``token_ids[0]`` in the request's output (the
+    number of tokens before it). For ``error`` the ``error`` field says why. A
+    worker whose part of the request is over because the request went on
+    elsewhere (prefill → decode handoff, SCLS §7 slice move) ends its part with
+    a chunk whose ``moved_to`` names that worker.
     """
 
     request_id: str
     token_ids: tuple[int, ...]
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
     prompt_tokens: int = 0
     worker: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     moved_to: str | None = None
+    index: int = 0
+    attempt: int = 0
+    version: int = PROTOCOL_VERSION
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def end(self) -> int:
+        """The index just past this chunk's tokens."""
+        return self.index + len(self.token_ids)
+
 
 @dataclass(frozen=True)
-class Handoff:
-    """Sent by a prefill worker after the first token: the request continues on ``decode_worker``."""
+class PlacementRequest:
+    """What the GlobalScheduler needs to place a request: no prompt, no tokens."""
 
     request_id: str
-    decode_worker: str
+    prompt_tokens: int
+    max_tokens: int
+    subscriber: str
+    arrival_time: float
+    attempt: int = 0
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The GlobalScheduler's decision: which prefill worker takes the request (None: refused, see ``error``)."""
+
+    request_id: str
+    prefill_worker: str | None
+    error: str | None = None
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class StateEvent:
+    """A request entered ``state`` on ``worker`` at ``at`` (wall clock). Finished states carry the output length."""
+
+    request_id: str
+    state: RequestState
+    at: float
+    worker: str = ""
+    detail: str = ""
+    output_tokens: int = 0
+    version: int = PROTOCOL_VERSION

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from common.request import Request
-from common.stream import StreamChunk
+from tetriserve.common.request import Request
+from tetriserve.common.stream import StreamChunk
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,9 @@ class ServingBackend(Protocol):
         """
         ...
 
-    async def abort(self, request_id: str) -> bool:
-        """Abort a request on every worker; ``False`` if it was not in flight."""
+    async def abort(self, request_id: str, reason: str = "abort") -> bool:
+        """End a request's stream now (its last chunk has ``reason``) and abort it on the workers; ``False`` if
+        it was not in flight. The front door passes ``"stop"`` when it matched a stop string."""
         ...
 
     async def healthy(self) -> bool: ...

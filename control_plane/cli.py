@@ -7,9 +7,9 @@ import logging
 import sys
 from typing import Any
 
-from control_plane.cli_admin import add_policy_parser, run_policy, run_status
-from control_plane.cli_predictor import add_predictor_parser, run_predictor
-from control_plane.cli_profile import add_profile_parser, run_profile
+from tetriserve.control_plane.cli_admin import add_policy_parser, run_policy, run_status
+from tetriserve.control_plane.cli_predictor import add_predictor_parser, run_predictor
+from tetriserve.control_plane.cli_profile import add_profile_parser, run_profile
 
 # flag -> dotted ClusterConfig field
 _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
@@ -97,8 +97,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from common.config import ClusterConfig
-    from control_plane.serve import serve
+    from tetriserve.common.config import ClusterConfig
+    from tetriserve.control_plane.serve import serve
 
     overrides = {dotted: getattr(args, flag[2:].replace("-", "_")) for flag, (dotted, _, _) in _SERVE_FLAGS.items()}
     overrides["engine.enforce_eager"] = args.enforce_eager
@@ -107,7 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from client import TetriServeClient
+    from tetriserve.client import TetriServeClient
 
     with TetriServeClient(args.target) as client:
         options: dict[str, Any] = {
@@ -138,7 +138,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _model(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
 
     out = Path(args.out) if args.out else default_tiny_model_dir()
     print(build_tiny_model(out, force=args.force))
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "profile": run_profile,
         "policy": run_policy,
     }
-    from client.errors import TetriServeError, Unavailable
+    from tetriserve.client.errors import TetriServeError, Unavailable
 
     try:
         return handlers[args.command](args)

@@ -103,7 +103,7 @@ def add_policy_parser(sub: Any) -> None:
 
 
 def run_policy(args: argparse.Namespace) -> int:
-    from client import TetriServeClient
+    from tetriserve.client import TetriServeClient
 
     if args.policy_command == "set":
         changes = changes_from(args.changes)
@@ -130,7 +130,7 @@ def run_policy(args: argparse.Namespace) -> int:
 
 def run_status(args: argparse.Namespace) -> int:
     """`tetriserve status`: one line per worker with its state, policy and load."""
-    from client import TetriServeClient
+    from tetriserve.client import TetriServeClient
 
     with TetriServeClient(args.target) as client:
         st = client.cluster_status(timeout=10)

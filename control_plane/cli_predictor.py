@@ -67,14 +67,14 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _tokenizer(args: argparse.Namespace) -> str:
     if args.target_tokenizer:
         return str(args.target_tokenizer)
-    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
 
     return str(build_tiny_model(default_tiny_model_dir()))
 
 
 def run_predictor(args: argparse.Namespace) -> int:
-    from length_predictor import commands
-    from length_predictor.paths import ARTIFACTS_DIR, artifact_stem, run_dir
+    from tetriserve.length_predictor import commands
+    from tetriserve.length_predictor.paths import ARTIFACTS_DIR, artifact_stem, run_dir
 
     cmd = args.predictor_command
     if cmd == "export":
@@ -85,7 +85,7 @@ def run_predictor(args: argparse.Namespace) -> int:
     if cmd == "train":
         import torch
 
-        from length_predictor.train import TrainConfig
+        from tetriserve.length_predictor.train import TrainConfig
 
         mode = args.mode or ("full" if torch.cuda.is_available() else "fast")
         cfg = TrainConfig(progress=progress, **({"epochs": args.epochs} if args.epochs else {}))
@@ -98,7 +98,7 @@ def run_predictor(args: argparse.Namespace) -> int:
         paths = [(base or run_dir(g)) / f"{artifact_stem(g)}.json" for g in args.granularity]
         print(commands.evaluate(paths, _tokenizer(args), Path(args.out), progress))
         return 0
-    from length_predictor.labeling import LabelOptions, label_with_cluster
+    from tetriserve.length_predictor.labeling import LabelOptions, label_with_cluster
 
     pairs = commands.load_pairs(commands.DataOptions(_tokenizer(args), args.limit), progress)
     opts = LabelOptions(args.target, args.max_tokens, args.temperature, args.concurrency)

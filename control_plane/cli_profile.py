@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.profile_fit import Calibration
+    from tetriserve.engine.profile_fit import Calibration
 
 _FLAGS: tuple[str, ...] = ("model", "out", "report_dir", "max_forward", "repeats", "saturation", "hardware", "dtype")
 
@@ -61,10 +61,10 @@ def _model_max_len(model_dir: str) -> int:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    from common.config import ClusterConfig, EngineConfig
-    from common.cost_profile import default_profile_path
-    from control_plane.serve import resolve_model
-    from engine.settings import engine_env
+    from tetriserve.common.config import ClusterConfig, EngineConfig
+    from tetriserve.common.cost_profile import default_profile_path
+    from tetriserve.control_plane.serve import resolve_model
+    from tetriserve.engine.settings import engine_env
 
     max_forward = 2048 if args.max_forward is None else args.max_forward
     repeats = 3 if args.repeats is None else args.repeats
@@ -87,10 +87,10 @@ def run_profile(args: argparse.Namespace) -> int:
         max_model_len=min(_model_max_len(model_dir), max(2048, max_forward + 1)),
     )
     t0 = time.monotonic()
-    from engine.hardware import detect_hardware
-    from engine.profile_fit import calibrate
-    from engine.profile_report import ReportContext, write_report
-    from engine.profiler import ProfileEngine, measure, plan_scenarios
+    from tetriserve.engine.hardware import detect_hardware
+    from tetriserve.engine.profile_fit import calibrate
+    from tetriserve.engine.profile_report import ReportContext, write_report
+    from tetriserve.engine.profiler import ProfileEngine, measure, plan_scenarios
 
     engine = ProfileEngine.open(cfg, model_dir, max_forward)  # sets the engine's environment before vllm loads
     hardware = args.hardware or detect_hardware()

@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from common.load import DecodeLoad, PrefillLoad, Role
-from decode_worker import slices
+from tetriserve.common.load import DecodeLoad, PrefillLoad, Role
+from tetriserve.decode_worker import slices
 
 logger = logging.getLogger(__name__)
 

@@ -4,10 +4,17 @@ A gateway turns its wire format into plain values and calls::
 
     front = FrontDoor(backend)                       # loads the tokenizer from backend.model_path
     front.check_model(model)                         # UnknownModelError
-    ids = front.tokenize(text) | front.chat_prompt(messages) | given ids
+    ids = await front.encode(text) | await front.encode_chat(messages) | given ids   # in a thread
     request = front.build_request(request_id, ids, max_tokens=..., ...)   # InvalidRequestError(field, ...)
     async with aclosing(front.stream(request)) as deltas:
         async for delta in deltas: ...               # TextDelta: token ids + text + finish/usage/timing
+
+The front door owns the request's text: prompts are tokenized once, off the
+event loop; engines never detokenize, and ``stream`` turns the ordered tokens
+into text once, incrementally, and matches stop strings over the whole text
+(one may span the prefill→decode handoff, which no engine sees whole). A stop
+string ends the stream at its first character and aborts the request on the
+workers, with ``stop`` as the outcome.
 
 ``stream`` guarantees cleanup: if the consumer stops early (client gone,
 deadline, cancellation) the backend's generator is closed and
@@ -28,10 +35,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from common.errors import InvalidRequestError, UnknownModelError
-from common.request import SLO, Request, SamplingSpec
-from control_plane.backend import ServingBackend
-from control_plane.detokenizer import IncrementalDetokenizer
+from tetriserve.common.errors import InvalidRequestError, UnknownModelError
+from tetriserve.common.request import SLO, Request, SamplingSpec
+from tetriserve.common.stream import FinishReason, StreamChunk
+from tetriserve.control_plane.backend import ServingBackend
+from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
+from tetriserve.control_plane.stop_strings import StopMatcher
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -93,6 +102,16 @@ class FrontDoor:
         if model and model != self.model_name:
             raise UnknownModelError(model, self.model_name)
 
+    async def encode(self, text: str, *, field_name: str = "prompt") -> tuple[int, ...]:
+        """``tokenize`` in a worker thread, so a long prompt does not hold up the event loop's other streams."""
+        return await asyncio.to_thread(self.tokenize, text, field_name=field_name)
+
+    async def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> tuple[int, ...]:
+        """``chat_prompt`` in a worker thread."""
+        return await asyncio.to_thread(self.chat_prompt, messages, add_generation_prompt=add_generation_prompt)
+
     def tokenize(self, text: str, *, add_special_tokens: bool = True, field_name: str = "prompt") -> tuple[int, ...]:
         if not text:
             raise InvalidRequestError(field_name, "must not be empty")
@@ -136,6 +155,11 @@ class FrontDoor:
         seed: int | None = None,
         stop_token_ids: Sequence[int] = (),
         ignore_eos: bool = False,
+        min_tokens: int | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        repetition_penalty: float | None = None,
+        stop: str | Sequence[str] | None = None,
         slo: SLO | Mapping[str, float | None] | None = None,
         priority: int = 0,
         rename: Mapping[str, str] | None = None,
@@ -144,32 +168,37 @@ class FrontDoor:
 
         ``max_tokens=None`` means ``default_max_tokens`` capped to the context left
         after the prompt (``default_max_tokens=None``: all the context left).
+        Ranges are vLLM's: penalties in [-2, 2], repetition penalty > 0.
         """
-        args = (temperature, top_p, top_k, seed, stop_token_ids, ignore_eos, slo, priority)
         try:
-            return self._build(request_id, prompt_token_ids, max_tokens, default_max_tokens, *args)
+            if not request_id or len(request_id) > MAX_REQUEST_ID_LEN:
+                raise InvalidRequestError("request_id", f"must have 1 to {MAX_REQUEST_ID_LEN} characters")
+            prompt = tuple(prompt_token_ids)
+            max_tokens = self._max_tokens(prompt, max_tokens, default_max_tokens)
+            self._check_ids("stop_token_ids", stop_token_ids)
+            sampling = SamplingSpec(
+                max_tokens=max_tokens,
+                temperature=_in_range("temperature", temperature, 1.0, 0.0, 2.0),
+                top_p=_in_range("top_p", top_p, 1.0, 0.0, 1.0, low_open=True),
+                top_k=self._top_k(top_k),
+                seed=seed,
+                stop_token_ids=tuple(stop_token_ids),
+                ignore_eos=ignore_eos,
+                min_tokens=self._min_tokens(min_tokens, max_tokens),
+                presence_penalty=_in_range("presence_penalty", presence_penalty, 0.0, -2.0, 2.0),
+                frequency_penalty=_in_range("frequency_penalty", frequency_penalty, 0.0, -2.0, 2.0),
+                repetition_penalty=_in_range(
+                    "repetition_penalty", repetition_penalty, 1.0, 0.0, math.inf, low_open=True
+                ),
+                stop=_stop_strings(stop),
+            )
+            return Request(request_id, prompt, sampling, slo=self._slo(slo), priority=priority)
         except InvalidRequestError as exc:
             if rename and exc.field in rename:
                 raise InvalidRequestError(rename[exc.field], exc.message) from None
             raise
 
-    def _build(
-        self,
-        request_id: str,
-        prompt: Sequence[int],
-        max_tokens: int | None,
-        default_max_tokens: int | None,
-        temperature: float | None,
-        top_p: float | None,
-        top_k: int | None,
-        seed: int | None,
-        stop_token_ids: Sequence[int],
-        ignore_eos: bool,
-        slo: SLO | Mapping[str, float | None] | None,
-        priority: int,
-    ) -> Request:
-        if not request_id or len(request_id) > MAX_REQUEST_ID_LEN:
-            raise InvalidRequestError("request_id", f"must have 1 to {MAX_REQUEST_ID_LEN} characters")
+    def _max_tokens(self, prompt: tuple[int, ...], max_tokens: int | None, default: int | None) -> int:
         if not prompt:
             raise InvalidRequestError("prompt", "must not be empty")
         self._check_ids("prompt", prompt)
@@ -180,41 +209,31 @@ class FrontDoor:
                 f"has {len(prompt)} tokens, which leaves no room to generate (max_model_len is {self.max_model_len})",
             )
         if max_tokens is None:
-            max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
-        elif max_tokens <= 0:
+            return room if default is None else min(default, room)
+        if max_tokens <= 0:
             raise InvalidRequestError("max_tokens", f"must be >= 1, got {max_tokens}")
-        elif max_tokens > room:
+        if max_tokens > room:
             raise InvalidRequestError(
                 "max_tokens",
                 f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
                 f"({self.max_model_len}); at most {room} tokens can be generated",
             )
-        temperature = 1.0 if temperature is None else temperature
-        if not (math.isfinite(temperature) and 0.0 <= temperature <= 2.0):
-            raise InvalidRequestError("temperature", f"must be in [0, 2], got {temperature}")
-        top_p = 1.0 if top_p is None else top_p
-        if not (math.isfinite(top_p) and 0.0 < top_p <= 1.0):
-            raise InvalidRequestError("top_p", f"must be in (0, 1], got {top_p}")
+        return max_tokens
+
+    @staticmethod
+    def _top_k(top_k: int | None) -> int:
         top_k = 0 if top_k is None or top_k == -1 else top_k
         if top_k < 0:
             raise InvalidRequestError("top_k", f"must be >= 1, or 0/-1 to disable, got {top_k}")
-        self._check_ids("stop_token_ids", stop_token_ids)
-        sampling = SamplingSpec(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            stop_token_ids=tuple(stop_token_ids),
-            ignore_eos=ignore_eos,
-        )
-        return Request(
-            request_id=request_id,
-            prompt_token_ids=tuple(prompt),
-            sampling=sampling,
-            slo=self._slo(slo),
-            priority=priority,
-        )
+        return top_k
+
+    @staticmethod
+    def _min_tokens(min_tokens: int | None, max_tokens: int) -> int:
+        if min_tokens is None:
+            return 0
+        if not 0 <= min_tokens <= max_tokens:
+            raise InvalidRequestError("min_tokens", f"must be in [0, max_tokens={max_tokens}], got {min_tokens}")
+        return min_tokens
 
     @staticmethod
     def _slo(slo: SLO | Mapping[str, float | None] | None) -> SLO:
@@ -237,31 +256,42 @@ class FrontDoor:
         t0 = time.monotonic() if started_at is None else started_at
         rid = request.request_id
         detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+        stops = StopMatcher(request.sampling.stop)
         source = self.backend.generate(request)
         prompt_tokens, generated, done = len(request.prompt_token_ids), 0, False
         ttft_ms: float | None = None
+
+        def delta(chunk: StreamChunk, text: str, **kw: Any) -> TextDelta:
+            nonlocal ttft_ms
+            first = None
+            if ttft_ms is None and chunk.token_ids:
+                ttft_ms = first = (time.monotonic() - t0) * 1e3
+            return TextDelta(rid, chunk.token_ids, text, prompt_tokens, generated, ttft_ms=first, **kw)
+
         try:
             async for chunk in source:
                 generated += len(chunk.token_ids)
-                text = detok.add(chunk.token_ids)
-                first_ttft = None
-                if ttft_ms is None and chunk.token_ids:
-                    ttft_ms = first_ttft = (time.monotonic() - t0) * 1e3
-                if not chunk.finished:
-                    yield TextDelta(rid, chunk.token_ids, text, prompt_tokens, generated, ttft_ms=first_ttft)
+                text = stops.feed(detok.add(chunk.token_ids))
+                if not chunk.finished and stops.stopped is None:
+                    yield delta(chunk, text)
                     continue
                 done = True
+                if stops.stopped is not None and not chunk.finished:  # ours: the workers are still generating
+                    await self.backend.abort(rid, FinishReason.STOP)
+                    await self._drain(source, rid, until_finished=True)
+                    yield delta(chunk, text, finish_reason="stop", e2e_ms=(time.monotonic() - t0) * 1e3)
+                    return
                 await self._drain(source, rid)
-                error = (chunk.error or "unknown backend error") if chunk.finish_reason == "error" else None
-                yield TextDelta(
-                    rid,
-                    chunk.token_ids,
-                    text + detok.flush(),
-                    chunk.prompt_tokens or prompt_tokens,
-                    generated,
-                    finish_reason=chunk.finish_reason,
+                text += stops.feed(detok.flush())
+                if stops.stopped is None:
+                    text += stops.flush()
+                reason = "stop" if stops.stopped is not None else chunk.finish_reason
+                error = (chunk.error or "unknown backend error") if reason == "error" else None
+                yield delta(
+                    chunk,
+                    text,
+                    finish_reason=reason,
                     error=error,
-                    ttft_ms=first_ttft,
                     e2e_ms=(time.monotonic() - t0) * 1e3,
                     metrics=dict(chunk.metrics),
                 )
@@ -271,7 +301,7 @@ class FrontDoor:
             yield TextDelta(
                 rid,
                 (),
-                detok.flush(),
+                stops.feed(detok.flush()) + stops.flush(),
                 prompt_tokens,
                 generated,
                 finish_reason="error",
@@ -283,12 +313,16 @@ class FrontDoor:
                 self._abort_in_background(source, rid)
 
     @staticmethod
-    async def _drain(source: AsyncIterator[Any], request_id: str) -> None:
-        """Let the backend generator finish normally after its last chunk."""
-        extra = await anext(source, None)
-        if extra is not None:
+    async def _drain(source: AsyncIterator[Any], request_id: str, *, until_finished: bool = False) -> None:
+        """Let the backend generator finish normally after its last chunk (``until_finished``: skip what comes
+        before the finish of a request we aborted)."""
+        while (extra := await anext(source, None)) is not None:
+            if until_finished:
+                until_finished = not extra.finished
+                continue
             logger.warning("request %s: backend sent a chunk after the finished one; closing it", request_id)
             await _aclose(source)
+            return
 
     def _abort_in_background(self, source: AsyncIterator[Any], request_id: str) -> None:
         async def cleanup() -> None:
@@ -315,3 +349,31 @@ async def _aclose(source: AsyncIterator[Any]) -> None:
     aclose = getattr(source, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+def _in_range(
+    name: str, value: float | None, default: float, low: float, high: float, *, low_open: bool = False
+) -> float:
+    """``value`` (``default`` when None), checked to lie in [low, high] ((low, high] with ``low_open``)."""
+    if value is None:
+        return default
+    ok = math.isfinite(value) and (low < value if low_open else low <= value) and value <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        upper = "" if math.isinf(high) else f", {high:g}]"
+        raise InvalidRequestError(name, f"must be in {bracket}{low:g}{upper or ', ∞)'}, got {value}")
+    return float(value)
+
+
+MAX_STOP_STRINGS = 16
+
+
+def _stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise InvalidRequestError("stop", "stop strings must be non-empty strings")
+    return stops

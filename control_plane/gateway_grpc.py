@@ -34,18 +34,19 @@ from contextlib import aclosing
 import grpc
 import grpc.aio
 
-from common.errors import InvalidRequestError
-from common.request import Request
-from control_plane.backend import ServingBackend
-from control_plane.frontdoor import FrontDoor, TextDelta
-from control_plane.policy_admin import UnknownWorkerError, describe_target
-from protos import tetriserve_pb2 as pb
-from protos import tetriserve_pb2_grpc as pb_grpc
+from tetriserve.common.errors import InvalidRequestError
+from tetriserve.common.request import Request
+from tetriserve.control_plane.backend import ServingBackend
+from tetriserve.control_plane.frontdoor import FrontDoor, TextDelta
+from tetriserve.control_plane.policy_admin import UnknownWorkerError, describe_target
+from tetriserve.protos import tetriserve_pb2 as pb
+from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
 FIELD_METADATA_KEY = "tetriserve-field"
-_SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids")
+_OPTIONAL = ("min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty")
+_SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "stop", *_OPTIONAL)
 _SLO = ("ttft_ms", "tbt_ms", "jct_ms")
 _RENAME = {name: f"sampling.{name}" for name in _SAMPLING}
 
@@ -62,7 +63,7 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
         started = time.monotonic()
         rid = request.request_id or uuid.uuid4().hex
         try:
-            req = self._to_request(rid, request)
+            req = await self._to_request(rid, request)
         except InvalidRequestError as exc:
             logger.debug("request %s rejected: %s", rid, exc)
             await context.abort(
@@ -87,12 +88,12 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
             logger.exception("request %s: unexpected error", rid)
             await context.abort(grpc.StatusCode.INTERNAL, f"request {rid} failed: {type(exc).__name__}: {exc}")
 
-    def _to_request(self, rid: str, request: pb.GenerateRequest) -> Request:
+    async def _to_request(self, rid: str, request: pb.GenerateRequest) -> Request:
         front = self._front
         front.check_model(request.model)
         which = request.WhichOneof("prompt")
         if which == "text":
-            prompt = front.tokenize(request.text)
+            prompt = await front.encode(request.text)
         elif which == "token_ids":
             prompt = tuple(request.token_ids.ids)
         else:
@@ -108,6 +109,8 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
             seed=s.seed if s.HasField("seed") else None,
             stop_token_ids=tuple(s.stop_token_ids),
             ignore_eos=s.ignore_eos,
+            stop=tuple(s.stop),
+            **{name: getattr(s, name) for name in _OPTIONAL if s.HasField(name)},
             slo={n: getattr(request.slo, n) if request.slo.HasField(n) else None for n in _SLO},
             priority=request.priority,
             rename=_RENAME,

@@ -38,11 +38,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from common.errors import InvalidRequestError, UnknownModelError
-from common.request import Request as ServingRequest
-from control_plane.backend import ServingBackend
-from control_plane.frontdoor import FrontDoor, TextDelta
-from control_plane.openai_protocol import ChatCompletionRequest, CompletionRequest, ResponseShaper, error_body
+from tetriserve.common.errors import InvalidRequestError, UnknownModelError
+from tetriserve.common.request import Request as ServingRequest
+from tetriserve.control_plane.backend import ServingBackend
+from tetriserve.control_plane.frontdoor import FrontDoor, TextDelta
+from tetriserve.control_plane.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponseShaper,
+    error_body,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +210,7 @@ def build_app(backend: ServingBackend, *, front: FrontDoor | None = None) -> Fas
         body.check_supported()
         front.check_model(body.model)
         prompt = body.single_prompt()
-        ids = front.tokenize(prompt) if isinstance(prompt, str) else tuple(prompt)
+        ids = await front.encode(prompt) if isinstance(prompt, str) else tuple(prompt)
         if "max_tokens" in body.model_fields_set:  # explicit null means "all the context left"
             req = _build(front, raw, body, ids, body.max_tokens, default_max_tokens=None)
         else:  # OpenAI's default of 16, capped to the context left
@@ -218,7 +223,7 @@ def build_app(backend: ServingBackend, *, front: FrontDoor | None = None) -> Fas
         body.check_supported()
         front.check_model(body.model)
         messages = [m.as_template_input(i) for i, m in enumerate(body.messages)]
-        ids = front.chat_prompt(messages, add_generation_prompt=body.add_generation_prompt)
+        ids = await front.encode_chat(messages, add_generation_prompt=body.add_generation_prompt)
         name, limit = body.token_limit
         req = _build(front, raw, body, ids, limit, default_max_tokens=None, rename={"max_tokens": name})
         return await run(raw, body, req)
@@ -247,6 +252,11 @@ def _build(
         seed=body.seed,
         stop_token_ids=body.stop_token_ids or (),
         ignore_eos=body.ignore_eos,
+        min_tokens=body.min_tokens,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        stop=body.stop,
         slo=body.slo.model_dump() if body.slo else None,
         priority=body.priority,
         rename=rename,

@@ -4,8 +4,9 @@
                                     ─▶ DecodeWorker    "decode-0..N"    (engines start in parallel)
                                     ─▶ PrefillWorker   "prefill-0..M"   (+ its length predictor, factory.py)
                                     ─▶ GlobalScheduler "global-scheduler"
-    then: workers register with the monitor, start their 100 ms load reports,
-    and the monitor starts broadcasting.
+    then: workers register with the monitor, start their 100 ms load reports (and state
+    events to the GlobalScheduler), and the monitor starts broadcasting. Front doors
+    open their streams to the workers themselves (``ray_backend``).
 
 Worker modules stay Ray-free: the classes are wrapped with ``ray.remote`` here.
 Every actor is named (in the config's namespace) so the Ray dashboard shows who
@@ -20,13 +21,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.config import ClusterConfig
-from control_plane.cluster_monitor import ClusterMonitor
-from control_plane.global_scheduler import GlobalScheduler
-from decode_worker.worker import DecodeWorker
-from engine.settings import engine_env
-from length_predictor.factory import build_predictor
-from prefill_worker.worker import PrefillWorker
+from tetriserve.common.config import ClusterConfig
+from tetriserve.control_plane.cluster_monitor import ClusterMonitor
+from tetriserve.control_plane.global_scheduler import GlobalScheduler
+from tetriserve.decode_worker.worker import DecodeWorker
+from tetriserve.engine.settings import engine_env
+from tetriserve.length_predictor.factory import build_predictor
+from tetriserve.prefill_worker.worker import PrefillWorker
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def launch(config: ClusterConfig, model_path: str) -> Cluster:
         workers = [("decode", wid, h) for wid, h in decode.items()] + [
             ("prefill", wid, h) for wid, h in prefill.items()
         ]
-        addresses = ray.get([h.start.remote(monitor) for _, _, h in workers])
+        addresses = ray.get([h.start.remote(monitor, scheduler) for _, _, h in workers])
         ray.get(
             [
                 monitor.register.remote(wid, role, h, addr)
@@ -119,7 +120,6 @@ def launch(config: ClusterConfig, model_path: str) -> Cluster:
             ]
         )
         ray.get(monitor.start.remote(scheduler))
-        ray.get(scheduler.start.remote())
         _wait_for_broadcast(cluster)
     except Exception:
         cluster.shutdown()

@@ -35,7 +35,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from common.sharegpt import find_sharegpt_file, iter_conversations
+from tetriserve.common.sharegpt import find_sharegpt_file, iter_conversations
 
 logger = logging.getLogger(__name__)
 

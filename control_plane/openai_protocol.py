@@ -2,7 +2,7 @@
 
 Requests accept what OpenAI clients and ``vllm bench serve`` send (unknown
 fields are ignored, as vLLM does) and reject what we cannot honour with a 400
-naming the field (``n`` != 1, stop strings, logprobs, non-neutral penalties).
+naming the field (``n`` != 1, logprobs).
 Responses are dicts shaped like OpenAI's, serialized once per SSE event.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.errors import InvalidRequestError
-from control_plane.frontdoor import TextDelta
+from tetriserve.common.errors import InvalidRequestError
+from tetriserve.control_plane.frontdoor import TextDelta
 
 
 class StreamOptions(BaseModel):
@@ -42,15 +42,20 @@ class _GenerateBody(BaseModel):
     top_p: float | None = Field(None, description="Nucleus sampling mass in (0, 1]. Default 1.")
     top_k: int | None = Field(None, description="Top-k sampling; 0 or -1 disables (vLLM extension).")
     seed: int | None = Field(None, description="Per-request sampling seed.")
-    stop: str | list[str] | None = Field(None, description="Stop strings: not supported, use `stop_token_ids`.")
+    stop: str | list[str] | None = Field(
+        None, description="Stop strings: generation ends before the first one found, which is not sent."
+    )
     stop_token_ids: list[int] | None = Field(None, description="Token ids that end generation (vLLM extension).")
     ignore_eos: bool = Field(False, description="Keep generating past EOS (vLLM extension, for benchmarks).")
     n: int = Field(1, description="Number of choices; only 1 is supported.")
     stream: bool = Field(False, description="Stream Server-Sent Events instead of one JSON body.")
     stream_options: StreamOptions | None = Field(None, description="Streaming options (`include_usage`).")
-    presence_penalty: float | None = Field(None, description="Only 0 (no penalty) is supported.")
-    frequency_penalty: float | None = Field(None, description="Only 0 (no penalty) is supported.")
-    repetition_penalty: float | None = Field(None, description="Only 1 (no penalty) is supported (vLLM extension).")
+    presence_penalty: float | None = Field(None, description="Penalty in [-2, 2] for tokens already in the output.")
+    frequency_penalty: float | None = Field(None, description="Penalty in [-2, 2] per occurrence in the output.")
+    repetition_penalty: float | None = Field(
+        None, description="Multiplicative penalty > 0 for tokens in prompt or output; 1 is none (vLLM extension)."
+    )
+    min_tokens: int | None = Field(None, description="Generate at least this many tokens before EOS or a stop token.")
     user: str | None = Field(None, description="End-user id; logged only.")
     priority: int = Field(0, description="Higher is more important (tetriserve extension).")
     slo: SLOBody | None = Field(None, description="Latency objectives (tetriserve extension).")
@@ -59,12 +64,6 @@ class _GenerateBody(BaseModel):
         """Raise ``InvalidRequestError`` for options we accept syntactically but cannot honour."""
         if self.n != 1:
             raise InvalidRequestError("n", f"only n=1 is supported, got {self.n}")
-        if self.stop:
-            raise InvalidRequestError("stop", "stop strings are not supported; use stop_token_ids")
-        for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
-            value = getattr(self, name)
-            if value is not None and value != neutral:
-                raise InvalidRequestError(name, f"only {neutral} is supported, got {value}")
 
     @property
     def include_usage(self) -> bool:

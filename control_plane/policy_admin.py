@@ -27,10 +27,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import fields
 from typing import Any, Literal, TypeVar
 
-from common.config import DecodeConfig
-from common.errors import InvalidRequestError
-from control_plane.backend import WorkerPolicy
-from prefill_worker.policy import PrefillPolicySpec
+from tetriserve.common.config import DecodeConfig
+from tetriserve.common.errors import InvalidRequestError
+from tetriserve.control_plane.backend import WorkerPolicy
+from tetriserve.prefill_worker.policy import PrefillPolicySpec
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,18 @@
-"""``ServingBackend`` over a launched Ray cluster: what the front doors call.
+"""``ServingBackend`` over a launched Ray cluster: what the front doors call (DESIGN.md §5b).
 
-One long-lived subscription to the GlobalScheduler carries the chunks of every
-request this process submitted (``common.outbox``); ``generate`` registers a
-queue for its request, submits it, and reads the queue. The subscription is
-bound to the event loop it was opened in and reopened if that loop changes.
+    generate(request):
+        GlobalScheduler.place(PlacementRequest) ─▶ Placement(prefill worker)      a decision, not a relay
+        prefill.submit(request, subscriber)
+        chunks ◀══ this process's one stream from each worker (``subscribe``) ══ prefill, then decode workers
+               ─▶ the request's ``TokenLog``: in order, no duplicate, stale attempts dropped ─▶ caller
+        finish ─▶ GlobalScheduler.record(finish event)
+
+Streams are opened per worker, not per request, and stay open: a worker's
+message carries every chunk of this process's requests that was ready, so the
+message rate follows the engine's steps. They are bound to the event loop they
+were opened in and reopened if that loop changes. An abort goes to the worker
+the request is on now (the log knows, from ``moved_to`` markers); a worker it
+has left forwards it.
 
 ``status`` asks every worker actor for its policies in parallel, each with a
 deadline, so a stuck worker shows an empty policy instead of hanging the call;
@@ -15,15 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from common.request import Request
-from common.stream import StreamChunk
-from control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
-from control_plane.launcher import Cluster
-from control_plane.policy_admin import Setter, apply_changes, parse_changes, resolve_targets
+from tetriserve.common.request import Request
+from tetriserve.common.stream import FinishReason, PlacementRequest, StateEvent, StreamChunk
+from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
+from tetriserve.control_plane.launcher import Cluster
+from tetriserve.control_plane.policy_admin import Setter, apply_changes, parse_changes, resolve_targets
+from tetriserve.control_plane.token_log import AT_ONCE, TokenLog
 
 logger = logging.getLogger(__name__)
 
@@ -31,41 +42,61 @@ POLICIES_TIMEOUT_S = 2.0  # status: a worker that does not answer by then shows 
 SET_POLICY_TIMEOUT_S = 30.0
 
 
-class _Subscription:
-    def __init__(self, scheduler: Any) -> None:
+class _Streams:
+    """This process's streams from every worker, routing chunks to the requests' queues."""
+
+    def __init__(self, workers: dict[str, Any]) -> None:
         self.id = f"frontdoor-{uuid.uuid4().hex[:12]}"
         self.loop = asyncio.get_running_loop()
         self.queues: dict[str, asyncio.Queue[StreamChunk]] = {}
-        self._stream = scheduler.subscribe.remote(self.id)
-        self.task = self.loop.create_task(self._route())
+        self._workers = workers
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._refs: dict[str, Any] = {}
+        for worker_id in workers:
+            self.open(worker_id)
 
-    async def _route(self) -> None:
+    def open(self, worker_id: str) -> None:
+        """Open the stream from ``worker_id`` unless it is open."""
+        task = self._tasks.get(worker_id)
+        if task is not None and not task.done():
+            return
+        ref = self._workers[worker_id].subscribe.remote(self.id)
+        self._refs[worker_id] = ref
+        self._tasks[worker_id] = self.loop.create_task(self._route(worker_id, ref))
+
+    @property
+    def healthy(self) -> bool:
+        return all(not t.done() for t in self._tasks.values())
+
+    async def _route(self, worker_id: str, stream: Any) -> None:
         try:
-            async for ref in self._stream:
+            async for ref in stream:
                 for chunk in await ref:
                     queue = self.queues.get(chunk.request_id)
                     if queue is not None:
                         queue.put_nowait(chunk)
         except Exception as exc:
-            logger.exception("subscription %s to the GlobalScheduler failed", self.id)
+            logger.exception("stream %s from %s failed", self.id, worker_id)
+            message = f"lost the stream from {worker_id}: {type(exc).__name__}"
             for rid, queue in self.queues.items():
-                queue.put_nowait(StreamChunk(rid, (), "error", f"control plane unreachable: {exc}"))
+                queue.put_nowait(StreamChunk(rid, (), FinishReason.ERROR, message, worker="frontdoor", index=AT_ONCE))
 
     def close(self) -> None:
         import ray
 
-        self.task.cancel()
-        try:
-            ray.cancel(self._stream)
-        except Exception:
-            logger.debug("cancel of subscription %s failed", self.id, exc_info=True)
+        for worker_id, task in self._tasks.items():
+            task.cancel()
+            try:
+                ray.cancel(self._refs[worker_id])
+            except Exception:
+                logger.debug("cancel of stream %s from %s failed", self.id, worker_id, exc_info=True)
 
 
 class RayBackend:
     def __init__(self, cluster: Cluster, model_name: str) -> None:
         self.cluster = cluster
         self._model_name = model_name
-        self._sub: _Subscription | None = None
+        self._streams: _Streams | None = None
 
     @property
     def model_name(self) -> str:
@@ -79,43 +110,75 @@ class RayBackend:
     def max_model_len(self) -> int:
         return self.cluster.config.engine.max_model_len
 
-    def _subscription(self) -> _Subscription:
+    @property
+    def _workers(self) -> dict[str, Any]:
+        return {**self.cluster.prefill, **self.cluster.decode}
+
+    def streams(self) -> _Streams:
+        """This event loop's streams from every worker (opened on first use, reopened if one ended)."""
         loop = asyncio.get_running_loop()
-        if self._sub is None or self._sub.loop is not loop or self._sub.task.done():
-            if self._sub is not None and self._sub.loop is loop:
-                self._sub.close()
-            self._sub = _Subscription(self.cluster.scheduler)
-        return self._sub
+        if self._streams is None or self._streams.loop is not loop:
+            if self._streams is not None and self._streams.loop is loop:
+                self._streams.close()
+            self._streams = _Streams(self._workers)
+        elif not self._streams.healthy:
+            for worker_id in self._workers:
+                self._streams.open(worker_id)
+        return self._streams
 
     async def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
-        sub = self._subscription()
+        streams = self.streams()
         rid = request.request_id
         queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
-        sub.queues[rid] = queue
-        finished = False
+        streams.queues[rid] = queue
+        log: TokenLog | None = None
         try:
-            error = await self.cluster.scheduler.submit.remote(request, sub.id)
-            if error is not None:
-                finished = True
-                yield StreamChunk(rid, (), "error", error)
+            meta = PlacementRequest(
+                rid,
+                len(request.prompt_token_ids),
+                request.sampling.max_tokens,
+                streams.id,
+                request.arrival_time,
+                request.attempt,
+            )
+            placement = await self.cluster.scheduler.place.remote(meta)
+            if placement.prefill_worker is None:
+                yield StreamChunk(rid, (), FinishReason.ERROR, placement.error)
                 return
-            while not finished:
-                chunk = await queue.get()
-                finished = chunk.finish_reason is not None
-                yield chunk
+            log = TokenLog(rid, placement.prefill_worker, request.attempt)
+            submitted = self.cluster.prefill[placement.prefill_worker].submit.remote(request, streams.id)
+            watch = asyncio.ensure_future(_report_failure(submitted, queue, rid, placement.prefill_worker))
+            while not log.done:
+                for chunk in log.add(await queue.get()):
+                    yield chunk
         finally:
-            sub.queues.pop(rid, None)
-            if not finished:  # the client went away or the caller gave up: abort everywhere
-                self.cluster.scheduler.abort.remote(rid)
+            streams.queues.pop(rid, None)
+            if log is not None:
+                watch.cancel()
+                self._finished(request, log)
+
+    def _finished(self, request: Request, log: TokenLog) -> None:
+        """Tell the table how the request ended; abort it where it is if the caller left before the end."""
+        finish = log.finish
+        reason = finish.finish_reason if finish is not None and finish.finish_reason else FinishReason.ABORT
+        if finish is None or finish.worker != log.worker:  # the caller gave up, or the end did not come from there
+            self._workers[log.worker].abort.remote(request.request_id)
+        event = StateEvent(request.request_id, reason.state, time.time(), "frontdoor", reason.value, len(log.tokens))
+        self.cluster.scheduler.record.remote([event])
 
     def close(self) -> None:
-        """Drop the subscription (call from the loop that used the backend)."""
-        if self._sub is not None:
-            self._sub.close()
-            self._sub = None
+        """Drop the streams (call from the loop that used the backend)."""
+        if self._streams is not None:
+            self._streams.close()
+            self._streams = None
 
-    async def abort(self, request_id: str) -> bool:
-        return bool(await self.cluster.scheduler.abort.remote(request_id))
+    async def abort(self, request_id: str, reason: str = "abort") -> bool:
+        streams = self._streams
+        queue = streams.queues.get(request_id) if streams is not None else None
+        if queue is None:
+            return False
+        queue.put_nowait(StreamChunk(request_id, (), FinishReason(reason), worker="frontdoor", index=AT_ONCE))
+        return True
 
     async def healthy(self) -> bool:
         try:
@@ -137,7 +200,7 @@ class RayBackend:
 
     async def _policies(self) -> dict[str, dict[str, str]]:
         """Every worker's ``policies()``, asked in parallel; ``{}`` for one that fails or is late."""
-        handles = {**self.cluster.prefill, **self.cluster.decode}
+        handles = self._workers
 
         async def one(worker_id: str, handle: Any) -> dict[str, str]:
             try:
@@ -166,3 +229,13 @@ def _actor_setter(handle: Any) -> Setter:
             raise (cause if isinstance(cause, ValueError) else exc) from None
 
     return call
+
+
+async def _report_failure(submitted: Any, queue: asyncio.Queue[StreamChunk], rid: str, worker_id: str) -> None:
+    """End the request's stream with an error if its prefill worker could not take it."""
+    try:
+        await submitted
+    except Exception as exc:
+        logger.error("request %s: %s could not take it: %s", rid, worker_id, type(exc).__name__)
+        error = f"prefill worker {worker_id} is unavailable"
+        queue.put_nowait(StreamChunk(rid, (), FinishReason.ERROR, error, worker="frontdoor", index=AT_ONCE))

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import ClusterConfig
+from tetriserve.common.config import ClusterConfig
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ class Endpoints:
 def resolve_model(config: ClusterConfig) -> tuple[str, str]:
     """(model directory, served name); builds the tiny model on first use when no model is given."""
     if config.engine.model is None:
-        from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+        from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
 
         path = build_tiny_model(default_tiny_model_dir())
     else:
@@ -36,15 +36,15 @@ def resolve_model(config: ClusterConfig) -> tuple[str, str]:
 
 def check_prefill_policy(config: ClusterConfig, model_path: str) -> None:
     """Fail before launching anything when the prefill policy cannot be built (e.g. no cost profile)."""
-    from engine.hardware import detect_hardware
-    from prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
+    from tetriserve.engine.hardware import detect_hardware
+    from tetriserve.prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
 
     build_prefill_policy(spec_from_config(config.prefill), load_cost(config.prefill, model_path, detect_hardware()))
 
 
 def check_decode_policy(config: ClusterConfig) -> None:
     """Fail before launching anything when the decode policies cannot be built (e.g. auto without a profile)."""
-    from decode_worker.policy import decode_policies
+    from tetriserve.decode_worker.policy import decode_policies
 
     decode_policies(config.decode)
 
@@ -56,9 +56,9 @@ async def run_front_doors(
     ready: asyncio.Future[Endpoints] | None = None,
     dashboard: str = "",
 ) -> None:
-    from control_plane.frontdoor import FrontDoor
-    from control_plane.gateway_grpc import start_grpc_server
-    from control_plane.gateway_http import start_http_server
+    from tetriserve.control_plane.frontdoor import FrontDoor
+    from tetriserve.control_plane.gateway_grpc import start_grpc_server
+    from tetriserve.control_plane.gateway_http import start_http_server
 
     front = await asyncio.to_thread(FrontDoor, backend)  # type: ignore[arg-type]
     grpc_server, grpc_port = await start_grpc_server(backend, config.host, config.grpc_port, front=front)  # type: ignore[arg-type]
@@ -77,8 +77,8 @@ async def run_front_doors(
 
 
 def serve(config: ClusterConfig) -> None:
-    from control_plane.launcher import launch
-    from control_plane.ray_backend import RayBackend
+    from tetriserve.control_plane.launcher import launch
+    from tetriserve.control_plane.ray_backend import RayBackend
 
     t0 = time.monotonic()
     model_path, name = resolve_model(config)

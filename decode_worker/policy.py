@@ -8,9 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.config import DecodeConfig
-from decode_worker.admission import AdmissionPolicy, make_admission_policy
-from decode_worker.preemption import PreemptionCosts, PreemptionOrder, PreemptionStrategy, make_preemption_order
+from tetriserve.common.config import DecodeConfig
+from tetriserve.decode_worker.admission import AdmissionPolicy, make_admission_policy
+from tetriserve.decode_worker.preemption import (
+    PreemptionCosts,
+    PreemptionOrder,
+    PreemptionStrategy,
+    make_preemption_order,
+)
 
 LENGTH_KEY = "tetriserve_length"  # LengthEstimate.to_dict()
 EXTRA_KEY = "tetriserve"  # {"id": the worker's request id, "tbt_slo_s": ... if it has a TBT SLO}

@@ -24,8 +24,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from common.load import DecodeLoad
-from decode_worker.views import DecodeReqView, blocks_for
+from tetriserve.common.load import DecodeLoad
+from tetriserve.decode_worker.views import DecodeReqView, blocks_for
 
 
 @dataclass(frozen=True)

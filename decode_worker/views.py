@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from common.length import LengthEstimate
+from tetriserve.common.length import LengthEstimate
 
 LengthEnd = Literal["lower", "estimate", "upper"]
 
@@ -70,3 +70,13 @@ class DecodeState:
         taken = max(0, need - req.held_blocks)
         joined = replace(req, held_blocks=max(need, req.held_blocks))
         return replace(self, free_blocks=self.free_blocks - taken, running=(*self.running, joined))
+
+
+@dataclass(frozen=True)
+class DecodeSnapshot:
+    """What the decode worker reads of its engine's scheduler, published by the engine thread."""
+
+    remaining_tokens: int  # Σ predicted tokens still to generate, running and queued
+    step_s: float  # smoothed decode step time (0 while nothing runs)
+    running: tuple[DecodeReqView, ...]  # by the worker's ids; only while slices are on
+    preemption: dict[str, str]

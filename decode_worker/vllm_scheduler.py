@@ -18,6 +18,10 @@ Each ``schedule()`` call:
        ``max_tokens`` is cut to this step's token and the connector parks its KV, which the
        worker ships to the destination when the engine reports the request finished (``length``)
 
+Only the engine thread calls into this class (DESIGN.md §5b): the worker changes
+policies and marks slice moves through ``EngineLoop.call`` and reads the frozen
+``DecodeSnapshot`` the engine thread publishes (``snapshot``).
+
 A request that still has to pull its KV through the connector (no blocks yet) is
 never held: it must get its blocks so its KV can land; it is gated once its KV
 is in, holding those blocks. A request swapped out (CacheOpt §3.5) comes back the
@@ -27,19 +31,18 @@ same way. Every preemption is counted and timed until the request decodes again.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from dataclasses import replace
 from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from common.length import LengthEstimate
-from decode_worker.admission import AdmissionPolicy, make_admission_policy
-from decode_worker.policy import EXTRA_KEY, LENGTH_KEY
-from decode_worker.preemption import PreemptionOrder, PreemptionStrategy, make_preemption_order
-from decode_worker.preemption.stats import PreemptionStats
-from decode_worker.views import DecodeReqView, DecodeState
+from tetriserve.common.length import LengthEstimate
+from tetriserve.decode_worker.admission import AdmissionPolicy, make_admission_policy
+from tetriserve.decode_worker.policy import EXTRA_KEY, LENGTH_KEY
+from tetriserve.decode_worker.preemption import PreemptionOrder, PreemptionStrategy, make_preemption_order
+from tetriserve.decode_worker.preemption.stats import PreemptionStats
+from tetriserve.decode_worker.views import DecodeReqView, DecodeSnapshot, DecodeState
 
 STEP_SMOOTHING = 0.2
 
@@ -56,7 +59,6 @@ class TetriDecodeScheduler(Scheduler):
         self.step_s = 0.0
         self.slice_iters = 0
         self._moving: dict[str, str] = {}  # req_id -> key its KV is parked under at its next slice boundary
-        self._moving_lock = threading.Lock()  # the worker marks from its own thread
 
     def configure(
         self,
@@ -89,8 +91,14 @@ class TetriDecodeScheduler(Scheduler):
             transferring=req.request_id in in_flight,
         )
 
+    def snapshot(self) -> DecodeSnapshot:
+        """The state the worker reads (``EngineLoop``'s ``snapshot_fn``)."""
+        running = tuple(self.running_views()) if self.slice_iters > 0 else ()
+        step_s = self.step_s if self.running else 0.0
+        return DecodeSnapshot(self.remaining_tokens(), step_s, running, self.stats.summary())
+
     def remaining_tokens(self) -> int:
-        """Σ predicted tokens still to generate over running and queued requests (called from another thread)."""
+        """Σ predicted tokens still to generate over running and queued requests."""
         reqs = [*list(self.running), *list(self.kv_holding_waiting), *list(self.waiting)]
         return sum(self._view(r).predicted_remaining("estimate") for r in reqs)
 
@@ -102,35 +110,33 @@ class TetriDecodeScheduler(Scheduler):
         return str((extra.get(EXTRA_KEY) or {}).get("id", req.request_id))
 
     def running_views(self) -> list[DecodeReqView]:
-        """The running batch as the slice rebalancer sees it, by the worker's ids (called from another thread)."""
+        """The running batch as the slice rebalancer sees it, by the worker's ids."""
         in_flight = self.connector.in_flight() if hasattr(self.connector, "in_flight") else set()
         return [replace(self._view(r, in_flight), request_id=self._worker_id_of(r)) for r in list(self.running)]
 
     def mark_moving(self, request_id: str, key: str) -> None:
         """End the worker's ``request_id`` at its next slice boundary with its KV parked under ``key`` (SCLS §7)."""
-        with self._moving_lock:
-            self._moving[request_id] = key
+        self._moving[request_id] = key
 
     def _cut_slices(self) -> None:
         """Cut every marked request that is at a slice boundary this step: it generates this step's token
         and finishes (``length``), its KV parked by the connector. Not in a step that may preempt."""
-        with self._moving_lock:
-            if not self._moving or self.slice_iters <= 0 or not hasattr(self.connector, "park_running"):
-                return
-            live = {self._worker_id_of(r): r for r in self.requests.values() if not r.is_finished()}
-            for rid in [rid for rid in self._moving if rid not in live]:  # finished or aborted meanwhile
-                del self._moving[rid]
-            if self._may_run_out():
-                return
-            for rid, key in list(self._moving.items()):
-                req = live[rid]
-                produced = req.num_output_tokens + 1  # with this step's token
-                decoding = req.num_computed_tokens == req.num_tokens - 1 and req in self.running
-                if not decoding or produced % self.slice_iters or produced >= req.max_tokens:
-                    continue
-                req.max_tokens = produced
-                self.connector.park_running(req, list(self.kv_cache_manager.get_block_ids(req.request_id)[0]), key)
-                del self._moving[rid]
+        if not self._moving or self.slice_iters <= 0 or not hasattr(self.connector, "park_running"):
+            return
+        live = {self._worker_id_of(r): r for r in self.requests.values() if not r.is_finished()}
+        for rid in [rid for rid in self._moving if rid not in live]:  # finished or aborted meanwhile
+            del self._moving[rid]
+        if self._may_run_out():
+            return
+        for rid, key in list(self._moving.items()):
+            req = live[rid]
+            produced = req.num_output_tokens + 1  # with this step's token
+            decoding = req.num_computed_tokens == req.num_tokens - 1 and req in self.running
+            if not decoding or produced % self.slice_iters or produced >= req.max_tokens:
+                continue
+            req.max_tokens = produced
+            self.connector.park_running(req, list(self.kv_cache_manager.get_block_ids(req.request_id)[0]), key)
+            del self._moving[rid]
 
     def _must_pass(self, req: Any) -> bool:
         """A request whose KV has yet to be pulled through the connector (it needs its blocks first)."""

@@ -10,21 +10,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from common.config import EngineConfig
-from common.request import SamplingSpec
-from engine.settings import EngineRole, build_engine_args
+from tetriserve.common.config import EngineConfig
+from tetriserve.common.request import SamplingSpec
+from tetriserve.engine.settings import EngineRole, build_engine_args
 
 
 class ColocatedEngine:
     def __init__(self, config: EngineConfig, model_path: str, chunk_size: int = 512) -> None:
-        from engine.loop import EngineLoop
+        from tetriserve.engine.loop import EngineLoop
 
         self.engine = EngineLoop(
             build_engine_args(config, model_path, EngineRole.COLOCATED, chunk_size=chunk_size), "colocated"
         )
 
     async def generate(self, request_id: str, prompt: Sequence[int], sampling: SamplingSpec) -> tuple[int, ...]:
-        from engine.sampling import to_vllm
+        from tetriserve.engine.sampling import to_vllm
 
         tokens: list[int] = []
         async for delta in self.engine.generate(request_id, prompt, to_vllm(sampling, max_tokens=sampling.max_tokens)):

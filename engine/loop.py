@@ -1,8 +1,17 @@
-"""Drive one in-process vLLM ``LLMEngine`` from a thread; hand outputs to asyncio callers.
+"""The one loop that owns a vLLM engine (DESIGN.md §5b): typed commands in, per-step outputs out.
 
-    actor coroutine ──generate()──▶ command queue ──▶ engine thread: add/abort, engine.step()
-          ▲                                                 │
-          └────── asyncio.Queue per request ◀──call_soon_threadsafe── per-step token deltas
+    asyncio side (the worker actor)                engine thread (the only one that touches vLLM)
+    add(AddRequest) / abort(id) / call(fn) ──▶ command queue ──▶ apply, then engine.step()
+          ▲                                                          │
+          └── one call_soon_threadsafe per step: every request's ◀───┘
+              Delta to its sink (a callback or an asyncio.Queue)
+
+Nothing else reads or writes the engine's vLLM scheduler while it steps:
+``call(fn)`` runs ``fn(scheduler)`` on the engine thread between two steps
+and resolves an asyncio future with the result (policy changes, slice marks).
+Every 10 ms of steps (and on going idle) the thread publishes ``snapshot``, a frozen ``EngineSnapshot``
+the actor reads without locks (stats, and whatever ``snapshot_fn`` derives from
+the scheduler, e.g. the decode batch's views).
 
 The engine thread blocks on the command queue when idle and never waits on a
 transfer: requests whose KV is still in flight sit in vLLM's
@@ -15,17 +24,20 @@ the loop goes on serving new ones.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.stats import EngineStats, StatsCollector, stat_logger_factory
+from tetriserve.engine.stats import EngineStats, StatsCollector, stat_logger_factory
 
 logger = logging.getLogger(__name__)
+
+SNAPSHOT_INTERVAL_S = 0.01  # a busy engine publishes its snapshot at most this often (and when it goes idle)
 
 
 @dataclass(frozen=True)
@@ -37,17 +49,51 @@ class Delta:
     error: str | None = None
 
 
-@dataclass
-class _Sink:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Delta]
+Sink = Callable[[Delta], None]
 
-    def put(self, delta: Delta) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, delta)
+
+@dataclass(frozen=True)
+class _Output:
+    """Where a request's deltas go: ``sink``, called on ``loop`` (the event loop that added the request)."""
+
+    loop: asyncio.AbstractEventLoop
+    sink: Sink
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: Any  # vLLM SamplingParams
+    output: _Output
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class CallScheduler:
+    fn: Callable[[Any], Any]
+    result: concurrent.futures.Future[Any]
+
+
+Command = AddRequest | AbortRequest | CallScheduler
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What the engine thread published after its latest step."""
+
+    stats: EngineStats
+    extra: Any = None  # ``snapshot_fn(scheduler)``
+    at: float = 0.0
+    steps: int = 0
 
 
 class EngineLoop:
-    def __init__(self, engine_args: Any, name: str) -> None:
+    def __init__(self, engine_args: Any, name: str, snapshot_fn: Callable[[Any], Any] | None = None) -> None:
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self.name = name
@@ -55,48 +101,48 @@ class EngineLoop:
         self.engine = LLMEngine.from_engine_args(engine_args, stat_loggers=[stat_logger_factory(self.collector)])
         cache = self.engine.vllm_config.cache_config
         self.collector.set_capacity(cache.num_gpu_blocks or 0, cache.block_size)
-        self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._sinks: dict[str, _Sink] = {}
+        self._snapshot_fn = snapshot_fn
+        self._commands: queue.Queue[Command] = queue.Queue()
+        self._outputs: dict[str, _Output] = {}  # engine thread's view of live requests
+        self._live = 0  # actor's count of requests added and not finished
         self._stale = False
+        self._steps = 0
+        self._published = 0.0
+        self.snapshot = EngineSnapshot(self.collector.snapshot(), self._extra(), time.time())
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
+    # -- actor side --------------------------------------------------------------------
     def stats(self) -> EngineStats:
-        """vLLM's per-step counters, with KV usage read live from the engine's block pool."""
-        snap = self.collector.snapshot()
-        usage = self.block_pool_usage()
-        return snap if usage is None else replace(snap, kv_usage=usage)
-
-    def scheduler(self) -> Any:
-        """The engine's vLLM scheduler (an in-process engine's; our ``scheduler_cls`` when one was given)."""
-        return self.engine.engine_core.engine_core.scheduler
-
-    def block_pool_usage(self) -> float | None:
-        """Share of KV blocks held by requests, from vLLM's block pool (in-process engines); None if unreachable."""
-        try:
-            pool = self.engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
-            return float(pool.get_usage())
-        except AttributeError:
-            return None
+        return self.snapshot.stats
 
     @property
     def in_flight(self) -> int:
-        return len(self._sinks)
+        return self._live
+
+    def add(self, request_id: str, prompt_token_ids: Sequence[int], params: Any, sink: Sink) -> None:
+        """Start a request; ``sink`` gets its deltas on this event loop, the last with ``finish_reason``."""
+        from vllm.sampling_params import RequestOutputKind
+
+        loop = asyncio.get_running_loop()
+        params.output_kind = RequestOutputKind.DELTA
+        self._live += 1
+
+        def counted(delta: Delta) -> None:
+            if delta.finish_reason is not None:
+                self._live -= 1
+            sink(delta)
+
+        self._commands.put(AddRequest(request_id, tuple(prompt_token_ids), params, _Output(loop, counted)))
 
     async def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: Any) -> AsyncIterator[Delta]:
         """Run one request; yields deltas until one carries ``finish_reason``. Closing early aborts it."""
-        from vllm.sampling_params import RequestOutputKind
-
-        params.output_kind = RequestOutputKind.DELTA
-        sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
-        if request_id in self._sinks:
-            raise ValueError(f"request id {request_id} is already running on {self.name}")
-        self._sinks[request_id] = sink
-        self._commands.put(("add", (request_id, list(prompt_token_ids), params)))
+        deltas: asyncio.Queue[Delta] = asyncio.Queue()
+        self.add(request_id, prompt_token_ids, params, deltas.put_nowait)
         finished = False
         try:
             while not finished:
-                delta = await sink.queue.get()
+                delta = await deltas.get()
                 finished = delta.finish_reason is not None
                 yield delta
         finally:
@@ -104,9 +150,25 @@ class EngineLoop:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+        self._commands.put(AbortRequest(request_id))
 
-    # -- engine thread ---------------------------------------------------------------
+    async def call(self, fn: Callable[[Any], Any]) -> Any:
+        """Run ``fn(scheduler)`` on the engine thread between two steps; returns (or raises) what it did."""
+        result: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._commands.put(CallScheduler(fn, result))
+        return await asyncio.wrap_future(result)
+
+    def call_now(self, fn: Callable[[Any], Any], timeout_s: float = 60.0) -> Any:
+        """``call`` for synchronous callers that are not on the engine's event loop (start-up, tests)."""
+        result: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._commands.put(CallScheduler(fn, result))
+        return result.result(timeout_s)
+
+    def scheduler(self) -> Any:
+        """The engine's vLLM scheduler, for code that runs *on the engine thread* (``call``) and for tests."""
+        return self.engine.engine_core.engine_core.scheduler
+
+    # -- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
         while True:  # daemon thread: lives as long as the worker process
             busy = self.engine.has_unfinished_requests()
@@ -115,6 +177,7 @@ class EngineLoop:
                 if self._stale:  # vLLM reports stats only from steps; an idle engine holds nothing
                     self._stale = False
                     self.collector.mark_idle()
+                    self._publish()
                 continue
             self._step_once()
 
@@ -126,56 +189,107 @@ class EngineLoop:
             self._fail_all(f"engine step failed: {exc}")
             return
         self._stale = True
-        for out in outputs:
-            self._deliver(out)
+        self._steps += 1
+        batch = [d for d in (self._delta(out) for out in outputs) if d is not None]
+        if time.monotonic() - self._published >= SNAPSHOT_INTERVAL_S:
+            self._publish()
+        self._dispatch(batch)
         if not outputs:
             time.sleep(0.001)
+
+    def _publish(self) -> None:
+        self._published = time.monotonic()
+        snap = self.collector.snapshot()
+        usage = self._block_pool_usage()
+        stats = snap if usage is None else replace(snap, kv_usage=usage)
+        self.snapshot = EngineSnapshot(stats, self._extra(), time.time(), self._steps)
+
+    def _extra(self) -> Any:
+        if self._snapshot_fn is None:
+            return None
+        try:
+            return self._snapshot_fn(self.scheduler())
+        except Exception:
+            logger.exception("engine %s: snapshot failed", self.name)
+            return None
+
+    def _block_pool_usage(self) -> float | None:
+        try:
+            return float(self.scheduler().kv_cache_manager.block_pool.get_usage())
+        except AttributeError:
+            return None
+
+    @staticmethod
+    def _dispatch(batch: list[tuple[_Output, Delta]]) -> None:
+        """One wake-up per event loop for the whole batch."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Sink, Delta]]] = {}
+        for output, delta in batch:
+            by_loop.setdefault(output.loop, []).append((output.sink, delta))
+        for loop, deltas in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, deltas)
+            except RuntimeError:  # that loop has closed: nobody is waiting for these
+                logger.debug("dropped %d deltas for a closed event loop", len(deltas))
 
     def _drain(self, block: bool) -> None:
         try:
             cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
         except queue.Empty:
             return
+        out: list[tuple[_Output, Delta]] = []
         while True:
-            self._apply(*cmd)
+            self._apply(cmd, out)
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
-                return
+                break
+        self._dispatch(out)
 
-    def _apply(self, kind: str, arg: Any) -> None:
-        if kind == "add":
-            request_id, prompt, params = arg
+    def _apply(self, cmd: Command, out: list[tuple[_Output, Delta]]) -> None:
+        if isinstance(cmd, AddRequest):
+            self._outputs[cmd.request_id] = cmd.output
             try:
-                self.engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
+                prompt = {"prompt_token_ids": list(cmd.prompt_token_ids)}
+                self.engine.add_request(cmd.request_id, prompt, cmd.params)
             except Exception as exc:  # rejected by vLLM's own validation
-                sink = self._sinks.pop(request_id, None)
-                if sink is not None:
-                    sink.put(Delta((), "error", f"{type(exc).__name__}: {exc}"))
-        elif kind == "abort":
-            sink = self._sinks.pop(arg, None)
-            if sink is not None:
-                self.engine.abort_request([arg])
-                sink.put(Delta((), "abort"))
+                del self._outputs[cmd.request_id]
+                out.append((cmd.output, Delta((), "error", f"{type(exc).__name__}: {exc}")))
+        elif isinstance(cmd, AbortRequest):
+            output = self._outputs.pop(cmd.request_id, None)
+            if output is not None:
+                self.engine.abort_request([cmd.request_id])
+                out.append((output, Delta((), "abort")))
+        else:
+            try:
+                cmd.result.set_result(cmd.fn(self.scheduler()))
+            except Exception as exc:
+                cmd.result.set_exception(exc)
 
-    def _deliver(self, out: Any) -> None:
-        sink = self._sinks.get(out.request_id)
-        if sink is None:
-            return
+    def _delta(self, out: Any) -> tuple[_Output, Delta] | None:
+        output = self._outputs.get(out.request_id)
+        if output is None:
+            return None
         completion = out.outputs[0] if out.outputs else None
         tokens = tuple(completion.token_ids) if completion is not None else ()
         reason = None
         if out.finished:
             reason = (completion.finish_reason if completion is not None else None) or "stop"
-            del self._sinks[out.request_id]
+            del self._outputs[out.request_id]
         error = "KV cache transfer failed" if reason == "error" else None
-        sink.put(Delta(tokens, reason, error))
+        return output, Delta(tokens, reason, error)
 
     def _fail_all(self, error: str) -> None:
-        ids = list(self._sinks)
-        for request_id in ids:
-            self._sinks.pop(request_id).put(Delta((), "error", error))
+        ids = list(self._outputs)
+        self._dispatch([(self._outputs.pop(rid), Delta((), "error", error)) for rid in ids])
         try:
             self.engine.abort_request(ids)
         except Exception:
             logger.exception("engine %s: abort after failure also failed", self.name)
+
+
+def _deliver(batch: list[tuple[Sink, Delta]]) -> None:
+    for sink, delta in batch:
+        try:
+            sink(delta)
+        except Exception:  # one request's consumer must not cost the others their tokens
+            logger.exception("engine output sink failed")

@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from common.cost_model import PrefillBatch, fit_decode, fit_prefill, mean_abs_pct_error
-from common.cost_profile import CostProfile, SweepPoint, find_pivot
-from engine.profile_plan import ScenarioKind, Step, held_out, pure_decode
+from tetriserve.common.cost_model import PrefillBatch, fit_decode, fit_prefill, mean_abs_pct_error
+from tetriserve.common.cost_profile import CostProfile, SweepPoint, find_pivot
+from tetriserve.engine.profile_plan import ScenarioKind, Step, held_out, pure_decode
 
 X = TypeVar("X")
 

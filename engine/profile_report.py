@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.profile_fit import Calibration
+from tetriserve.engine.profile_fit import Calibration
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

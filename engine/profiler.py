@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.config import EngineConfig
-from engine.profile_fit import MeasuredStep
-from engine.profile_plan import (
+from tetriserve.common.config import EngineConfig
+from tetriserve.engine.profile_fit import MeasuredStep
+from tetriserve.engine.profile_plan import (
     Scenario,
     ScenarioKind,
     Step,
@@ -34,7 +34,7 @@ from engine.profile_plan import (
     simulate_fcfs,
     sweep_scenarios,
 )
-from engine.settings import EngineRole, build_engine_args, engine_env
+from tetriserve.engine.settings import EngineRole, build_engine_args, engine_env
 
 
 @dataclass(frozen=True)

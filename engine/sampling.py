@@ -1,27 +1,50 @@
-"""Translate tetriserve's ``SamplingSpec`` into vLLM ``SamplingParams`` (the only place that does)."""
+"""Translate tetriserve's ``SamplingSpec`` into vLLM ``SamplingParams`` (the only place that does).
+
+Engines never detokenize (``detokenize=False``): the front door turns tokens
+into text once, and matches stop strings there over the whole output.
+``prior_outputs`` is how many of the engine request's prompt tokens were in fact
+generated before (on the prefill worker, or on another decode worker before a
+slice move): ``min_tokens`` counts them as output here, and so do the presence
+and frequency penalties, through ``engine.prior_outputs``. The caller passes
+``max_tokens`` already net of them.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from common.request import SamplingSpec
+from tetriserve.common.request import SamplingSpec
+
+PRIOR_KEY = "tetriserve_prior_outputs"  # SamplingParams.extra_args: how many prompt tokens are output tokens
 
 
 def to_vllm(
-    spec: SamplingSpec, *, max_tokens: int, kv_params: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
+    spec: SamplingSpec,
+    *,
+    max_tokens: int,
+    prior_outputs: int = 0,
+    kv_params: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Any:
     from vllm import SamplingParams
 
     extra_args: dict[str, Any] = dict(extra or {})
     if kv_params is not None:
         extra_args["kv_transfer_params"] = {"tetriserve": kv_params}
+    if prior_outputs > 0 and (spec.presence_penalty or spec.frequency_penalty):
+        extra_args[PRIOR_KEY] = prior_outputs
     return SamplingParams(
         max_tokens=max_tokens,
+        min_tokens=min(max(0, spec.min_tokens - prior_outputs), max_tokens),
         temperature=spec.temperature,
         top_p=spec.top_p,
         top_k=spec.top_k,  # 0 disables top-k in vLLM as in our spec
         seed=spec.seed,
         stop_token_ids=list(spec.stop_token_ids),
         ignore_eos=spec.ignore_eos,
+        presence_penalty=spec.presence_penalty,
+        frequency_penalty=spec.frequency_penalty,
+        repetition_penalty=spec.repetition_penalty,
+        detokenize=False,
         extra_args=extra_args or None,
     )

@@ -13,13 +13,14 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any
 
-from common.config import EngineConfig
+from tetriserve.common.config import EngineConfig
 
 if TYPE_CHECKING:
     from vllm import EngineArgs
 
-CONNECTOR_MODULE = "transport.kv_connector"
+CONNECTOR_MODULE = "tetriserve.transport.kv_connector"
 CONNECTOR_CLASS = "TetriKVConnector"
+PRIOR_OUTPUTS_PROCESSOR = "tetriserve.engine.prior_outputs:PriorOutputPenalties"  # decode engines
 
 
 class EngineRole(enum.Enum):
@@ -73,6 +74,8 @@ def build_engine_args(
             kv_connector_extra_config={"endpoint": endpoint, "backend": transport, "deadline_s": kv_deadline_s},
         )
     extra: dict[str, Any] = {}
+    if role is EngineRole.DECODE:  # the tokens it is handed as prompt were output: penalties count them
+        extra["logits_processors"] = [PRIOR_OUTPUTS_PROCESSOR]
     if scheduler_cls is not None:
         extra["scheduler_cls"] = scheduler_cls
     if on_cpu():

@@ -1,7 +1,9 @@
-"""What prefill and decode workers share: an engine, a transport endpoint, load reports, stats.
+"""What prefill and decode workers share: an engine, a transport endpoint, output streams, reports, stats.
 
-start(monitor) ─▶ every report_interval_ms: monitor.report(load())   (TetriInfer §3.2)
-stats()        ─▶ the engine's own counters, the KV connector's, the transport's, the policies in force
+start(monitor, scheduler) ─▶ every report_interval_ms: monitor.report(load())          (TetriInfer §3.2)
+                                                        scheduler.record(state events)  (the request table)
+subscribe(front door)     ─▶ that front door's one stream of token chunks from this worker (DESIGN.md §5b)
+stats()                   ─▶ the engine's own counters, the KV connector's, the transport's, the policies in force
 """
 
 from __future__ import annotations
@@ -9,31 +11,43 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from common.config import ClusterConfig
-from common.load import DecodeLoad, PrefillLoad
+from tetriserve.common.config import ClusterConfig
+from tetriserve.common.load import DecodeLoad, PrefillLoad
+from tetriserve.common.outbox import StreamHub
+from tetriserve.common.request import RequestState
+from tetriserve.common.stream import StateEvent, StreamChunk
 
 logger = logging.getLogger(__name__)
+
+HANDED_MEMORY = 4096  # requests handed on to another worker, remembered to forward a late abort
 
 
 class EngineWorker:
     """Base of the worker actors; subclasses build ``self.engine`` and implement ``load`` and ``policies``."""
 
     def __init__(self, worker_id: str, config: ClusterConfig) -> None:
-        from transport import endpoints
+        from tetriserve.transport import endpoints
 
         self.worker_id = worker_id
         self.config = config
         self.endpoint = endpoints.get_or_create(worker_id, config.transport, f"{config.host}:0")
         self.engine: Any = None
+        self.streams = StreamHub()
+        self._events: list[StateEvent] = []
+        self._handed: OrderedDict[str, Any] = OrderedDict()  # request id -> handle of the worker it went on to
         self._monitor: Any = None
+        self._scheduler: Any = None
         self._report_task: asyncio.Task[None] | None = None
 
-    async def start(self, monitor: Any) -> str:
-        """Begin load reports to the ClusterMonitor; returns the KV endpoint address to advertise."""
+    async def start(self, monitor: Any, scheduler: Any = None) -> str:
+        """Begin load reports to the ClusterMonitor and state events to the GlobalScheduler; returns the KV
+        endpoint address to advertise."""
         self._monitor = monitor
+        self._scheduler = scheduler
         self._report_task = asyncio.create_task(self._report_loop())
         return self.endpoint.address
 
@@ -44,7 +58,7 @@ class EngineWorker:
         raise NotImplementedError
 
     def stats(self) -> dict[str, Any]:
-        from transport import kv_connector
+        from tetriserve.transport import kv_connector
 
         return {
             "engine": self.engine.stats(),
@@ -52,6 +66,36 @@ class EngineWorker:
             "transport": self.endpoint.stats(),
             "policy": self.policies(),
         }
+
+    # -- output streams and events ---------------------------------------------------------
+    async def subscribe(self, subscriber: str) -> AsyncIterator[list[StreamChunk]]:
+        """A front door's one stream from this worker: batches of chunks of every request it sent here."""
+        try:
+            async for batch in self.streams.subscribe(subscriber):
+                yield batch
+        finally:
+            self._subscriber_gone(subscriber)
+
+    def _subscriber_gone(self, subscriber: str) -> None:
+        """The front door's stream has closed: nobody reads its requests any more (subclasses abort them)."""
+
+    def event(self, request_id: str, state: RequestState, detail: str = "", output_tokens: int = 0) -> None:
+        """Note a request's state change for the GlobalScheduler's table (sent with the next report)."""
+        if self._scheduler is not None:
+            self._events.append(StateEvent(request_id, state, time.time(), self.worker_id, detail, output_tokens))
+
+    def handed_on(self, request_id: str, handle: Any) -> None:
+        """``request_id`` continues on the worker behind ``handle``: later aborts go there."""
+        self._handed[request_id] = handle
+        while len(self._handed) > HANDED_MEMORY:
+            self._handed.popitem(last=False)
+
+    def forward_abort(self, request_id: str) -> bool:
+        """Abort a request that went on to another worker, there; False if it never passed through here."""
+        handle = self._handed.pop(request_id, None)
+        if handle is not None:
+            handle.abort.remote(request_id)
+        return handle is not None
 
     async def parked_kv(self, key: str, give_up: Callable[[], bool] = lambda: False) -> list[bytearray] | None:
         """The KV the engine parked in this endpoint under ``key`` (in the step that computed it), or None
@@ -68,6 +112,9 @@ class EngineWorker:
         while True:
             try:
                 self._monitor.report.remote(self.load())
+                if self._events and self._scheduler is not None:
+                    events, self._events = self._events, []
+                    self._scheduler.record.remote(events)
             except Exception:
                 logger.exception("%s: load report failed", self.worker_id)
             await asyncio.sleep(interval)

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from length_predictor.buckets import BucketSpec
-from length_predictor.heads import HeadsConfig, LengthHeads
-from length_predictor.padding import BucketWidths, PaddingParams
+from tetriserve.length_predictor.buckets import BucketSpec
+from tetriserve.length_predictor.heads import HeadsConfig, LengthHeads
+from tetriserve.length_predictor.padding import BucketWidths, PaddingParams
 
 FORMAT = 1
 

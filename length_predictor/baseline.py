@@ -17,7 +17,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from common.length import LengthEstimate, PredictInput
+from tetriserve.common.length import LengthEstimate, PredictInput
 
 
 def _quantile(sorted_values: Sequence[int], q: float) -> int:

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from length_predictor import artifact as art_io
-from length_predictor.data import (
+from tetriserve.length_predictor import artifact as art_io
+from tetriserve.length_predictor.data import (
     SPLIT_SALT,
     Pair,
     build_pairs,
@@ -30,10 +30,10 @@ from length_predictor.data import (
     read_pairs,
     tokenizer_counter,
 )
-from length_predictor.embed_cache import cached_embeddings
-from length_predictor.encoder import ENCODER_NAME, ENCODER_PACKAGE, features
-from length_predictor.paths import ARTIFACTS_DIR, artifact_stem, predictor_home, run_dir
-from length_predictor.train import TrainConfig, TrainedHeads, train_heads
+from tetriserve.length_predictor.embed_cache import cached_embeddings
+from tetriserve.length_predictor.encoder import ENCODER_NAME, ENCODER_PACKAGE, features
+from tetriserve.length_predictor.paths import ARTIFACTS_DIR, artifact_stem, predictor_home, run_dir
+from tetriserve.length_predictor.train import TrainConfig, TrainedHeads, train_heads
 
 logger = logging.getLogger(__name__)
 LABEL_SOURCE = "ShareGPT gpt turn (ChatGPT's answer), counted in the target tokenizer"
@@ -119,7 +119,7 @@ def train(
         if mode == "fast":
             result = train_heads(tx, ty, vx, vy, gcfg)
         else:
-            from length_predictor.finetune import finetune_full
+            from tetriserve.length_predictor.finetune import finetune_full
 
             def cols(ps: list[Pair]) -> tuple[list[str], list[int], np.ndarray]:
                 return [p.prompt for p in ps], [p.prompt_len for p in ps], np.asarray([p.response_len for p in ps])
@@ -155,7 +155,7 @@ def evaluate(
     artifact_paths: Sequence[str | Path], target_tokenizer: str, out_dir: str | Path, progress: bool = True
 ) -> Path:
     """Evaluate each artifact on the test split of the pairs it was trained on; write the report."""
-    from length_predictor.report import evaluate_one, write_report
+    from tetriserve.length_predictor.report import evaluate_one, write_report
 
     results = []
     summary: dict[str, Any] = {}

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from common.sharegpt import iter_conversations
+from tetriserve.common.sharegpt import iter_conversations
 
 logger = logging.getLogger(__name__)
 

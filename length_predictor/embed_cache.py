@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from length_predictor.encoder import DEFAULT_MAX_LENGTH, ENCODER_NAME, Encoder
-from length_predictor.paths import predictor_home
+from tetriserve.length_predictor.encoder import DEFAULT_MAX_LENGTH, ENCODER_NAME, Encoder
+from tetriserve.length_predictor.paths import predictor_home
 
 logger = logging.getLogger(__name__)
 

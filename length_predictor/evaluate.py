@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from length_predictor.padding import BucketWidths
+from tetriserve.length_predictor.padding import BucketWidths
 
 
 def accuracy(pred: np.ndarray, true: np.ndarray) -> float:

@@ -16,13 +16,13 @@ import importlib.util
 import logging
 from pathlib import Path
 
-from common.config import PrefillConfig
-from common.length import LengthPredictor
-from length_predictor.artifact import weights_path
-from length_predictor.baseline import BucketQuantilePredictor
-from length_predictor.encoder import ENCODER_PACKAGE
-from length_predictor.padding import PaddingParams
-from length_predictor.paths import default_artifact
+from tetriserve.common.config import PrefillConfig
+from tetriserve.common.length import LengthPredictor
+from tetriserve.length_predictor.artifact import weights_path
+from tetriserve.length_predictor.baseline import BucketQuantilePredictor
+from tetriserve.length_predictor.encoder import ENCODER_PACKAGE
+from tetriserve.length_predictor.padding import PaddingParams
+from tetriserve.length_predictor.paths import default_artifact
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def build_predictor(config: PrefillConfig, model_path: str | None) -> LengthPred
     if kind == "baseline":
         return BucketQuantilePredictor()
     if kind == "oracle":
-        from length_predictor.oracle import OraclePredictor
+        from tetriserve.length_predictor.oracle import OraclePredictor
 
         if not config.predictor_workload:
             raise ValueError("prefill.predictor_workload is required when prefill.predictor is 'oracle'")
@@ -68,7 +68,7 @@ def build_predictor(config: PrefillConfig, model_path: str | None) -> LengthPred
             raise FileNotFoundError(f"prefill.predictor=trained: {reason}")
         logger.warning("length predictor: baseline, because %s", reason)
         return BucketQuantilePredictor()
-    from length_predictor.served import TrainedPredictor
+    from tetriserve.length_predictor.served import TrainedPredictor
 
     predictor = TrainedPredictor(artifact, model_path, padding=_padding(config))
     logger.info("length predictor: %s from %s", predictor.name, artifact)

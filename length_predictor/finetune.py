@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from length_predictor.encoder import FEATURE_DIM, Encoder, features, length_feature, mean_pool
-from length_predictor.heads import LengthHeads
-from length_predictor.train import TrainConfig, TrainedHeads, finish_heads, new_heads, training_args
+from tetriserve.length_predictor.encoder import FEATURE_DIM, Encoder, features, length_feature, mean_pool
+from tetriserve.length_predictor.heads import LengthHeads
+from tetriserve.length_predictor.train import TrainConfig, TrainedHeads, finish_heads, new_heads, training_args
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from length_predictor.data import Pair, write_pairs
+from tetriserve.length_predictor.data import Pair, write_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def label_with_cluster(
     """Send every prompt through the cluster; write the relabelled pairs to ``out``."""
     from tqdm import tqdm
 
-    from client import InvalidArgument, TetriServeClient
+    from tetriserve.client import InvalidArgument, TetriServeClient
 
     rejected = 0
     capped = 0

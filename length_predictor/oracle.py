@@ -20,9 +20,9 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from common.length import LengthEstimate, LengthPredictor, PredictInput
-from length_predictor.baseline import BucketQuantilePredictor
-from length_predictor.buckets import BucketSpec
+from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
+from tetriserve.length_predictor.baseline import BucketQuantilePredictor
+from tetriserve.length_predictor.buckets import BucketSpec
 
 
 def prompt_key(token_ids: Sequence[int]) -> str:

@@ -31,8 +31,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.length import LengthEstimate
-from length_predictor.buckets import BucketSpec
+from tetriserve.common.length import LengthEstimate
+from tetriserve.length_predictor.buckets import BucketSpec
 
 
 def hoeffding_padding(width: float, confidence: float) -> float:

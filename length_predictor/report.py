@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from length_predictor import evaluate as ev
-from length_predictor.artifact import Artifact
-from length_predictor.data import Pair
-from length_predictor.train import predict_arrays
+from tetriserve.length_predictor import evaluate as ev
+from tetriserve.length_predictor.artifact import Artifact
+from tetriserve.length_predictor.data import Pair
+from tetriserve.length_predictor.train import predict_arrays
 
 PAPER_ACCURACY = {100: 0.589, 200: 0.749, 400: 0.850}  # TetriInfer §5.2.2, OPT-125M on 75K ShareGPT prompts
 CONFIDENCES = (0.8, 0.9, 0.95)

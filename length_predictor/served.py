@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common.length import LengthEstimate, LengthPredictor, PredictInput
-from length_predictor.baseline import BucketQuantilePredictor
-from length_predictor.batcher import CoalescingBatcher
-from length_predictor.padding import ArrivalRateMeter, PaddingParams, padded_estimate
+from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
+from tetriserve.length_predictor.baseline import BucketQuantilePredictor
+from tetriserve.length_predictor.batcher import CoalescingBatcher
+from tetriserve.length_predictor.padding import ArrivalRateMeter, PaddingParams, padded_estimate
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +110,8 @@ class TrainedPredictor:
 
     # -- internals -------------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:
-        from length_predictor.artifact import load
-        from length_predictor.encoder import Encoder
+        from tetriserve.length_predictor.artifact import load
+        from tetriserve.length_predictor.encoder import Encoder
 
         t0 = time.perf_counter()
         art = load(self.artifact_path)
@@ -147,8 +147,8 @@ class TrainedPredictor:
         import numpy as np
         import torch
 
-        from length_predictor.encoder import EMBED_DIM, features
-        from length_predictor.heads import infer
+        from tetriserve.length_predictor.encoder import EMBED_DIM, features
+        from tetriserve.length_predictor.heads import infer
 
         loaded = self.load()
         art, encoder = loaded["art"], loaded["encoder"]

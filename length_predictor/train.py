@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from length_predictor.buckets import DEFAULT_OPEN_FROM, BucketSpec
-from length_predictor.heads import LABEL_NAMES, HeadsConfig, LengthHeads, infer
-from length_predictor.padding import BucketWidths, fit_widths
+from tetriserve.length_predictor.buckets import DEFAULT_OPEN_FROM, BucketSpec
+from tetriserve.length_predictor.heads import LABEL_NAMES, HeadsConfig, LengthHeads, infer
+from tetriserve.length_predictor.padding import BucketWidths, fit_widths
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from prefill_worker.queue import QueuePolicy
-from prefill_worker.views import ReqView
+from tetriserve.prefill_worker.queue import QueuePolicy
+from tetriserve.prefill_worker.views import ReqView
 
 
 class RequestAborted(Exception):

@@ -12,12 +12,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from common.config import PrefillConfig
-from common.cost_estimator import CostEstimator
-from common.cost_profile import CostProfile, default_profile_path
-from prefill_worker.chunking import ChunkingPolicy, make_chunking_policy
-from prefill_worker.chunking.dynamic import Selection
-from prefill_worker.queue import QueuePolicy, make_queue_policy
+from tetriserve.common.config import PrefillConfig
+from tetriserve.common.cost_estimator import CostEstimator
+from tetriserve.common.cost_profile import CostProfile, default_profile_path
+from tetriserve.prefill_worker.chunking import ChunkingPolicy, make_chunking_policy
+from tetriserve.prefill_worker.chunking.dynamic import Selection
+from tetriserve.prefill_worker.queue import QueuePolicy, make_queue_policy
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from common.length import LengthEstimate
+from tetriserve.common.length import LengthEstimate
 
 EXTRA_KEY = "tetriserve"  # SamplingParams.extra_args key: arrival, priority, ttft_slo_s, jct_slo_s, batch_seq
 

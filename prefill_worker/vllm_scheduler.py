@@ -29,9 +29,9 @@ from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from common.iteration_log import IterationLog, IterationRecord
-from prefill_worker.policy import PrefillPolicy, PrefillPolicySpec, build_prefill_policy
-from prefill_worker.views import EXTRA_KEY, Chunk, PrefillState, ReqView
+from tetriserve.common.iteration_log import IterationLog, IterationRecord
+from tetriserve.prefill_worker.policy import PrefillPolicy, PrefillPolicySpec, build_prefill_policy
+from tetriserve.prefill_worker.views import EXTRA_KEY, Chunk, PrefillState, ReqView
 
 
 @dataclass(frozen=True)

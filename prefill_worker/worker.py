@@ -1,17 +1,20 @@
 """PrefillWorker: one prefill instance (TetriInfer §3.3), run as a named Ray actor.
 
-    prefill(req) ─▶ raw queue ─policy, PrefillSchedBatch at a time─▶ scheduled
+    submit(req, front door) ─▶ raw queue ─policy, PrefillSchedBatch at a time─▶ scheduled
                      │ length predictor (trained heads or baseline; in a thread, parallel mode)
                      │ dispatcher: decode worker from the broadcast loads (power-of-two)
                      ▼
                   vLLM engine: chunked prefill (token budget = ChunkSize), max_tokens=1;
-                  the KV connector pushes the prompt's KV to the chosen decode endpoint
-                     │ first token ─▶ yielded at once (TTFT)
+                  the KV connector parks the prompt's KV in this worker's endpoint
+                     │ first token ─▶ the front door's stream from this worker, at once (TTFT)
                      ▼
-                  decode worker.submit(prompt + first token) ─▶ yield Handoff
+                  KV sent to the chosen decode worker ─▶ decode.submit(prompt + first token)
+                     ─▶ a ``moved_to`` marker on the front door's stream: the rest comes from there
 
-The actor is plain Python over the engine adapter; Ray-specific code is the
-handful of actor calls to the monitor and decode workers.
+Tokens go straight to the front door that submitted the request (DESIGN.md
+§5b); the GlobalScheduler hears only state events. The actor is plain Python
+over the engine adapter; Ray-specific code is the handful of actor calls to the
+monitor and decode workers.
 """
 
 from __future__ import annotations
@@ -21,32 +24,31 @@ import logging
 import random
 import time
 import zlib
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from common.config import ClusterConfig
-from common.length import LengthEstimate, LengthPredictor, PredictInput
-from common.load import DecodeLoad, PrefillLoad
-from common.request import Request
-from common.stream import Handoff, StreamChunk
-from engine.settings import EngineRole, build_engine_args
-from engine.worker_base import EngineWorker
-from prefill_worker.admission import RequestAborted, SchedBatchGate
-from prefill_worker.dispatch import DispatchParams, make_dispatch_policy
-from prefill_worker.dispatch.base import account
-from prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
-from prefill_worker.views import EXTRA_KEY, ReqView
+from tetriserve.common.config import ClusterConfig
+from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
+from tetriserve.common.load import DecodeLoad, PrefillLoad
+from tetriserve.common.request import Request, RequestState
+from tetriserve.common.stream import FinishReason, StreamChunk
+from tetriserve.engine.settings import EngineRole, build_engine_args
+from tetriserve.engine.worker_base import EngineWorker
+from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate
+from tetriserve.prefill_worker.dispatch import DispatchParams, make_dispatch_policy
+from tetriserve.prefill_worker.dispatch.base import account
+from tetriserve.prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
+from tetriserve.prefill_worker.views import EXTRA_KEY, ReqView
 
-SCHEDULER_CLS = "prefill_worker.vllm_scheduler.TetriPrefillScheduler"
+SCHEDULER_CLS = "tetriserve.prefill_worker.vllm_scheduler.TetriPrefillScheduler"
 
 logger = logging.getLogger(__name__)
 
 
 class PrefillWorker(EngineWorker):
     def __init__(self, worker_id: str, config: ClusterConfig, model_path: str, predictor: LengthPredictor) -> None:
-        from engine.hardware import detect_hardware
-        from engine.loop import EngineLoop
+        from tetriserve.engine.hardware import detect_hardware
+        from tetriserve.engine.loop import EngineLoop
 
         super().__init__(worker_id, config)
         self.cost = load_cost(config.prefill, model_path, detect_hardware())
@@ -62,8 +64,8 @@ class PrefillWorker(EngineWorker):
             kv_deadline_s=config.kv_transfer_timeout_s,
             scheduler_cls=SCHEDULER_CLS,
         )
-        self.engine = EngineLoop(args, worker_id)
-        self.engine.scheduler().configure(self.policy)
+        self.engine = EngineLoop(args, worker_id, snapshot_fn=lambda s: s.log.stats())
+        self.engine.call_now(lambda s: s.configure(self.policy))
         self.gate = SchedBatchGate(self.policy.queue, self.policy.spec.sched_batch)
         self.predictor = predictor
         self.dispatcher = make_dispatch_policy(
@@ -74,12 +76,13 @@ class PrefillWorker(EngineWorker):
         self.decode_addresses: dict[str, str] = {}
         self._aborted: dict[str, None] = {}  # insertion-ordered set: ids aborted after leaving the engine
         self._decode_handles: dict[str, Any] = {}
+        self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}  # request id -> (subscriber, its task)
 
     # -- wiring --------------------------------------------------------------------
-    async def start(self, monitor: Any) -> str:
+    async def start(self, monitor: Any, scheduler: Any = None) -> str:
         """Load the length predictor before the first request needs it, then start load reports."""
         await asyncio.to_thread(self.predictor.warm_up)
-        return await super().start(monitor)
+        return await super().start(monitor, scheduler)
 
     def update_decode_view(self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, Any]) -> None:
         """Called by the ClusterMonitor's broadcast (TetriInfer §3.2)."""
@@ -98,23 +101,63 @@ class PrefillWorker(EngineWorker):
     def policies(self) -> dict[str, str]:
         return {**self.policy.spec.describe(), "dispatch": self.dispatcher.name}
 
-    def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
+    async def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
         """Admin RPC: switch queue policy, chunking, chunk size or PrefillSchedBatch at run time."""
         spec = self.policy.spec.updated(changes)
         if spec.chunk_size > self.ceiling:
             raise ValueError(f"prefill.chunk_size {spec.chunk_size} exceeds this engine's ceiling {self.ceiling}")
         policy = build_prefill_policy(spec, self.cost)
-        self.engine.scheduler().configure(policy)
+        await self.engine.call(lambda s: s.configure(policy))
         self.gate.set_policy(policy.queue, spec.sched_batch)
         self.policy = policy
         logger.info("prefill %s: policy now %s", self.worker_id, self.policies())
         return self.policies()
 
     def stats(self) -> dict[str, Any]:
-        return {**super().stats(), "scheduler": self.engine.scheduler().log.stats()}
+        return {**super().stats(), "scheduler": self.engine.snapshot.extra}
 
     # -- the request path -------------------------------------------------------------
-    async def prefill(self, req: Request) -> AsyncIterator[StreamChunk | Handoff]:
+    def submit(self, req: Request, subscriber: str) -> None:
+        """Take ``req``; its tokens go to ``subscriber``'s stream from this worker (``subscribe``)."""
+        if req.request_id in self._tasks:
+            self._publish(subscriber, req, (), FinishReason.ERROR, f"request id {req.request_id} is already here")
+            return
+        task = asyncio.create_task(self._serve(req, subscriber))
+        self._tasks[req.request_id] = (subscriber, task)
+        task.add_done_callback(lambda _: self._tasks.pop(req.request_id, None))
+
+    def _publish(
+        self,
+        subscriber: str,
+        req: Request,
+        tokens: tuple[int, ...],
+        reason: FinishReason | None = None,
+        error: str | None = None,
+        *,
+        index: int = 0,
+        moved_to: str | None = None,
+    ) -> None:
+        chunk = StreamChunk(
+            req.request_id,
+            tokens,
+            reason,
+            error,
+            len(req.prompt_token_ids),
+            self.worker_id,
+            moved_to=moved_to,
+            index=index,
+            attempt=req.attempt,
+        )
+        self.streams.publish(subscriber, chunk)
+
+    async def _serve(self, req: Request, subscriber: str) -> None:
+        try:
+            await self._prefill(req, subscriber)
+        except Exception as exc:  # a bug in our adapter: finish the request, keep the worker
+            logger.exception("prefill %s: request %s failed", self.worker_id, req.request_id)
+            self._publish(subscriber, req, (), FinishReason.ERROR, f"prefill worker failed: {type(exc).__name__}")
+
+    async def _prefill(self, req: Request, subscriber: str) -> None:
         rid = req.request_id
         view = ReqView(
             rid,
@@ -134,19 +177,20 @@ class PrefillWorker(EngineWorker):
             predicting = asyncio.ensure_future(asyncio.to_thread(self.predictor.predict, [item]))
         try:
             async with self.gate.turn(view) as batch_seq:
-                first = await self._run_engine(req, replace(view, batch_seq=batch_seq), park=decodes)
+                tokens, reason, error = await self._run_engine(req, replace(view, batch_seq=batch_seq), park=decodes)
         except RequestAborted:
-            yield StreamChunk(rid, (), "abort", None, view.prompt_len, self.worker_id)
+            self._publish(subscriber, req, (), FinishReason.ABORT)
             return
-        if first.finish_reason is not None or predicting is None:
+        if reason is not None or predicting is None:
             # finished at prefill (the GlobalScheduler feeds the outcome back through ``observe``)
             if predicting is not None:
                 predicting.cancel()
             self._aborted.pop(rid, None)
             self.endpoint.discard(rid)
-            yield replace(first, finish_reason=first.finish_reason or "length")
+            self._publish(subscriber, req, tokens, FinishReason(reason or FinishReason.LENGTH), error)
             return
-        yield first  # TTFT does not wait for the prediction or the dispatch
+        self._publish(subscriber, req, tokens)  # TTFT does not wait for the prediction or the dispatch
+        self.event(rid, RequestState.TRANSFERRING)
         estimate = await self._estimate(predicting, view)
         decode_id = await self._choose_decode(replace(view, estimate=estimate))
         error = (
@@ -155,16 +199,22 @@ class PrefillWorker(EngineWorker):
         if rid in self._aborted:  # aborted after its first token, before the handoff
             del self._aborted[rid]
             self.endpoint.discard(rid)
-            yield StreamChunk(rid, (), "abort", None, view.prompt_len, self.worker_id)
+            self._publish(subscriber, req, (), FinishReason.ABORT, index=len(tokens))
             return
         if error is not None or decode_id is None:
             self.endpoint.discard(rid)
-            yield StreamChunk(rid, (), "error", error, view.prompt_len, self.worker_id)
+            self._publish(subscriber, req, (), FinishReason.ERROR, error, index=len(tokens))
             return
-        if not await self._decode(decode_id).submit.remote(req, first.token_ids[0], estimate):
-            yield StreamChunk(rid, (), "error", f"decode worker {decode_id} refused the request")
+        decode = self._decode(decode_id)
+        if not await decode.submit.remote(req, tokens[0], estimate, subscriber):
+            self._publish(subscriber, req, (), FinishReason.ERROR, f"decode worker {decode_id} refused the request")
             return
-        yield Handoff(rid, decode_id)
+        self.handed_on(rid, decode)
+        if rid in self._aborted:  # aborted while the decode worker took it: abort it there
+            del self._aborted[rid]
+            self.forward_abort(rid)
+        self._publish(subscriber, req, (), index=len(tokens), moved_to=decode_id)
+        self.event(rid, RequestState.DECODE_QUEUED, decode_id)
 
     async def _estimate(self, predicting: asyncio.Future[list[LengthEstimate]], view: ReqView) -> LengthEstimate:
         try:
@@ -198,8 +248,11 @@ class PrefillWorker(EngineWorker):
             self.decode_loads[worker_id], view, self.config.prefill.heavy_threshold_tokens
         )
 
-    async def _run_engine(self, req: Request, view: ReqView, park: bool) -> StreamChunk:
-        from engine.sampling import to_vllm
+    async def _run_engine(
+        self, req: Request, view: ReqView, park: bool
+    ) -> tuple[tuple[int, ...], str | None, str | None]:
+        """Prefill ``req``: (its first token(s), the finish reason if it ended here, an error)."""
+        from tetriserve.engine.sampling import to_vllm
 
         kv = {"mode": "park", "key": req.request_id} if park else None
         meta = {
@@ -217,11 +270,14 @@ class PrefillWorker(EngineWorker):
             reason, error = delta.finish_reason, delta.error
         if reason == "length" and park:
             reason = None  # max_tokens=1 is ours, not the client's: the request goes on to decode
-        return StreamChunk(req.request_id, tuple(tokens), reason, error, len(req.prompt_token_ids), self.worker_id)
+        return tuple(tokens), reason, error
 
     def abort(self, request_id: str) -> bool:
-        """Abort wherever the request is: raw queue, engine, or between its first token and the handoff."""
+        """Abort wherever the request is: raw queue, engine, between its first token and the handoff, or on
+        the decode worker it was handed to."""
         self.endpoint.discard(request_id)
+        if self.forward_abort(request_id):
+            return True
         if self.gate.cancel(request_id):
             return True
         self.engine.abort(request_id)
@@ -229,6 +285,11 @@ class PrefillWorker(EngineWorker):
         if len(self._aborted) > 10_000:  # ids of requests that had long finished: forget the oldest
             del self._aborted[next(iter(self._aborted))]
         return True
+
+    def _subscriber_gone(self, subscriber: str) -> None:
+        for rid, (sub, _) in list(self._tasks.items()):
+            if sub == subscriber:
+                self.abort(rid)
 
     def _decode(self, worker_id: str) -> Any:
         return self._decode_handles[worker_id]

@@ -1,1 +1,4 @@
-"""The gRPC API (``tetriserve.proto``) and its generated stubs; regenerate with ``python -m protos.generate``."""
+"""The gRPC API (``tetriserve.proto``) and its generated stubs.
+
+Regenerate them with ``python -m tetriserve.protos.generate``.
+"""

@@ -2,17 +2,20 @@
 
 Usage::
 
-    python -m protos.generate            # rewrite protos/*_pb2*.py{,i} in place
-    python -m protos.generate --out DIR  # write DIR/protos/... instead (used by the staleness test)
+    python -m tetriserve.protos.generate            # rewrite protos/*_pb2*.py{,i} in place
+    python -m tetriserve.protos.generate --out DIR  # write DIR/protos/... instead (used by the staleness test)
 
-The repository root is the include path, so the generated gRPC module imports
-its messages as ``from protos import tetriserve_pb2`` and works as a package.
+The protos are compiled from a staging copy laid out as they install
+(``tetriserve/protos/*.proto``), so the generated gRPC module imports its
+messages as ``from tetriserve.protos import tetriserve_pb2``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -30,25 +33,25 @@ def generate(out_root: Path = REPO_ROOT) -> list[Path]:
     """Run ``grpc_tools.protoc`` on every proto; return the files written under ``out_root/protos``."""
     from grpc_tools import protoc  # imported lazily: a build tool, not a runtime dependency
 
-    out_root = Path(out_root)
-    (out_root / "protos").mkdir(parents=True, exist_ok=True)
-    sources = [str(p.relative_to(REPO_ROOT)) for p in proto_files()]
-    if not sources:
+    out_dir = Path(out_root) / "protos"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    protos = proto_files()
+    if not protos:
         raise ValueError(f"no .proto files found in {PROTO_DIR}")
-    args = [
-        "grpc_tools.protoc",
-        f"--proto_path={REPO_ROOT}",
-        f"--python_out={out_root}",
-        f"--pyi_out={out_root}",
-        f"--grpc_python_out={out_root}",
-        *sources,
-    ]
-    code = protoc.main(args)
-    if code != 0:
-        raise RuntimeError(f"protoc failed with exit code {code} for {sources}")
-    written = sorted(
-        p for p in (out_root / "protos").iterdir() if p.name.endswith(("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"))
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / "tetriserve" / "protos"
+        staged.mkdir(parents=True)
+        for proto in protos:
+            shutil.copy(proto, staged / proto.name)
+        sources = [f"tetriserve/protos/{p.name}" for p in protos]
+        args = ["grpc_tools.protoc", f"--proto_path={tmp}", f"--python_out={tmp}", f"--pyi_out={tmp}"]
+        code = protoc.main([*args, f"--grpc_python_out={tmp}", *sources])
+        if code != 0:
+            raise RuntimeError(f"protoc failed with exit code {code} for {sources}")
+        written = []
+        for path in sorted(staged.iterdir()):
+            if path.name.endswith(("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")):
+                written.append(Path(shutil.copy(path, out_dir / path.name)))
     logger.info("generated %s", [str(p) for p in written])
     return written
 

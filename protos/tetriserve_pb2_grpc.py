@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import tetriserve_pb2 as protos_dot_tetriserve__pb2
+from tetriserve.protos import tetriserve_pb2 as tetriserve_dot_protos_dot_tetriserve__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/tetriserve_pb2_grpc.py depends on'
+        + ' but the generated code in tetriserve/protos/tetriserve_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,28 +37,28 @@ class TetriServeStub:
         """
         self.Generate = channel.unary_stream(
                 '/tetriserve.v1.TetriServe/Generate',
-                request_serializer=protos_dot_tetriserve__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=protos_dot_tetriserve__pb2.GenerateResponse.FromString,
+                request_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/tetriserve.v1.TetriServe/Abort',
-                request_serializer=protos_dot_tetriserve__pb2.AbortRequest.SerializeToString,
-                response_deserializer=protos_dot_tetriserve__pb2.AbortResponse.FromString,
+                request_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.AbortRequest.SerializeToString,
+                response_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.AbortResponse.FromString,
                 _registered_method=True)
         self.Health = channel.unary_unary(
                 '/tetriserve.v1.TetriServe/Health',
-                request_serializer=protos_dot_tetriserve__pb2.HealthRequest.SerializeToString,
-                response_deserializer=protos_dot_tetriserve__pb2.HealthResponse.FromString,
+                request_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.HealthRequest.SerializeToString,
+                response_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.HealthResponse.FromString,
                 _registered_method=True)
         self.ClusterStatus = channel.unary_unary(
                 '/tetriserve.v1.TetriServe/ClusterStatus',
-                request_serializer=protos_dot_tetriserve__pb2.ClusterStatusRequest.SerializeToString,
-                response_deserializer=protos_dot_tetriserve__pb2.ClusterStatusResponse.FromString,
+                request_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.ClusterStatusRequest.SerializeToString,
+                response_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
         self.SetPolicy = channel.unary_unary(
                 '/tetriserve.v1.TetriServe/SetPolicy',
-                request_serializer=protos_dot_tetriserve__pb2.SetPolicyRequest.SerializeToString,
-                response_deserializer=protos_dot_tetriserve__pb2.SetPolicyResponse.FromString,
+                request_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.SetPolicyRequest.SerializeToString,
+                response_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.SetPolicyResponse.FromString,
                 _registered_method=True)
 
 
@@ -109,28 +109,28 @@ def add_TetriServeServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=protos_dot_tetriserve__pb2.GenerateRequest.FromString,
-                    response_serializer=protos_dot_tetriserve__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.GenerateRequest.FromString,
+                    response_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.GenerateResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
-                    request_deserializer=protos_dot_tetriserve__pb2.AbortRequest.FromString,
-                    response_serializer=protos_dot_tetriserve__pb2.AbortResponse.SerializeToString,
+                    request_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.AbortRequest.FromString,
+                    response_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.AbortResponse.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
-                    request_deserializer=protos_dot_tetriserve__pb2.HealthRequest.FromString,
-                    response_serializer=protos_dot_tetriserve__pb2.HealthResponse.SerializeToString,
+                    request_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.HealthRequest.FromString,
+                    response_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.HealthResponse.SerializeToString,
             ),
             'ClusterStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ClusterStatus,
-                    request_deserializer=protos_dot_tetriserve__pb2.ClusterStatusRequest.FromString,
-                    response_serializer=protos_dot_tetriserve__pb2.ClusterStatusResponse.SerializeToString,
+                    request_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.ClusterStatusRequest.FromString,
+                    response_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.ClusterStatusResponse.SerializeToString,
             ),
             'SetPolicy': grpc.unary_unary_rpc_method_handler(
                     servicer.SetPolicy,
-                    request_deserializer=protos_dot_tetriserve__pb2.SetPolicyRequest.FromString,
-                    response_serializer=protos_dot_tetriserve__pb2.SetPolicyResponse.SerializeToString,
+                    request_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.SetPolicyRequest.FromString,
+                    response_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.SetPolicyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -159,8 +159,8 @@ class TetriServe:
             request,
             target,
             '/tetriserve.v1.TetriServe/Generate',
-            protos_dot_tetriserve__pb2.GenerateRequest.SerializeToString,
-            protos_dot_tetriserve__pb2.GenerateResponse.FromString,
+            tetriserve_dot_protos_dot_tetriserve__pb2.GenerateRequest.SerializeToString,
+            tetriserve_dot_protos_dot_tetriserve__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -186,8 +186,8 @@ class TetriServe:
             request,
             target,
             '/tetriserve.v1.TetriServe/Abort',
-            protos_dot_tetriserve__pb2.AbortRequest.SerializeToString,
-            protos_dot_tetriserve__pb2.AbortResponse.FromString,
+            tetriserve_dot_protos_dot_tetriserve__pb2.AbortRequest.SerializeToString,
+            tetriserve_dot_protos_dot_tetriserve__pb2.AbortResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -213,8 +213,8 @@ class TetriServe:
             request,
             target,
             '/tetriserve.v1.TetriServe/Health',
-            protos_dot_tetriserve__pb2.HealthRequest.SerializeToString,
-            protos_dot_tetriserve__pb2.HealthResponse.FromString,
+            tetriserve_dot_protos_dot_tetriserve__pb2.HealthRequest.SerializeToString,
+            tetriserve_dot_protos_dot_tetriserve__pb2.HealthResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -240,8 +240,8 @@ class TetriServe:
             request,
             target,
             '/tetriserve.v1.TetriServe/ClusterStatus',
-            protos_dot_tetriserve__pb2.ClusterStatusRequest.SerializeToString,
-            protos_dot_tetriserve__pb2.ClusterStatusResponse.FromString,
+            tetriserve_dot_protos_dot_tetriserve__pb2.ClusterStatusRequest.SerializeToString,
+            tetriserve_dot_protos_dot_tetriserve__pb2.ClusterStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -267,8 +267,8 @@ class TetriServe:
             request,
             target,
             '/tetriserve.v1.TetriServe/SetPolicy',
-            protos_dot_tetriserve__pb2.SetPolicyRequest.SerializeToString,
-            protos_dot_tetriserve__pb2.SetPolicyResponse.FromString,
+            tetriserve_dot_protos_dot_tetriserve__pb2.SetPolicyRequest.SerializeToString,
+            tetriserve_dot_protos_dot_tetriserve__pb2.SetPolicyResponse.FromString,
             options,
             channel_credentials,
             insecure,

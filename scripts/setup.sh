@@ -28,6 +28,8 @@ else
 fi
 EXTRAS=$ENGINE
 [[ $DEV == 1 ]] && EXTRAS="$EXTRAS,dev"
+# the gRPC SDK is its own distribution (sdk/), which the server's depends on: install it first
+"$VPY" -m pip install --quiet -e ./sdk
 "$VPY" -m pip install --quiet -e ".[$EXTRAS]"
 
 if [[ $ENGINE == cpu ]]; then

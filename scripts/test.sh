@@ -8,7 +8,18 @@ echo "==> import contracts"
 echo "==> ruff"
 .venv/bin/ruff check .
 echo "==> mypy --strict (common and the policy packages)"
-.venv/bin/mypy common prefill_worker/queue prefill_worker/chunking prefill_worker/dispatch prefill_worker/views.py prefill_worker/policy.py decode_worker/views.py decode_worker/admission decode_worker/preemption decode_worker/policy.py decode_worker/slices.py length_predictor/baseline.py \
-    length_predictor/buckets.py length_predictor/padding.py length_predictor/batcher.py length_predictor/oracle.py
+# mypy cannot follow the editable install's import hook, so it reads the folders through a view laid out as
+# they install (tetriserve/<folder> -> <folder>)
+VIEW=build/typecheck
+rm -rf "$VIEW" && mkdir -p "$VIEW/tetriserve"
+for d in common transport engine length_predictor prefill_worker decode_worker control_plane client protos; do
+    ln -s "$PWD/$d" "$VIEW/tetriserve/$d"
+done
+(cd "$VIEW" && MYPYPATH=. ../../.venv/bin/mypy --config-file ../../pyproject.toml --explicit-package-bases \
+    tetriserve/common tetriserve/prefill_worker/queue tetriserve/prefill_worker/chunking tetriserve/prefill_worker/dispatch \
+    tetriserve/prefill_worker/views.py tetriserve/prefill_worker/policy.py tetriserve/decode_worker/views.py \
+    tetriserve/decode_worker/admission tetriserve/decode_worker/preemption tetriserve/decode_worker/policy.py \
+    tetriserve/decode_worker/slices.py tetriserve/length_predictor/baseline.py tetriserve/length_predictor/buckets.py \
+    tetriserve/length_predictor/padding.py tetriserve/length_predictor/batcher.py tetriserve/length_predictor/oracle.py)
 echo "==> tests"
 .venv/bin/python -m pytest -q "$@"

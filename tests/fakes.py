@@ -27,15 +27,15 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from common.config import DecodeConfig
-from common.request import Request
-from common.stream import StreamChunk
-from control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
-from control_plane.policy_admin import apply_changes, parse_changes, resolve_targets
-from decode_worker.policy import decode_policies
-from decode_worker.preemption.stats import PreemptionStats
-from decode_worker.slices import SliceMoves
-from decode_worker.worker import decode_policy_settings, updated_decode_config
+from tetriserve.common.config import DecodeConfig
+from tetriserve.common.request import Request
+from tetriserve.common.stream import StreamChunk
+from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
+from tetriserve.control_plane.policy_admin import apply_changes, parse_changes, resolve_targets
+from tetriserve.decode_worker.policy import decode_policies
+from tetriserve.decode_worker.preemption.stats import PreemptionStats
+from tetriserve.decode_worker.slices import SliceMoves
+from tetriserve.decode_worker.worker import decode_policy_settings, updated_decode_config
 
 _T = TypeVar("_T")
 
@@ -169,7 +169,7 @@ class FakeBackend:
             if not finished:
                 self.closed_early.append(rid)
 
-    async def abort(self, request_id: str) -> bool:
+    async def abort(self, request_id: str, reason: str = "abort") -> bool:
         self.abort_calls.append(request_id)
         event = self._abort_events.get(request_id)
         if event is None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from common.cost_estimator import CostEstimator
-from common.cost_model import DecodeCost, PrefillCost
-from prefill_worker.chunking import ChunkingPolicy
-from prefill_worker.queue import QueuePolicy
-from prefill_worker.views import PrefillState, ReqView
+from tetriserve.common.cost_estimator import CostEstimator
+from tetriserve.common.cost_model import DecodeCost, PrefillCost
+from tetriserve.prefill_worker.chunking import ChunkingPolicy
+from tetriserve.prefill_worker.queue import QueuePolicy
+from tetriserve.prefill_worker.views import PrefillState, ReqView
 
 
 def req(rid: str, prompt_len: int, arrival: float = 0.0, **kw: object) -> ReqView:

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import pytest
 
-from transport.api import Transport
+from tetriserve.transport.api import Transport
 
 _T = TypeVar("_T")
 _names = itertools.count()

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 
-from transport.api import Transport
-from transport.registry import make_transport
+from tetriserve.transport.api import Transport
+from tetriserve.transport.registry import make_transport
 
 _ENDPOINTS: dict[str, Transport] = {}
 _LOCK = threading.Lock()

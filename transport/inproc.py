@@ -9,8 +9,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from transport.api import Buffer, TransferHandle
-from transport.store import StoreBackedEndpoint
+from tetriserve.transport.api import Buffer, TransferHandle
+from tetriserve.transport.store import StoreBackedEndpoint
 
 _REGISTRY: dict[str, InProcTransport] = {}
 _REGISTRY_LOCK = threading.Lock()

@@ -1,6 +1,6 @@
 """tetriserve's vLLM KV connector: hand a request's prefilled KV to its decode engine (TetriInfer §3.3.4).
 
-Loaded by vLLM through ``kv_connector_module_path="transport.kv_connector"``,
+Loaded by vLLM through ``kv_connector_module_path="tetriserve.transport.kv_connector"``,
 ``kv_connector="TetriKVConnector"``. Per-request instructions arrive in
 ``SamplingParams.extra_args["kv_transfer_params"]["tetriserve"]``:
 
@@ -58,7 +58,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from transport import endpoints, kv_codec
+from tetriserve.transport import endpoints, kv_codec
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

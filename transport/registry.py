@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from transport.api import Transport
-from transport.inproc import InProcTransport
-from transport.tcp import TcpTransport
+from tetriserve.transport.api import Transport
+from tetriserve.transport.inproc import InProcTransport
+from tetriserve.transport.tcp import TcpTransport
 
 BACKENDS: dict[str, Callable[[str], Transport]] = {
     "tcp": lambda listen: TcpTransport(listen),

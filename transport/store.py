@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from transport.api import TransferHandle, TransferState, TransportStats
+from tetriserve.transport.api import TransferHandle, TransferState, TransportStats
 
 
 @dataclass

@@ -24,8 +24,8 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from transport.api import Buffer, TransferHandle
-from transport.store import StoreBackedEndpoint
+from tetriserve.transport.api import Buffer, TransferHandle
+from tetriserve.transport.store import StoreBackedEndpoint
 
 logger = logging.getLogger(__name__)
 

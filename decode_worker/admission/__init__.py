@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from decode_worker.admission.base import AdmissionPolicy
-from decode_worker.admission.cacheopt import CacheOptAdmission
-from decode_worker.admission.greedy import Greedy
-from decode_worker.admission.reserve_dynamic import ReserveDynamic
-from decode_worker.admission.reserve_static import ReserveStatic
-from decode_worker.admission.sola import SolaDecode
+from tetriserve.decode_worker.admission.base import AdmissionPolicy
+from tetriserve.decode_worker.admission.cacheopt import CacheOptAdmission
+from tetriserve.decode_worker.admission.greedy import Greedy
+from tetriserve.decode_worker.admission.reserve_dynamic import ReserveDynamic
+from tetriserve.decode_worker.admission.reserve_static import ReserveStatic
+from tetriserve.decode_worker.admission.sola import SolaDecode
 
 ADMISSION_NAMES = ("greedy", "reserve-static", "reserve-dynamic", "cacheopt", "sola")
 

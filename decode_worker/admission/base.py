@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
-from decode_worker.views import DecodeReqView, DecodeState
+from tetriserve.decode_worker.views import DecodeReqView, DecodeState
 
 
 class AdmissionPolicy(Protocol):

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from decode_worker.admission.base import ArrivalOrder
-from decode_worker.admission.peak import admits
-from decode_worker.views import DecodeReqView, DecodeState
+from tetriserve.decode_worker.admission.base import ArrivalOrder
+from tetriserve.decode_worker.admission.peak import admits
+from tetriserve.decode_worker.views import DecodeReqView, DecodeState
 
 
 class CacheOptAdmission(ArrivalOrder):

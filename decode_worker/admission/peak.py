@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from decode_worker.views import DecodeReqView, DecodeState, blocks_for
+from tetriserve.decode_worker.views import DecodeReqView, DecodeState, blocks_for
 
 Remaining = Callable[[DecodeReqView], int]
 

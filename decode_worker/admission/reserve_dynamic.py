@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from decode_worker.admission.base import ArrivalOrder
-from decode_worker.admission.peak import admits
-from decode_worker.views import DecodeReqView, DecodeState, LengthEnd
+from tetriserve.decode_worker.admission.base import ArrivalOrder
+from tetriserve.decode_worker.admission.peak import admits
+from tetriserve.decode_worker.views import DecodeReqView, DecodeState, LengthEnd
 
 Horizons = Literal["all", "shortest"]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from decode_worker.admission.base import ArrivalOrder
-from decode_worker.views import DecodeReqView, DecodeState, LengthEnd, blocks_for
+from tetriserve.decode_worker.admission.base import ArrivalOrder
+from tetriserve.decode_worker.views import DecodeReqView, DecodeState, LengthEnd, blocks_for
 
 
 class ReserveStatic(ArrivalOrder):

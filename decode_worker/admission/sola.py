@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from decode_worker.admission.peak import admits
-from decode_worker.views import DecodeReqView, DecodeState
+from tetriserve.decode_worker.admission.peak import admits
+from tetriserve.decode_worker.views import DecodeReqView, DecodeState
 
 
 def predicted_tpot(r: DecodeReqView, state: DecodeState) -> float:

@@ -21,7 +21,7 @@ import bisect
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from decode_worker.views import DecodeReqView
+from tetriserve.decode_worker.views import DecodeReqView
 
 TBT_EDGES_S = (0.05, 0.2, 0.5, 2.0)
 TOKEN_BUCKET = 128

@@ -8,11 +8,11 @@ dynamic  S_b = S_pf·SLO_min/T̄_pf with ERA; optionally           AccelGen §4.
 
 from __future__ import annotations
 
-from common.cost_estimator import CostEstimator
-from prefill_worker.chunking.base import ChunkingPolicy
-from prefill_worker.chunking.dynamic import DynamicChunking, Selection
-from prefill_worker.chunking.fixed import FixedChunking
-from prefill_worker.chunking.unchunked import Unchunked
+from tetriserve.common.cost_estimator import CostEstimator
+from tetriserve.prefill_worker.chunking.base import ChunkingPolicy
+from tetriserve.prefill_worker.chunking.dynamic import DynamicChunking, Selection
+from tetriserve.prefill_worker.chunking.fixed import FixedChunking
+from tetriserve.prefill_worker.chunking.unchunked import Unchunked
 
 CHUNKING_NAMES = ("fixed", "none", "dynamic")
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable
 from typing import ClassVar, Protocol
 
-from prefill_worker.views import Chunk, PrefillState, ReqView
+from tetriserve.prefill_worker.views import Chunk, PrefillState, ReqView
 
 
 class ChunkingPolicy(Protocol):

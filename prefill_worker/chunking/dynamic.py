@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import ClassVar, Literal
 
-from common.cost_estimator import CostEstimator
-from prefill_worker.chunking.base import fill_in_order
-from prefill_worker.chunking.multi_resource import select
-from prefill_worker.views import Chunk, PrefillState, ReqView
+from tetriserve.common.cost_estimator import CostEstimator
+from tetriserve.prefill_worker.chunking.base import fill_in_order
+from tetriserve.prefill_worker.chunking.multi_resource import select
+from tetriserve.prefill_worker.views import Chunk, PrefillState, ReqView
 
 Selection = Literal["in-order", "multi-resource"]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 
-from prefill_worker.chunking.base import era_blocked, is_long, kv_fit, kv_tokens
-from prefill_worker.views import Chunk, PrefillState, ReqView
+from tetriserve.prefill_worker.chunking.base import era_blocked, is_long, kv_fit, kv_tokens
+from tetriserve.prefill_worker.views import Chunk, PrefillState, ReqView
 
 
 def _demand(r: ReqView, a_c: int, a_m: float, block_size: int, long_prompt_tokens: int | None) -> tuple[int, int]:

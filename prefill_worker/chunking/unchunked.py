@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from prefill_worker.chunking.base import fill_in_order
-from prefill_worker.views import Chunk, PrefillState
+from tetriserve.prefill_worker.chunking.base import fill_in_order
+from tetriserve.prefill_worker.views import Chunk, PrefillState
 
 
 class Unchunked:

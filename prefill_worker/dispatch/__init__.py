@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from prefill_worker.dispatch.base import DispatchParams, DispatchPolicy
-from prefill_worker.dispatch.load_based import Imbalance, LeastLoaded, MaxMin
-from prefill_worker.dispatch.power_of_two import PowerOfTwo
-from prefill_worker.dispatch.simple import RandomChoice, RoundRobin
+from tetriserve.prefill_worker.dispatch.base import DispatchParams, DispatchPolicy
+from tetriserve.prefill_worker.dispatch.load_based import Imbalance, LeastLoaded, MaxMin
+from tetriserve.prefill_worker.dispatch.power_of_two import PowerOfTwo
+from tetriserve.prefill_worker.dispatch.simple import RandomChoice, RoundRobin
 
 DISPATCH_POLICIES: dict[str, type[DispatchPolicy]] = {
     PowerOfTwo.name: PowerOfTwo,

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
-from common.load import DecodeLoad
-from prefill_worker.views import ReqView
+from tetriserve.common.load import DecodeLoad
+from tetriserve.prefill_worker.views import ReqView
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from typing import ClassVar
 
-from common.load import DecodeLoad
-from prefill_worker.dispatch.base import AcceptingDispatcher, DispatchParams
-from prefill_worker.views import ReqView
+from tetriserve.common.load import DecodeLoad
+from tetriserve.prefill_worker.dispatch.base import AcceptingDispatcher, DispatchParams
+from tetriserve.prefill_worker.views import ReqView
 
 
 class RandomChoice(AcceptingDispatcher):

@@ -8,12 +8,12 @@ sola      descending predicted TTFT                          SOLA §4.4.2
 
 from __future__ import annotations
 
-from common.cost_estimator import CostEstimator
-from prefill_worker.queue.accelgen import AccelGenRemainingTime
-from prefill_worker.queue.base import QueuePolicy
-from prefill_worker.queue.fcfs import FCFS
-from prefill_worker.queue.length_order import LJF, SJF
-from prefill_worker.queue.sola import SolaTTFT
+from tetriserve.common.cost_estimator import CostEstimator
+from tetriserve.prefill_worker.queue.accelgen import AccelGenRemainingTime
+from tetriserve.prefill_worker.queue.base import QueuePolicy
+from tetriserve.prefill_worker.queue.fcfs import FCFS
+from tetriserve.prefill_worker.queue.length_order import LJF, SJF
+from tetriserve.prefill_worker.queue.sola import SolaTTFT
 
 QUEUE_POLICY_NAMES = ("fcfs", "sjf", "ljf", "accelgen", "sola")
 

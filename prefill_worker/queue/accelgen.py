@@ -19,8 +19,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
-from common.cost_estimator import CostEstimator
-from prefill_worker.views import ReqView
+from tetriserve.common.cost_estimator import CostEstimator
+from tetriserve.prefill_worker.views import ReqView
 
 
 class AccelGenRemainingTime:

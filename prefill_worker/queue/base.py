@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import ClassVar, Protocol
 
-from prefill_worker.views import ReqView
+from tetriserve.prefill_worker.views import ReqView
 
 
 class QueuePolicy(Protocol):

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from prefill_worker.queue.base import Stateless
-from prefill_worker.views import ReqView
+from tetriserve.prefill_worker.queue.base import Stateless
+from tetriserve.prefill_worker.views import ReqView
 
 
 class SJF(Stateless):

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from common.cost_estimator import CostEstimator
-from prefill_worker.queue.base import Stateless
-from prefill_worker.views import ReqView
+from tetriserve.common.cost_estimator import CostEstimator
+from tetriserve.prefill_worker.queue.base import Stateless
+from tetriserve.prefill_worker.views import ReqView
 
 
 class SolaTTFT(Stateless):

@@ -14,11 +14,11 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("e2e profile test needs vllm", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "control_plane.cli"]
+CLI = [sys.executable, "-m", "tetriserve.control_plane.cli"]
 
 
 def test_profile_writes_json_png_and_markdown(tmp_path: Path) -> None:
-    from common.cost_profile import CostProfile
+    from tetriserve.common.cost_profile import CostProfile
 
     out = tmp_path / "profile.json"
     report = tmp_path / "report"

@@ -12,8 +12,8 @@ import pytest
 if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("ray") is None:
     pytest.skip("integration tests need vllm and ray", allow_module_level=True)
 
-from common.config import ClusterConfig
 from tests.fakes import LoopThread
+from tetriserve.common.config import ClusterConfig
 
 CONFIG_OVERRIDES = {
     "engine.dtype": "float32",  # exact token equality with the colocated engine needs float32
@@ -38,14 +38,14 @@ class Frontend:
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
-    from control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
 
     return str(build_tiny_model(default_tiny_model_dir()))
 
 
 @pytest.fixture(scope="session")
 def cluster(model_path: str) -> Iterator[Any]:
-    from control_plane.launcher import launch
+    from tetriserve.control_plane.launcher import launch
 
     config = ClusterConfig.load(overrides=CONFIG_OVERRIDES)
     handle = launch(config, model_path)
@@ -59,8 +59,8 @@ def cluster(model_path: str) -> Iterator[Any]:
 def frontend(cluster: Any) -> Iterator[Frontend]:
     import asyncio
 
-    from control_plane.ray_backend import RayBackend
-    from control_plane.serve import Endpoints, run_front_doors
+    from tetriserve.control_plane.ray_backend import RayBackend
+    from tetriserve.control_plane.serve import Endpoints, run_front_doors
 
     backend = RayBackend(cluster, "tiny-llama")
     loop = LoopThread()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from client import InvalidArgument, TetriServeClient
+from tetriserve.client import InvalidArgument, TetriServeClient
 
 
 def test_set_policy_on_the_real_prefill_worker_shows_in_status(frontend: Any) -> None:

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from common.config import EngineConfig
-from engine.settings import engine_env
+from tetriserve.common.config import EngineConfig
+from tetriserve.engine.settings import engine_env
 
 os.environ.update(engine_env(EngineConfig(threads_per_engine=1)))  # in-process engine; before vllm is imported
 
@@ -32,7 +32,7 @@ NUM_BLOCKS = 40  # 1280 tokens of KV; 8 requests of 32–64 + 64–224 tokens ne
 def engine(model_path: str) -> Iterator[Any]:
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from engine.settings import EngineRole, build_engine_args
+    from tetriserve.engine.settings import EngineRole, build_engine_args
 
     probe = EngineConfig(dtype="float32", max_model_len=512, enforce_eager=True, kv_cache_gb=0.01)
     args = build_engine_args(
@@ -42,7 +42,7 @@ def engine(model_path: str) -> Iterator[Any]:
         endpoint="test-decode-admission",
         transport="tcp",
         chunk_size=512,
-        scheduler_cls="decode_worker.vllm_scheduler.TetriDecodeScheduler",
+        scheduler_cls="tetriserve.decode_worker.vllm_scheduler.TetriDecodeScheduler",
     )
     args.num_gpu_blocks_override = NUM_BLOCKS
     yield LLMEngine.from_engine_args(args)
@@ -53,9 +53,9 @@ def run(engine: Any, policy: Any, seed: int, mode: str = "recompute") -> tuple[i
     (a name or a policy object), preempting by ``mode``."""
     from vllm import SamplingParams
 
-    from common.length import LengthEstimate
-    from decode_worker.admission import make_admission_policy
-    from decode_worker.preemption import PreemptionStrategy
+    from tetriserve.common.length import LengthEstimate
+    from tetriserve.decode_worker.admission import make_admission_policy
+    from tetriserve.decode_worker.preemption import PreemptionStrategy
 
     sched = engine.engine_core.engine_core.scheduler
     strategy = PreemptionStrategy(mode)  # type: ignore[arg-type]
@@ -87,7 +87,7 @@ def test_kv_cache_is_as_small_as_asked(engine: Any) -> None:
 
 
 def test_reserve_dynamic_avoids_the_preemptions_greedy_makes(engine: Any) -> None:
-    from decode_worker.admission.reserve_dynamic import ReserveDynamic
+    from tetriserve.decode_worker.admission.reserve_dynamic import ReserveDynamic
 
     greedy, done_g, _ = run(engine, "greedy", seed=1)
     dynamic, done_d, _ = run(engine, "reserve-dynamic", seed=1)
@@ -102,7 +102,7 @@ def test_reserve_dynamic_avoids_the_preemptions_greedy_makes(engine: Any) -> Non
 
 
 def test_swap_moves_the_victims_kv_out_and_back_with_the_tokens_of_recomputation(engine: Any) -> None:
-    from transport.kv_connector import counters
+    from tetriserve.transport.kv_connector import counters
 
     sched = engine.engine_core.engine_core.scheduler
     pre_r, done_r, recomputed = run(engine, "greedy", seed=1, mode="recompute")

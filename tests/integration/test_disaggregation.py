@@ -2,7 +2,10 @@
 
 32 ShareGPT prompts, greedy, float32. The decode engine's own counters must show
 it computed one token per request (the first generated token, fed back as
-input) and received every prompt token's KV from the connector.
+input) and received every prompt token's KV from the connector. With presence,
+frequency and repetition penalties, ``min_tokens`` and stop tokens the output is
+still the colocated engine's: the prefill worker's token counts as output on the
+decode worker.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from common.request import Request, SamplingSpec
+from tetriserve.common.request import Request, SamplingSpec
 
 N_PROMPTS = 32
 MAX_PROMPT_TOKENS = 384
@@ -23,7 +26,7 @@ SAMPLING = SamplingSpec(max_tokens=16, temperature=0.0, ignore_eos=True)
 def prompts(model_path: str) -> dict[str, tuple[int, ...]]:
     from transformers import AutoTokenizer
 
-    from common.sharegpt import sample_prompts
+    from tetriserve.common.sharegpt import sample_prompts
 
     tok = AutoTokenizer.from_pretrained(model_path)
     texts = sample_prompts(N_PROMPTS, seed=7, max_scan=3000)
@@ -36,24 +39,32 @@ def _engine_stats(handle: Any) -> dict[str, Any]:
     return ray.get(handle.stats.remote())
 
 
-def test_disaggregated_equals_colocated(cluster: Any, model_path: str, prompts: dict[str, tuple[int, ...]]) -> None:
+@pytest.fixture(scope="module")
+def colocated(cluster: Any, model_path: str) -> Any:
     import ray
 
-    from control_plane.ray_backend import RayBackend
-    from engine.colocated import ColocatedEngine
-    from engine.settings import engine_env
+    from tetriserve.engine.colocated import ColocatedEngine
+    from tetriserve.engine.settings import engine_env
 
-    decode = next(iter(cluster.decode.values()))
-    prefill = next(iter(cluster.prefill.values()))
-    before_d, before_p = _engine_stats(decode), _engine_stats(prefill)
+    actor = (
+        ray.remote(ColocatedEngine)
+        .options(num_cpus=0, runtime_env={"env_vars": engine_env(cluster.config.engine)})
+        .remote(cluster.config.engine, model_path, cluster.config.prefill.chunk_size)
+    )
+    yield actor
+    ray.kill(actor)
+
+
+def _disaggregated(cluster: Any, prompts: dict[str, tuple[int, ...]], sampling: SamplingSpec, tag: str) -> Any:
+    from tetriserve.control_plane.ray_backend import RayBackend
 
     backend = RayBackend(cluster, "tiny-llama")
 
     async def run_all() -> dict[str, tuple[int, ...]]:
         async def one(rid: str, ids: tuple[int, ...]) -> tuple[int, ...]:
             out: list[int] = []
-            async for chunk in backend.generate(Request(rid, ids, SAMPLING)):
-                assert chunk.finish_reason in (None, "length"), chunk.error
+            async for chunk in backend.generate(Request(f"{rid}-{tag}", ids, sampling)):
+                assert chunk.finish_reason in (None, "length", "stop"), chunk.error
                 out.extend(chunk.token_ids)
             return tuple(out)
 
@@ -63,23 +74,26 @@ def test_disaggregated_equals_colocated(cluster: Any, model_path: str, prompts: 
             backend.close()
         return dict(zip(prompts, results, strict=True))
 
-    disaggregated = asyncio.run(run_all())
+    return asyncio.run(run_all())
 
-    ref_actor = (
-        ray.remote(ColocatedEngine)
-        .options(num_cpus=0, runtime_env={"env_vars": engine_env(cluster.config.engine)})
-        .remote(cluster.config.engine, model_path, cluster.config.prefill.chunk_size)
-    )
-    try:
-        colocated = ray.get(ref_actor.generate_many.remote(dict(prompts), SAMPLING), timeout=600)
-    finally:
-        ray.kill(ref_actor)
 
-    mismatched = [rid for rid in prompts if disaggregated[rid] != colocated[rid]]
+def _assert_same(disaggregated: dict[str, tuple[int, ...]], colocated: dict[str, tuple[int, ...]]) -> None:
+    mismatched = [rid for rid in colocated if disaggregated[rid] != colocated[rid]]
     assert not mismatched, (
-        f"{len(mismatched)}/{len(prompts)} differ, e.g. {mismatched[0]}: "
+        f"{len(mismatched)}/{len(colocated)} differ, e.g. {mismatched[0]}: "
         f"{disaggregated[mismatched[0]]} vs {colocated[mismatched[0]]}"
     )
+
+
+def test_disaggregated_equals_colocated(cluster: Any, colocated: Any, prompts: dict[str, tuple[int, ...]]) -> None:
+    import ray
+
+    decode = next(iter(cluster.decode.values()))
+    prefill = next(iter(cluster.prefill.values()))
+    before_d, before_p = _engine_stats(decode), _engine_stats(prefill)
+
+    disaggregated = _disaggregated(cluster, prompts, SAMPLING, "plain")
+    _assert_same(disaggregated, ray.get(colocated.generate_many.remote(dict(prompts), SAMPLING), timeout=600))
     assert all(len(v) == SAMPLING.max_tokens for v in disaggregated.values())
 
     after_d, after_p = _engine_stats(decode), _engine_stats(prefill)
@@ -106,3 +120,29 @@ def test_disaggregated_equals_colocated(cluster: Any, model_path: str, prompts: 
         e_p0.prompt_tokens_computed + e_p0.prompt_tokens_cached
     ) == prompt_tokens
     assert e_p1.prompt_tokens_external == e_p0.prompt_tokens_external
+
+
+def test_penalties_min_tokens_and_stop_tokens_count_the_prefill_token_as_output(
+    cluster: Any, colocated: Any, prompts: dict[str, tuple[int, ...]]
+) -> None:
+    import collections
+
+    import ray
+
+    plain = ray.get(colocated.generate_many.remote(dict(prompts), SAMPLING), timeout=600)
+    # the most frequent generated tokens stop generation, but not before min_tokens
+    common = collections.Counter(t for out in plain.values() for t in out[1:]).most_common(6)
+    sampling = SamplingSpec(
+        max_tokens=16,
+        temperature=0.0,
+        presence_penalty=0.7,
+        frequency_penalty=0.5,
+        repetition_penalty=1.3,
+        min_tokens=6,
+        stop_token_ids=tuple(t for t, _ in common),
+    )
+    expected = ray.get(colocated.generate_many.remote(dict(prompts), sampling), timeout=600)
+    assert expected != plain  # the penalties change the output
+    assert any(len(v) < sampling.max_tokens for v in expected.values())  # and some stop on a stop token
+    assert all(len(v) >= sampling.min_tokens for v in expected.values())
+    _assert_same(_disaggregated(cluster, prompts, sampling, "penalized"), expected)

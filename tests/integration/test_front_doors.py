@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import httpx
 import pytest
 
-from client import InvalidArgument, TetriServeClient
 from tests.fakes import wait_until
+from tetriserve.client import InvalidArgument, TetriServeClient
 
 
 def _idle(frontend: Any) -> bool:
@@ -102,3 +103,28 @@ def test_http_bad_input_gets_openai_error(frontend: Any) -> None:
         r = http.post(url, json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 4, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         assert time.monotonic() - t0 < 60
+
+
+def test_a_stop_string_spanning_the_prefill_decode_handoff_ends_the_stream_at_its_first_character(
+    frontend: Any,
+) -> None:
+    """The first token comes from the prefill worker, the second from the decode worker: a stop string made of
+    the end of the first's text and the start of the second's is seen whole only by the front door."""
+    url = f"{frontend.http_url}/v1/completions"
+    base = {"model": "tiny-llama", "temperature": 0, "ignore_eos": True}
+    with httpx.Client(timeout=120) as http:
+        for word in ("Tell me about", "Once upon a time", "The weather today", "hello", "Why is the sky"):
+            first = http.post(url, json={**base, "prompt": word, "max_tokens": 1}).json()["choices"][0]["text"]
+            full = http.post(url, json={**base, "prompt": word, "max_tokens": 12}).json()["choices"][0]["text"]
+            cut = len(first)
+            stop = full[cut - 1 : cut + 1]
+            if cut and full.startswith(first) and len(stop) == 2 and full.find(stop) == cut - 1:
+                break
+        else:
+            pytest.skip("no prompt whose first two tokens make a usable stop string")
+        body = {**base, "prompt": word, "max_tokens": 12, "stop": [stop], "stream": True}
+        with http.stream("POST", url, json=body) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
+        assert text == full[: cut - 1] and events[-1]["choices"][0]["finish_reason"] == "stop"
+    wait_until(lambda: _idle(frontend), timeout=30, what="the stopped request aborted on every worker")

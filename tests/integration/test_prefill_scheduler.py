@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from common.config import EngineConfig
-from engine.settings import engine_env
+from tetriserve.common.config import EngineConfig
+from tetriserve.engine.settings import engine_env
 
 os.environ.update(engine_env(EngineConfig(threads_per_engine=1)))  # in-process engine; before vllm is imported
 
-from prefill_worker.policy import PrefillPolicySpec, build_prefill_policy
-from prefill_worker.views import EXTRA_KEY
 from tests.prefill_support import layouts, linear_cost, req
+from tetriserve.prefill_worker.policy import PrefillPolicySpec, build_prefill_policy
+from tetriserve.prefill_worker.views import EXTRA_KEY
 
 CEILING = 1024
 
@@ -31,7 +31,7 @@ CEILING = 1024
 def engine(model_path: str) -> Iterator[Any]:
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from engine.settings import EngineRole, build_engine_args
+    from tetriserve.engine.settings import EngineRole, build_engine_args
 
     cfg = EngineConfig(dtype="float32", max_model_len=1024, enforce_eager=True, kv_cache_gb=0.25, max_num_seqs=64)
     args = build_engine_args(
@@ -39,7 +39,7 @@ def engine(model_path: str) -> Iterator[Any]:
         model_path,
         EngineRole.COLOCATED,
         chunk_size=CEILING,
-        scheduler_cls="prefill_worker.vllm_scheduler.TetriPrefillScheduler",
+        scheduler_cls="tetriserve.prefill_worker.vllm_scheduler.TetriPrefillScheduler",
     )
     yield LLMEngine.from_engine_args(args)
 
@@ -66,8 +66,8 @@ def layout_of(records: list[Any]) -> list[list[tuple[str, int]]]:
 
 @pytest.mark.parametrize("queue", ["fcfs", "sjf", "ljf"])
 def test_engine_follows_queue_order_and_fixed_chunk(engine: Any, queue: str) -> None:
-    from prefill_worker.chunking.fixed import FixedChunking
-    from prefill_worker.queue import make_queue_policy
+    from tetriserve.prefill_worker.chunking.fixed import FixedChunking
+    from tetriserve.prefill_worker.queue import make_queue_policy
 
     sched = engine.engine_core.engine_core.scheduler
     sched.configure(build_prefill_policy(PrefillPolicySpec(queue=queue, chunk_size=64), None))
@@ -82,9 +82,9 @@ def test_engine_follows_queue_order_and_fixed_chunk(engine: Any, queue: str) -> 
 
 def test_engine_follows_dynamic_budget_and_exclusive_allocation(engine: Any) -> None:
     # S_pf 512 tokens in 0.5 s with a 0.1 s TTFT SLO → S_b = 102 tokens; long = more than 64 tokens (ERA)
-    from prefill_worker.chunking.dynamic import DynamicChunking
-    from prefill_worker.policy import PrefillPolicy
-    from prefill_worker.queue.fcfs import FCFS
+    from tetriserve.prefill_worker.chunking.dynamic import DynamicChunking
+    from tetriserve.prefill_worker.policy import PrefillPolicy
+    from tetriserve.prefill_worker.queue.fcfs import FCFS
 
     cost = linear_cost()
     cost.prefill_gamma.alpha = 1e-9  # keep γ at 1: the budget must not drift with this machine's real timings

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from common.config import ClusterConfig
-from common.request import Request, RequestState, SamplingSpec
 from tests.integration.conftest import CONFIG_OVERRIDES
+from tetriserve.common.config import ClusterConfig
+from tetriserve.common.request import Request, RequestState, SamplingSpec
 
 SLICE = 16
 SAMPLING = SamplingSpec(max_tokens=256, temperature=0.0, ignore_eos=True)  # baseline estimate: 128
@@ -26,7 +26,7 @@ PROMPTS = {f"mv-{i}": tuple(range(10 + 7 * i, 10 + 7 * i + 40 + 13 * i)) for i i
 
 @pytest.fixture(scope="module")
 def sliced(model_path: str) -> Iterator[Any]:
-    from control_plane.launcher import launch
+    from tetriserve.control_plane.launcher import launch
 
     overrides = {
         **CONFIG_OVERRIDES,
@@ -46,7 +46,7 @@ def sliced(model_path: str) -> Iterator[Any]:
 
 def _run(cluster: Any, tag: str, during: Any = None) -> dict[str, tuple[int, ...]]:
     """Every prompt at once, as ``<prompt>-<tag>`` (each run its own request ids); tokens by prompt."""
-    from control_plane.ray_backend import RayBackend
+    from tetriserve.control_plane.ray_backend import RayBackend
 
     backend = RayBackend(cluster, "tiny-llama")
 
@@ -74,7 +74,7 @@ def _order_moves(cluster: Any, src: str, dst: str, want: int, dst_handle: Any = 
     until ``want`` requests are marked: each order marks those decoding on ``src`` at that moment."""
     import ray
 
-    from decode_worker.slices import Order
+    from tetriserve.decode_worker.slices import Order
 
     address = {m["worker_id"]: m["address"] for m in ray.get(cluster.monitor.snapshot.remote())}[dst]
     order = Order(src, dst, 1e6, 0.0, 1.0, 1.0, 10_000, cluster.config.engine.block_size)

@@ -14,14 +14,14 @@ pytest.importorskip("grpc")
 
 import grpc
 
-from client import AsyncTetriServeClient, InvalidArgument, NotFound, TetriServeClient
-from common.config import DecodeConfig
-from control_plane.cli import main
-from control_plane.frontdoor import FrontDoor
-from control_plane.gateway_grpc import start_grpc_server
-from protos import tetriserve_pb2 as pb
-from protos import tetriserve_pb2_grpc as pb_grpc
 from tests.fakes import FakeBackend, LoopThread, decode_policies_shown, tokenizer_dir
+from tetriserve.client import AsyncTetriServeClient, InvalidArgument, NotFound, TetriServeClient
+from tetriserve.common.config import DecodeConfig
+from tetriserve.control_plane.cli import main
+from tetriserve.control_plane.frontdoor import FrontDoor
+from tetriserve.control_plane.gateway_grpc import start_grpc_server
+from tetriserve.protos import tetriserve_pb2 as pb
+from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 
 DECODE_DEFAULT = decode_policies_shown(DecodeConfig())
 

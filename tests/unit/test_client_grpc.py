@@ -12,7 +12,8 @@ import pytest
 
 pytest.importorskip("grpc")
 
-from client import (
+from tests.fakes import FakeBackend, LoopThread, tokenizer_dir, wait_until
+from tetriserve.client import (
     NO_RETRY,
     AsyncTetriServeClient,
     DeadlineExceeded,
@@ -22,10 +23,9 @@ from client import (
     TetriServeClient,
     Unavailable,
 )
-from control_plane.detokenizer import IncrementalDetokenizer
-from control_plane.frontdoor import FrontDoor
-from control_plane.gateway_grpc import start_grpc_server
-from tests.fakes import FakeBackend, LoopThread, tokenizer_dir, wait_until
+from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
+from tetriserve.control_plane.frontdoor import FrontDoor
+from tetriserve.control_plane.gateway_grpc import start_grpc_server
 
 FAST_RETRY = RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0.05)
 # Characters outside the test tokenizer's training text: each is split over several byte tokens.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from common.load import DecodeLoad, PrefillLoad
-from control_plane.cluster_monitor import ClusterMonitor
 from tests.actor_fakes import FakeHandle
+from tetriserve.common.load import DecodeLoad, PrefillLoad
+from tetriserve.control_plane.cluster_monitor import ClusterMonitor
 
 
 class _Prefill:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from common.cost_model import (
+from tetriserve.common.cost_model import (
     DecodeCost,
     OnlineCorrection,
     PrefillCost,
@@ -18,7 +18,7 @@ from common.cost_model import (
     mean_abs_pct_error,
     prefill_features,
 )
-from common.cost_profile import CostProfile, SweepPoint, default_profile_path, find_pivot
+from tetriserve.common.cost_profile import CostProfile, SweepPoint, default_profile_path, find_pivot
 
 PREFILL = PrefillCost(a0=2e-9, b0=1.5e-8, c0=4e-5, d0=4e-3)
 DECODE = DecodeCost(a1=5e-5, b1=2e-8, c1=4e-3)

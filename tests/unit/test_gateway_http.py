@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from control_plane.frontdoor import FrontDoor
-from control_plane.gateway_http import HttpServerHandle, start_http_server
 from tests.fakes import FakeBackend, LoopThread, tokenizer_dir, wait_until
+from tetriserve.control_plane.frontdoor import FrontDoor
+from tetriserve.control_plane.gateway_http import HttpServerHandle, start_http_server
 
 MULTIBYTE = "日本語 🚀 ĳ ok"
 
@@ -119,6 +119,26 @@ def test_completion_streaming(env: HttpEnv, backend: FakeBackend, http: httpx.Cl
     assert backend.requests[0].request_id == "http-1"
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_stop_string_ends_the_text_before_it_and_aborts_the_workers(
+    env: HttpEnv, backend: FakeBackend, http: httpx.Client, stream: bool
+) -> None:
+    # the fake echoes the prompt's tokens: the stop string spans several of them and starts mid-token
+    n = n_tokens(env, MULTIBYTE)
+    body = {"prompt": MULTIBYTE, "max_tokens": n, "stream": stream, "stop": ["xyz", "🚀 ĳ"], "min_tokens": 1}
+    if stream:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            events = sse_events(r)[:-1]
+        text = "".join(e["choices"][0]["text"] for e in events)
+        finish = events[-1]["choices"][0]["finish_reason"]
+    else:
+        choice = http.post("/v1/completions", json=body).json()["choices"][0]
+        text, finish = choice["text"], choice["finish_reason"]
+    assert (text, finish) == ("日本語 ", "stop")
+    assert backend.requests[-1].sampling.stop == ("xyz", "🚀 ĳ") and backend.requests[-1].sampling.min_tokens == 1
+    assert backend.abort_calls == [backend.requests[-1].request_id]
+
+
 def test_chat_completion(env: HttpEnv, backend: FakeBackend, http: httpx.Client) -> None:
     messages = [
         {"role": "system", "content": "be brief"},
@@ -162,7 +182,11 @@ BAD: list[tuple[str, str, Any, int, str | None]] = [
     ("temperature -1", "/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
     ("top_p 2", "/v1/completions", {"prompt": "hi", "top_p": 2}, 400, "top_p"),
     ("n 2", "/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
-    ("stop strings", "/v1/completions", {"prompt": "hi", "stop": ["\n"]}, 400, "stop"),
+    ("empty stop string", "/v1/completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
+    ("presence_penalty 3", "/v1/completions", {"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty"),
+    ("repetition_penalty 0", "/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, 400,
+     "repetition_penalty"),
+    ("min_tokens > max", "/v1/completions", {"prompt": "hi", "max_tokens": 2, "min_tokens": 3}, 400, "min_tokens"),
     ("logprobs", "/v1/completions", {"prompt": "hi", "logprobs": 2}, 400, "logprobs"),
     ("wrong type", "/v1/completions", {"prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
     ("malformed json", "/v1/completions", b'{"prompt": "hi",', 400, None),

@@ -1,232 +1,190 @@
-"""GlobalScheduler lifecycle, placement, aborts and the multiplexed relay, with fake workers (no Ray)."""
+"""The direct data path without Ray: GlobalScheduler placement and table, workers streaming to the front door.
+
+Fake workers publish into real ``StreamHub``s; ``RayBackend`` opens its real
+streams to them through fake actor handles, so what is tested is the production
+routing: placement is a decision, tokens never pass through the GlobalScheduler.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
-from common.outbox import Outbox
-from common.request import Request, RequestState, SamplingSpec
-from common.stream import Handoff, StreamChunk
-from control_plane.global_scheduler import GlobalScheduler
 from tests.actor_fakes import FakeHandle
+from tetriserve.common.outbox import StreamHub, coalesce
+from tetriserve.common.request import Request, RequestState, SamplingSpec
+from tetriserve.common.stream import FinishReason, PlacementRequest, StateEvent, StreamChunk
+from tetriserve.control_plane.global_scheduler import GlobalScheduler
+from tetriserve.control_plane.ray_backend import RayBackend
 
 
-class FakePrefill:
-    """Yields the first token, then hands off to ``decode-0`` (or finishes when max_tokens == 1)."""
+class FakeWorker:
+    """A worker's stream hub, with the requests it was given and the aborts it got."""
 
-    def __init__(self, fail: bool = False, gate: asyncio.Event | None = None) -> None:
-        self.fail = fail
-        self.gate = gate
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.streams = StreamHub()
+        self.submitted: dict[str, tuple[Request, str]] = {}
+        self.aborted: list[str] = []
 
-    async def prefill(self, req: Request) -> AsyncIterator[Any]:
-        if self.fail:
-            raise RuntimeError("prefill worker crashed")
-        if self.gate is not None:
-            await self.gate.wait()
-        done = req.sampling.max_tokens == 1
-        yield StreamChunk(req.request_id, (7,), "length" if done else None, None, len(req.prompt_token_ids))
-        if not done:
-            yield Handoff(req.request_id, "decode-0")
+    async def subscribe(self, subscriber: str) -> Any:
+        async for batch in self.streams.subscribe(subscriber):
+            yield batch
+
+    def submit(self, req: Request, subscriber: str) -> None:
+        self.submitted[req.request_id] = (req, subscriber)
+
+    def emit(self, rid: str, tokens: tuple[int, ...], index: int, finish: str | None = None, **kw: Any) -> None:
+        _, sub = self.submitted[rid]
+        reason = FinishReason(finish) if finish else None
+        self.streams.publish(sub, StreamChunk(rid, tokens, reason, worker=self.worker_id, index=index, **kw))
+
+    def abort(self, request_id: str) -> bool:
+        self.aborted.append(request_id)
+        return True
 
     def observe(self, prompt_len: int, output_len: int) -> None:
         return None
 
-    def abort(self, request_id: str) -> bool:
-        return True
+
+@dataclass
+class FakeCluster:
+    scheduler: Any
+    prefill: dict[str, Any]
+    decode: dict[str, Any]
+    model_path: str = ""
+    config: Any = None
+    monitor: Any = None
+    dashboard_url: str = ""
+    workers: dict[str, FakeWorker] = field(default_factory=dict)
 
 
-class FakeDecode:
-    def __init__(self) -> None:
-        self.outbox = Outbox()
-
-    async def subscribe(self) -> AsyncIterator[list[StreamChunk]]:
-        async for batch in self.outbox.batches():
-            yield batch
-
-    def emit(self, rid: str, tokens: tuple[int, ...], finish: str | None = None) -> None:
-        self.outbox.put(StreamChunk(rid, tokens, finish))
-
-    def abort(self, request_id: str) -> bool:
-        self.emit(request_id, (), "abort")
-        return True
-
-    def discard(self, key: str) -> None:
-        return None
+def _cluster(prefill: int = 1, decode: int = 2) -> tuple[FakeCluster, GlobalScheduler]:
+    workers = {f"prefill-{i}": FakeWorker(f"prefill-{i}") for i in range(prefill)}
+    workers |= {f"decode-{i}": FakeWorker(f"decode-{i}") for i in range(decode)}
+    handles = {wid: FakeHandle(w) for wid, w in workers.items()}
+    p = {k: h for k, h in handles.items() if k.startswith("prefill")}
+    d = {k: h for k, h in handles.items() if k.startswith("decode")}
+    gs = GlobalScheduler(p, d)
+    return FakeCluster(FakeHandle(gs), p, d, workers=workers), gs
 
 
-def _req(rid: str, max_tokens: int = 4) -> Request:
+def _req(rid: str, max_tokens: int = 8) -> Request:
     return Request(rid, (1, 2, 3), SamplingSpec(max_tokens=max_tokens))
 
 
-async def _collect(gs: GlobalScheduler, sub: str, until: set[str]) -> dict[str, list[StreamChunk]]:
-    got: dict[str, list[StreamChunk]] = {}
-    async for batch in gs.subscribe(sub):
-        for chunk in batch:
-            got.setdefault(chunk.request_id, []).append(chunk)
-            if chunk.finish_reason is not None:
-                until.discard(chunk.request_id)
-        if not until:
-            return got
-    return got
+async def _wait(cond: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.001)
 
 
-def _cluster(**prefill_kw: Any) -> tuple[GlobalScheduler, dict[str, FakeHandle], FakeDecode, FakeHandle]:
-    decode = FakeDecode()
-    dh = FakeHandle(decode)
-    ph = {"prefill-0": FakeHandle(FakePrefill(**prefill_kw)), "prefill-1": FakeHandle(FakePrefill(**prefill_kw))}
-    return GlobalScheduler(ph, {"decode-0": dh}), ph, decode, dh
+async def _collect(backend: RayBackend, req: Request) -> list[StreamChunk]:
+    return [c async for c in backend.generate(req)]
 
 
-def test_full_lifecycle_relays_every_token_in_order_and_records_events() -> None:
+def test_tokens_come_straight_from_the_workers_in_order_across_handoff_and_a_slice_move() -> None:
     async def main() -> None:
-        gs, ph, decode, _ = _cluster()
-        collector = asyncio.create_task(_collect(gs, "fd", {"a"}))
-        await asyncio.sleep(0)
-        assert gs.submit(_req("a"), "fd") is None
-        while "a" not in gs.table or gs.table["a"].request.state < RequestState.DECODE_QUEUED:
-            await asyncio.sleep(0.001)
-        decode.emit("a", (8, 9))
-        decode.emit("a", (10,), "length")
-        got = await asyncio.wait_for(collector, 5)
-        assert [t for c in got["a"] for t in c.token_ids] == [7, 8, 9, 10]
-        req = gs.recent()[-1]
-        assert [e.state for e in req.events] == [
-            RequestState.QUEUED,
-            RequestState.PREFILLING,
-            RequestState.TRANSFERRING,
-            RequestState.DECODE_QUEUED,
-            RequestState.DECODING,
-            RequestState.FINISHED_LENGTH,
+        cluster, gs = _cluster()
+        w = cluster.workers
+        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
+        run = asyncio.create_task(_collect(backend, _req("r", 6)))
+        await _wait(lambda: "r" in w["prefill-0"].submitted)
+        # decode-0's tokens overtake the prefill worker's first token and its handoff marker
+        w["decode-0"].submitted["r"] = w["prefill-0"].submitted["r"]
+        w["decode-1"].submitted["r"] = w["prefill-0"].submitted["r"]
+        w["decode-0"].emit("r", (11, 12), 1)
+        await asyncio.sleep(0.01)
+        w["prefill-0"].emit("r", (10,), 0)
+        w["prefill-0"].emit("r", (), 1, moved_to="decode-0")
+        w["decode-1"].emit("r", (14, 15), 4, "length")  # after a slice move, before decode-0's last token
+        await asyncio.sleep(0.01)
+        w["decode-0"].emit("r", (12, 13), 2)  # 12 again: a duplicate, dropped
+        w["decode-0"].emit("r", (), 4, moved_to="decode-1")
+        chunks = await asyncio.wait_for(run, 5)
+        assert [t for c in chunks for t in c.token_ids] == [10, 11, 12, 13, 14, 15]
+        assert chunks[-1].finish_reason == "length" and all(c.moved_to is None for c in chunks)
+        assert [c.index for c in chunks] == [0, 1, 3, 4]
+        await _wait(lambda: not gs.table)  # the front door's finish reached the table
+        assert [e.state for e in gs.recent()[-1].events][-1] is RequestState.FINISHED_LENGTH
+        assert not any(n in ("record", "place") for n, _ in cluster.decode["decode-0"].calls)
+
+    asyncio.run(main())
+
+
+def test_a_chunk_of_another_attempt_is_dropped_and_a_client_that_leaves_aborts_where_the_request_is() -> None:
+    async def main() -> None:
+        cluster, gs = _cluster()
+        w = cluster.workers
+        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
+        stream = backend.generate(_req("a"))
+        first = asyncio.ensure_future(anext(stream))
+        await _wait(lambda: "a" in w["prefill-0"].submitted)
+        w["decode-1"].submitted["a"] = w["prefill-0"].submitted["a"]
+        w["prefill-0"].emit("a", (99,), 0, attempt=7)  # a chunk of another attempt
+        w["prefill-0"].emit("a", (10,), 0)
+        assert (await asyncio.wait_for(first, 5)).token_ids == (10,)
+        w["prefill-0"].emit("a", (), 1, moved_to="decode-1")
+        w["decode-1"].emit("a", (11,), 1)
+        assert (await asyncio.wait_for(anext(stream), 5)).token_ids == (11,)
+        await stream.aclose()  # the client went away
+        assert w["decode-1"].aborted == ["a"] and not w["prefill-0"].aborted
+        await _wait(lambda: not gs.table)
+        assert gs.counts["aborted"] == 1
+
+    asyncio.run(main())
+
+
+def test_placement_is_least_loaded_refuses_duplicates_and_the_table_follows_events() -> None:
+    cluster, gs = _cluster(prefill=2)
+    now = time.time()
+    a = gs.place(PlacementRequest("a", 10, 8, "fd", now))
+    b = gs.place(PlacementRequest("b", 10, 8, "fd", now))
+    assert {a.prefill_worker, b.prefill_worker} == {"prefill-0", "prefill-1"}
+    assert gs.place(PlacementRequest("a", 10, 8, "fd", now)).error == "request id a is already in flight"
+    gs.record(
+        [
+            StateEvent("a", RequestState.DECODING, now + 3, "decode-0"),  # out of order: applied in time order
+            StateEvent("a", RequestState.TRANSFERRING, now + 1, "prefill-0"),
+            StateEvent("a", RequestState.DECODE_QUEUED, now + 2, "prefill-0", "decode-0"),
+            StateEvent("a", RequestState.TRANSFERRING, now + 4, "decode-0", "decode-0 -> decode-1"),
         ]
-        assert gs.status()["in_flight"] == 0 and gs.counts["finished"] == 1
-        observed = [args for h in ph.values() for args in h.called("observe")]
-        assert observed == [(3, 4)]
-
-    asyncio.run(main())
-
-
-def test_request_finished_at_prefill_never_touches_decode() -> None:
-    async def main() -> None:
-        gs, _, _, dh = _cluster()
-        collector = asyncio.create_task(_collect(gs, "fd", {"one"}))
-        await asyncio.sleep(0)
-        gs.submit(_req("one", max_tokens=1), "fd")
-        got = await asyncio.wait_for(collector, 5)
-        assert got["one"][-1].finish_reason == "length"
-        assert gs.recent()[-1].state is RequestState.FINISHED_LENGTH
-        assert not dh.called("abort")
-
-    asyncio.run(main())
-
-
-def test_abort_racing_the_handoff_reaches_the_decode_worker() -> None:
-    async def main() -> None:
-        gate = asyncio.Event()
-        gs, _, _, dh = _cluster(gate=gate)
-        collector = asyncio.create_task(_collect(gs, "fd", {"r"}))
-        await asyncio.sleep(0)
-        gs.submit(_req("r"), "fd")
-        await asyncio.sleep(0.01)
-        assert await gs.abort("r")  # decode worker not chosen yet
-        gate.set()
-        got = await asyncio.wait_for(collector, 5)
-        assert got["r"][-1].finish_reason == "abort"
-        assert ("r",) in dh.called("abort")
-        assert gs.recent()[-1].state is RequestState.FINISHED_ABORTED
-
-    asyncio.run(main())
+    )
+    assert gs.table["a"].decode_worker == "decode-1" and gs.counts["moved"] == 1
+    gs.record([StateEvent("a", RequestState.FINISHED_STOPPED, now + 5, "frontdoor", "stop", 6)])
+    gs.record([StateEvent("a", RequestState.FINISHED_ABORTED, now + 6, "decode-1", "abort")])  # late: ignored
+    assert "a" not in gs.table and gs.counts["finished"] == 1 and gs.counts["aborted"] == 0
+    states = [e.state for e in gs.recent()[-1].events]
+    assert states[1:] == [
+        RequestState.PREFILLING,
+        RequestState.TRANSFERRING,
+        RequestState.DECODE_QUEUED,
+        RequestState.DECODING,
+        RequestState.TRANSFERRING,
+        RequestState.FINISHED_STOPPED,
+    ]
+    assert cluster.prefill[gs.recent()[-1].prefill_worker or ""].called("observe") == [(10, 6)]
+    # a has left its prefill worker, b has not: the next request goes to a's
+    gs.place(PlacementRequest("c", 10, 8, "fd", now))
+    assert gs.table["c"].prefill_worker == a.prefill_worker
 
 
-def test_duplicate_request_id_is_refused() -> None:
-    async def main() -> None:
-        gate = asyncio.Event()
-        gs, _, _, _ = _cluster(gate=gate)
-        assert gs.submit(_req("dup"), "fd") is None
-        assert "already in flight" in (gs.submit(_req("dup"), "fd") or "")
-        await gs.abort("dup")
-        gate.set()
-
-    asyncio.run(main())
-
-
-def test_least_loaded_prefill_worker_is_chosen() -> None:
-    async def main() -> None:
-        gate = asyncio.Event()
-        gs, _, _, _ = _cluster(gate=gate)
-        for i in range(4):
-            gs.submit(_req(f"q{i}"), "fd")
-            await asyncio.sleep(0.001)
-        placed = sorted(e.request.prefill_worker or "" for e in gs.table.values())
-        assert placed == ["prefill-0", "prefill-0", "prefill-1", "prefill-1"]
-        for rid in list(gs.table):
-            await gs.abort(rid)
-        gate.set()
-
-    asyncio.run(main())
-
-
-def test_a_crashing_worker_fails_the_request_not_the_scheduler() -> None:
-    async def main() -> None:
-        gs, _, _, _ = _cluster(fail=True)
-        collector = asyncio.create_task(_collect(gs, "fd", {"x"}))
-        await asyncio.sleep(0)
-        gs.submit(_req("x"), "fd")
-        got = await asyncio.wait_for(collector, 5)
-        assert got["x"][-1].finish_reason == "error" and "crashed" in (got["x"][-1].error or "")
-        assert gs.recent()[-1].state is RequestState.FINISHED_ERROR and gs.counts["errors"] == 1
-
-    asyncio.run(main())
-
-
-def test_outbox_batches_everything_ready() -> None:
-    async def main() -> None:
-        box = Outbox()
-        for i in range(5):
-            box.put(StreamChunk(f"r{i % 2}", (i,)))
-        batches = box.batches()
-        first = await batches.__anext__()
-        assert [c.token_ids[0] for c in first] == [0, 1, 2, 3, 4]
-        assert len(box) == 0
-        box.put(StreamChunk("r0", (9,), "stop"))
-        assert [c.token_ids for c in await batches.__anext__()] == [(9,)]
-
-    asyncio.run(main())
-
-
-def test_a_slice_move_relays_tokens_in_order_and_aborts_go_where_the_request_is() -> None:
-    async def main() -> None:
-        d0, d1 = FakeDecode(), FakeDecode()
-        h0, h1 = FakeHandle(d0), FakeHandle(d1)
-        gs = GlobalScheduler({"prefill-0": FakeHandle(FakePrefill())}, {"decode-0": h0, "decode-1": h1})
-        collector = asyncio.create_task(_collect(gs, "fd", {"m"}))
-        await asyncio.sleep(0)
-        gs.submit(_req("m", max_tokens=10), "fd")
-        while "m" not in gs.table or gs.table["m"].request.state < RequestState.DECODE_QUEUED:
-            await asyncio.sleep(0.001)
-        d0.outbox.put(StreamChunk("m", (8, 9), worker="decode-0"))
-        await asyncio.sleep(0.01)
-        d1.outbox.put(StreamChunk("m", (11,), worker="decode-1"))  # overtakes the rest of decode-0's part
-        await asyncio.sleep(0.01)
-        d0.outbox.put(StreamChunk("m", (10,), worker="decode-0"))
-        d0.outbox.put(StreamChunk("m", (), worker="decode-0", moved_to="decode-1"))
-        while gs.table["m"].request.decode_worker != "decode-1":
-            await asyncio.sleep(0.001)
-        await gs.abort("m")
-        got = await asyncio.wait_for(collector, 5)
-        assert [t for c in got["m"] for t in c.token_ids] == [7, 8, 9, 10, 11]
-        assert all(c.moved_to is None for c in got["m"])  # the marker stays in the control plane
-        assert set(h1.called("abort")) == {("m",)} and not h0.called("abort")
-        states = [e.state for e in gs.recent()[-1].events]
-        assert states[3:] == [
-            RequestState.DECODE_QUEUED,
-            RequestState.DECODING,
-            RequestState.TRANSFERRING,
-            RequestState.DECODE_QUEUED,
-            RequestState.DECODING,
-            RequestState.FINISHED_ABORTED,
-        ]
-        assert gs.counts["moved"] == 1
-
-    asyncio.run(main())
+def test_outbox_coalesces_each_requests_contiguous_deltas_and_keeps_the_rest_apart() -> None:
+    chunks = [
+        StreamChunk("x", (1,), worker="d0", index=0),
+        StreamChunk("y", (5,), worker="d0", index=3),
+        StreamChunk("x", (2, 3), worker="d0", index=1),
+        StreamChunk("x", (4,), FinishReason.STOP, worker="d0", index=3),
+        StreamChunk("y", (), worker="d0", index=4, moved_to="d1"),
+        StreamChunk("y", (6,), worker="d0", index=4),
+    ]
+    out = coalesce(chunks)
+    assert [(c.request_id, c.token_ids, c.index, c.finish_reason) for c in out] == [
+        ("x", (1, 2, 3, 4), 0, "stop"),
+        ("y", (5,), 3, None),
+        ("y", (), 4, None),
+        ("y", (6,), 4, None),
+    ]

@@ -14,9 +14,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from transport.api import TransferState
-from transport.kv_codec import block_dim, blocks_for, pack, unpack_into
-from transport.tcp import TcpTransport
+from tetriserve.transport.api import TransferState
+from tetriserve.transport.kv_codec import block_dim, blocks_for, pack, unpack_into
+from tetriserve.transport.tcp import TcpTransport
 
 HEADS, BLOCK, HEAD_DIM = 2, 4, 3
 LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn", "model.layers.2.self_attn.attn")

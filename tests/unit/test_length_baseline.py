@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from common.length import LengthEstimate, PredictInput
-from length_predictor.baseline import BucketQuantilePredictor
+from tetriserve.common.length import LengthEstimate, PredictInput
+from tetriserve.length_predictor.baseline import BucketQuantilePredictor
 
 try:  # hypothesis is optional: the seeded loop below checks the same invariant without it
     from hypothesis import given, settings

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from length_predictor.buckets import BucketSpec
-from length_predictor.data import (
+from tetriserve.length_predictor.buckets import BucketSpec
+from tetriserve.length_predictor.data import (
     Pair,
     by_split,
     conversation_group,

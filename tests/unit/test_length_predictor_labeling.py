@@ -9,11 +9,11 @@ import pytest
 
 pytest.importorskip("grpc")
 
-from control_plane.frontdoor import FrontDoor
-from control_plane.gateway_grpc import start_grpc_server
-from length_predictor.data import Pair, read_pairs
-from length_predictor.labeling import LabelOptions, label_with_cluster
 from tests.fakes import FakeBackend, LoopThread, tokenizer_dir
+from tetriserve.control_plane.frontdoor import FrontDoor
+from tetriserve.control_plane.gateway_grpc import start_grpc_server
+from tetriserve.length_predictor.data import Pair, read_pairs
+from tetriserve.length_predictor.labeling import LabelOptions, label_with_cluster
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from length_predictor import evaluate as ev
-from length_predictor.buckets import BucketSpec
-from length_predictor.padding import (
+from tetriserve.length_predictor import evaluate as ev
+from tetriserve.length_predictor.buckets import BucketSpec
+from tetriserve.length_predictor.padding import (
     ArrivalRateMeter,
     BucketWidths,
     PaddingParams,

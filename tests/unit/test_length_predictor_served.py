@@ -10,20 +10,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.config import ClusterConfig, PrefillConfig
-from common.length import LengthEstimate, PredictInput
-from length_predictor import artifact as art_io
-from length_predictor.baseline import BucketQuantilePredictor
-from length_predictor.batcher import CoalescingBatcher
-from length_predictor.buckets import BucketSpec
-from length_predictor.encoder import FEATURE_DIM
-from length_predictor.factory import build_predictor
-from length_predictor.heads import HeadsConfig, LengthHeads
-from length_predictor.oracle import OraclePredictor
-from length_predictor.padding import BucketWidths
-from length_predictor.paths import default_artifact
-from length_predictor.served import TrainedPredictor, plan_batches
 from tests.fakes import tokenizer_dir, wait_until
+from tetriserve.common.config import ClusterConfig, PrefillConfig
+from tetriserve.common.length import LengthEstimate, PredictInput
+from tetriserve.length_predictor import artifact as art_io
+from tetriserve.length_predictor.baseline import BucketQuantilePredictor
+from tetriserve.length_predictor.batcher import CoalescingBatcher
+from tetriserve.length_predictor.buckets import BucketSpec
+from tetriserve.length_predictor.encoder import FEATURE_DIM
+from tetriserve.length_predictor.factory import build_predictor
+from tetriserve.length_predictor.heads import HeadsConfig, LengthHeads
+from tetriserve.length_predictor.oracle import OraclePredictor
+from tetriserve.length_predictor.padding import BucketWidths
+from tetriserve.length_predictor.paths import default_artifact
+from tetriserve.length_predictor.served import TrainedPredictor, plan_batches
 
 
 def random_artifact(path: Path, granularity: int = 200) -> Path:
@@ -99,7 +99,7 @@ def test_concurrent_calls_all_answered(predictor: TrainedPredictor) -> None:
 
 
 def test_broken_encoder_falls_back_to_the_baseline(artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from length_predictor import encoder
+    from tetriserve.length_predictor import encoder
 
     def boom(*args: object, **kwargs: object) -> None:
         raise OSError("encoder weights missing")

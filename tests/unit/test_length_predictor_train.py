@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from length_predictor import artifact as art_io
-from length_predictor.encoder import FEATURE_DIM
-from length_predictor.train import TrainConfig, predict_arrays, train_heads
+from tetriserve.length_predictor import artifact as art_io
+from tetriserve.length_predictor.encoder import FEATURE_DIM
+from tetriserve.length_predictor.train import TrainConfig, predict_arrays, train_heads
 
 
 def synthetic(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -52,7 +52,7 @@ def test_artifact_format_is_checked(tmp_path: Path) -> None:
 
 def test_full_finetuning_smoke(tmp_path: Path) -> None:
     """The GPU path runs end to end on CPU on a handful of examples (2 optimizer steps)."""
-    from length_predictor.finetune import finetune_full
+    from tetriserve.length_predictor.finetune import finetune_full
 
     prompts = [f"question number {i}: " + "please explain " * (i % 5) for i in range(8)]
     lens = [len(p.split()) for p in prompts]

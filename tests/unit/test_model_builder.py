@@ -17,8 +17,8 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from common.sharegpt import find_sharegpt_file  # noqa: E402
-from control_plane.model_builder import (  # noqa: E402
+from tetriserve.common.sharegpt import find_sharegpt_file  # noqa: E402
+from tetriserve.control_plane.model_builder import (  # noqa: E402
     MARKER_FILE,
     SPECIAL_TOKENS,
     build_tiny_model,

@@ -9,14 +9,16 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from common.config import DecodeConfig
-from common.errors import InvalidRequestError
-from control_plane import ray_backend
-from control_plane.policy_admin import (
+from tests.actor_fakes import FakeHandle
+from tetriserve.common.config import DecodeConfig
+from tetriserve.common.errors import InvalidRequestError
+from tetriserve.control_plane import ray_backend
+from tetriserve.control_plane.policy_admin import (
     DECODE_KEYS,
     PREFILL_KEYS,
     UnknownWorkerError,
@@ -24,12 +26,13 @@ from control_plane.policy_admin import (
     parse_changes,
     resolve_targets,
 )
-from decode_worker.policy import decode_policies
-from decode_worker.preemption.stats import PreemptionStats
-from decode_worker.preemption.strategy import PreemptionCosts, RecomputeLatency, SwapLatency
-from decode_worker.slices import SliceMoves
-from decode_worker.worker import DecodeWorker
-from tests.actor_fakes import FakeHandle
+from tetriserve.decode_worker.moves import SliceMover
+from tetriserve.decode_worker.policy import decode_policies
+from tetriserve.decode_worker.preemption.stats import PreemptionStats
+from tetriserve.decode_worker.preemption.strategy import PreemptionCosts, RecomputeLatency, SwapLatency
+from tetriserve.decode_worker.slices import SliceMoves
+from tetriserve.decode_worker.views import DecodeSnapshot
+from tetriserve.decode_worker.worker import DecodeWorker
 
 
 def test_prefill_keys_follow_the_worker_spec() -> None:
@@ -227,11 +230,17 @@ class _DecodeScheduler:
 
 
 class _Engine:
+    """What the worker uses of ``EngineLoop``: ``call`` into the scheduler, the published snapshot."""
+
     def __init__(self) -> None:
         self.sched = _DecodeScheduler()
 
-    def scheduler(self) -> _DecodeScheduler:
-        return self.sched
+    async def call(self, fn: Any) -> Any:
+        return fn(self.sched)
+
+    @property
+    def snapshot(self) -> Any:
+        return SimpleNamespace(extra=DecodeSnapshot(0, 0.0, (), self.sched.stats.summary()))
 
 
 def _decode_worker(worker_id: str) -> DecodeWorker:
@@ -240,7 +249,7 @@ def _decode_worker(worker_id: str) -> DecodeWorker:
     worker.worker_id = worker_id
     worker.engine = _Engine()
     worker._decode_cfg = DecodeConfig()
-    worker.moves = SliceMoves()
+    worker.mover = SliceMover(worker)
     return worker
 
 
@@ -305,7 +314,7 @@ def test_decode_mode_auto_with_a_profile(tmp_path: Path) -> None:
     worker = _decode_worker("decode-0")
     changes = {"preemption_mode": "auto", "preemption_profile": str(profile)}
     with pytest.raises(ValueError, match=r"^decode\.preemption_profile: preemption cost profile"):
-        worker.set_policy(changes)  # not written yet
+        asyncio.run(worker.set_policy(changes))  # not written yet
     PreemptionCosts(RecomputeLatency(1e-6, 1.0, 0.0, 0.0), SwapLatency(1e-7, 0.0), sweet_spot=256).save(profile)
-    assert worker.set_policy(changes)["preemption_mode"] == "auto"
+    assert asyncio.run(worker.set_policy(changes))["preemption_mode"] == "auto"
     assert worker.engine.sched.strategy.threshold == 256

@@ -10,13 +10,13 @@ import random
 
 import pytest
 
-from common.length import LengthEstimate
-from common.load import DecodeLoad
-from prefill_worker.dispatch import DISPATCH_POLICIES, make_dispatch_policy
-from prefill_worker.dispatch.base import DispatchParams, account
-from prefill_worker.dispatch.power_of_two import PowerOfTwo
-from prefill_worker.dispatch.simple import RandomChoice, RoundRobin
-from prefill_worker.views import ReqView
+from tetriserve.common.length import LengthEstimate
+from tetriserve.common.load import DecodeLoad
+from tetriserve.prefill_worker.dispatch import DISPATCH_POLICIES, make_dispatch_policy
+from tetriserve.prefill_worker.dispatch.base import DispatchParams, account
+from tetriserve.prefill_worker.dispatch.power_of_two import PowerOfTwo
+from tetriserve.prefill_worker.dispatch.simple import RandomChoice, RoundRobin
+from tetriserve.prefill_worker.views import ReqView
 
 BS = 16
 

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from common.cost_model import DecodeCost, PrefillCost
-from engine.profile_fit import MeasuredStep, calibrate
-from engine.profile_plan import (
+from tetriserve.common.cost_model import DecodeCost, PrefillCost
+from tetriserve.engine.profile_fit import MeasuredStep, calibrate
+from tetriserve.engine.profile_plan import (
     Piece,
     Scenario,
     ScenarioKind,

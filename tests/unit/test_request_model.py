@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from common.config import ClusterConfig
-from common.errors import InvalidRequestError, UnknownModelError
-from common.length import LengthEstimate
-from common.request import SLO, Request, RequestEvent, RequestState, SamplingSpec
+from tetriserve.common.config import ClusterConfig
+from tetriserve.common.errors import InvalidRequestError, UnknownModelError
+from tetriserve.common.length import LengthEstimate
+from tetriserve.common.request import SLO, Request, RequestEvent, RequestState, SamplingSpec
 
 S = RequestState
 HAPPY_PATH = [S.PREFILLING, S.TRANSFERRING, S.DECODE_QUEUED, S.DECODING]
@@ -369,7 +369,7 @@ def test_config_field_validation_names_the_field(overrides: dict[str, object], l
 
 
 def test_every_config_field_has_a_description() -> None:
-    from common.config import DecodeConfig, EngineConfig, PrefillConfig
+    from tetriserve.common.config import DecodeConfig, EngineConfig, PrefillConfig
 
     for model in (ClusterConfig, EngineConfig, PrefillConfig, DecodeConfig):
         for name, info in model.model_fields.items():

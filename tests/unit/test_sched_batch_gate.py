@@ -12,11 +12,11 @@ from contextlib import suppress
 
 import pytest
 
-from prefill_worker.admission import RequestAborted, SchedBatchGate
-from prefill_worker.queue import make_queue_policy
-from prefill_worker.queue.fcfs import FCFS
-from prefill_worker.queue.length_order import SJF
-from prefill_worker.views import ReqView
+from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate
+from tetriserve.prefill_worker.queue import make_queue_policy
+from tetriserve.prefill_worker.queue.fcfs import FCFS
+from tetriserve.prefill_worker.queue.length_order import SJF
+from tetriserve.prefill_worker.views import ReqView
 
 
 def _view(rid: str, arrival: float, prompt_len: int = 100) -> ReqView:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from common import sharegpt
-from common.sharegpt import (
+from tetriserve.common import sharegpt
+from tetriserve.common.sharegpt import (
     find_sharegpt_file,
     iter_conversations,
     load_conversations,
@@ -66,7 +66,7 @@ def test_every_truncation_point_salvages_exactly_the_complete_records(
 
 def test_complete_array_logs_complete(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = _write(tmp_path / "full.json", json.dumps(TRICKY))
-    with caplog.at_level(logging.INFO, logger="common.sharegpt"):
+    with caplog.at_level(logging.INFO, logger="tetriserve.common.sharegpt"):
         assert load_conversations(path) == TRICKY
     assert "complete JSON array, 4 records" in caplog.text
 
@@ -75,7 +75,7 @@ def test_truncated_mid_string_logs_salvage_count(tmp_path: Path, caplog: pytest.
     tail = ',\n  {"id": "r9", "conversations": [{"from": "human", "value": "unfini'
     text = json.dumps(TRICKY[:2], indent=2)[:-2] + tail
     path = _write(tmp_path / "mid.json", text)
-    with caplog.at_level(logging.INFO, logger="common.sharegpt"):
+    with caplog.at_level(logging.INFO, logger="tetriserve.common.sharegpt"):
         assert load_conversations(path) == TRICKY[:2]
     assert "truncated JSON array, salvaged 2 complete records" in caplog.text
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from common.length import LengthEstimate
-from decode_worker.admission.base import AdmissionPolicy
-from decode_worker.preemption.order import PreemptionOrder, VllmOrder
-from decode_worker.views import DecodeReqView, DecodeState, blocks_for
+from tetriserve.common.length import LengthEstimate
+from tetriserve.decode_worker.admission.base import AdmissionPolicy
+from tetriserve.decode_worker.preemption.order import PreemptionOrder, VllmOrder
+from tetriserve.decode_worker.views import DecodeReqView, DecodeState, blocks_for
 
 
 @dataclass

@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from common.length import LengthEstimate
-from decode_worker.admission import ADMISSION_NAMES, make_admission_policy
-from decode_worker.admission.greedy import Greedy
-from decode_worker.admission.reserve_dynamic import ReserveDynamic
-from decode_worker.admission.reserve_static import ReserveStatic
-from decode_worker.views import DecodeReqView, DecodeState, blocks_for
+from tetriserve.common.length import LengthEstimate
+from tetriserve.decode_worker.admission import ADMISSION_NAMES, make_admission_policy
+from tetriserve.decode_worker.admission.greedy import Greedy
+from tetriserve.decode_worker.admission.reserve_dynamic import ReserveDynamic
+from tetriserve.decode_worker.admission.reserve_static import ReserveStatic
+from tetriserve.decode_worker.views import DecodeReqView, DecodeState, blocks_for
 
 BS = 16
 

@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from common.length import LengthEstimate
-from decode_worker.admission import ADMISSION_NAMES, make_admission_policy
-from decode_worker.admission.cacheopt import CacheOptAdmission
-from decode_worker.admission.reserve_dynamic import ReserveDynamic
-from decode_worker.admission.sola import SolaDecode, predicted_tpot
-from decode_worker.views import DecodeReqView, DecodeState, blocks_for
 from tests.unit.decode.sim import simulate, view
+from tetriserve.common.length import LengthEstimate
+from tetriserve.decode_worker.admission import ADMISSION_NAMES, make_admission_policy
+from tetriserve.decode_worker.admission.cacheopt import CacheOptAdmission
+from tetriserve.decode_worker.admission.reserve_dynamic import ReserveDynamic
+from tetriserve.decode_worker.admission.sola import SolaDecode, predicted_tpot
+from tetriserve.decode_worker.views import DecodeReqView, DecodeState, blocks_for
 
 BS = 16
 

@@ -8,13 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from common.length import LengthEstimate
-from decode_worker.admission import make_admission_policy
-from decode_worker.preemption import ORDER_NAMES, PreemptionCosts, PreemptionStrategy, make_preemption_order
-from decode_worker.preemption.order import tbt_bucket
-from decode_worker.preemption.strategy import RecomputeLatency, SwapLatency, fit_recompute, fit_swap, sweet_spot
-from decode_worker.views import DecodeReqView
 from tests.unit.decode.sim import simulate, view
+from tetriserve.common.length import LengthEstimate
+from tetriserve.decode_worker.admission import make_admission_policy
+from tetriserve.decode_worker.preemption import ORDER_NAMES, PreemptionCosts, PreemptionStrategy, make_preemption_order
+from tetriserve.decode_worker.preemption.order import tbt_bucket
+from tetriserve.decode_worker.preemption.strategy import (
+    RecomputeLatency,
+    SwapLatency,
+    fit_recompute,
+    fit_swap,
+    sweet_spot,
+)
+from tetriserve.decode_worker.views import DecodeReqView
 
 
 def r(rid: str, context: int, remaining: int, arrival: float, slo: float | None = None, **kw: object) -> DecodeReqView:

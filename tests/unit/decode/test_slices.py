@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from common.length import LengthEstimate
-from common.load import DecodeLoad
-from decode_worker.slices import Order, SliceMoves, load_s, next_interval, pick_movers, plan, token_costs
-from decode_worker.views import DecodeReqView
+from tetriserve.common.length import LengthEstimate
+from tetriserve.common.load import DecodeLoad
+from tetriserve.decode_worker.slices import Order, SliceMoves, load_s, next_interval, pick_movers, plan, token_costs
+from tetriserve.decode_worker.views import DecodeReqView
 
 
 def _load(wid: str, remaining: int, running: int = 4, step_s: float = 0.04, **kw: object) -> DecodeLoad:
@@ -143,49 +144,67 @@ def test_estimate_after_tokens_generated() -> None:
 
 
 class _Scheduler:
-    """What ``DecodeWorker.rebalance`` uses of the scheduler subclass."""
+    """What ``SliceMover.rebalance`` uses of the scheduler subclass (through the engine)."""
 
     def __init__(self, running: list[DecodeReqView]) -> None:
         self.running = running
         self.marks: dict[str, str] = {}
 
-    def running_views(self) -> list[DecodeReqView]:
-        return list(self.running)
-
     def mark_moving(self, request_id: str, key: str) -> None:
         self.marks[request_id] = key
 
 
-def _worker(running: list[DecodeReqView]) -> tuple[Any, _Scheduler]:
-    import itertools
+class _Engine:
+    """What the worker uses of ``EngineLoop``: the published snapshot, ``call`` into the scheduler."""
 
-    from common.config import DecodeConfig
-    from common.request import Request
-    from decode_worker.worker import DecodeWorker, _Running
+    def __init__(self, sched: _Scheduler) -> None:
+        self.sched = sched
+
+    @property
+    def snapshot(self) -> Any:
+        from types import SimpleNamespace
+
+        from tetriserve.decode_worker.views import DecodeSnapshot
+
+        return SimpleNamespace(extra=DecodeSnapshot(0, 0.0, tuple(self.sched.running), {}))
+
+    async def call(self, fn: Any) -> Any:
+        return fn(self.sched)
+
+
+def _worker(running: list[DecodeReqView]) -> tuple[Any, _Scheduler]:
+    from tetriserve.common.config import DecodeConfig
+    from tetriserve.common.request import Request
+    from tetriserve.decode_worker.moves import SliceMover
+    from tetriserve.decode_worker.worker import DecodeWorker, Running
 
     sched = _Scheduler(running)
     worker = DecodeWorker.__new__(DecodeWorker)  # no engine: just what ``rebalance`` needs
     worker.worker_id = "decode-0"
-    worker.engine = type("_Engine", (), {"scheduler": lambda self: sched})()
+    worker.engine = _Engine(sched)
     worker._decode_cfg = DecodeConfig(slice_iters=32)
-    worker._move_keys = itertools.count()
-    worker._running = {v.request_id: _Running(Request(v.request_id, (1, 2)), False, v.estimate) for v in running}
+    worker.mover = SliceMover(worker)
+    worker.running = {v.request_id: Running(Request(v.request_id, (1, 2)), "fd", False, v.estimate) for v in running}
     return worker, sched
+
+
+def _rebalance(worker: Any, order: Order) -> list[str]:
+    return asyncio.run(worker.rebalance(order, "d1:1", object()))
 
 
 def test_a_marked_request_keeps_its_key_when_a_later_order_comes_before_it_has_moved() -> None:
     # the engine may already have cut it (its KV parked under the first key) while still listing it as running
     worker, sched = _worker([_req("long", 300)])
-    assert worker.rebalance(_order(100.0, 0.0), "d1:1", object()) == ["long"]
+    assert _rebalance(worker, _order(100.0, 0.0)) == ["long"]
     first = sched.marks["long"]
-    assert worker.rebalance(_order(100.0, 0.0), "d1:1", object()) == []
-    assert sched.marks["long"] == first and worker._running["long"].move.key == first
+    assert _rebalance(worker, _order(100.0, 0.0)) == []
+    assert sched.marks["long"] == first and worker.running["long"].move.key == first
 
 
 def test_a_worker_without_slices_or_an_order_for_another_worker_marks_nothing() -> None:
-    from common.config import DecodeConfig
+    from tetriserve.common.config import DecodeConfig
 
     worker, sched = _worker([_req("long", 300)])
-    assert worker.rebalance(replace(_order(100.0, 0.0), src="decode-9"), "d1:1", object()) == []
+    assert _rebalance(worker, replace(_order(100.0, 0.0), src="decode-9")) == []
     worker._decode_cfg = DecodeConfig(slice_iters=0)
-    assert worker.rebalance(_order(100.0, 0.0), "d1:1", object()) == [] and not sched.marks
+    assert _rebalance(worker, _order(100.0, 0.0)) == [] and not sched.marks

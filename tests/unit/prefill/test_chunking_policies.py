@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from prefill_worker.chunking import CHUNKING_NAMES, make_chunking_policy
-from prefill_worker.chunking.base import fill_in_order, kv_fit, kv_tokens
-from prefill_worker.chunking.dynamic import DynamicChunking
-from prefill_worker.chunking.fixed import FixedChunking
-from prefill_worker.chunking.unchunked import Unchunked
-from prefill_worker.queue.fcfs import FCFS
-from prefill_worker.queue.length_order import LJF, SJF
 from tests.prefill_support import layouts, linear_cost, req, state
+from tetriserve.prefill_worker.chunking import CHUNKING_NAMES, make_chunking_policy
+from tetriserve.prefill_worker.chunking.base import fill_in_order, kv_fit, kv_tokens
+from tetriserve.prefill_worker.chunking.dynamic import DynamicChunking
+from tetriserve.prefill_worker.chunking.fixed import FixedChunking
+from tetriserve.prefill_worker.chunking.unchunked import Unchunked
+from tetriserve.prefill_worker.queue.fcfs import FCFS
+from tetriserve.prefill_worker.queue.length_order import LJF, SJF
 
 # Fig. 7's setting: three scheduled prompts of 5, 2 and 3 tokens (arrival order R1, R2, R3), ChunkSize 4
 FIG7 = [req("R1", 5, 0.0), req("R2", 2, 1.0), req("R3", 3, 2.0)]
@@ -156,7 +156,7 @@ def test_alg2_chunks_a_long_prompt_to_what_kv_allows() -> None:
 
 def test_alg1_urgent_requests_go_first_whatever_their_fit() -> None:
     cost = linear_cost()
-    from prefill_worker.queue.accelgen import AccelGenRemainingTime
+    from tetriserve.prefill_worker.queue.accelgen import AccelGenRemainingTime
 
     queue = AccelGenRemainingTime(cost)
     ordered = queue.order(

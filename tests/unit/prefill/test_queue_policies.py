@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from prefill_worker.queue import QUEUE_POLICY_NAMES, make_queue_policy
-from prefill_worker.queue.accelgen import AccelGenRemainingTime
-from prefill_worker.queue.fcfs import FCFS
-from prefill_worker.queue.length_order import LJF, SJF
-from prefill_worker.queue.sola import SolaTTFT
 from tests.prefill_support import linear_cost, req
+from tetriserve.prefill_worker.queue import QUEUE_POLICY_NAMES, make_queue_policy
+from tetriserve.prefill_worker.queue.accelgen import AccelGenRemainingTime
+from tetriserve.prefill_worker.queue.fcfs import FCFS
+from tetriserve.prefill_worker.queue.length_order import LJF, SJF
+from tetriserve.prefill_worker.queue.sola import SolaTTFT
 
 
 def ids(views: list) -> list[str]:  # type: ignore[type-arg]

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from tests.transport_support import unique
-from transport.api import Transport
-from transport.inproc import InProcTransport
-from transport.tcp import TcpTransport
+from tetriserve.transport.api import Transport
+from tetriserve.transport.inproc import InProcTransport
+from tetriserve.transport.tcp import TcpTransport
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ import pytest
 
 from tests.transport_support import poll as _poll
 from tests.transport_support import recv_within as _recv
-from transport import store as store_mod
-from transport.api import TransferState
-from transport.store import ReceiveStore
+from tetriserve.transport import store as store_mod
+from tetriserve.transport.api import TransferState
+from tetriserve.transport.store import ReceiveStore
 
 # -- the two-sided contract, both backends ----------------------------------------------------------
 

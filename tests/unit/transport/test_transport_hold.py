@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from transport.api import TransferState, Transport
+from tetriserve.transport.api import TransferState, Transport
 
 # ``pair`` (sender, receiver of either backend, closed at teardown) comes from conftest.py
 
@@ -38,7 +38,7 @@ def test_data_held_without_expiry_outlives_the_ttl_until_taken_or_discarded() ->
     """A swapped-out request's KV may wait longer than any transfer; only its owner drops it."""
     import time
 
-    from transport.inproc import InProcTransport
+    from tetriserve.transport.inproc import InProcTransport
 
     t = InProcTransport("hold-no-expiry", ttl_s=0.001)
     try:

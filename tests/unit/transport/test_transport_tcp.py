@@ -18,11 +18,11 @@ import pytest
 from tests.transport_support import poll as _poll
 from tests.transport_support import recv_within as _recv
 from tests.transport_support import unique as _unique
-from transport import endpoints
-from transport.api import TransferState
-from transport.inproc import InProcTransport
-from transport.registry import make_transport
-from transport.tcp import TcpTransport, parse_address
+from tetriserve.transport import endpoints
+from tetriserve.transport.api import TransferState
+from tetriserve.transport.inproc import InProcTransport
+from tetriserve.transport.registry import make_transport
+from tetriserve.transport.tcp import TcpTransport, parse_address
 
 # -- TCP specifics --------------------------------------------------------------------------------------
 

@@ -1,0 +1,42 @@
+"""Stop strings, matched by the front door over a request's whole text (as vLLM's output processor does).
+
+An engine sees only its part of a request (the prefill worker the first token,
+each decode worker its slice), so a stop string that spans the handoff is
+invisible to all of them; the front door sees every character. Text that could
+still be the start of a stop string is held back until it cannot::
+
+    feed(text) ─▶ buffer = held + text
+                  a stop string in buffer?  ─▶ emit what precedes it, stopped (the stop string is not sent)
+                  otherwise                  ─▶ emit all but the last (longest stop − 1) characters, hold those
+    flush()    ─▶ what is held (the stream ended another way)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopMatcher:
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self._hold = max((len(s) for s in self.stops), default=1) - 1
+        self._held = ""
+        self.stopped: str | None = None  # the stop string that ended the text
+
+    def feed(self, text: str) -> str:
+        """Take new text; return what can be sent now. Once ``stopped`` is set, nothing more is sent."""
+        if self.stopped is not None:
+            return ""
+        buffer = self._held + text
+        hits = [(i, s) for s in self.stops if (i := buffer.find(s)) >= 0]
+        if hits:
+            at, self.stopped = min(hits)
+            self._held = ""
+            return buffer[:at]
+        cut = max(0, len(buffer) - self._hold)
+        self._held = buffer[cut:]
+        return buffer[:cut]
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
