@@ -121,11 +121,10 @@ def scheduler(engine: Any) -> TetriDecodeScheduler:
 def add(engine: Any, job: Job, source: str, tag: str, max_out: int) -> str:
     from vllm import SamplingParams
 
-    from tetriserve.decode_worker.policy import EXTRA_KEY, LENGTH_KEY
+    from tetriserve.common.engine_tags import EngineTags
 
-    extra: dict[str, Any] = {LENGTH_KEY: job.estimates[source].to_dict(), DECLARED_KEY: max_out}
-    if job.tbt_slo_s is not None:
-        extra[EXTRA_KEY] = {"tbt_slo_s": job.tbt_slo_s}
+    tags = EngineTags(estimate=job.estimates[source], tbt_slo_s=job.tbt_slo_s)
+    extra: dict[str, Any] = {**tags.extra(), DECLARED_KEY: max_out}
     params = SamplingParams(max_tokens=job.truth, ignore_eos=True, temperature=0.0, extra_args=extra)
     rid = f"{tag}:{job.rid}"
     engine.add_request(rid, {"prompt_token_ids": list(job.prompt)}, params)

@@ -1,8 +1,4 @@
-"""Decode-side policies from configuration (DESIGN.md §4): admission, preemption order, swap or recompute.
-
-Also the keys under which the decode worker hands per-request facts to its
-engine's scheduler subclass in ``SamplingParams.extra_args``.
-"""
+"""Decode-side policies from configuration (DESIGN.md §4): admission, preemption order, swap or recompute."""
 
 from __future__ import annotations
 
@@ -16,9 +12,6 @@ from tetriserve.decode_worker.preemption import (
     PreemptionStrategy,
     make_preemption_order,
 )
-
-LENGTH_KEY = "tetriserve_length"  # LengthEstimate.to_dict()
-EXTRA_KEY = "tetriserve"  # {"id": the worker's request id, "tbt_slo_s": ... if it has a TBT SLO}
 
 
 def decode_policies(cfg: DecodeConfig) -> tuple[AdmissionPolicy, PreemptionOrder, PreemptionStrategy]:

@@ -2,8 +2,8 @@
 
 Each ``schedule()`` call:
 
-    1. views of the running batch (context, tokens generated, the predicted length range from
-       ``SamplingParams.extra_args["tetriserve_length"]``, the TBT SLO from ``["tetriserve"]``)
+    1. views of the running batch (context, tokens generated, the predicted length range and the
+       TBT SLO from the ``EngineTags`` in ``SamplingParams.extra_args``)
        and the KV that is free
     2. every waiting request that would *start decoding* now is put to the admission policy,
        in the policy's order (arrival unless it says otherwise), each admitted one folded into
@@ -37,9 +37,8 @@ from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from tetriserve.common.length import LengthEstimate
+from tetriserve.common.engine_tags import tags_of
 from tetriserve.decode_worker.admission import AdmissionPolicy, make_admission_policy
-from tetriserve.decode_worker.policy import EXTRA_KEY, LENGTH_KEY
 from tetriserve.decode_worker.preemption import PreemptionOrder, PreemptionStrategy, make_preemption_order
 from tetriserve.decode_worker.preemption.stats import PreemptionStats
 from tetriserve.decode_worker.views import DecodeReqView, DecodeSnapshot, DecodeState
@@ -76,18 +75,16 @@ class TetriDecodeScheduler(Scheduler):
 
     def _view(self, req: Any, in_flight: set[str] | frozenset[str] = frozenset()) -> DecodeReqView:
         params = req.sampling_params
-        extra = (params.extra_args or {}) if params is not None else {}
-        est = extra.get(LENGTH_KEY)
-        slo = (extra.get(EXTRA_KEY) or {}).get("tbt_slo_s")
+        tags = tags_of(params.extra_args if params is not None else None)
         return DecodeReqView(
             request_id=req.request_id,
             prompt_len=req.num_prompt_tokens,
             max_tokens=params.max_tokens if params is not None and params.max_tokens else 1,
             arrival_time=req.arrival_time,
             generated=len(req.output_token_ids),
-            estimate=LengthEstimate.from_dict(est) if isinstance(est, dict) else None,
+            estimate=tags.estimate,
             held_blocks=math.ceil(req.num_computed_tokens / self.block_size),
-            tbt_slo_s=float(slo) if slo is not None else None,
+            tbt_slo_s=tags.tbt_slo_s,
             transferring=req.request_id in in_flight,
         )
 
@@ -106,8 +103,8 @@ class TetriDecodeScheduler(Scheduler):
     def _worker_id_of(req: Any) -> str:
         """The id the decode worker knows ``req`` by (vLLM suffixes its own ``request_id``)."""
         params = req.sampling_params
-        extra = (params.extra_args or {}) if params is not None else {}
-        return str((extra.get(EXTRA_KEY) or {}).get("id", req.request_id))
+        tags = tags_of(params.extra_args if params is not None else None)
+        return tags.request_id if tags.request_id is not None else str(req.request_id)
 
     def running_views(self) -> list[DecodeReqView]:
         """The running batch as the slice rebalancer sees it, by the worker's ids."""

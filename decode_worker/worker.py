@@ -28,16 +28,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from tetriserve.common.config import ClusterConfig, DecodeConfig
+from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.load import DecodeLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, StreamChunk
 from tetriserve.decode_worker.moves import Move, SliceMover
-from tetriserve.decode_worker.policy import EXTRA_KEY, LENGTH_KEY, decode_policies
+from tetriserve.decode_worker.policy import decode_policies
 from tetriserve.decode_worker.slices import Order
 from tetriserve.engine.loop import Delta
 from tetriserve.engine.settings import EngineRole, build_engine_args
 from tetriserve.engine.worker_base import EngineWorker
+from tetriserve.transport.instructions import KVInstruction, KVMode
 
 logger = logging.getLogger(__name__)
 
@@ -180,15 +182,15 @@ class DecodeWorker(EngineWorker):
         run.kv_key = key
         run.decoding = False
         prompt = (*req.prompt_token_ids, *run.generated)
-        kv = {"mode": "recv", "key": key, "num_tokens": len(prompt) - 1} if key is not None else None
-        extra: dict[str, Any] = {}  # for the decode scheduler
-        if run.estimate is not None:  # as on first submit, counted from the prefill's token on
-            extra[LENGTH_KEY] = run.estimate.after(len(run.generated) - 1).to_dict()
-        extra[EXTRA_KEY] = {"id": req.request_id}  # vLLM's scheduler knows it by a suffixed id
-        if req.slo.tbt_ms is not None:
-            extra[EXTRA_KEY]["tbt_slo_s"] = req.slo.tbt_ms / 1e3
+        kv = KVInstruction(KVMode.RECV, key, len(prompt) - 1) if key is not None else None
+        tags = EngineTags(  # for the decode scheduler, which knows the request by a suffixed id
+            request_id=req.request_id,
+            tbt_slo_s=req.slo.tbt_ms / 1e3 if req.slo.tbt_ms is not None else None,
+            # as on first submit, counted from the prefill's token on
+            estimate=run.estimate.after(len(run.generated) - 1) if run.estimate is not None else None,
+        )
         left = req.sampling.max_tokens - len(run.generated)
-        params = to_vllm(req.sampling, max_tokens=left, prior_outputs=len(run.generated), kv_params=kv, extra=extra)
+        params = to_vllm(req.sampling, max_tokens=left, prior_outputs=len(run.generated), kv=kv, tags=tags)
         self.engine.add(req.request_id, prompt, params, functools.partial(self._on_delta, run))
 
     def _on_delta(self, run: Running, delta: Delta) -> None:

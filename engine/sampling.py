@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.request import SamplingSpec
+from tetriserve.transport.instructions import KV_PARAMS_KEY, KVInstruction
 
 PRIOR_KEY = "tetriserve_prior_outputs"  # SamplingParams.extra_args: how many prompt tokens are output tokens
 
@@ -23,14 +25,14 @@ def to_vllm(
     *,
     max_tokens: int,
     prior_outputs: int = 0,
-    kv_params: dict[str, Any] | None = None,
-    extra: dict[str, Any] | None = None,
+    kv: KVInstruction | None = None,
+    tags: EngineTags | None = None,
 ) -> Any:
     from vllm import SamplingParams
 
-    extra_args: dict[str, Any] = dict(extra or {})
-    if kv_params is not None:
-        extra_args["kv_transfer_params"] = {"tetriserve": kv_params}
+    extra_args: dict[str, Any] = tags.extra() if tags is not None else {}
+    if kv is not None:
+        extra_args[KV_PARAMS_KEY] = kv.params()
     if prior_outputs > 0 and (spec.presence_penalty or spec.frequency_penalty):
         extra_args[PRIOR_KEY] = prior_outputs
     return SamplingParams(

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 
 from tetriserve.common.length import LengthEstimate
 
-EXTRA_KEY = "tetriserve"  # SamplingParams.extra_args key: arrival, priority, ttft_slo_s, jct_slo_s, batch_seq
-
 
 @dataclass(frozen=True)
 class ReqView:

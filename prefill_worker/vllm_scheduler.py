@@ -3,7 +3,7 @@
 Each ``schedule()`` call:
 
     1. build a ReqView per prompt still to prefill (vLLM's running + waiting queues;
-       arrival and SLOs come through ``SamplingParams.extra_args["tetriserve"]``)
+       arrival and SLOs come as ``EngineTags`` in ``SamplingParams.extra_args``)
     2. queue policy orders them; chunking policy sets the token budget and the chunks
     3. expose to vLLM exactly the planned requests, in plan order (the others are
        held aside for this call), with ``max_num_scheduled_tokens`` = the plan's tokens;
@@ -29,9 +29,10 @@ from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from tetriserve.common.engine_tags import tags_of
 from tetriserve.common.iteration_log import IterationLog, IterationRecord
 from tetriserve.prefill_worker.policy import PrefillPolicy, PrefillPolicySpec, build_prefill_policy
-from tetriserve.prefill_worker.views import EXTRA_KEY, Chunk, PrefillState, ReqView
+from tetriserve.prefill_worker.views import Chunk, PrefillState, ReqView
 
 
 @dataclass(frozen=True)
@@ -74,21 +75,21 @@ class TetriPrefillScheduler(Scheduler):
 
     def _build_view(self, req: Any) -> ReqView:
         params = req.sampling_params
-        meta = (params.extra_args or {}).get(EXTRA_KEY, {}) if params is not None else {}
-        arrival = float(meta.get("arrival", req.arrival_time))
-        if "id" in meta:
-            self._ext[req.request_id] = str(meta["id"])  # vLLM suffixes request ids; records use ours
+        tags = tags_of(params.extra_args if params is not None else None)
+        arrival = tags.arrival if tags.arrival is not None else float(req.arrival_time)
+        if tags.request_id is not None:
+            self._ext[req.request_id] = tags.request_id  # vLLM suffixes request ids; records use ours
         return ReqView(
             request_id=req.request_id,
             prompt_len=req.num_prompt_tokens,
             max_tokens=params.max_tokens if params is not None and params.max_tokens else 1,
             arrival_time=arrival,
-            priority=int(meta.get("priority", 0)),
+            priority=tags.priority,
             computed_tokens=req.num_computed_tokens,
-            ttft_slo_s=meta.get("ttft_slo_s"),
-            jct_slo_s=meta.get("jct_slo_s"),
+            ttft_slo_s=tags.ttft_slo_s,
+            jct_slo_s=tags.jct_slo_s,
             queued_since=self._queued_since.get(req.request_id, arrival),
-            batch_seq=int(meta.get("batch_seq", 0)),
+            batch_seq=tags.batch_seq,
         )
 
     def _plan(self, policy: PrefillPolicy, views: list[ReqView], now: float) -> tuple[list[Chunk], int, int]:

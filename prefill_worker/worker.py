@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from tetriserve.common.config import ClusterConfig
+from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
 from tetriserve.common.load import DecodeLoad, PrefillLoad
 from tetriserve.common.request import Request, RequestState
@@ -38,7 +39,8 @@ from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate
 from tetriserve.prefill_worker.dispatch import DispatchParams, make_dispatch_policy
 from tetriserve.prefill_worker.dispatch.base import account
 from tetriserve.prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
-from tetriserve.prefill_worker.views import EXTRA_KEY, ReqView
+from tetriserve.prefill_worker.views import ReqView
+from tetriserve.transport.instructions import KVInstruction, KVMode
 
 SCHEDULER_CLS = "tetriserve.prefill_worker.vllm_scheduler.TetriPrefillScheduler"
 
@@ -254,15 +256,16 @@ class PrefillWorker(EngineWorker):
         """Prefill ``req``: (its first token(s), the finish reason if it ended here, an error)."""
         from tetriserve.engine.sampling import to_vllm
 
-        kv = {"mode": "park", "key": req.request_id} if park else None
-        meta = {
-            "id": req.request_id,
-            "arrival": view.arrival_time,
-            "priority": view.priority,
-            "batch_seq": view.batch_seq,
-        }
-        meta.update({k: v for k, v in (("ttft_slo_s", view.ttft_slo_s), ("jct_slo_s", view.jct_slo_s)) if v})
-        params = to_vllm(req.sampling, max_tokens=1, kv_params=kv, extra={EXTRA_KEY: meta})
+        kv = KVInstruction(KVMode.PARK, req.request_id) if park else None
+        tags = EngineTags(
+            request_id=req.request_id,
+            arrival=view.arrival_time,
+            priority=view.priority,
+            batch_seq=view.batch_seq,
+            ttft_slo_s=view.ttft_slo_s,
+            jct_slo_s=view.jct_slo_s,
+        )
+        params = to_vllm(req.sampling, max_tokens=1, kv=kv, tags=tags)
         tokens: list[int] = []
         reason = error = None
         async for delta in self.engine.generate(req.request_id, req.prompt_token_ids, params):

@@ -1,11 +1,11 @@
 """tetriserve's vLLM KV connector: hand a request's prefilled KV to its decode engine (TetriInfer §3.3.4).
 
 Loaded by vLLM through ``kv_connector_module_path="tetriserve.transport.kv_connector"``,
-``kv_connector="TetriKVConnector"``. Per-request instructions arrive in
-``SamplingParams.extra_args["kv_transfer_params"]["tetriserve"]``:
+``kv_connector="TetriKVConnector"``. Per-request instructions arrive as a
+``KVInstruction`` (``transport.instructions``) in vLLM's ``kv_transfer_params``:
 
-    prefill engine  {"mode": "park", "key": k}
-    decode engine   {"mode": "recv", "key": k, "num_tokens": L}
+    prefill engine  KVInstruction(PARK, k)
+    decode engine   KVInstruction(RECV, k, num_tokens=L)
 
 Lifecycle (request-level transfer, as in the paper)::
 
@@ -31,7 +31,7 @@ of recomputing the prompt.
 Swap (CacheOpt §3.5) reuses both halves inside one decode engine: when the
 decode scheduler preempts a request by swapping, ``swap_out`` (scheduler side,
 before the blocks are freed) queues a save of its blocks and turns its
-instructions into ``{"mode": "recv", "key": "swap:<id>:<n>"}``; the worker packs
+instruction into ``KVInstruction(RECV, "swap:<id>:<n>", n)``; the worker packs
 the blocks into this endpoint's own landing area in ``handle_preemptions``, before
 the model runner zeroes or overwrites blocks handed to others, and when vLLM resumes
 the request it loads the KV back through the ordinary ``recv`` path instead of
@@ -59,6 +59,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from tetriserve.transport import endpoints, kv_codec
+from tetriserve.transport.instructions import KVInstruction, KVMode, instruction_of
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -70,7 +71,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
-PARAMS_KEY = "tetriserve"
 
 
 @dataclass(frozen=True)
@@ -138,10 +138,8 @@ class _Producer:
     block_ids: list[int]
 
 
-def _params(request: Request) -> dict[str, Any] | None:
-    params = request.kv_transfer_params or {}
-    value = params.get(PARAMS_KEY)
-    return value if isinstance(value, dict) else None
+def _instruction(request: Request) -> KVInstruction | None:
+    return instruction_of(request.kv_transfer_params)
 
 
 class TetriKVConnector(KVConnectorBase_V1):
@@ -173,21 +171,19 @@ class TetriKVConnector(KVConnectorBase_V1):
 
     # ============================== scheduler side ==============================
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        params = _params(request)
-        if params is None or params.get("mode") != "recv" or request.request_id in self._load_requested:
+        kv = _instruction(request)
+        if kv is None or kv.mode is not KVMode.RECV or request.request_id in self._load_requested:
             return 0, False
-        remaining = int(params["num_tokens"]) - num_computed_tokens
+        remaining = kv.num_tokens - num_computed_tokens
         return (remaining, True) if remaining > 0 else (0, False)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
-        params = _params(request)
-        if params is None or num_external_tokens <= 0 or params.get("mode") != "recv":
+        kv = _instruction(request)
+        if kv is None or num_external_tokens <= 0 or kv.mode is not KVMode.RECV:
             return
         self._load_requested.add(request.request_id)
         block_ids = tuple(blocks.get_block_ids()[0])
-        self._pending_loads.append(
-            LoadSpec(request.request_id, str(params["key"]), block_ids, int(params["num_tokens"]))
-        )
+        self._pending_loads.append(LoadSpec(request.request_id, kv.key, block_ids, kv.num_tokens))
 
     def swap_out(self, request: Request, block_ids: list[int], num_tokens: int) -> str:
         """Queue ``request``'s first ``num_tokens`` of KV (in ``block_ids``) to leave the block pool this step;
@@ -197,7 +193,7 @@ class TetriKVConnector(KVConnectorBase_V1):
         self._pending_swaps.append(SaveSpec(request.request_id, key, used, num_tokens))
         self._swapped[request.request_id] = key
         self._load_requested.discard(request.request_id)
-        request.kv_transfer_params = {PARAMS_KEY: {"mode": "recv", "key": key, "num_tokens": num_tokens}}
+        request.kv_transfer_params = KVInstruction(KVMode.RECV, key, num_tokens).params()
         return key
 
     def park_running(self, request: Request, block_ids: list[int], key: str) -> None:
@@ -210,9 +206,9 @@ class TetriKVConnector(KVConnectorBase_V1):
         return {s.req_id for s in self._pending_loads} | {s.req_id for s in self._pending_swaps} | set(self._producers)
 
     def on_new_request(self, request: Request) -> None:
-        params = _params(request)
-        if params is not None and params.get("mode") == "park":
-            self._producers[request.request_id] = _Producer(str(params["key"]), len(request.prompt_token_ids or ()), [])
+        kv = _instruction(request)
+        if kv is not None and kv.mode is KVMode.PARK:
+            self._producers[request.request_id] = _Producer(kv.key, len(request.prompt_token_ids or ()), [])
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = TetriKVMetadata(swaps=self._pending_swaps, loads=self._pending_loads, cancelled=self._cancelled)
@@ -247,8 +243,8 @@ class TetriKVConnector(KVConnectorBase_V1):
             self._cancelled.append(("", swapped))
         if request.request_id in self._load_requested:
             self._load_requested.discard(request.request_id)
-            params = _params(request) or {}
-            self._cancelled.append((request.request_id, str(params.get("key", ""))))
+            kv = _instruction(request)
+            self._cancelled.append((request.request_id, kv.key if kv is not None else ""))
         return False, None
 
     # ============================== worker side =================================

@@ -7,6 +7,7 @@ dependencies (grpcio, protobuf) and talks to a running gRPC front door.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -24,7 +25,10 @@ GENERIC = ("client", "common", "control_plane", "decode_worker", "engine", "leng
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("wheels")
-    for project in (ROOT / "sdk", ROOT):
+    src = tmp_path_factory.mktemp("src") / "tetriserve"  # a copy: an in-tree build would leave build/ behind
+    skip = (".venv", ".git", "build", "benchmarks", "tests", "*.egg-info", "__pycache__", ".*_cache")
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*skip))
+    for project in (src / "sdk", src):
         pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
         subprocess.run([*pip, "-w", str(out), str(project)], check=True, cwd=out)
     found = {p.name.split("-")[0]: p for p in out.glob("*.whl")}

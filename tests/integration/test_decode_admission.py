@@ -7,7 +7,7 @@ block pool through the KV connector and back, and the tokens are exactly those o
 One in-process vLLM engine (tiny model, decode role: KV connector, no prefix cache) with
 ``TetriDecodeScheduler``; requests carry no KV instructions, so the engine prefills them itself. Each
 run adds the same requests (``ignore_eos``, so the true output length is ``max_tokens``, which the
-oracle estimate carries in ``SamplingParams.extra_args["tetriserve_length"]``) and steps until all finish.
+oracle estimate carries in the ``EngineTags`` of its ``SamplingParams.extra_args``) and steps until all finish.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def run(engine: Any, policy: Any, seed: int, mode: str = "recompute") -> tuple[i
     (a name or a policy object), preempting by ``mode``."""
     from vllm import SamplingParams
 
+    from tetriserve.common.engine_tags import EngineTags
     from tetriserve.common.length import LengthEstimate
     from tetriserve.decode_worker.admission import make_admission_policy
     from tetriserve.decode_worker.preemption import PreemptionStrategy
@@ -66,9 +67,9 @@ def run(engine: Any, policy: Any, seed: int, mode: str = "recompute") -> tuple[i
     n = 8
     for i in range(n):
         out_len = rng.choice([64, 160, 224])
-        oracle = LengthEstimate(out_len, out_len, out_len + 1, -1, 1.0, "oracle").to_dict()
+        oracle = LengthEstimate(out_len, out_len, out_len + 1, -1, 1.0, "oracle")
         params = SamplingParams(
-            max_tokens=out_len, ignore_eos=True, temperature=0.0, extra_args={"tetriserve_length": oracle}
+            max_tokens=out_len, ignore_eos=True, temperature=0.0, extra_args=EngineTags(estimate=oracle).extra()
         )
         prompt = [rng.randrange(10, 1000) for _ in range(rng.randrange(32, 64))]
         engine.add_request(f"{policy}-{mode}-{seed}-{i}", {"prompt_token_ids": prompt}, params)

@@ -146,3 +146,12 @@ def test_penalties_min_tokens_and_stop_tokens_count_the_prefill_token_as_output(
     assert any(len(v) < sampling.max_tokens for v in expected.values())  # and some stop on a stop token
     assert all(len(v) >= sampling.min_tokens for v in expected.values())
     _assert_same(_disaggregated(cluster, prompts, sampling, "penalized"), expected)
+
+
+def test_seeded_sampling_is_reproducible_from_run_to_run(cluster: Any, prompts: dict[str, tuple[int, ...]]) -> None:
+    few = dict(list(prompts.items())[:6])
+    seeded = SamplingSpec(max_tokens=12, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    first = _disaggregated(cluster, few, seeded, "seeded-1")
+    assert first == _disaggregated(cluster, few, seeded, "seeded-2")
+    other = _disaggregated(cluster, few, SamplingSpec(max_tokens=12, temperature=1.0, seed=99, ignore_eos=True), "s3")
+    assert other != first  # the seed matters

@@ -21,8 +21,8 @@ from tetriserve.engine.settings import engine_env
 os.environ.update(engine_env(EngineConfig(threads_per_engine=1)))  # in-process engine; before vllm is imported
 
 from tests.prefill_support import layouts, linear_cost, req
+from tetriserve.common.engine_tags import EngineTags
 from tetriserve.prefill_worker.policy import PrefillPolicySpec, build_prefill_policy
-from tetriserve.prefill_worker.views import EXTRA_KEY
 
 CEILING = 1024
 
@@ -52,8 +52,8 @@ def run_burst(engine: Any, lengths: dict[str, int], meta: dict[str, dict[str, An
     before = len(sched.log.records())
     rng = random.Random("".join(lengths))  # distinct prompts per test: no prefix-cache hits
     for i, (rid, n) in enumerate(lengths.items()):
-        extra = {EXTRA_KEY: {"id": rid, "arrival": float(i), **(meta or {}).get(rid, {})}}
-        params = SamplingParams(max_tokens=1, temperature=0.0, extra_args=extra)
+        tags = EngineTags(request_id=rid, arrival=float(i), **(meta or {}).get(rid, {}))
+        params = SamplingParams(max_tokens=1, temperature=0.0, extra_args=tags.extra())
         engine.add_request(rid, {"prompt_token_ids": [rng.randrange(10, 1000) for _ in range(n)]}, params)
     while engine.has_unfinished_requests():
         engine.step()
