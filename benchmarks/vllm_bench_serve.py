@@ -69,12 +69,15 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 SCENARIOS = ("rate", "single", "saturation")
+WARMUP_PROMPTS = 64
 
 
 def scenario_args(scenario: str, args: argparse.Namespace) -> list[str]:
     if scenario == "rate":
         return ["--num-prompts", str(args.num_prompts), "--request-rate", str(args.request_rate)]
-    if scenario in ("single", "warmup"):
+    if scenario == "warmup":  # every batch shape the measured runs will meet: compiled graphs, caches
+        return ["--num-prompts", str(WARMUP_PROMPTS), "--request-rate", "inf"]
+    if scenario == "single":
         return ["--num-prompts", str(args.single_prompts), "--request-rate", "inf", "--max-concurrency", "1"]
     return ["--num-prompts", str(args.num_prompts), "--request-rate", "inf"]
 
@@ -144,8 +147,7 @@ def serve_and_bench(
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_ready(f"http://127.0.0.1:{port}", proc)
-            warm = argparse.Namespace(**{**vars(args), "single_prompts": 4})
-            run_bench(name, "warmup", port, warm, model, dataset)  # compiled graphs, caches: not measured
+            run_bench(name, "warmup", port, args, model, dataset)  # not measured
             return {s: run_bench(name, s, port, args, model, dataset) for s in SCENARIOS}
         finally:
             stop(proc)
@@ -223,7 +225,7 @@ def write_report(results: dict[str, dict[str, dict[str, float]]], args: argparse
         f"Command: `python benchmarks/vllm_bench_serve.py --num-prompts {args.num_prompts} "
         f"--request-rate {args.request_rate} --single-prompts {args.single_prompts} --seed {args.seed}`  ",
         f"Client: `vllm.benchmarks.serve --backend openai --dataset-name sharegpt --seed {args.seed}`; "
-        "each server gets 4 warm-up requests first.  ",
+        f"each server first serves {WARMUP_PROMPTS} prompts at once, not measured.  ",
         f"Machine: {os.cpu_count()} CPU cores, no GPU; tiny random-weight Llama (5.2M params), same for both.  ",
         "tetriserve: defaults (1 prefill + 1 decode worker, trained length predictor), 1 OMP thread per engine, "
         "KV over TCP. vLLM: one `vllm.entrypoints.openai.api_server`, 2 OMP threads.",

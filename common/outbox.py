@@ -40,9 +40,7 @@ def coalesce(chunks: list[StreamChunk]) -> list[StreamChunk]:
             and prev.end == chunk.index
             and not prev.metrics
         ):
-            out[pos] = replace(
-                chunk, token_ids=prev.token_ids + chunk.token_ids, index=prev.index, metrics=dict(chunk.metrics)
-            )
+            out[pos] = replace(chunk, token_ids=prev.token_ids + chunk.token_ids, index=prev.index)
             continue
         last[chunk.request_id] = len(out)
         out.append(chunk)

@@ -18,7 +18,8 @@ produced them (``attempt``), so the front door drops duplicates and sees gaps.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from tetriserve.common.request import RequestState
 
@@ -46,7 +47,7 @@ _FINAL = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StreamChunk:
     """New tokens of one request, in order. ``finish_reason`` is set on the last chunk only.
 
@@ -63,7 +64,7 @@ class StreamChunk:
     error: str | None = None
     prompt_tokens: int = 0
     worker: str = ""
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: Mapping[str, float] | None = None
     moved_to: str | None = None
     index: int = 0
     attempt: int = 0
@@ -86,7 +87,6 @@ class PlacementRequest:
     request_id: str
     prompt_tokens: int
     max_tokens: int
-    subscriber: str
     arrival_time: float
     attempt: int = 0
     version: int = PROTOCOL_VERSION

@@ -293,7 +293,7 @@ class FrontDoor:
                     finish_reason=reason,
                     error=error,
                     e2e_ms=(time.monotonic() - t0) * 1e3,
-                    metrics=dict(chunk.metrics),
+                    metrics=dict(chunk.metrics or {}),
                 )
                 return
             done = True

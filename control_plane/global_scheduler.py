@@ -33,9 +33,8 @@ _PLACEHOLDER_PROMPT = (0,)  # the table keeps no prompts: only their length (``p
 
 
 class GlobalScheduler:
-    def __init__(self, prefill: dict[str, Any], decode: dict[str, Any], history: int = 1000) -> None:
+    def __init__(self, prefill: dict[str, Any], history: int = 1000) -> None:
         self.prefill = prefill
-        self.decode = decode
         self.table: dict[str, Request] = {}
         self.prompt_tokens: dict[str, int] = {}
         self.finished: deque[Request] = deque(maxlen=history)

@@ -17,6 +17,7 @@ whole cluster; engine threads are bounded by ``threads_per_engine`` instead.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,10 @@ def init_ray(config: ClusterConfig) -> tuple[bool, str]:
     if ray.is_initialized():
         ctx = ray.get_runtime_context()
         return False, getattr(ctx, "dashboard_url", "") or ""
+    if config.ray_address is None:
+        # Ray starts its worker processes at nice 15; on a machine shared with the front door and other
+        # processes that starves the engines (a local cluster only: a joined one keeps its own setting)
+        os.environ.setdefault("RAY_worker_niceness", "0")
     ctx = ray.init(
         address=config.ray_address,
         namespace=config.namespace,
@@ -106,7 +111,7 @@ def launch(config: ClusterConfig, model_path: str) -> Cluster:
         .remote(f"prefill-{i}", config, model_path, predictor)
         for i in range(config.num_prefill)
     }
-    scheduler = ray.remote(GlobalScheduler).options(name="global-scheduler", **opts).remote(prefill, decode)
+    scheduler = ray.remote(GlobalScheduler).options(name="global-scheduler", **opts).remote(prefill)
     cluster = Cluster(config, model_path, scheduler, monitor, prefill, decode, dashboard, owns)
     try:
         workers = [("decode", wid, h) for wid, h in decode.items()] + [

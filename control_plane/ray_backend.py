@@ -137,7 +137,6 @@ class RayBackend:
                 rid,
                 len(request.prompt_token_ids),
                 request.sampling.max_tokens,
-                streams.id,
                 request.arrival_time,
                 request.attempt,
             )

@@ -9,7 +9,7 @@
 Nothing else reads or writes the engine's vLLM scheduler while it steps:
 ``call(fn)`` runs ``fn(scheduler)`` on the engine thread between two steps
 and resolves an asyncio future with the result (policy changes, slice marks).
-Every 10 ms of steps (and on going idle) the thread publishes ``snapshot``, a frozen ``EngineSnapshot``
+Every 50 ms of steps (and on going idle) the thread publishes ``snapshot``, a frozen ``EngineSnapshot``
 the actor reads without locks (stats, and whatever ``snapshot_fn`` derives from
 the scheduler, e.g. the decode batch's views).
 
@@ -37,7 +37,7 @@ from tetriserve.engine.stats import EngineStats, StatsCollector, stat_logger_fac
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT_INTERVAL_S = 0.01  # a busy engine publishes its snapshot at most this often (and when it goes idle)
+SNAPSHOT_INTERVAL_S = 0.05  # a busy engine publishes its snapshot at most this often (and when it goes idle)
 
 
 @dataclass(frozen=True)

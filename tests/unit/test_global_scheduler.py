@@ -67,7 +67,7 @@ def _cluster(prefill: int = 1, decode: int = 2) -> tuple[FakeCluster, GlobalSche
     handles = {wid: FakeHandle(w) for wid, w in workers.items()}
     p = {k: h for k, h in handles.items() if k.startswith("prefill")}
     d = {k: h for k, h in handles.items() if k.startswith("decode")}
-    gs = GlobalScheduler(p, d)
+    gs = GlobalScheduler(p)
     return FakeCluster(FakeHandle(gs), p, d, workers=workers), gs
 
 
@@ -141,10 +141,10 @@ def test_a_chunk_of_another_attempt_is_dropped_and_a_client_that_leaves_aborts_w
 def test_placement_is_least_loaded_refuses_duplicates_and_the_table_follows_events() -> None:
     cluster, gs = _cluster(prefill=2)
     now = time.time()
-    a = gs.place(PlacementRequest("a", 10, 8, "fd", now))
-    b = gs.place(PlacementRequest("b", 10, 8, "fd", now))
+    a = gs.place(PlacementRequest("a", 10, 8, now))
+    b = gs.place(PlacementRequest("b", 10, 8, now))
     assert {a.prefill_worker, b.prefill_worker} == {"prefill-0", "prefill-1"}
-    assert gs.place(PlacementRequest("a", 10, 8, "fd", now)).error == "request id a is already in flight"
+    assert gs.place(PlacementRequest("a", 10, 8, now)).error == "request id a is already in flight"
     gs.record(
         [
             StateEvent("a", RequestState.DECODING, now + 3, "decode-0"),  # out of order: applied in time order
@@ -168,7 +168,7 @@ def test_placement_is_least_loaded_refuses_duplicates_and_the_table_follows_even
     ]
     assert cluster.prefill[gs.recent()[-1].prefill_worker or ""].called("observe") == [(10, 6)]
     # a has left its prefill worker, b has not: the next request goes to a's
-    gs.place(PlacementRequest("c", 10, 8, "fd", now))
+    gs.place(PlacementRequest("c", 10, 8, now))
     assert gs.table["c"].prefill_worker == a.prefill_worker
 
 
