@@ -31,7 +31,9 @@ class EngineConfig(BaseModel):
     )
     kv_cache_gb: float = Field(1.0, gt=0, description="KV cache memory per engine in GiB (CPU engines).")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="Fraction of GPU memory per engine (CUDA).")
-    max_num_seqs: int = Field(64, ge=1, description="Most sequences an engine runs in one step.")
+    max_num_seqs: int = Field(
+        128, ge=1, description="Most sequences an engine runs in one step (vLLM's OpenAI server default on CPU)."
+    )
     threads_per_engine: int = Field(1, ge=1, description="OMP/torch threads per engine (CPU).")
     seed: int = Field(0, description="Engine seed.")
     enforce_eager: bool = Field(

@@ -14,6 +14,9 @@ Least load = this scheduler's own count of requests placed on the worker and not
 yet past prefill (exact for its own placements, corrected by events) with the
 worker's last reported queued prompt tokens (broadcast by the ClusterMonitor)
 as the tie-breaker.
+
+Every method is a coroutine, so Ray runs this actor on one event loop: calls
+never interleave (a threaded actor would race on the table).
 """
 
 from __future__ import annotations
@@ -41,11 +44,11 @@ class GlobalScheduler:
         self.prefill_loads: dict[str, PrefillLoad] = {}
         self.counts = {"admitted": 0, "finished": 0, "aborted": 0, "errors": 0, "moved": 0}
 
-    def update_prefill_loads(self, loads: list[PrefillLoad]) -> None:
+    async def update_prefill_loads(self, loads: list[PrefillLoad]) -> None:
         self.prefill_loads = {ld.worker_id: ld for ld in loads}
 
     # -- placement ---------------------------------------------------------------------------
-    def place(self, meta: PlacementRequest) -> Placement:
+    async def place(self, meta: PlacementRequest) -> Placement:
         """Choose the prefill worker for a request and enter it in the table."""
         rid = meta.request_id
         if rid in self.table:
@@ -74,7 +77,7 @@ class GlobalScheduler:
         return min(self.prefill, key=score)
 
     # -- the table ----------------------------------------------------------------------------
-    def record(self, events: list[StateEvent]) -> None:
+    async def record(self, events: list[StateEvent]) -> None:
         """Apply a batch of state events (from a worker's report, or a front door's finish)."""
         for ev in sorted(events, key=lambda e: e.at):
             req = self.table.get(ev.request_id)
@@ -103,8 +106,8 @@ class GlobalScheduler:
             if handle is not None:  # the predictor's online feedback
                 handle.observe.remote(prompt_tokens, ev.output_tokens)
 
-    def status(self) -> dict[str, Any]:
+    async def status(self) -> dict[str, Any]:
         return {"in_flight": len(self.table), "counts": dict(self.counts), "at": time.time()}
 
-    def recent(self, n: int = 50) -> list[Request]:
+    async def recent(self, n: int = 50) -> list[Request]:
         return list(self.finished)[-n:]

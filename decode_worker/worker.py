@@ -32,7 +32,7 @@ from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.load import DecodeLoad
 from tetriserve.common.request import Request, RequestState
-from tetriserve.common.stream import FinishReason, StreamChunk
+from tetriserve.common.stream import FinishReason
 from tetriserve.decode_worker.moves import Move, SliceMover
 from tetriserve.decode_worker.policy import decode_policies
 from tetriserve.decode_worker.slices import Order
@@ -225,18 +225,7 @@ class DecodeWorker(EngineWorker):
         moved_to: str | None = None,
     ) -> None:
         req = run.request
-        chunk = StreamChunk(
-            req.request_id,
-            tokens,
-            reason,
-            error,
-            len(req.prompt_token_ids),
-            self.worker_id,
-            moved_to=moved_to,
-            index=index,
-            attempt=req.attempt,
-        )
-        self.streams.publish(run.subscriber, chunk)
+        self.publish(run.subscriber, req, tokens, reason, error, index=index, moved_to=moved_to)
         if reason is not None:
             self.running.pop(req.request_id, None)
             if run.move is not None:  # finished at its boundary: its parked KV goes

@@ -18,8 +18,8 @@ from typing import Any
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.load import DecodeLoad, PrefillLoad
 from tetriserve.common.outbox import StreamHub
-from tetriserve.common.request import RequestState
-from tetriserve.common.stream import StateEvent, StreamChunk
+from tetriserve.common.request import Request, RequestState
+from tetriserve.common.stream import FinishReason, StateEvent, StreamChunk
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,31 @@ class EngineWorker:
                 yield batch
         finally:
             self._subscriber_gone(subscriber)
+
+    def publish(
+        self,
+        subscriber: str,
+        req: Request,
+        tokens: tuple[int, ...],
+        reason: FinishReason | None = None,
+        error: str | None = None,
+        *,
+        index: int = 0,
+        moved_to: str | None = None,
+    ) -> None:
+        """Send ``req``'s chunk to ``subscriber``: ``tokens`` from output position ``index`` on."""
+        chunk = StreamChunk(
+            req.request_id,
+            tokens,
+            reason,
+            error,
+            len(req.prompt_token_ids),
+            self.worker_id,
+            moved_to=moved_to,
+            index=index,
+            attempt=req.attempt,
+        )
+        self.streams.publish(subscriber, chunk)
 
     def _subscriber_gone(self, subscriber: str) -> None:
         """The front door's stream has closed: nobody reads its requests any more (subclasses abort them)."""

@@ -32,7 +32,7 @@ from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
 from tetriserve.common.load import DecodeLoad, PrefillLoad
 from tetriserve.common.request import Request, RequestState
-from tetriserve.common.stream import FinishReason, StreamChunk
+from tetriserve.common.stream import FinishReason
 from tetriserve.engine.settings import EngineRole, build_engine_args
 from tetriserve.engine.worker_base import EngineWorker
 from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate
@@ -122,42 +122,18 @@ class PrefillWorker(EngineWorker):
     def submit(self, req: Request, subscriber: str) -> None:
         """Take ``req``; its tokens go to ``subscriber``'s stream from this worker (``subscribe``)."""
         if req.request_id in self._tasks:
-            self._publish(subscriber, req, (), FinishReason.ERROR, f"request id {req.request_id} is already here")
+            self.publish(subscriber, req, (), FinishReason.ERROR, f"request id {req.request_id} is already here")
             return
         task = asyncio.create_task(self._serve(req, subscriber))
         self._tasks[req.request_id] = (subscriber, task)
         task.add_done_callback(lambda _: self._tasks.pop(req.request_id, None))
-
-    def _publish(
-        self,
-        subscriber: str,
-        req: Request,
-        tokens: tuple[int, ...],
-        reason: FinishReason | None = None,
-        error: str | None = None,
-        *,
-        index: int = 0,
-        moved_to: str | None = None,
-    ) -> None:
-        chunk = StreamChunk(
-            req.request_id,
-            tokens,
-            reason,
-            error,
-            len(req.prompt_token_ids),
-            self.worker_id,
-            moved_to=moved_to,
-            index=index,
-            attempt=req.attempt,
-        )
-        self.streams.publish(subscriber, chunk)
 
     async def _serve(self, req: Request, subscriber: str) -> None:
         try:
             await self._prefill(req, subscriber)
         except Exception as exc:  # a bug in our adapter: finish the request, keep the worker
             logger.exception("prefill %s: request %s failed", self.worker_id, req.request_id)
-            self._publish(subscriber, req, (), FinishReason.ERROR, f"prefill worker failed: {type(exc).__name__}")
+            self.publish(subscriber, req, (), FinishReason.ERROR, f"prefill worker failed: {type(exc).__name__}")
 
     async def _prefill(self, req: Request, subscriber: str) -> None:
         rid = req.request_id
@@ -181,7 +157,7 @@ class PrefillWorker(EngineWorker):
             async with self.gate.turn(view) as batch_seq:
                 tokens, reason, error = await self._run_engine(req, replace(view, batch_seq=batch_seq), park=decodes)
         except RequestAborted:
-            self._publish(subscriber, req, (), FinishReason.ABORT)
+            self.publish(subscriber, req, (), FinishReason.ABORT)
             return
         if reason is not None or predicting is None:
             # finished at prefill (the GlobalScheduler feeds the outcome back through ``observe``)
@@ -189,9 +165,9 @@ class PrefillWorker(EngineWorker):
                 predicting.cancel()
             self._aborted.pop(rid, None)
             self.endpoint.discard(rid)
-            self._publish(subscriber, req, tokens, FinishReason(reason or FinishReason.LENGTH), error)
+            self.publish(subscriber, req, tokens, FinishReason(reason or FinishReason.LENGTH), error)
             return
-        self._publish(subscriber, req, tokens)  # TTFT does not wait for the prediction or the dispatch
+        self.publish(subscriber, req, tokens)  # TTFT does not wait for the prediction or the dispatch
         self.event(rid, RequestState.TRANSFERRING)
         estimate = await self._estimate(predicting, view)
         decode_id = await self._choose_decode(replace(view, estimate=estimate))
@@ -201,21 +177,22 @@ class PrefillWorker(EngineWorker):
         if rid in self._aborted:  # aborted after its first token, before the handoff
             del self._aborted[rid]
             self.endpoint.discard(rid)
-            self._publish(subscriber, req, (), FinishReason.ABORT, index=len(tokens))
+            self.publish(subscriber, req, (), FinishReason.ABORT, index=len(tokens))
             return
         if error is not None or decode_id is None:
             self.endpoint.discard(rid)
-            self._publish(subscriber, req, (), FinishReason.ERROR, error, index=len(tokens))
+            self.publish(subscriber, req, (), FinishReason.ERROR, error, index=len(tokens))
             return
         decode = self._decode(decode_id)
         if not await decode.submit.remote(req, tokens[0], estimate, subscriber):
-            self._publish(subscriber, req, (), FinishReason.ERROR, f"decode worker {decode_id} refused the request")
+            error = f"decode worker {decode_id} refused the request"
+            self.publish(subscriber, req, (), FinishReason.ERROR, error, index=len(tokens))
             return
         self.handed_on(rid, decode)
         if rid in self._aborted:  # aborted while the decode worker took it: abort it there
             del self._aborted[rid]
             self.forward_abort(rid)
-        self._publish(subscriber, req, (), index=len(tokens), moved_to=decode_id)
+        self.publish(subscriber, req, (), index=len(tokens), moved_to=decode_id)
         self.event(rid, RequestState.DECODE_QUEUED, decode_id)
 
     async def _estimate(self, predicting: asyncio.Future[list[LengthEstimate]], view: ReqView) -> LengthEstimate:

@@ -109,7 +109,7 @@ def test_tokens_come_straight_from_the_workers_in_order_across_handoff_and_a_sli
         assert chunks[-1].finish_reason == "length" and all(c.moved_to is None for c in chunks)
         assert [c.index for c in chunks] == [0, 1, 3, 4]
         await _wait(lambda: not gs.table)  # the front door's finish reached the table
-        assert [e.state for e in gs.recent()[-1].events][-1] is RequestState.FINISHED_LENGTH
+        assert [e.state for e in (await gs.recent())[-1].events][-1] is RequestState.FINISHED_LENGTH
         assert not any(n in ("record", "place") for n, _ in cluster.decode["decode-0"].calls)
 
     asyncio.run(main())
@@ -139,37 +139,40 @@ def test_a_chunk_of_another_attempt_is_dropped_and_a_client_that_leaves_aborts_w
 
 
 def test_placement_is_least_loaded_refuses_duplicates_and_the_table_follows_events() -> None:
-    cluster, gs = _cluster(prefill=2)
-    now = time.time()
-    a = gs.place(PlacementRequest("a", 10, 8, now))
-    b = gs.place(PlacementRequest("b", 10, 8, now))
-    assert {a.prefill_worker, b.prefill_worker} == {"prefill-0", "prefill-1"}
-    assert gs.place(PlacementRequest("a", 10, 8, now)).error == "request id a is already in flight"
-    gs.record(
-        [
-            StateEvent("a", RequestState.DECODING, now + 3, "decode-0"),  # out of order: applied in time order
-            StateEvent("a", RequestState.TRANSFERRING, now + 1, "prefill-0"),
-            StateEvent("a", RequestState.DECODE_QUEUED, now + 2, "prefill-0", "decode-0"),
-            StateEvent("a", RequestState.TRANSFERRING, now + 4, "decode-0", "decode-0 -> decode-1"),
+    async def main() -> None:
+        cluster, gs = _cluster(prefill=2)
+        now = time.time()
+        a = await gs.place(PlacementRequest("a", 10, 8, now))
+        b = await gs.place(PlacementRequest("b", 10, 8, now))
+        assert {a.prefill_worker, b.prefill_worker} == {"prefill-0", "prefill-1"}
+        assert (await gs.place(PlacementRequest("a", 10, 8, now))).error == "request id a is already in flight"
+        await gs.record(
+            [
+                StateEvent("a", RequestState.DECODING, now + 3, "decode-0"),  # out of order: applied in time order
+                StateEvent("a", RequestState.TRANSFERRING, now + 1, "prefill-0"),
+                StateEvent("a", RequestState.DECODE_QUEUED, now + 2, "prefill-0", "decode-0"),
+                StateEvent("a", RequestState.TRANSFERRING, now + 4, "decode-0", "decode-0 -> decode-1"),
+            ]
+        )
+        assert gs.table["a"].decode_worker == "decode-1" and gs.counts["moved"] == 1
+        await gs.record([StateEvent("a", RequestState.FINISHED_STOPPED, now + 5, "frontdoor", "stop", 6)])
+        await gs.record([StateEvent("a", RequestState.FINISHED_ABORTED, now + 6, "decode-1", "abort")])  # late: ignored
+        assert "a" not in gs.table and gs.counts["finished"] == 1 and gs.counts["aborted"] == 0
+        states = [e.state for e in (await gs.recent())[-1].events]
+        assert states[1:] == [
+            RequestState.PREFILLING,
+            RequestState.TRANSFERRING,
+            RequestState.DECODE_QUEUED,
+            RequestState.DECODING,
+            RequestState.TRANSFERRING,
+            RequestState.FINISHED_STOPPED,
         ]
-    )
-    assert gs.table["a"].decode_worker == "decode-1" and gs.counts["moved"] == 1
-    gs.record([StateEvent("a", RequestState.FINISHED_STOPPED, now + 5, "frontdoor", "stop", 6)])
-    gs.record([StateEvent("a", RequestState.FINISHED_ABORTED, now + 6, "decode-1", "abort")])  # late: ignored
-    assert "a" not in gs.table and gs.counts["finished"] == 1 and gs.counts["aborted"] == 0
-    states = [e.state for e in gs.recent()[-1].events]
-    assert states[1:] == [
-        RequestState.PREFILLING,
-        RequestState.TRANSFERRING,
-        RequestState.DECODE_QUEUED,
-        RequestState.DECODING,
-        RequestState.TRANSFERRING,
-        RequestState.FINISHED_STOPPED,
-    ]
-    assert cluster.prefill[gs.recent()[-1].prefill_worker or ""].called("observe") == [(10, 6)]
-    # a has left its prefill worker, b has not: the next request goes to a's
-    gs.place(PlacementRequest("c", 10, 8, now))
-    assert gs.table["c"].prefill_worker == a.prefill_worker
+        assert cluster.prefill[(await gs.recent())[-1].prefill_worker or ""].called("observe") == [(10, 6)]
+        # a has left its prefill worker, b has not: the next request goes to a's
+        await gs.place(PlacementRequest("c", 10, 8, now))
+        assert gs.table["c"].prefill_worker == a.prefill_worker
+
+    asyncio.run(main())
 
 
 def test_outbox_coalesces_each_requests_contiguous_deltas_and_keeps_the_rest_apart() -> None:
