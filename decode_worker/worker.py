@@ -230,7 +230,6 @@ class DecodeWorker(EngineWorker):
             self.running.pop(req.request_id, None)
             if run.move is not None:  # finished at its boundary: its parked KV goes
                 self.endpoint.discard(run.move.key)
-            self.event(req.request_id, reason.state, reason.value, len(run.generated))
 
     def moved_away(self, run: Running, dst: str, handle: Any) -> None:
         """``run`` has been taken over by ``dst`` (slice move): its stream goes on from there."""

@@ -87,7 +87,8 @@ class EngineWorker:
         index: int = 0,
         moved_to: str | None = None,
     ) -> None:
-        """Send ``req``'s chunk to ``subscriber``: ``tokens`` from output position ``index`` on."""
+        """Send ``req``'s chunk to ``subscriber``: ``tokens`` from output position ``index`` on. A finish is also
+        a state event for the GlobalScheduler's table (the front door's own finish usually gets there first)."""
         chunk = StreamChunk(
             req.request_id,
             tokens,
@@ -100,6 +101,8 @@ class EngineWorker:
             attempt=req.attempt,
         )
         self.streams.publish(subscriber, chunk)
+        if reason is not None:
+            self.event(req.request_id, reason.state, reason.value, chunk.end)
 
     def _subscriber_gone(self, subscriber: str) -> None:
         """The front door's stream has closed: nobody reads its requests any more (subclasses abort them)."""
