@@ -28,8 +28,8 @@ def coalesce(chunks: list[StreamChunk]) -> list[StreamChunk]:
     out: list[StreamChunk] = []
     last: dict[str, int] = {}  # request id -> position of its newest chunk in ``out``
     for chunk in chunks:
-        pos = last.get(chunk.request_id)
-        prev = out[pos] if pos is not None else None
+        pos = last.get(chunk.request_id, -1)
+        prev = out[pos] if pos >= 0 else None
         if (
             prev is not None
             and prev.finish_reason is None
