@@ -49,6 +49,7 @@ class _Streams:
         self.id = f"frontdoor-{uuid.uuid4().hex[:12]}"
         self.loop = asyncio.get_running_loop()
         self.queues: dict[str, asyncio.Queue[StreamChunk]] = {}
+        self.logs: dict[str, TokenLog] = {}  # placed requests: where each is now
         self._workers = workers
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._refs: dict[str, Any] = {}
@@ -78,8 +79,11 @@ class _Streams:
         except Exception as exc:
             logger.exception("stream %s from %s failed", self.id, worker_id)
             message = f"lost the stream from {worker_id}: {type(exc).__name__}"
-            for rid, queue in self.queues.items():
-                queue.put_nowait(StreamChunk(rid, (), FinishReason.ERROR, message, worker="frontdoor", index=AT_ONCE))
+            for rid, log in self.logs.items():  # the requests that are on that worker now
+                if log.worker == worker_id:
+                    self.queues[rid].put_nowait(
+                        StreamChunk(rid, (), FinishReason.ERROR, message, worker="frontdoor", index=AT_ONCE)
+                    )
 
     def close(self) -> None:
         import ray
@@ -118,8 +122,6 @@ class RayBackend:
         """This event loop's streams from every worker (opened on first use, reopened if one ended)."""
         loop = asyncio.get_running_loop()
         if self._streams is None or self._streams.loop is not loop:
-            if self._streams is not None and self._streams.loop is loop:
-                self._streams.close()
             self._streams = _Streams(self._workers)
         elif not self._streams.healthy:
             for worker_id in self._workers:
@@ -144,7 +146,7 @@ class RayBackend:
             if placement.prefill_worker is None:
                 yield StreamChunk(rid, (), FinishReason.ERROR, placement.error)
                 return
-            log = TokenLog(rid, placement.prefill_worker, request.attempt)
+            log = streams.logs[rid] = TokenLog(rid, placement.prefill_worker, request.attempt)
             submitted = self.cluster.prefill[placement.prefill_worker].submit.remote(request, streams.id)
             watch = asyncio.ensure_future(_report_failure(submitted, queue, rid, placement.prefill_worker))
             while not log.done:
@@ -152,6 +154,7 @@ class RayBackend:
                     yield chunk
         finally:
             streams.queues.pop(rid, None)
+            streams.logs.pop(rid, None)
             if log is not None:
                 watch.cancel()
                 self._finished(request, log)

@@ -19,6 +19,8 @@ from tetriserve.common.stream import FinishReason, PlacementRequest, StateEvent,
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
 from tetriserve.control_plane.ray_backend import RayBackend
 
+BREAK = "__break__"  # a chunk with this id makes a fake worker's stream fail
+
 
 class FakeWorker:
     """A worker's stream hub, with the requests it was given and the aborts it got."""
@@ -31,6 +33,8 @@ class FakeWorker:
 
     async def subscribe(self, subscriber: str) -> Any:
         async for batch in self.streams.subscribe(subscriber):
+            if any(c.request_id == BREAK for c in batch):
+                raise ConnectionError("the worker's stream broke")
             yield batch
 
     def submit(self, req: Request, subscriber: str) -> None:
@@ -134,6 +138,26 @@ def test_a_chunk_of_another_attempt_is_dropped_and_a_client_that_leaves_aborts_w
         assert w["decode-1"].aborted == ["a"] and not w["prefill-0"].aborted
         await _wait(lambda: not gs.table)
         assert gs.counts["aborted"] == 1
+
+    asyncio.run(main())
+
+
+def test_a_broken_worker_stream_ends_only_the_requests_on_that_worker() -> None:
+    async def main() -> None:
+        cluster, _ = _cluster(prefill=2)
+        w = cluster.workers
+        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
+        runs = {rid: asyncio.create_task(_collect(backend, _req(rid, 2))) for rid in ("a", "b")}
+        await _wait(lambda: all(any(rid in x.submitted for x in w.values()) for rid in runs))
+        on = {rid: next(wid for wid, x in w.items() if rid in x.submitted) for rid in runs}
+        assert set(on.values()) == {"prefill-0", "prefill-1"}
+        broken = w[on["a"]]
+        broken.streams.publish(broken.submitted["a"][1], StreamChunk(BREAK, ()))
+        a = await asyncio.wait_for(runs["a"], 5)
+        assert a[-1].finish_reason == "error" and f"lost the stream from {on['a']}" in (a[-1].error or "")
+        assert not runs["b"].done()
+        w[on["b"]].emit("b", (1, 2), 0, "length")
+        assert [t for c in await asyncio.wait_for(runs["b"], 5) for t in c.token_ids] == [1, 2]
 
     asyncio.run(main())
 
