@@ -54,9 +54,6 @@ class Outbox:
     def put(self, chunk: StreamChunk) -> None:
         self._queue.put_nowait(chunk)
 
-    def __len__(self) -> int:
-        return self._queue.qsize()
-
     async def batches(self) -> AsyncIterator[list[StreamChunk]]:
         """Forever: wait for at least one chunk, then yield all that are ready, coalesced."""
         while True:
@@ -74,10 +71,10 @@ class StreamHub:
         self._attached: set[str] = set()
 
     def publish(self, subscriber: str, chunk: StreamChunk) -> None:
-        self._outboxes.setdefault(subscriber, Outbox()).put(chunk)
-
-    def attached(self, subscriber: str) -> bool:
-        return subscriber in self._attached
+        outbox = self._outboxes.get(subscriber)
+        if outbox is None:  # not ``setdefault(..., Outbox())``: that would build a queue for every chunk
+            outbox = self._outboxes[subscriber] = Outbox()
+        outbox.put(chunk)
 
     async def subscribe(self, subscriber: str) -> AsyncIterator[list[StreamChunk]]:
         """The subscriber's one stream: batches of chunks of every request it submitted here. One stream per

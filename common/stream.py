@@ -104,7 +104,8 @@ class Placement:
 
 @dataclass(frozen=True)
 class StateEvent:
-    """A request entered ``state`` on ``worker`` at ``at`` (wall clock). Finished states carry the output length."""
+    """A request entered ``state`` on ``worker`` at ``at`` (wall clock). Finished states carry the output length;
+    a handoff (``DECODE_QUEUED``) or a slice move (``TRANSFERRING``) names the decode worker it goes on on."""
 
     request_id: str
     state: RequestState
@@ -112,4 +113,5 @@ class StateEvent:
     worker: str = ""
     detail: str = ""
     output_tokens: int = 0
+    moved_to: str | None = None
     version: int = PROTOCOL_VERSION

@@ -83,11 +83,11 @@ class GlobalScheduler:
             req = self.table.get(ev.request_id)
             if req is None:  # finished already, or never placed here
                 continue
-            if ev.state is RequestState.DECODE_QUEUED and ev.detail and req.decode_worker is None:
-                req.decode_worker = ev.detail
-            elif ev.state is RequestState.TRANSFERRING and "->" in ev.detail:
-                req.decode_worker = ev.detail.split("->")[-1].strip()
+            if ev.moved_to is not None and ev.state is RequestState.TRANSFERRING:  # an SCLS slice move
+                req.decode_worker = ev.moved_to
                 self.counts["moved"] += 1
+            elif ev.moved_to is not None and req.decode_worker is None:  # the handoff (unless a move came first)
+                req.decode_worker = ev.moved_to
             req.observe(ev.state, ev.at, ev.detail)
             if ev.state.finished:
                 self._close(req, ev)

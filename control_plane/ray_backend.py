@@ -27,6 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from tetriserve.common.request import Request
@@ -42,14 +43,21 @@ POLICIES_TIMEOUT_S = 2.0  # status: a worker that does not answer by then shows 
 SET_POLICY_TIMEOUT_S = 30.0
 
 
+@dataclass
+class _Open:
+    """A request this process is streaming: its chunks' queue and, once placed, its token log."""
+
+    queue: asyncio.Queue[StreamChunk] = field(default_factory=asyncio.Queue)
+    log: TokenLog | None = None
+
+
 class _Streams:
     """This process's streams from every worker, routing chunks to the requests' queues."""
 
     def __init__(self, workers: dict[str, Any]) -> None:
         self.id = f"frontdoor-{uuid.uuid4().hex[:12]}"
         self.loop = asyncio.get_running_loop()
-        self.queues: dict[str, asyncio.Queue[StreamChunk]] = {}
-        self.logs: dict[str, TokenLog] = {}  # placed requests: where each is now
+        self.requests: dict[str, _Open] = {}
         self._workers = workers
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._refs: dict[str, Any] = {}
@@ -73,15 +81,15 @@ class _Streams:
         try:
             async for ref in stream:
                 for chunk in await ref:
-                    queue = self.queues.get(chunk.request_id)
-                    if queue is not None:
-                        queue.put_nowait(chunk)
+                    req = self.requests.get(chunk.request_id)
+                    if req is not None:
+                        req.queue.put_nowait(chunk)
         except Exception as exc:
             logger.exception("stream %s from %s failed", self.id, worker_id)
             message = f"lost the stream from {worker_id}: {type(exc).__name__}"
-            for rid, log in self.logs.items():  # the requests that are on that worker now
-                if log.worker == worker_id:
-                    self.queues[rid].put_nowait(
+            for rid, req in self.requests.items():  # the requests that are on that worker now
+                if req.log is not None and req.log.worker == worker_id:
+                    req.queue.put_nowait(
                         StreamChunk(rid, (), FinishReason.ERROR, message, worker="frontdoor", index=AT_ONCE)
                     )
 
@@ -131,9 +139,7 @@ class RayBackend:
     async def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
         streams = self.streams()
         rid = request.request_id
-        queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
-        streams.queues[rid] = queue
-        log: TokenLog | None = None
+        req = streams.requests[rid] = _Open()
         try:
             meta = PlacementRequest(
                 rid,
@@ -146,18 +152,17 @@ class RayBackend:
             if placement.prefill_worker is None:
                 yield StreamChunk(rid, (), FinishReason.ERROR, placement.error)
                 return
-            log = streams.logs[rid] = TokenLog(rid, placement.prefill_worker, request.attempt)
+            log = req.log = TokenLog(rid, placement.prefill_worker, request.attempt)
             submitted = self.cluster.prefill[placement.prefill_worker].submit.remote(request, streams.id)
-            watch = asyncio.ensure_future(_report_failure(submitted, queue, rid, placement.prefill_worker))
+            watch = asyncio.ensure_future(_report_failure(submitted, req.queue, rid, placement.prefill_worker))
             while not log.done:
-                for chunk in log.add(await queue.get()):
+                for chunk in log.add(await req.queue.get()):
                     yield chunk
         finally:
-            streams.queues.pop(rid, None)
-            streams.logs.pop(rid, None)
-            if log is not None:
+            streams.requests.pop(rid, None)
+            if req.log is not None:
                 watch.cancel()
-                self._finished(request, log)
+                self._finished(request, req.log)
 
     def _finished(self, request: Request, log: TokenLog) -> None:
         """Tell the table how the request ended; abort it where it is if the caller left before the end."""
@@ -175,11 +180,10 @@ class RayBackend:
             self._streams = None
 
     async def abort(self, request_id: str, reason: str = "abort") -> bool:
-        streams = self._streams
-        queue = streams.queues.get(request_id) if streams is not None else None
-        if queue is None:
+        req = self._streams.requests.get(request_id) if self._streams is not None else None
+        if req is None:
             return False
-        queue.put_nowait(StreamChunk(request_id, (), FinishReason(reason), worker="frontdoor", index=AT_ONCE))
+        req.queue.put_nowait(StreamChunk(request_id, (), FinishReason(reason), worker="frontdoor", index=AT_ONCE))
         return True
 
     async def healthy(self) -> bool:

@@ -113,7 +113,7 @@ class DecodeWorker(EngineWorker):
             time.time(),
             self.accepting,
             snap.remaining_tokens if snap is not None else 0,
-            snap.step_s if snap is not None and s.running else 0.0,
+            snap.step_s if snap is not None else 0.0,  # 0 while nothing runs
             self._decode_cfg.slice_iters,
         )
 
@@ -237,7 +237,7 @@ class DecodeWorker(EngineWorker):
         self.running.pop(rid, None)
         self.handed_on(rid, handle)
         self._publish(run, (), index=len(run.generated), moved_to=dst)
-        self.event(rid, RequestState.TRANSFERRING, f"{self.worker_id} -> {dst}")
+        self.event(rid, RequestState.TRANSFERRING, f"{self.worker_id} -> {dst}", moved_to=dst)
 
     # -- SCLS slice moves ------------------------------------------------------------
     async def rebalance(self, order: Order, address: str, handle: Any) -> list[str]:

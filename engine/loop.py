@@ -88,8 +88,6 @@ class EngineSnapshot:
 
     stats: EngineStats
     extra: Any = None  # ``snapshot_fn(scheduler)``
-    at: float = 0.0
-    steps: int = 0
 
 
 class EngineLoop:
@@ -106,9 +104,8 @@ class EngineLoop:
         self._outputs: dict[str, _Output] = {}  # engine thread's view of live requests
         self._live = 0  # actor's count of requests added and not finished
         self._stale = False
-        self._steps = 0
         self._published = 0.0
-        self.snapshot = EngineSnapshot(self.collector.snapshot(), self._extra(), time.time())
+        self.snapshot = EngineSnapshot(self.collector.snapshot(), self._extra())
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
@@ -154,15 +151,16 @@ class EngineLoop:
 
     async def call(self, fn: Callable[[Any], Any]) -> Any:
         """Run ``fn(scheduler)`` on the engine thread between two steps; returns (or raises) what it did."""
-        result: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._commands.put(CallScheduler(fn, result))
-        return await asyncio.wrap_future(result)
+        return await asyncio.wrap_future(self._schedule(fn))
 
     def call_now(self, fn: Callable[[Any], Any], timeout_s: float = 60.0) -> Any:
         """``call`` for synchronous callers that are not on the engine's event loop (start-up, tests)."""
+        return self._schedule(fn).result(timeout_s)
+
+    def _schedule(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future[Any]:
         result: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._commands.put(CallScheduler(fn, result))
-        return result.result(timeout_s)
+        return result
 
     def scheduler(self) -> Any:
         """The engine's vLLM scheduler, for code that runs *on the engine thread* (``call``) and for tests."""
@@ -189,7 +187,6 @@ class EngineLoop:
             self._fail_all(f"engine step failed: {exc}")
             return
         self._stale = True
-        self._steps += 1
         batch = [d for d in (self._delta(out) for out in outputs) if d is not None]
         if time.monotonic() - self._published >= SNAPSHOT_INTERVAL_S:
             self._publish()
@@ -202,7 +199,7 @@ class EngineLoop:
         snap = self.collector.snapshot()
         usage = self._block_pool_usage()
         stats = snap if usage is None else replace(snap, kv_usage=usage)
-        self.snapshot = EngineSnapshot(stats, self._extra(), time.time(), self._steps)
+        self.snapshot = EngineSnapshot(stats, self._extra())
 
     def _extra(self) -> Any:
         if self._snapshot_fn is None:

@@ -107,10 +107,18 @@ class EngineWorker:
     def _subscriber_gone(self, subscriber: str) -> None:
         """The front door's stream has closed: nobody reads its requests any more (subclasses abort them)."""
 
-    def event(self, request_id: str, state: RequestState, detail: str = "", output_tokens: int = 0) -> None:
+    def event(
+        self,
+        request_id: str,
+        state: RequestState,
+        detail: str = "",
+        output_tokens: int = 0,
+        moved_to: str | None = None,
+    ) -> None:
         """Note a request's state change for the GlobalScheduler's table (sent with the next report)."""
         if self._scheduler is not None:
-            self._events.append(StateEvent(request_id, state, time.time(), self.worker_id, detail, output_tokens))
+            now = time.time()
+            self._events.append(StateEvent(request_id, state, now, self.worker_id, detail, output_tokens, moved_to))
 
     def handed_on(self, request_id: str, handle: Any) -> None:
         """``request_id`` continues on the worker behind ``handle``: later aborts go there."""

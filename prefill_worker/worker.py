@@ -193,7 +193,7 @@ class PrefillWorker(EngineWorker):
             del self._aborted[rid]
             self.forward_abort(rid)
         self.publish(subscriber, req, (), index=len(tokens), moved_to=decode_id)
-        self.event(rid, RequestState.DECODE_QUEUED, decode_id)
+        self.event(rid, RequestState.DECODE_QUEUED, decode_id, moved_to=decode_id)
 
     async def _estimate(self, predicting: asyncio.Future[list[LengthEstimate]], view: ReqView) -> LengthEstimate:
         try:

@@ -174,8 +174,8 @@ def test_placement_is_least_loaded_refuses_duplicates_and_the_table_follows_even
             [
                 StateEvent("a", RequestState.DECODING, now + 3, "decode-0"),  # out of order: applied in time order
                 StateEvent("a", RequestState.TRANSFERRING, now + 1, "prefill-0"),
-                StateEvent("a", RequestState.DECODE_QUEUED, now + 2, "prefill-0", "decode-0"),
-                StateEvent("a", RequestState.TRANSFERRING, now + 4, "decode-0", "decode-0 -> decode-1"),
+                StateEvent("a", RequestState.DECODE_QUEUED, now + 2, "prefill-0", "decode-0", moved_to="decode-0"),
+                StateEvent("a", RequestState.TRANSFERRING, now + 4, "decode-0", "decode-0 -> decode-1", 0, "decode-1"),
             ]
         )
         assert gs.table["a"].decode_worker == "decode-1" and gs.counts["moved"] == 1
