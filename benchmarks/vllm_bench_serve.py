@@ -1,7 +1,8 @@
 """Side by side: vLLM's own benchmark client against tetriserve's HTTP front door and a plain vLLM server.
 
-Both systems serve the same model on the same machine, one after the other in
-one run, with the same ShareGPT prompts and seed, in three scenarios each:
+Both systems serve the same model on the same machine in one run, with the same
+ShareGPT prompts and seed, in three scenarios; each scenario runs on a fresh
+server of each system, the two back to back (which goes first alternates):
 
     rate        Poisson arrivals at --request-rate (default 2 req/s), --num-prompts prompts
     single      one stream at a time (--max-concurrency 1), --single-prompts prompts
@@ -140,15 +141,22 @@ def tetriserve_cmd(*extra: str) -> list[str]:
 
 
 def serve_and_bench(
-    name: str, cmd: list[str], port: int, env: dict[str, str], args: argparse.Namespace, model: str, dataset: Path
-) -> dict[str, dict[str, float]]:
-    """Start a server, wait until it answers, run every scenario against it, stop it."""
-    with open(WORK / f"server_{name}.log", "w") as log:
+    name: str,
+    cmd: list[str],
+    port: int,
+    env: dict[str, str],
+    args: argparse.Namespace,
+    model: str,
+    dataset: Path,
+    scenario: str,
+) -> dict[str, float]:
+    """Start a server, wait until it answers, warm it up, run one scenario against it, stop it."""
+    with open(WORK / f"server_{name}_{scenario}.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_ready(f"http://127.0.0.1:{port}", proc)
             run_bench(name, "warmup", port, args, model, dataset)  # not measured
-            return {s: run_bench(name, s, port, args, model, dataset) for s in SCENARIOS}
+            return run_bench(name, scenario, port, args, model, dataset)
         finally:
             stop(proc)
 
@@ -174,6 +182,10 @@ def main() -> int:
     ap.add_argument("--request-rate", type=float, default=2.0, help="Poisson arrival rate of the rate scenario")
     ap.add_argument("--single-prompts", type=int, default=50, help="prompts of the one-stream scenario")
     ap.add_argument("--seed", type=int, default=0, help="the benchmark client's seed (prompt sample, arrivals)")
+    ap.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS), help="which scenarios to run")
+    ap.add_argument(
+        "--systems", nargs="+", choices=("tetriserve", "vllm"), default=["tetriserve", "vllm"], help="which servers"
+    )
     args = ap.parse_args()
     model, dataset, env = prepare()
     systems = {
@@ -203,9 +215,16 @@ def main() -> int:
             dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2"),
         ),
     }
-    results: dict[str, dict[str, dict[str, float]]] = {}
-    for name, (cmd, port, senv) in systems.items():
-        results[name] = serve_and_bench(name, cmd, port, senv, args, model, dataset)
+    results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in args.systems}
+    # scenario by scenario, the two systems back to back (the first one alternating), so that the two runs of a
+    # scenario are minutes apart, not half an hour: this machine's speed drifts more than that
+    for i, scenario in enumerate(args.scenarios):
+        for name in args.systems if i % 2 == 0 else args.systems[::-1]:
+            cmd, port, senv = systems[name]
+            results[name][scenario] = serve_and_bench(name, cmd, port, senv, args, model, dataset, scenario)
+    if len(results) < 2 or set(args.scenarios) != set(SCENARIOS):  # a partial run: summaries only, no report
+        print(json.dumps(results, indent=2))
+        return 0
     write_report(results, args)
     return 0 if all(r.get("failed", 1) == 0 for s in results.values() for r in s.values()) else 1
 
@@ -225,6 +244,7 @@ def write_report(results: dict[str, dict[str, dict[str, float]]], args: argparse
         f"Command: `python benchmarks/vllm_bench_serve.py --num-prompts {args.num_prompts} "
         f"--request-rate {args.request_rate} --single-prompts {args.single_prompts} --seed {args.seed}`  ",
         f"Client: `vllm.benchmarks.serve --backend openai --dataset-name sharegpt --seed {args.seed}`; "
+        f"a fresh server per scenario, the two systems back to back, first the one that went second before; "
         f"each server first serves {WARMUP_PROMPTS} prompts at once, not measured.  ",
         f"Machine: {os.cpu_count()} CPU cores, no GPU; tiny random-weight Llama (5.2M params), same for both.  ",
         "tetriserve: defaults (1 prefill + 1 decode worker, trained length predictor), 1 OMP thread per engine, "
@@ -232,7 +252,7 @@ def write_report(results: dict[str, dict[str, dict[str, float]]], args: argparse
     ]
     binding = [
         ln.split("]", 1)[-1].strip()
-        for ln in (WORK / "server_vllm.log").read_text().splitlines()
+        for ln in (WORK / f"server_vllm_{SCENARIOS[0]}.log").read_text().splitlines()
         if "core ids=" in ln or "reserved_cpus=" in ln
     ]
     if binding:

@@ -21,6 +21,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import msgpack
+
 from tetriserve.common.request import RequestState
 
 PROTOCOL_VERSION = 1
@@ -78,6 +80,54 @@ class StreamChunk:
     def end(self) -> int:
         """The index just past this chunk's tokens."""
         return self.index + len(self.token_ids)
+
+
+def encode_chunks(chunks: list[StreamChunk]) -> bytes:
+    """One wire message (msgpack) for a batch of chunks: ``[version, [fields of each chunk]]``."""
+    data: bytes = msgpack.packb(
+        [
+            PROTOCOL_VERSION,
+            [
+                [
+                    c.request_id,
+                    c.token_ids,
+                    c.finish_reason,  # a StrEnum: packs as its string
+                    c.error,
+                    c.prompt_tokens,
+                    c.worker,
+                    dict(c.metrics) if c.metrics else None,
+                    c.moved_to,
+                    c.index,
+                    c.attempt,
+                ]
+                for c in chunks
+            ],
+        ]
+    )
+    return data
+
+
+def decode_chunks(data: bytes) -> list[StreamChunk]:
+    """The chunks of one ``encode_chunks`` message; ValueError for a message of another protocol version."""
+    version, rows = msgpack.unpackb(data)
+    if version != PROTOCOL_VERSION:
+        raise ValueError(f"stream message of protocol version {version}; this side speaks {PROTOCOL_VERSION}")
+    return [
+        StreamChunk(
+            rid,
+            tuple(tokens),
+            None if reason is None else FinishReason(reason),
+            error,
+            prompt_tokens,
+            worker,
+            metrics,
+            moved_to,
+            index,
+            attempt,
+            version,
+        )
+        for rid, tokens, reason, error, prompt_tokens, worker, metrics, moved_to, index, attempt in rows
+    ]
 
 
 @dataclass(frozen=True)

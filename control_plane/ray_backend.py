@@ -3,14 +3,16 @@
     generate(request):
         GlobalScheduler.place(PlacementRequest) ─▶ Placement(prefill worker)      a decision, not a relay
         prefill.submit(request, subscriber)
-        chunks ◀══ this process's one stream from each worker (``subscribe``) ══ prefill, then decode workers
+        chunks ◀══ this process's one stream from each worker (ZeroMQ; ``subscribe``) ══ prefill, then decode
                ─▶ the request's ``TokenLog``: in order, no duplicate, stale attempts dropped ─▶ caller
         finish ─▶ GlobalScheduler.record(finish event)
 
 Streams are opened per worker, not per request, and stay open: a worker's
 message carries every chunk of this process's requests that was ready, so the
-message rate follows the engine's steps. They are bound to the event loop they
-were opened in and reopened if that loop changes. An abort goes to the worker
+message rate follows the engine's steps. Chunks arrive on one ZeroMQ socket of
+this process; the Ray ``subscribe`` call to each worker only attaches it and
+says when the worker is gone. They are bound to the event loop they were
+opened in and reopened if that loop changes. An abort goes to the worker
 the request is on now (the log knows, from ``moved_to`` markers); a worker it
 has left forwards it.
 
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tetriserve.common.request import Request
-from tetriserve.common.stream import FinishReason, PlacementRequest, StateEvent, StreamChunk
+from tetriserve.common.stream import FinishReason, PlacementRequest, StateEvent, StreamChunk, decode_chunks
 from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
 from tetriserve.control_plane.launcher import Cluster
 from tetriserve.control_plane.policy_admin import Setter, apply_changes, parse_changes, resolve_targets
@@ -52,13 +54,23 @@ class _Open:
 
 
 class _Streams:
-    """This process's streams from every worker, routing chunks to the requests' queues."""
+    """This process's streams from every worker: one ZeroMQ PULL socket that every worker pushes this process's
+    chunks to (routed to the requests' queues), and per worker the Ray ``subscribe`` call that attached it, which
+    carries only heartbeats and fails when the worker is gone (``common/outbox.py``)."""
 
-    def __init__(self, workers: dict[str, Any]) -> None:
+    def __init__(self, workers: dict[str, Any], host: str) -> None:
+        import zmq
+        import zmq.asyncio
+
         self.id = f"frontdoor-{uuid.uuid4().hex[:12]}"
         self.loop = asyncio.get_running_loop()
         self.requests: dict[str, _Open] = {}
         self._workers = workers
+        self._socket = zmq.asyncio.Context.instance().socket(zmq.PULL)
+        self._socket.setsockopt(zmq.RCVHWM, 0)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self.address = f"tcp://{host}:{self._socket.bind_to_random_port(f'tcp://{host}')}"
+        self._reader = self.loop.create_task(self._read())
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._refs: dict[str, Any] = {}
         for worker_id in workers:
@@ -69,21 +81,31 @@ class _Streams:
         task = self._tasks.get(worker_id)
         if task is not None and not task.done():
             return
-        ref = self._workers[worker_id].subscribe.remote(self.id)
+        ref = self._workers[worker_id].subscribe.remote(self.id, self.address)
         self._refs[worker_id] = ref
-        self._tasks[worker_id] = self.loop.create_task(self._route(worker_id, ref))
+        self._tasks[worker_id] = self.loop.create_task(self._watch(worker_id, ref))
 
     @property
     def healthy(self) -> bool:
-        return all(not t.done() for t in self._tasks.values())
+        return not self._reader.done() and all(not t.done() for t in self._tasks.values())
 
-    async def _route(self, worker_id: str, stream: Any) -> None:
+    async def _read(self) -> None:
+        while True:
+            data = await self._socket.recv()
+            try:
+                chunks = decode_chunks(data)
+            except Exception:
+                logger.exception("stream %s: undecodable message of %d bytes dropped", self.id, len(data))
+                continue
+            for chunk in chunks:
+                req = self.requests.get(chunk.request_id)
+                if req is not None:
+                    req.queue.put_nowait(chunk)
+
+    async def _watch(self, worker_id: str, stream: Any) -> None:
         try:
             async for ref in stream:
-                for chunk in await ref:
-                    req = self.requests.get(chunk.request_id)
-                    if req is not None:
-                        req.queue.put_nowait(chunk)
+                await ref  # a heartbeat
         except Exception as exc:
             logger.exception("stream %s from %s failed", self.id, worker_id)
             message = f"lost the stream from {worker_id}: {type(exc).__name__}"
@@ -96,12 +118,25 @@ class _Streams:
     def close(self) -> None:
         import ray
 
+        self._reader.cancel()
         for worker_id, task in self._tasks.items():
             task.cancel()
             try:
                 ray.cancel(self._refs[worker_id])
             except Exception:
                 logger.debug("cancel of stream %s from %s failed", self.id, worker_id, exc_info=True)
+        self._socket.close()
+
+
+def _stream_host(config: Any) -> str:
+    """The address workers reach this process at: the front doors' host, or this node's address when that is a
+    wildcard."""
+    host = getattr(config, "host", None) or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+    return str(host)
 
 
 class RayBackend:
@@ -130,7 +165,7 @@ class RayBackend:
         """This event loop's streams from every worker (opened on first use, reopened if one ended)."""
         loop = asyncio.get_running_loop()
         if self._streams is None or self._streams.loop is not loop:
-            self._streams = _Streams(self._workers)
+            self._streams = _Streams(self._workers, _stream_host(self.cluster.config))
         elif not self._streams.healthy:
             for worker_id in self._workers:
                 self._streams.open(worker_id)

@@ -2,7 +2,7 @@
 
 start(monitor, scheduler) ─▶ every report_interval_ms: monitor.report(load())          (TetriInfer §3.2)
                                                         scheduler.record(state events)  (the request table)
-subscribe(front door)     ─▶ that front door's one stream of token chunks from this worker (DESIGN.md §5b)
+subscribe(front door)     ─▶ that front door's one stream of token chunks from this worker, over ZeroMQ (DESIGN.md §5b)
 stats()                   ─▶ the engine's own counters, the KV connector's, the transport's, the policies in force
 """
 
@@ -68,11 +68,12 @@ class EngineWorker:
         }
 
     # -- output streams and events ---------------------------------------------------------
-    async def subscribe(self, subscriber: str) -> AsyncIterator[list[StreamChunk]]:
-        """A front door's one stream from this worker: batches of chunks of every request it sent here."""
+    async def subscribe(self, subscriber: str, address: str) -> AsyncIterator[list[StreamChunk]]:
+        """A front door's one stream from this worker: the chunks of every request it sent here go to its socket
+        at ``address``; this call stays open, yielding heartbeats, for as long as the front door listens."""
         try:
-            async for batch in self.streams.subscribe(subscriber):
-                yield batch
+            async for beat in self.streams.serve(subscriber, address):
+                yield beat
         finally:
             self._subscriber_gone(subscriber)
 

@@ -1,8 +1,9 @@
 """The direct data path without Ray: GlobalScheduler placement and table, workers streaming to the front door.
 
 Fake workers publish into real ``StreamHub``s; ``RayBackend`` opens its real
-streams to them through fake actor handles, so what is tested is the production
-routing: placement is a decision, tokens never pass through the GlobalScheduler.
+streams to them through fake actor handles (real ZeroMQ sockets, fake Ray
+calls), so what is tested is the production routing: placement is a decision,
+tokens never pass through the GlobalScheduler.
 """
 
 from __future__ import annotations
@@ -12,14 +13,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from tests.actor_fakes import FakeHandle
 from tetriserve.common.outbox import StreamHub, coalesce
 from tetriserve.common.request import Request, RequestState, SamplingSpec
-from tetriserve.common.stream import FinishReason, PlacementRequest, StateEvent, StreamChunk
+from tetriserve.common.stream import (
+    PROTOCOL_VERSION,
+    FinishReason,
+    PlacementRequest,
+    StateEvent,
+    StreamChunk,
+    decode_chunks,
+    encode_chunks,
+)
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
 from tetriserve.control_plane.ray_backend import RayBackend
-
-BREAK = "__break__"  # a chunk with this id makes a fake worker's stream fail
 
 
 class FakeWorker:
@@ -30,12 +39,13 @@ class FakeWorker:
         self.streams = StreamHub()
         self.submitted: dict[str, tuple[Request, str]] = {}
         self.aborted: list[str] = []
+        self.broken = False  # set: its control stream fails at the next heartbeat, as Ray's does when it dies
 
-    async def subscribe(self, subscriber: str) -> Any:
-        async for batch in self.streams.subscribe(subscriber):
-            if any(c.request_id == BREAK for c in batch):
+    async def subscribe(self, subscriber: str, address: str) -> Any:
+        async for beat in self.streams.serve(subscriber, address, heartbeat_s=0.01):
+            if self.broken:
                 raise ConnectionError("the worker's stream broke")
-            yield batch
+            yield beat
 
     def submit(self, req: Request, subscriber: str) -> None:
         self.submitted[req.request_id] = (req, subscriber)
@@ -152,7 +162,7 @@ def test_a_broken_worker_stream_ends_only_the_requests_on_that_worker() -> None:
         on = {rid: next(wid for wid, x in w.items() if rid in x.submitted) for rid in runs}
         assert set(on.values()) == {"prefill-0", "prefill-1"}
         broken = w[on["a"]]
-        broken.streams.publish(broken.submitted["a"][1], StreamChunk(BREAK, ()))
+        broken.broken = True
         a = await asyncio.wait_for(runs["a"], 5)
         assert a[-1].finish_reason == "error" and f"lost the stream from {on['a']}" in (a[-1].error or "")
         assert not runs["b"].done()
@@ -215,3 +225,38 @@ def test_outbox_coalesces_each_requests_contiguous_deltas_and_keeps_the_rest_apa
         ("y", (), 4, None),
         ("y", (6,), 4, None),
     ]
+
+
+def test_chunks_cross_the_wire_unchanged_and_a_foreign_protocol_version_is_refused() -> None:
+    import msgpack
+
+    chunks = [
+        StreamChunk("a", (1, 2), FinishReason.STOP, None, 3, "decode-0", {"queue_s": 0.5}, None, 4, 1),
+        StreamChunk("b", (), None, "why", 0, "prefill-0", None, "decode-1", 0, 0),
+    ]
+    assert decode_chunks(encode_chunks(chunks)) == chunks
+    assert decode_chunks(encode_chunks(chunks))[0].finish_reason is FinishReason.STOP
+    foreign = msgpack.packb([PROTOCOL_VERSION + 1, []])
+    with pytest.raises(ValueError, match="protocol version"):
+        decode_chunks(foreign)
+
+
+def test_a_hub_sends_one_coalesced_message_per_loop_turn_and_holds_chunks_until_a_sink_attaches() -> None:
+    async def main() -> None:
+        hub = StreamHub()
+        sent: list[list[StreamChunk]] = []
+        hub.publish("fd", StreamChunk("x", (1,), worker="d0", index=0))  # before anyone listens: held
+        with hub.attach("fd", sent.append):
+            assert [c.token_ids for b in sent for c in b] == [(1,)]
+            for i in range(2, 5):  # one engine step's deltas, published in one turn
+                hub.publish("fd", StreamChunk("x", (i,), worker="d0", index=i - 1))
+            hub.publish("other", StreamChunk("y", (9,), worker="d0"))  # nobody attached for it: held
+            await asyncio.sleep(0)
+            assert len(sent) == 2 and [(c.token_ids, c.index) for c in sent[1]] == [((2, 3, 4), 1)]
+            with pytest.raises(ValueError, match="already has a stream open"), hub.attach("fd", sent.append):
+                pass
+        hub.publish("fd", StreamChunk("x", (5,), worker="d0", index=4))
+        await asyncio.sleep(0)
+        assert len(sent) == 2  # detached: nothing goes to the old sink
+
+    asyncio.run(main())
