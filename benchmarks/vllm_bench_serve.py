@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -117,8 +118,26 @@ def run_bench(
     ]
     print(f"[{name} / {scenario}] {' '.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
-    result = json.loads(out.read_text())
+    return summary(name, scenario)
+
+
+def summary(name: str, scenario: str) -> dict[str, float]:
+    """The benchmark client's summary of ``name``'s run of ``scenario`` (from its saved JSON)."""
+    result = json.loads((WORK / f"bench_{name}_{scenario}.json").read_text())
     return {k: float(result[k]) for k in METRICS if k in result}
+
+
+PROMPT_BANDS = ((0, 50), (50, 150), (150, 400), (400, 1 << 20))
+
+
+def ttft_by_prompt(name: str, scenario: str) -> list[tuple[int, float]]:
+    """Per band of prompt length (``PROMPT_BANDS``): (requests, median TTFT in ms), from the detailed JSON."""
+    result = json.loads((WORK / f"bench_{name}_{scenario}.json").read_text())
+    rows = []
+    for lo, hi in PROMPT_BANDS:
+        ttfts = [t for t, n in zip(result["ttfts"], result["input_lens"], strict=True) if lo <= n < hi]
+        rows.append((len(ttfts), 1000 * statistics.median(ttfts) if ttfts else float("nan")))
+    return rows
 
 
 def tetriserve_cmd(*extra: str) -> list[str]:
@@ -186,7 +205,15 @@ def main() -> int:
     ap.add_argument(
         "--systems", nargs="+", choices=("tetriserve", "vllm"), default=["tetriserve", "vllm"], help="which servers"
     )
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the report from the last run's saved results (give that run's arguments); run nothing",
+    )
     args = ap.parse_args()
+    if args.report_only:
+        write_report({n: {s: summary(n, s) for s in SCENARIOS} for n in ("tetriserve", "vllm")}, args)
+        return 0
     model, dataset, env = prepare()
     systems = {
         "tetriserve": (
@@ -265,6 +292,16 @@ def write_report(results: dict[str, dict[str, dict[str, float]]], args: argparse
             if k in t and k in v:
                 ratio = f"{t[k] / v[k]:.2f}" if v[k] else "-"
                 lines.append(f"| {k} | {t[k]:.2f} | {v[k]:.2f} | {ratio} |")
+    lines += ["", f"## Median TTFT by prompt length, {TITLES['rate'].format(**vars(args))}", ""]
+    lines += [
+        "| prompt tokens | requests | tetriserve ms | vLLM ms | tetriserve / vLLM |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for (lo, hi), (n, t_ms), (_, v_ms) in zip(
+        PROMPT_BANDS, ttft_by_prompt("tetriserve", "rate"), ttft_by_prompt("vllm", "rate"), strict=True
+    ):
+        band = f"{lo}–{hi - 1}" if hi < 1 << 20 else f"≥ {lo}"
+        lines.append(f"| {band} | {n} | {t_ms:.0f} | {v_ms:.0f} | {t_ms / v_ms:.2f} |")
     (RESULTS / "vllm_bench_serve.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -35,6 +35,16 @@ class EngineConfig(BaseModel):
         128, ge=1, description="Most sequences an engine runs in one step (vLLM's OpenAI server default on CPU)."
     )
     threads_per_engine: int = Field(1, ge=1, description="OMP/torch threads per engine (CPU).")
+    decode_niceness: int = Field(
+        5,
+        ge=0,
+        le=19,
+        description=(
+            "Linux niceness of each decode engine's stepping thread. A decode engine always has work; where it "
+            "shares CPU cores with prefill engines and the front door, it yields to them, so prompts are not "
+            "starved while decode steps run (0: equal share)."
+        ),
+    )
     seed: int = Field(0, description="Engine seed.")
     enforce_eager: bool = Field(
         False, description="Skip torch.compile / CUDA graphs: faster start, slower steps (vLLM's default is False)."

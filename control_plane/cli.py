@@ -20,6 +20,7 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--block-size": ("engine.block_size", int, "KV block size in tokens (CPU: multiple of 32)"),
     "--kv-cache-gb": ("engine.kv_cache_gb", float, "KV cache per CPU engine, GiB"),
     "--threads-per-engine": ("engine.threads_per_engine", int, "OMP threads per engine"),
+    "--decode-niceness": ("engine.decode_niceness", int, "niceness of decode engine threads (0-19; 0: equal share)"),
     "--num-prefill": ("num_prefill", int, "prefill workers"),
     "--num-decode": ("num_decode", int, "decode workers"),
     "--chunk-size": ("prefill.chunk_size", int, "ChunkSize: prefill tokens per iteration"),

@@ -87,15 +87,18 @@ class _Streams:
 
     @property
     def healthy(self) -> bool:
-        return not self._reader.done() and all(not t.done() for t in self._tasks.values())
+        return all(not t.done() for t in self._tasks.values())
 
     async def _read(self) -> None:
         while True:
-            data = await self._socket.recv()
             try:
+                data = await self._socket.recv()
                 chunks = decode_chunks(data)
-            except Exception:
-                logger.exception("stream %s: undecodable message of %d bytes dropped", self.id, len(data))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad message (or a socket hiccup) must not end every stream of this process
+                logger.exception("stream %s: a message was dropped", self.id)
+                await asyncio.sleep(0.01)
                 continue
             for chunk in chunks:
                 req = self.requests.get(chunk.request_id)

@@ -90,7 +90,9 @@ class DecodeWorker(EngineWorker):
             kv_deadline_s=config.kv_transfer_timeout_s,
             scheduler_cls=SCHEDULER_CLS,
         )
-        self.engine = EngineLoop(args, worker_id, snapshot_fn=lambda s: s.snapshot())
+        self.engine = EngineLoop(
+            args, worker_id, snapshot_fn=lambda s: s.snapshot(), niceness=config.engine.decode_niceness
+        )
         self._decode_cfg = config.decode
         self.engine.call_now(self._installer(config.decode))
         self.accepting = True

@@ -13,6 +13,10 @@ Every 50 ms of steps (and on going idle) the thread publishes ``snapshot``, a fr
 the actor reads without locks (stats, and whatever ``snapshot_fn`` derives from
 the scheduler, e.g. the decode batch's views).
 
+A decode engine's thread runs at a lower CPU priority (``niceness``, the config's
+``engine.decode_niceness``): it always has work, and where it shares cores with a
+prefill engine and the front door it must not starve the prompts.
+
 The engine thread blocks on the command queue when idle and never waits on a
 transfer: requests whose KV is still in flight sit in vLLM's
 WAITING_FOR_REMOTE_KVS state while the loop keeps stepping (with a 1 ms pause
@@ -26,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import queue
 import threading
 import time
@@ -91,7 +96,9 @@ class EngineSnapshot:
 
 
 class EngineLoop:
-    def __init__(self, engine_args: Any, name: str, snapshot_fn: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self, engine_args: Any, name: str, snapshot_fn: Callable[[Any], Any] | None = None, niceness: int = 0
+    ) -> None:
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self.name = name
@@ -100,6 +107,7 @@ class EngineLoop:
         cache = self.engine.vllm_config.cache_config
         self.collector.set_capacity(cache.num_gpu_blocks or 0, cache.block_size)
         self._snapshot_fn = snapshot_fn
+        self._niceness = niceness
         self._commands: queue.Queue[Command] = queue.Queue()
         self._outputs: dict[str, _Output] = {}  # engine thread's view of live requests
         self._live = 0  # actor's count of requests added and not finished
@@ -168,6 +176,8 @@ class EngineLoop:
 
     # -- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
+        if self._niceness and not lower_thread_priority(self._niceness):
+            logger.warning("engine %s: could not set niceness %d", self.name, self._niceness)
         while True:  # daemon thread: lives as long as the worker process
             busy = self.engine.has_unfinished_requests()
             self._drain(block=not busy)
@@ -282,6 +292,16 @@ class EngineLoop:
             self.engine.abort_request(ids)
         except Exception:
             logger.exception("engine %s: abort after failure also failed", self.name)
+
+
+def lower_thread_priority(niceness: int) -> bool:
+    """Give the calling thread, and only it, ``niceness`` (Linux niceness is per thread; the rest of the
+    process keeps its own). False where the OS refuses."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
+    except (OSError, AttributeError):
+        return False
+    return True
 
 
 def _deliver(batch: list[tuple[Sink, Delta]]) -> None:

@@ -1,0 +1,35 @@
+"""The decode engine's thread yields the CPU to prompts (``engine.decode_niceness``), and only that thread."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import pytest
+
+from tetriserve.common.config import ClusterConfig
+from tetriserve.engine.loop import lower_thread_priority
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux behaviour")
+def test_lowering_an_engine_threads_priority_leaves_the_rest_of_the_process_alone() -> None:
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    seen: dict[str, int] = {}
+
+    def engine_thread() -> None:
+        assert lower_thread_priority(before + 5)
+        seen["engine"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    t = threading.Thread(target=engine_thread)
+    t.start()
+    t.join()
+    assert seen["engine"] == before + 5
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+
+
+def test_decode_engines_yield_by_default_and_the_setting_is_checked() -> None:
+    assert ClusterConfig().engine.decode_niceness == 5
+    assert ClusterConfig.load(overrides={"engine": {"decode_niceness": 0}}).engine.decode_niceness == 0
+    with pytest.raises(ValueError, match="decode_niceness"):
+        ClusterConfig.load(overrides={"engine": {"decode_niceness": 20}})
