@@ -27,6 +27,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -121,9 +122,14 @@ def run_bench(
     return summary(name, scenario)
 
 
+def saved(name: str, scenario: str) -> dict[str, Any]:
+    """The benchmark client's saved JSON of ``name``'s run of ``scenario`` (summary and per-request detail)."""
+    result: dict[str, Any] = json.loads((WORK / f"bench_{name}_{scenario}.json").read_text())
+    return result
+
+
 def summary(name: str, scenario: str) -> dict[str, float]:
-    """The benchmark client's summary of ``name``'s run of ``scenario`` (from its saved JSON)."""
-    result = json.loads((WORK / f"bench_{name}_{scenario}.json").read_text())
+    result = saved(name, scenario)
     return {k: float(result[k]) for k in METRICS if k in result}
 
 
@@ -132,7 +138,7 @@ PROMPT_BANDS = ((0, 50), (50, 150), (150, 400), (400, 1 << 20))
 
 def ttft_by_prompt(name: str, scenario: str) -> list[tuple[int, float]]:
     """Per band of prompt length (``PROMPT_BANDS``): (requests, median TTFT in ms), from the detailed JSON."""
-    result = json.loads((WORK / f"bench_{name}_{scenario}.json").read_text())
+    result = saved(name, scenario)
     rows = []
     for lo, hi in PROMPT_BANDS:
         ttfts = [t for t, n in zip(result["ttfts"], result["input_lens"], strict=True) if lo <= n < hi]
