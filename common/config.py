@@ -45,6 +45,14 @@ class EngineConfig(BaseModel):
             "starved while decode steps run (0: equal share)."
         ),
     )
+    borrow_idle_cores: bool = Field(
+        True,
+        description=(
+            "CPU engines: a decode engine steps with its own threads plus the cores that idle engines on the same "
+            "machine leave (a prefill engine between prompts), and gives them back at its next step once they "
+            "start stepping. False: every engine keeps threads_per_engine."
+        ),
+    )
     seed: int = Field(0, description="Engine seed.")
     enforce_eager: bool = Field(
         False, description="Skip torch.compile / CUDA graphs: faster start, slower steps (vLLM's default is False)."

@@ -65,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     for flag, (_, typ, text) in _SERVE_FLAGS.items():
         s.add_argument(flag, type=typ, default=None, help=text)
     s.add_argument(
+        "--borrow-idle-cores",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="CPU: decode engines step with the cores idle prefill engines leave (default: on)",
+    )
+    s.add_argument(
         "--enforce-eager",
         action="store_true",
         default=None,
@@ -103,6 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     overrides = {dotted: getattr(args, flag[2:].replace("-", "_")) for flag, (dotted, _, _) in _SERVE_FLAGS.items()}
     overrides["engine.enforce_eager"] = args.enforce_eager
+    overrides["engine.borrow_idle_cores"] = args.borrow_idle_cores
     serve(ClusterConfig.load(args.config, overrides))
     return 0
 

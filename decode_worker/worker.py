@@ -78,6 +78,7 @@ def decode_policy_settings(cfg: DecodeConfig) -> dict[str, str]:
 
 class DecodeWorker(EngineWorker):
     def __init__(self, worker_id: str, config: ClusterConfig, model_path: str) -> None:
+        from tetriserve.engine.cores import claim_cores
         from tetriserve.engine.loop import EngineLoop
 
         super().__init__(worker_id, config)
@@ -91,7 +92,11 @@ class DecodeWorker(EngineWorker):
             scheduler_cls=SCHEDULER_CLS,
         )
         self.engine = EngineLoop(
-            args, worker_id, snapshot_fn=lambda s: s.snapshot(), niceness=config.engine.decode_niceness
+            args,
+            worker_id,
+            snapshot_fn=lambda s: s.snapshot(),
+            niceness=config.engine.decode_niceness,
+            cores=claim_cores(config.engine.threads_per_engine, borrows=config.engine.borrow_idle_cores),
         )
         self._decode_cfg = config.decode
         self.engine.call_now(self._installer(config.decode))

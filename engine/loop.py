@@ -15,7 +15,10 @@ the scheduler, e.g. the decode batch's views).
 
 A decode engine's thread runs at a lower CPU priority (``niceness``, the config's
 ``engine.decode_niceness``): it always has work, and where it shares cores with a
-prefill engine and the front door it must not starve the prompts.
+prefill engine and the front door it must not starve the prompts. On CPUs each
+engine posts on the machine's core board whether it is stepping (``cores``,
+engine/cores.py), and a borrowing engine sets its thread count before each step
+from what the board leaves idle.
 
 The engine thread blocks on the command queue when idle and never waits on a
 transfer: requests whose KV is still in flight sit in vLLM's
@@ -38,6 +41,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tetriserve.engine.cores import CoreShare, set_engine_threads
 from tetriserve.engine.stats import EngineStats, StatsCollector, stat_logger_factory
 
 logger = logging.getLogger(__name__)
@@ -97,7 +101,12 @@ class EngineSnapshot:
 
 class EngineLoop:
     def __init__(
-        self, engine_args: Any, name: str, snapshot_fn: Callable[[Any], Any] | None = None, niceness: int = 0
+        self,
+        engine_args: Any,
+        name: str,
+        snapshot_fn: Callable[[Any], Any] | None = None,
+        niceness: int = 0,
+        cores: CoreShare | None = None,
     ) -> None:
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -108,6 +117,8 @@ class EngineLoop:
         self.collector.set_capacity(cache.num_gpu_blocks or 0, cache.block_size)
         self._snapshot_fn = snapshot_fn
         self._niceness = niceness
+        self._cores = cores
+        self._threads = cores.own if cores is not None else 0  # what the engine thread steps with now
         self._commands: queue.Queue[Command] = queue.Queue()
         self._outputs: dict[str, _Output] = {}  # engine thread's view of live requests
         self._live = 0  # actor's count of requests added and not finished
@@ -179,17 +190,26 @@ class EngineLoop:
         if self._niceness and not lower_thread_priority(self._niceness):
             logger.warning("engine %s: could not set niceness %d", self.name, self._niceness)
         while True:  # daemon thread: lives as long as the worker process
-            busy = self.engine.has_unfinished_requests()
-            self._drain(block=not busy)
-            if not self.engine.has_unfinished_requests():
+            if self.engine.has_unfinished_requests():
+                self._drain(block=False)
+            else:  # idle: say so before waiting for work, not after
+                if self._cores is not None:
+                    self._cores.stepping(False)
                 if self._stale:  # vLLM reports stats only from steps; an idle engine holds nothing
                     self._stale = False
                     self.collector.mark_idle()
                     self._publish()
-                continue
-            self._step_once()
+                self._drain(block=True)
+            if self.engine.has_unfinished_requests():
+                self._step_once()
 
     def _step_once(self) -> None:
+        if self._cores is not None:
+            self._cores.stepping(True)
+            threads = self._cores.threads()
+            if threads != self._threads:
+                set_engine_threads(threads)
+                self._threads = threads
         try:
             outputs = self.engine.step()
         except Exception as exc:  # engine bug: fail what is in flight, keep serving

@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 class PrefillWorker(EngineWorker):
     def __init__(self, worker_id: str, config: ClusterConfig, model_path: str, predictor: LengthPredictor) -> None:
+        from tetriserve.engine.cores import claim_cores
         from tetriserve.engine.hardware import detect_hardware
         from tetriserve.engine.loop import EngineLoop
 
@@ -66,7 +67,12 @@ class PrefillWorker(EngineWorker):
             kv_deadline_s=config.kv_transfer_timeout_s,
             scheduler_cls=SCHEDULER_CLS,
         )
-        self.engine = EngineLoop(args, worker_id, snapshot_fn=lambda s: s.log.stats())
+        self.engine = EngineLoop(
+            args,
+            worker_id,
+            snapshot_fn=lambda s: s.log.stats(),
+            cores=claim_cores(config.engine.threads_per_engine, borrows=False),  # posts when it steps
+        )
         self.engine.call_now(lambda s: s.configure(self.policy))
         self.gate = SchedBatchGate(self.policy.queue, self.policy.spec.sched_batch)
         self.predictor = predictor

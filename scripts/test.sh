@@ -20,6 +20,7 @@ done
     tetriserve/prefill_worker/views.py tetriserve/prefill_worker/policy.py tetriserve/decode_worker/views.py \
     tetriserve/decode_worker/admission tetriserve/decode_worker/preemption tetriserve/decode_worker/policy.py \
     tetriserve/decode_worker/slices.py tetriserve/length_predictor/baseline.py tetriserve/length_predictor/buckets.py \
-    tetriserve/length_predictor/padding.py tetriserve/length_predictor/batcher.py tetriserve/length_predictor/oracle.py)
+    tetriserve/length_predictor/padding.py tetriserve/length_predictor/batcher.py tetriserve/length_predictor/oracle.py \
+    tetriserve/engine/cores.py)
 echo "==> tests"
 .venv/bin/python -m pytest -q "$@"

@@ -79,6 +79,10 @@ class Transport(Protocol):
 
     def recv(self, key: str) -> list[bytearray] | None: ...
 
+    def landed(self, key: str) -> bool:
+        """Whether every byte of ``key`` is here (``recv`` would return it), without taking it."""
+        ...
+
     def hold(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
         """Deposit ``buffers`` under ``key`` in this endpoint's own landing area, as if they had arrived.
 

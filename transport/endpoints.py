@@ -26,6 +26,12 @@ def get_or_create(name: str, backend: str = "tcp", listen: str = "127.0.0.1:0") 
         return endpoint
 
 
+def get(name: str) -> Transport | None:
+    """The endpoint registered under ``name`` in this process, if any."""
+    with _LOCK:
+        return _ENDPOINTS.get(name)
+
+
 def close_all() -> None:
     with _LOCK:
         for endpoint in _ENDPOINTS.values():

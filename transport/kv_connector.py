@@ -21,6 +21,12 @@ Lifecycle (request-level transfer, as in the paper)::
                                                             copies blocks in, reports finished_recving
                                                      sched: request runs; only token L+1 is computed
 
+When the KV has already landed as the decode engine first schedules the request
+(the usual case: the bytes travel while the prefill worker's ``submit`` call
+does), the load is synchronous instead: ``get_num_new_matched_tokens`` returns
+(L, False), the worker copies the blocks in before that very step's forward
+pass, and token L+1 comes out of the request's first step, not its second.
+
 The copy out of the prefill engine's blocks is synchronous inside the step
 (so blocks free normally); parking lets the length predictor run in parallel
 with prefill and the dispatcher choose afterwards. A load that misses its
@@ -121,6 +127,7 @@ class LoadSpec:
     key: str
     block_ids: tuple[int, ...]
     num_tokens: int
+    landed: bool = False  # a synchronous load: the KV is here, copy it in before this step's forward pass
 
 
 @dataclass
@@ -148,7 +155,9 @@ class TetriKVConnector(KVConnectorBase_V1):
         extra = self._kv_transfer_config.kv_connector_extra_config
         self._block_size = vllm_config.cache_config.block_size
         self._deadline_s = float(extra.get("deadline_s", 30.0))
+        self._endpoint = str(extra.get("endpoint", "default"))
         # scheduler side
+        self._landed: set[str] = set()  # requests whose load get_num_new_matched_tokens said is synchronous
         self._producers: dict[str, _Producer] = {}
         self._load_requested: set[str] = set()
         self._pending_loads: list[LoadSpec] = []
@@ -164,9 +173,7 @@ class TetriKVConnector(KVConnectorBase_V1):
         self._transport = None
         if role == KVConnectorRole.WORKER:
             self._transport = endpoints.get_or_create(
-                str(extra.get("endpoint", "default")),
-                str(extra.get("backend", "tcp")),
-                str(extra.get("listen", "127.0.0.1:0")),
+                self._endpoint, str(extra.get("backend", "tcp")), str(extra.get("listen", "127.0.0.1:0"))
             )
 
     # ============================== scheduler side ==============================
@@ -175,7 +182,16 @@ class TetriKVConnector(KVConnectorBase_V1):
         if kv is None or kv.mode is not KVMode.RECV or request.request_id in self._load_requested:
             return 0, False
         remaining = kv.num_tokens - num_computed_tokens
-        return (remaining, True) if remaining > 0 else (0, False)
+        if remaining <= 0:
+            return 0, False
+        # the worker half shares this process's endpoint (in-process engine): a load whose bytes are all here
+        # can be synchronous, as long as one token is left for the step to compute
+        endpoint = endpoints.get(self._endpoint)
+        if kv.num_tokens < request.num_tokens and endpoint is not None and endpoint.landed(kv.key):
+            self._landed.add(request.request_id)
+            return remaining, False
+        self._landed.discard(request.request_id)
+        return remaining, True
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         kv = _instruction(request)
@@ -183,7 +199,9 @@ class TetriKVConnector(KVConnectorBase_V1):
             return
         self._load_requested.add(request.request_id)
         block_ids = tuple(blocks.get_block_ids()[0])
-        self._pending_loads.append(LoadSpec(request.request_id, kv.key, block_ids, kv.num_tokens))
+        landed = request.request_id in self._landed
+        self._landed.discard(request.request_id)
+        self._pending_loads.append(LoadSpec(request.request_id, kv.key, block_ids, kv.num_tokens, landed))
 
     def swap_out(self, request: Request, block_ids: list[int], num_tokens: int) -> str:
         """Queue ``request``'s first ``num_tokens`` of KV (in ``block_ids``) to leave the block pool this step;
@@ -238,6 +256,7 @@ class TetriKVConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._producers.pop(request.request_id, None)
+        self._landed.discard(request.request_id)
         swapped = self._swapped.pop(request.request_id, None)
         if swapped is not None and request.request_id not in self._load_requested:  # never came back: drop it
             self._cancelled.append(("", swapped))
@@ -278,12 +297,13 @@ class TetriKVConnector(KVConnectorBase_V1):
         now = time.monotonic()
         for req_id, (spec, deadline) in list(self._loading.items()):
             buffers = self._transport.recv(spec.key)
-            if buffers is None and now < deadline:
+            if buffers is None and now < deadline and not spec.landed:
                 continue
             del self._loading[req_id]
-            self._finished_recving.add(req_id)
+            if not spec.landed:  # vLLM hears of synchronous loads through load errors only
+                self._finished_recving.add(req_id)
             if buffers is None:
-                logger.error("kv load for %s missed its %.1f s deadline", req_id, self._deadline_s)
+                logger.error("kv load for %s: %s", req_id, "gone" if spec.landed else "missed its deadline")
                 self._fail_load(spec)
                 continue
             try:

@@ -54,6 +54,10 @@ class ReceiveStore:
             entry = self._entries.pop(key, None)
             return None if entry is None else entry.buffers
 
+    def has(self, key: str) -> bool:
+        with self._lock:
+            return key in self._entries
+
     def discard(self, key: str) -> bool:
         with self._lock:
             self._expire_locked()
@@ -100,6 +104,9 @@ class StoreBackedEndpoint:
 
     def recv(self, key: str) -> list[Any] | None:
         return self._store.take(key)
+
+    def landed(self, key: str) -> bool:
+        return self._store.has(key)
 
     def discard(self, key: str) -> bool:
         return self._store.discard(key)

@@ -75,6 +75,18 @@ def test_recv_is_none_before_arrival_and_key_is_taken_once(pair: tuple[Any, Any]
     assert rx.stats().transfers_received == 2
 
 
+def test_landed_says_whether_recv_would_return_without_taking(pair: tuple[Any, Any]) -> None:
+    tx, rx = pair
+    assert rx.landed("k") is False
+    assert tx.send(rx.address, "k", [b"payload"], 5.0).wait(5.0) is TransferState.DONE
+    assert rx.landed("k") is True
+    assert rx.landed("k") is True  # asking takes nothing
+    assert rx.recv("k") == [bytearray(b"payload")]
+    assert rx.landed("k") is False
+    rx.hold("parked", [b"local"])
+    assert rx.landed("parked") is True
+
+
 def test_discard_before_arrival_drops_the_late_data(pair: tuple[Any, Any], kind: str) -> None:
     tx, rx = pair
     assert rx.discard("late") is False  # nothing there yet: remembered as discarded

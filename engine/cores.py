@@ -1,0 +1,184 @@
+"""Engines on one machine share its CPU cores: a decode engine steps with the cores idle engines leave.
+
+Disaggregation splits one machine's cores between engines: each CPU engine runs
+``engine.threads_per_engine`` OMP threads. A prefill engine is idle between
+prompts, and a lone vLLM server would use its cores for decoding then; with a
+static split they sit unused (with one stream, and in the tail of a burst once
+the prompts are done). So every engine posts on a machine-wide board whether it
+is stepping, and a *borrowing* engine (decode engines, ``engine.borrow_idle_cores``)
+steps with its own threads plus the spare ones:
+
+    spare = usable cores − Σ threads of the engines stepping now (itself included)
+
+The spare goes to one borrower only, the stepping borrower in the lowest slot,
+so two decode engines never both take it. A borrower re-reads the board before
+every step and gives the cores back at its next step once a prefill engine
+starts stepping (at most one decode step of overlap; its threads run at the
+decode niceness, so the prompt wins the core meanwhile).
+
+The board is a small shared-memory file (``/dev/shm``), one slot per engine:
+pid, threads, stepping, borrows. A slot whose process has died is reclaimed, and
+borrowers stop counting it within a second, so a killed worker does not pin the
+cores. CPU only: on GPUs threads are not what steps an engine.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import math
+import mmap
+import os
+import tempfile
+import time
+import weakref
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SLOTS = 64
+_FIELDS = 4  # int32 each: pid, threads, stepping, borrows
+_PID, _THREADS, _STEPPING, _BORROWS = range(_FIELDS)
+_SLOT_BYTES = 4 * _FIELDS
+LIVENESS_INTERVAL_S = 1.0
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota (containers)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cpus)
+
+
+def default_board_path() -> Path:
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    return base / f"tetriserve-cores.{os.getuid()}"
+
+
+class CoreBoard:
+    """The machine-wide board; ``claim`` gives an engine its slot."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or default_board_path()
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < SLOTS * _SLOT_BYTES:
+                os.ftruncate(fd, SLOTS * _SLOT_BYTES)
+            self._map = mmap.mmap(fd, SLOTS * _SLOT_BYTES)
+        finally:
+            os.close(fd)
+        self._ints = memoryview(self._map).cast("i")
+
+    def claim(self, threads: int, borrows: bool) -> CoreShare:
+        with open(self.path, "rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one claim at a time, machine-wide
+            for slot in range(SLOTS):
+                pid = self._get(slot, _PID)
+                if pid == 0 or not _alive(pid):
+                    self._set(slot, _STEPPING, 0)
+                    self._set(slot, _THREADS, threads)
+                    self._set(slot, _BORROWS, int(borrows))
+                    self._set(slot, _PID, os.getpid())
+                    return CoreShare(self, slot, threads, borrows)
+        raise RuntimeError(f"core board {self.path}: all {SLOTS} slots are taken")
+
+    def _get(self, slot: int, field: int) -> int:
+        return int(self._ints[slot * _FIELDS + field])
+
+    def _set(self, slot: int, field: int, value: int) -> None:
+        self._ints[slot * _FIELDS + field] = value
+
+    def rows(self) -> list[tuple[int, int, int, int]]:
+        """(slot, threads, stepping, borrows) of every claimed slot."""
+        ints = self._ints
+        return [
+            (slot, ints[slot * _FIELDS + _THREADS], ints[slot * _FIELDS + _STEPPING], ints[slot * _FIELDS + _BORROWS])
+            for slot in range(SLOTS)
+            if ints[slot * _FIELDS + _PID]
+        ]
+
+
+class CoreShare:
+    """One engine's slot. ``stepping(True)`` before a step; ``threads()`` says how many threads to step with."""
+
+    def __init__(self, board: CoreBoard, slot: int, threads: int, borrows: bool) -> None:
+        self.board = board
+        self.slot = slot
+        self.own = threads
+        self.borrows = borrows
+        self.cpus = usable_cpus()
+        self._stepping = False
+        self._dead: set[int] = set()  # slots whose process has died (re-checked every second)
+        self._checked = 0.0
+        self.release = weakref.finalize(self, _release, board, slot, os.getpid())  # idempotent; also on GC
+
+    def stepping(self, on: bool) -> None:
+        if on != self._stepping:
+            self._stepping = on
+            self.board._set(self.slot, _STEPPING, int(on))
+
+    def threads(self) -> int:
+        """Threads for this engine's next step: its own, plus the spare cores if it is the borrower."""
+        if not self.borrows:
+            return self.own
+        now = time.monotonic()
+        if now - self._checked >= LIVENESS_INTERVAL_S:
+            self._checked = now
+            self._dead = self._dead_slots()
+        in_use = 0
+        borrower = None
+        for slot, threads, stepping, borrows in self.board.rows():
+            if not stepping or slot in self._dead:
+                continue
+            in_use += threads
+            if borrows and borrower is None:
+                borrower = slot
+        if borrower != self.slot:
+            return self.own
+        return self.own + max(0, self.cpus - in_use)
+
+    def _dead_slots(self) -> set[int]:
+        return {slot for slot in range(SLOTS) if (pid := self.board._get(slot, _PID)) and not _alive(pid)}
+
+
+def _release(board: CoreBoard, slot: int, pid: int) -> None:
+    if board._get(slot, _PID) == pid:
+        board._set(slot, _STEPPING, 0)
+        board._set(slot, _PID, 0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def set_engine_threads(threads: int) -> None:
+    """Set the calling thread's OMP/torch thread count. vLLM's CPU worker replaces ``torch.set_num_threads``
+    with a no-op once it binds threads to cores; tetriserve's engines do not bind (``nobind``), so the
+    underlying setter is safe and takes effect from the next parallel region."""
+    import torch
+
+    torch._C.set_num_threads(threads)
+
+
+def claim_cores(threads: int, borrows: bool) -> CoreShare | None:
+    """An engine's slot on this machine's board; None on GPUs, or where the board cannot be made."""
+    from tetriserve.engine.settings import on_cpu
+
+    if not on_cpu():
+        return None
+    try:
+        return CoreBoard().claim(threads, borrows)
+    except (OSError, RuntimeError) as exc:
+        logger.warning("engines keep their own threads, no core board: %s", exc)
+        return None

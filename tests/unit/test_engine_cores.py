@@ -1,0 +1,78 @@
+"""Engines on one machine share its cores (engine/cores.py): a decode engine borrows what idle engines leave."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tetriserve.engine import cores
+from tetriserve.engine.cores import CoreBoard
+
+
+@pytest.fixture
+def board(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CoreBoard:
+    monkeypatch.setattr(cores, "usable_cpus", lambda: 2)
+    return CoreBoard(tmp_path / "board")
+
+
+def test_decode_borrows_the_idle_prefill_core_and_gives_it_back(board: CoreBoard) -> None:
+    prefill = board.claim(1, borrows=False)
+    decode = board.claim(1, borrows=True)
+    decode.stepping(True)
+    assert decode.threads() == 2  # the prefill engine is idle: its core is spare
+    prefill.stepping(True)
+    assert decode.threads() == 1  # a prompt is being prefilled: back to its own thread
+    assert prefill.threads() == 1  # a prefill engine never borrows
+    prefill.stepping(False)
+    assert decode.threads() == 2
+
+
+def test_only_one_borrower_takes_the_spare(board: CoreBoard) -> None:
+    first, second = board.claim(1, borrows=True), board.claim(1, borrows=True)
+    lone = CoreBoard(board.path).claim(1, borrows=False)  # another process's view of the same file
+    first.stepping(True)
+    second.stepping(True)
+    assert (first.threads(), second.threads()) == (1, 1)  # 2 cores, 2 stepping engines: nothing spare
+    lone.release()
+    second.stepping(False)
+    assert first.threads() == 2
+    first.stepping(False)
+    second.stepping(True)
+    assert second.threads() == 2
+
+
+def test_more_own_threads_than_cores_is_never_cut(board: CoreBoard) -> None:
+    big = board.claim(4, borrows=True)
+    big.stepping(True)
+    assert big.threads() == 4
+
+
+def test_a_released_or_dead_engines_slot_is_reclaimed_and_not_counted(board: CoreBoard) -> None:
+    decode = board.claim(1, borrows=True)
+    prefill = board.claim(1, borrows=False)
+    prefill.stepping(True)
+    decode.stepping(True)
+    assert decode.threads() == 1
+    prefill.release()
+    assert decode.threads() == 2
+    assert board.claim(1, borrows=False).slot == prefill.slot
+
+    # a killed worker leaves its slot marked "stepping" with a pid that no longer runs
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for field, value in ((cores._PID, int(exited.stdout)), (cores._THREADS, 1), (cores._STEPPING, 1)):
+        board._set(7, field, value)
+    survivor = board.claim(1, borrows=True)
+    survivor.stepping(True)
+    decode.stepping(False)
+    assert survivor.threads() == 2  # the dead engine's core is spare
+    claims = [board.claim(1, borrows=False) for _ in range(8)]
+    assert 7 in {c.slot for c in claims}  # and its slot is claimed again
+
+
+def test_usable_cpus_is_at_least_one_and_at_most_the_affinity() -> None:
+    n = cores.usable_cpus()
+    assert 1 <= n <= len(os.sched_getaffinity(0))
