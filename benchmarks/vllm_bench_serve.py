@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -212,6 +213,12 @@ def main() -> int:
         "--systems", nargs="+", choices=("tetriserve", "vllm"), default=["tetriserve", "vllm"], help="which servers"
     )
     ap.add_argument(
+        "--tetriserve-flags",
+        default="",
+        help="extra `tetriserve serve` flags, e.g. --tetriserve-flags=--borrow-idle-cores (recorded in the report)",
+    )
+    ap.add_argument("--out", default="vllm_bench_serve", help="report name under benchmarks/results (.md, .json)")
+    ap.add_argument(
         "--report-only",
         action="store_true",
         help="rewrite the report from the last run's saved results (give that run's arguments); run nothing",
@@ -223,7 +230,7 @@ def main() -> int:
     model, dataset, env = prepare()
     systems = {
         "tetriserve": (
-            tetriserve_cmd(),
+            tetriserve_cmd(*shlex.split(args.tetriserve_flags)),
             8100,
             env,
         ),
@@ -270,17 +277,20 @@ TITLES = {
 
 
 def write_report(results: dict[str, dict[str, dict[str, float]]], args: argparse.Namespace) -> None:
-    (RESULTS / "vllm_bench_serve.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    (RESULTS / f"{args.out}.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    flags = f" --tetriserve-flags={args.tetriserve_flags}" if args.tetriserve_flags else ""
+    out = f" --out {args.out}" if args.out != "vllm_bench_serve" else ""
     lines = [
         "# vLLM benchmark client: tetriserve vs plain vLLM",
         "",
         f"Command: `python benchmarks/vllm_bench_serve.py --num-prompts {args.num_prompts} "
-        f"--request-rate {args.request_rate} --single-prompts {args.single_prompts} --seed {args.seed}`  ",
+        f"--request-rate {args.request_rate} --single-prompts {args.single_prompts} --seed {args.seed}{flags}{out}`  ",
         f"Client: `vllm.benchmarks.serve --backend openai --dataset-name sharegpt --seed {args.seed}`; "
         f"a fresh server per scenario, the two systems back to back, first the one that went second before; "
         f"each server first serves {WARMUP_PROMPTS} prompts at once, not measured.  ",
         f"Machine: {os.cpu_count()} CPU cores, no GPU; tiny random-weight Llama (5.2M params), same for both.  ",
-        "tetriserve: defaults (1 prefill + 1 decode worker, trained length predictor), 1 OMP thread per engine, "
+        f"tetriserve: defaults{' plus `' + args.tetriserve_flags + '`' if args.tetriserve_flags else ''} "
+        "(1 prefill + 1 decode worker, trained length predictor), 1 OMP thread per engine, "
         "KV over TCP. vLLM: one `vllm.entrypoints.openai.api_server`, 2 OMP threads.",
     ]
     binding = [
@@ -308,7 +318,7 @@ def write_report(results: dict[str, dict[str, dict[str, float]]], args: argparse
     ):
         band = f"{lo}–{hi - 1}" if hi < 1 << 20 else f"≥ {lo}"
         lines.append(f"| {band} | {n} | {t_ms:.0f} | {v_ms:.0f} | {t_ms / v_ms:.2f} |")
-    (RESULTS / "vllm_bench_serve.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

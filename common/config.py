@@ -46,11 +46,13 @@ class EngineConfig(BaseModel):
         ),
     )
     borrow_idle_cores: bool = Field(
-        True,
+        False,
         description=(
             "CPU engines: a decode engine steps with its own threads plus the cores that idle engines on the same "
             "machine leave (a prefill engine between prompts), and gives them back at its next step once they "
-            "start stepping. False: every engine keeps threads_per_engine."
+            "start stepping. Helps one stream and the tail of a burst; hurts under steady arrivals, where the "
+            "borrowed core is wanted by prompts and the front door (README). False: every engine keeps "
+            "threads_per_engine."
         ),
     )
     seed: int = Field(0, description="Engine seed.")
@@ -214,6 +216,15 @@ class ClusterConfig(BaseModel):
     host: str = Field("127.0.0.1", description="Address the front doors bind to.")
     grpc_port: int = Field(50051, ge=0, le=65535, description="gRPC port (0 picks a free one).")
     http_port: int = Field(8000, ge=0, le=65535, description="OpenAI-compatible HTTP port (0 picks a free one).")
+    http_keepalive_s: float = Field(
+        75.0,
+        gt=0,
+        description=(
+            "Seconds an idle HTTP keep-alive connection stays open. Longer than clients' own pool timeouts (aiohttp "
+            "and vLLM's benchmark client: 60 s), so the client closes an idle connection first and never sends a "
+            "request down one the server is closing at that moment."
+        ),
+    )
     ray_address: str | None = Field(None, description="Ray cluster to join; None starts a local one.")
     namespace: str = Field("tetriserve", description="Ray namespace of the named actors.")
     report_interval_ms: int = Field(100, ge=10, description="Load report / broadcast period.")

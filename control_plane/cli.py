@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         "--borrow-idle-cores",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="CPU: decode engines step with the cores idle prefill engines leave (default: on)",
+        help="CPU: decode engines step with the cores idle prefill engines leave (default: off)",
     )
     s.add_argument(
         "--enforce-eager",

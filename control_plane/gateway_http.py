@@ -298,6 +298,7 @@ async def start_http_server(
     *,
     front: FrontDoor | None = None,
     graceful_shutdown_s: float = 5.0,
+    keepalive_s: float = 75.0,
     access_log: bool = False,
 ) -> HttpServerHandle:
     """Serve ``build_app(backend)`` with uvicorn in the running event loop; ``port=0`` picks a free port."""
@@ -312,6 +313,7 @@ async def start_http_server(
         access_log=access_log,
         lifespan="off",
         timeout_graceful_shutdown=math.ceil(graceful_shutdown_s),
+        timeout_keep_alive=math.ceil(keepalive_s),
     )
     server = _EmbeddedServer(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="http-gateway")

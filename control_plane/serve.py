@@ -62,7 +62,9 @@ async def run_front_doors(
 
     front = await asyncio.to_thread(FrontDoor, backend)  # type: ignore[arg-type]
     grpc_server, grpc_port = await start_grpc_server(backend, config.host, config.grpc_port, front=front)  # type: ignore[arg-type]
-    http = await start_http_server(backend, config.host, config.http_port, front=front)  # type: ignore[arg-type]
+    http = await start_http_server(  # type: ignore[arg-type]
+        backend, config.host, config.http_port, front=front, keepalive_s=config.http_keepalive_s
+    )
     endpoints = Endpoints(f"{config.host}:{grpc_port}", f"http://{config.host}:{http.port}", dashboard)
     if ready is not None:
         ready.set_result(endpoints)

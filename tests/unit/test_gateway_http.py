@@ -280,3 +280,22 @@ def test_openai_client(env: HttpEnv, backend: FakeBackend) -> None:
         assert bad.value.body["param"] == "n"
         with pytest.raises(openai.NotFoundError):
             oa.completions.create(model="gpt-17", prompt="hi")
+
+
+def test_an_idle_keep_alive_connection_outlives_the_old_5_s_server_timeout(env: HttpEnv) -> None:
+    """Clients pool connections for up to 60 s (aiohttp, vLLM's benchmark client); a server that closes them
+    sooner races the client's next request on that connection (seen as a failed request under load)."""
+    import http.client
+    import time
+    from urllib.parse import urlsplit
+
+    url = urlsplit(env.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    try:
+        conn.request("GET", "/v1/models")
+        assert conn.getresponse().read()
+        time.sleep(6)  # uvicorn's default keep-alive is 5 s
+        conn.request("GET", "/v1/models")  # the same socket: raises if the server closed it
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
