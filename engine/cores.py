@@ -16,6 +16,12 @@ every step and gives the cores back at its next step once a prefill engine
 starts stepping (at most one decode step of overlap; its threads run at the
 decode niceness, so the prompt wins the core meanwhile).
 
+Borrowing is off by default. An OMP step runs at the pace of its slowest
+thread, so a borrowed thread that the front door or a prompt preempts slows the
+whole step: it pays with one stream and in a burst's tail, and costs under
+steady arrivals (README, "Engines can share the machine's cores"). Engines post
+on the board either way.
+
 The board is a small shared-memory file (``/dev/shm``), one slot per engine:
 pid, threads, stepping, borrows. A slot whose process has died is reclaimed, and
 borrowers stop counting it within a second, so a killed worker does not pin the
