@@ -16,11 +16,17 @@ every step and gives the cores back at its next step once a prefill engine
 starts stepping (at most one decode step of overlap; its threads run at the
 decode niceness, so the prompt wins the core meanwhile).
 
-Borrowing is off by default. An OMP step runs at the pace of its slowest
-thread, so a borrowed thread that the front door or a prompt preempts slows the
-whole step: it pays with one stream and in a burst's tail, and costs under
-steady arrivals (README, "Engines can share the machine's cores"). Engines post
-on the board either way.
+An OMP step runs at the pace of its slowest thread, so a borrowed thread that
+the front door or a prompt preempts slows the whole step. So a borrower also
+meters the rest of the machine (``CpuMeter``: ``/proc/stat`` busy time less its
+own process's, over 200 ms) and borrows only while that has left at least
+``MIN_IDLE_CORES`` idle beyond its own threads: the front door, Ray and the
+length predictor post nothing on the board but use cores all the same.
+
+Borrowing is off by default: without the meter it paid with one stream and in a
+burst's tail but cost under steady arrivals (README, "Engines can share the
+machine's cores"), and the metered version has not had a full run yet. Engines
+post on the board either way.
 
 The board is a small shared-memory file (``/dev/shm``), one slot per engine:
 pid, threads, stepping, borrows. A slot whose process has died is reclaimed, and
@@ -38,6 +44,7 @@ import os
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -47,6 +54,8 @@ _FIELDS = 4  # int32 each: pid, threads, stepping, borrows
 _PID, _THREADS, _STEPPING, _BORROWS = range(_FIELDS)
 _SLOT_BYTES = 4 * _FIELDS
 LIVENESS_INTERVAL_S = 1.0
+METER_WINDOW_S = 0.2
+MIN_IDLE_CORES = 0.5  # borrow only while the rest of the machine has left at least this much idle
 
 
 def usable_cpus() -> int:
@@ -121,6 +130,7 @@ class CoreShare:
         self._stepping = False
         self._dead: set[int] = set()  # slots whose process has died (re-checked every second)
         self._checked = 0.0
+        self.meter: CpuMeter | None = CpuMeter() if borrows and CpuMeter.available() else None
         self.release = weakref.finalize(self, _release, board, slot, os.getpid())  # idempotent; also on GC
 
     def stepping(self, on: bool) -> None:
@@ -144,12 +154,56 @@ class CoreShare:
             in_use += threads
             if borrows and borrower is None:
                 borrower = slot
-        if borrower != self.slot:
+        spare = self.cpus - in_use
+        if borrower != self.slot or spare <= 0:
             return self.own
-        return self.own + max(0, self.cpus - in_use)
+        if self.meter is not None and self.meter.others() > self.cpus - self.own - MIN_IDLE_CORES:
+            return self.own  # the board's spare core is busy with processes that post nothing (front door, Ray)
+        return self.own + spare
 
     def _dead_slots(self) -> set[int]:
         return {slot for slot in range(SLOTS) if (pid := self.board._get(slot, _PID)) and not _alive(pid)}
+
+
+class CpuMeter:
+    """Cores the rest of the machine kept busy over the last ``window_s``: busy time in ``/proc/stat`` less
+    this process's own (``/proc/self/stat``), so a borrower's own threads never count against it. Reads
+    ``/proc`` at most once a window."""
+
+    def __init__(
+        self,
+        window_s: float = METER_WINDOW_S,
+        read: Callable[[], tuple[int, int]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._window_s = window_s
+        self._read = read or _read_ticks
+        self._clock = clock
+        self._ticks_per_s = os.sysconf("SC_CLK_TCK")
+        self._then = clock()
+        self._last = self._read()
+        self._others = 0.0
+
+    @staticmethod
+    def available() -> bool:
+        return Path("/proc/stat").is_file() and Path("/proc/self/stat").is_file()
+
+    def others(self) -> float:
+        now = self._clock()
+        if now - self._then >= self._window_s:
+            machine, own = sample = self._read()
+            busy = (machine - self._last[0]) - (own - self._last[1])
+            self._others = max(0.0, busy / self._ticks_per_s / (now - self._then))
+            self._then, self._last = now, sample
+        return self._others
+
+
+def _read_ticks() -> tuple[int, int]:
+    """(the machine's busy clock ticks, this process's busy clock ticks)."""
+    cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    busy = sum(int(cpu[i]) for i in (0, 1, 2, 5, 6, 7) if i < len(cpu))  # user nice system irq softirq steal
+    own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return busy, int(own[11]) + int(own[12])  # utime, stime
 
 
 def _release(board: CoreBoard, slot: int, pid: int) -> None:

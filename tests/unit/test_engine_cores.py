@@ -16,6 +16,7 @@ from tetriserve.engine.cores import CoreBoard
 @pytest.fixture
 def board(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CoreBoard:
     monkeypatch.setattr(cores, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(cores.CpuMeter, "available", staticmethod(lambda: False))  # the board alone decides
     return CoreBoard(tmp_path / "board")
 
 
@@ -76,3 +77,40 @@ def test_a_released_or_dead_engines_slot_is_reclaimed_and_not_counted(board: Cor
 def test_usable_cpus_is_at_least_one_and_at_most_the_affinity() -> None:
     n = cores.usable_cpus()
     assert 1 <= n <= len(os.sched_getaffinity(0))
+
+
+class _FakeProc:
+    """A clock and /proc counters the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.machine = 0
+        self.own = 0
+
+    def advance(self, seconds: float, machine_cores: float, own_cores: float) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        self.now += seconds
+        self.machine += round(machine_cores * seconds * tick)
+        self.own += round(own_cores * seconds * tick)
+
+
+def test_cpu_meter_counts_the_rest_of_the_machine_not_this_process() -> None:
+    proc = _FakeProc()
+    meter = cores.CpuMeter(0.2, read=lambda: (proc.machine, proc.own), clock=lambda: proc.now)
+    proc.advance(0.2, machine_cores=1.8, own_cores=1.5)  # we ran 1.5 cores, someone else 0.3
+    assert meter.others() == pytest.approx(0.3, abs=0.05)
+    proc.advance(0.1, machine_cores=2.0, own_cores=0.0)  # within the window: the last figure stands
+    assert meter.others() == pytest.approx(0.3, abs=0.05)
+    proc.advance(0.1, machine_cores=2.0, own_cores=0.0)
+    assert meter.others() == pytest.approx(2.0, abs=0.05)
+
+
+def test_a_borrower_takes_no_core_the_rest_of_the_machine_is_using(board: CoreBoard) -> None:
+    proc = _FakeProc()
+    decode = board.claim(1, borrows=True)
+    decode.meter = cores.CpuMeter(0.2, read=lambda: (proc.machine, proc.own), clock=lambda: proc.now)
+    decode.stepping(True)
+    proc.advance(0.2, machine_cores=1.2, own_cores=1.0)  # the front door and Ray: 0.2 of a core
+    assert decode.threads() == 2
+    proc.advance(0.2, machine_cores=1.9, own_cores=1.0)  # they now keep most of the spare core busy
+    assert decode.threads() == 1
