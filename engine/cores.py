@@ -24,9 +24,9 @@ own process's, over 200 ms) and borrows only while that has left at least
 length predictor post nothing on the board but use cores all the same.
 
 Borrowing is off by default: without the meter it paid with one stream and in a
-burst's tail but cost under steady arrivals (README, "Engines can share the
-machine's cores"), and the metered version has not had a full run yet. Engines
-post on the board either way.
+burst's tail but cost under steady arrivals, and the metered version did worse
+than none in its one on/off pair (README, "Engines can share the machine's
+cores"; benchmarks/results/borrow_ab.md). Engines post on the board either way.
 
 The board is a small shared-memory file (``/dev/shm``), one slot per engine:
 pid, threads, stepping, borrows. A slot whose process has died is reclaimed, and
