@@ -61,7 +61,7 @@ def make_actor() -> Any:
 
         async def by_zmq(self, n: int, interval_s: float, address: str) -> None:
             async def drive() -> None:
-                async for _ in self.hub.serve("bench", address, heartbeat_s=3600):
+                async for _ in self.hub.serve("bench", address, lambda: None, heartbeat_s=3600):
                     pass
 
             serving = asyncio.ensure_future(drive())

@@ -117,13 +117,20 @@ class HealthStatus:
 
 @dataclass(frozen=True)
 class WorkerInfo:
-    """One worker in ``cluster_status()``; ``policy`` is empty when the worker did not answer in time."""
+    """One worker in ``cluster_status()``; ``policy`` is empty when the worker did not answer in time.
+
+    ``state`` is the supervisor's (starting, active, dead, restarting), ``health`` the monitor's by its own
+    clock (serving, starting, stale, stuck, dead); ``incarnation`` counts the worker's lives from 0.
+    """
 
     worker_id: str
     role: str
     state: str
     load: Mapping[str, float]
     policy: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    incarnation: int = 0
+    restarts: int = 0
+    health: str = ""
 
 
 @dataclass(frozen=True)
@@ -136,7 +143,16 @@ class ClusterStatus:
     @classmethod
     def from_proto(cls, msg: pb.ClusterStatusResponse) -> ClusterStatus:
         workers = tuple(
-            WorkerInfo(w.worker_id, w.role, w.state, MappingProxyType(dict(w.load)), MappingProxyType(dict(w.policy)))
+            WorkerInfo(
+                w.worker_id,
+                w.role,
+                w.state,
+                MappingProxyType(dict(w.load)),
+                MappingProxyType(dict(w.policy)),
+                w.incarnation,
+                w.restarts,
+                w.health,
+            )
             for w in msg.workers
         )
         return cls(

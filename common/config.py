@@ -234,6 +234,43 @@ class ClusterConfig(BaseModel):
         0.5, gt=0, le=1, description="SCLS eq. 12 λ: slice rebalancing rounds come every max(λ·least load, Γ) s."
     )
     slice_min_interval_s: float = Field(1.0, gt=0, description="SCLS eq. 12 Γ: least seconds between those rounds.")
+    kv_load_failure_policy: Literal["recompute", "fail"] = Field(
+        "recompute",
+        description=(
+            "What a decode engine does when a request's KV transfer fails or misses its deadline: recompute the "
+            "prompt there (costs latency, not the request), or fail that attempt (the front door then migrates it)."
+        ),
+    )
+    migration_limit: int = Field(
+        3,
+        ge=0,
+        description=(
+            "How many times one request may be re-placed or migrated after a worker failure before its stream ends "
+            "with an 'unavailable' error."
+        ),
+    )
+    supervise: bool = Field(True, description="Re-create workers, the GlobalScheduler and the monitor when they die.")
+    dead_after_s: float = Field(
+        10.0,
+        gt=0,
+        description=(
+            "A worker whose heartbeats (load reports) stop for this long by the monitor's clock, or whose engine has "
+            "work and has not stepped for this long, is killed and re-created."
+        ),
+    )
+    stream_idle_timeout_s: float = Field(
+        15.0,
+        gt=0,
+        description=(
+            "A request that neither produces a token nor is listed by a live worker's heartbeat for this long is "
+            "taken as lost and migrated (the stream's inactivity deadline)."
+        ),
+    )
+    placement_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long a new or migrating request waits for a prefill worker to serve before it is refused.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ClusterConfig:

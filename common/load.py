@@ -1,7 +1,10 @@
 """Load reports sent to the ClusterMonitor every ``report_interval_ms`` (TetriInfer §3.2).
 
 Decode loads are broadcast to every prefill worker, whose dispatcher decides
-locally from that view (§3.3.4).
+locally from that view (§3.3.4). A report is also the worker's heartbeat: it
+carries the worker's ``incarnation`` (reports of a previous life are dropped)
+and its engine's step counter with whether the engine has work, so the monitor
+can tell a stuck engine from a live one by its own clock.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ class PrefillLoad:
     running: int
     queued_prompt_tokens: int
     at: float
+    incarnation: int = 0
+    steps: int = 0  # engine steps so far
+    busy: bool = False  # the engine has requests (so ``steps`` must move)
 
 
 @dataclass(frozen=True)
@@ -39,3 +45,6 @@ class DecodeLoad:
     remaining_tokens: int = 0  # Σ predicted tokens still to generate (running + queued): SCLS max-min's load
     step_s: float = 0.0  # recent decode iteration time (0 while idle)
     slice_iters: int = 0  # SCLS slice length S; 0: its requests are never moved elsewhere
+    incarnation: int = 0
+    steps: int = 0  # engine steps so far
+    busy: bool = False  # the engine has requests (so ``steps`` must move)

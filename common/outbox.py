@@ -31,6 +31,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import TypeVar
 
 from tetriserve.common.stream import StreamChunk, encode_chunks
 
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_S = 2.0  # how often an idle control stream proves both ends are alive
 
 Sink = Callable[[list[StreamChunk]], None]
+Beat = TypeVar("Beat")
 
 
 def coalesce(chunks: list[StreamChunk]) -> list[StreamChunk]:
@@ -128,16 +130,16 @@ class StreamHub:
             self._pending.pop(subscriber, None)
 
     async def serve(
-        self, subscriber: str, address: str, heartbeat_s: float = HEARTBEAT_S
-    ) -> AsyncIterator[list[StreamChunk]]:
+        self, subscriber: str, address: str, beat: Callable[[], Beat], heartbeat_s: float = HEARTBEAT_S
+    ) -> AsyncIterator[Beat]:
         """The worker's side of a front door's ``subscribe``: chunks go to the front door's socket at
-        ``address``; this stream yields an empty heartbeat every ``heartbeat_s`` until the caller drops it."""
+        ``address``; this stream yields ``beat()`` at once and every ``heartbeat_s`` until the caller drops it."""
         sink = ZmqSink(address)
         try:
             with self.attach(subscriber, sink):
                 while True:
+                    yield beat()
                     await asyncio.sleep(heartbeat_s)
-                    yield []
         finally:
             sink.close()
 

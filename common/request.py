@@ -135,6 +135,7 @@ class Request:
     finish_reason: str | None = None
     events: list[RequestEvent] = field(default_factory=list)
     attempt: int = 0  # placement attempt: chunks of an earlier one are stale
+    resume: tuple[int, ...] = ()  # output tokens the client already has (a migrated request goes on after them)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -145,6 +146,16 @@ class Request:
     @property
     def state(self) -> RequestState:
         return self.events[-1].state
+
+    @property
+    def kv_key(self) -> str:
+        """The key its prompt's KV travels under: one per attempt, so a migrated request never meets the KV of
+        the attempt it replaces."""
+        return self.key_of(self.request_id, self.attempt)
+
+    @staticmethod
+    def key_of(request_id: str, attempt: int) -> str:
+        return request_id if attempt == 0 else f"{request_id}@{attempt}"
 
     def advance(self, new: RequestState, detail: str = "", at: float | None = None) -> None:
         """Move to ``new``; raises ``ValueError`` on a transition the lifecycle does not allow."""

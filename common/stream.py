@@ -11,8 +11,12 @@ their states from events::
     workers, front door ──StateEvent batches──▶ GlobalScheduler (request table)
 
 Every message that crosses processes carries ``version``. A chunk says where
-its tokens sit in the request's output (``index``) and which placement attempt
-produced them (``attempt``), so the front door drops duplicates and sees gaps.
+its tokens sit in the request's output (``index``), which placement attempt
+produced them (``attempt``) and which life of its worker sent it
+(``incarnation``), so the front door drops duplicates, stale attempts and
+messages of a worker's previous life, and sees gaps. A worker's ``Heartbeat``
+on each front door's control stream lists the requests it holds for it, which
+keeps every request's inactivity deadline honest (``control_plane/liveness.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import msgpack
 
 from tetriserve.common.request import RequestState
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class FinishReason(enum.StrEnum):
@@ -70,6 +74,8 @@ class StreamChunk:
     moved_to: str | None = None
     index: int = 0
     attempt: int = 0
+    incarnation: int = 0
+    retry: bool = False
     version: int = PROTOCOL_VERSION
 
     @property
@@ -99,6 +105,8 @@ def encode_chunks(chunks: list[StreamChunk]) -> bytes:
                     c.moved_to,
                     c.index,
                     c.attempt,
+                    c.incarnation,
+                    c.retry,
                 ]
                 for c in chunks
             ],
@@ -112,22 +120,38 @@ def decode_chunks(data: bytes) -> list[StreamChunk]:
     version, rows = msgpack.unpackb(data)
     if version != PROTOCOL_VERSION:
         raise ValueError(f"stream message of protocol version {version}; this side speaks {PROTOCOL_VERSION}")
-    return [
-        StreamChunk(
-            rid,
-            tuple(tokens),
-            None if reason is None else FinishReason(reason),
-            error,
-            prompt_tokens,
-            worker,
-            metrics,
-            moved_to,
-            index,
-            attempt,
-            version,
+    chunks = []
+    for row in rows:
+        rid, tokens, reason, error, prompt_tokens, worker, metrics, moved_to, index, attempt, incarnation, retry = row
+        chunks.append(
+            StreamChunk(
+                rid,
+                tuple(tokens),
+                None if reason is None else FinishReason(reason),
+                error,
+                prompt_tokens,
+                worker,
+                metrics,
+                moved_to,
+                index,
+                attempt,
+                incarnation,
+                retry,
+                version,
+            )
         )
-        for rid, tokens, reason, error, prompt_tokens, worker, metrics, moved_to, index, attempt in rows
-    ]
+    return chunks
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A worker's beat on a front door's control stream: who it is now and which of that front door's requests
+    (id, attempt) it holds (queued, prefilling, handing off, decoding)."""
+
+    worker: str
+    incarnation: int
+    holding: tuple[tuple[str, int], ...] = ()
+    version: int = PROTOCOL_VERSION
 
 
 @dataclass(frozen=True)
@@ -139,16 +163,19 @@ class PlacementRequest:
     max_tokens: int
     arrival_time: float
     attempt: int = 0
+    avoid: tuple[str, ...] = ()  # prefill workers the previous attempt was lost on: others first
     version: int = PROTOCOL_VERSION
 
 
 @dataclass(frozen=True)
 class Placement:
-    """The GlobalScheduler's decision: which prefill worker takes the request (None: refused, see ``error``)."""
+    """The GlobalScheduler's decision: which prefill worker takes the request (None: refused, see ``error``;
+    ``retry``: none serves right now, ask again)."""
 
     request_id: str
     prefill_worker: str | None
     error: str | None = None
+    retry: bool = False
     version: int = PROTOCOL_VERSION
 
 
@@ -164,4 +191,5 @@ class StateEvent:
     detail: str = ""
     output_tokens: int = 0
     moved_to: str | None = None
+    attempt: int = 0  # a finish of another attempt than the table's is not the request's outcome
     version: int = PROTOCOL_VERSION

@@ -24,6 +24,9 @@ class WorkerStatus:
     state: str
     load: dict[str, float] = field(default_factory=dict)
     policy: dict[str, str] = field(default_factory=dict)  # empty when the worker did not answer in time
+    incarnation: int = 0  # which life of the worker this is (the supervisor counts from 0)
+    restarts: int = 0
+    health: str = ""  # the monitor's view by its clock: serving, starting, stale, stuck, dead
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,8 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--grpc-port": ("grpc_port", int, "gRPC port"),
     "--http-port": ("http_port", int, "OpenAI-compatible HTTP port"),
     "--address": ("ray_address", str, "Ray cluster to join (default: start a local one)"),
+    "--migration-limit": ("migration_limit", int, "re-placements/migrations per request after worker failures"),
+    "--kv-load-failure-policy": ("kv_load_failure_policy", str, "recompute | fail: a decode engine's lost KV transfer"),
 }
 
 

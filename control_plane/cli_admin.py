@@ -140,6 +140,9 @@ def run_status(args: argparse.Namespace) -> int:
                 "worker_id": w.worker_id,
                 "role": w.role,
                 "state": w.state,
+                "health": w.health,
+                "incarnation": w.incarnation,
+                "restarts": w.restarts,
                 "policy": dict(w.policy),
                 "load": dict(w.load),
             }
@@ -156,8 +159,9 @@ def run_status(args: argparse.Namespace) -> int:
     policies = [format_policy(w.policy) for w in st.workers]
     width = max([len("policy"), *map(len, policies)])
     print(f"model {st.model}   in flight {st.requests_in_flight}   dashboard {st.dashboard_url or '-'}")
-    print(f"{'worker':<12} {'role':<8} {'state':<9} {'policy':<{width}} load")
+    print(f"{'worker':<12} {'role':<8} {'state':<10} {'life':>4} {'restarts':>8} {'policy':<{width}} load")
     for w, policy in zip(st.workers, policies, strict=True):
         load = " ".join(f"{k}={v:g}" for k, v in sorted(w.load.items()))
-        print(f"{w.worker_id:<12} {w.role:<8} {w.state:<9} {policy:<{width}} {load}")
+        state = w.state if w.health in ("", "serving", w.state) else f"{w.state}/{w.health}"
+        print(f"{w.worker_id:<12} {w.role:<8} {state:<10} {w.incarnation:>4} {w.restarts:>8} {policy:<{width}} {load}")
     return 0

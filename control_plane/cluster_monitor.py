@@ -4,9 +4,16 @@ Every worker reports its load every ``report_interval_ms``. On the same period
 the monitor sends the latest decode loads to every prefill worker, whose
 dispatcher decides locally, and the latest prefill loads to the
 GlobalScheduler. Decode endpoints and actor handles travel only when a prefill
-worker has not seen them yet. A worker's state is derived from its reports:
-``starting`` before the first, ``stale`` once the last is older than
-``stale_after`` periods (it is then left out of the broadcast), else ``serving``.
+worker has not seen them in their current life (``incarnation``): a decode
+worker re-created on a new KV port is announced again.
+
+Liveness is judged here, by this monitor's clock, from the reports (they are
+the workers' heartbeats): a worker is ``starting`` before its first report of
+its current life, ``stale`` once none has arrived for ``stale_after`` periods,
+``stuck`` while its engine has work and its step counter has not moved for
+``stuck_after_s``, ``dead`` once the supervisor says so (``mark_dead``), else
+``serving``. Only ``serving`` workers are broadcast, so placement and dispatch
+never see another. Reports of a previous life are dropped.
 
 SCLS slice rebalancing (§4.5, §4.6, §7) runs here too, because the monitor has
 every decode worker's load: each round pairs the most loaded decode worker that
@@ -21,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +44,12 @@ class _Member:
     role: Role
     handle: Any
     address: str
+    incarnation: int = 0
     load: PrefillLoad | DecodeLoad | None = None
-    known_decodes: frozenset[str] = frozenset()  # prefill members: decode workers whose directory it has
+    received: float = 0.0  # this monitor's clock (monotonic) at the latest report
+    moved: float = 0.0  # ... when the engine's step counter last moved (or it had no work)
+    dead: bool = False
+    known_decodes: frozenset[tuple[str, int]] = frozenset()  # prefill members: (decode, incarnation) announced
 
 
 class ClusterMonitor:
@@ -47,9 +59,13 @@ class ClusterMonitor:
         stale_after: int = 30,
         slice_lambda: float = 0.5,
         slice_min_interval_s: float = 1.0,
+        stuck_after_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.interval = report_interval_ms / 1000
         self.stale_s = self.interval * stale_after
+        self.stuck_s = stuck_after_s
+        self.clock = clock
         self.slice_lambda = slice_lambda
         self.slice_min_interval_s = slice_min_interval_s
         self.members: dict[str, _Member] = {}
@@ -57,25 +73,49 @@ class ClusterMonitor:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, scheduler: Any) -> None:
+        """Begin broadcasting (and rebalancing); called again with a re-created GlobalScheduler, it rewires."""
         self.scheduler = scheduler
         if not self._tasks:
             self._tasks = [asyncio.create_task(self._broadcast_loop()), asyncio.create_task(self._rebalance_loop())]
 
-    def register(self, worker_id: str, role: str, handle: Any, address: str) -> None:
-        self.members[worker_id] = _Member(worker_id, Role(role), handle, address)
+    async def sentinel(self) -> None:
+        """Never returns: a call the supervisor keeps open, so this actor's death reaches it at once."""
+        await asyncio.Event().wait()
+
+    def register(self, worker_id: str, role: str, handle: Any, address: str, incarnation: int = 0) -> None:
+        """Add a worker, or its new life (which replaces the old one: new handle, new KV address)."""
+        old = self.members.get(worker_id)
+        if old is not None and old.incarnation > incarnation:
+            return
+        self.members[worker_id] = _Member(worker_id, Role(role), handle, address, incarnation)
+
+    def mark_dead(self, worker_id: str, incarnation: int) -> None:
+        """The supervisor saw this life end: leave it out of every broadcast from now on."""
+        member = self.members.get(worker_id)
+        if member is not None and member.incarnation == incarnation:
+            member.dead = True
+            self.broadcast_once()
 
     def report(self, load: PrefillLoad | DecodeLoad) -> None:
         member = self.members.get(load.worker_id)
-        if member is not None:
-            member.load = load
+        if member is None or member.incarnation != load.incarnation or member.dead:
+            return  # unknown, or a previous life's last words
+        now = self.clock()
+        if member.load is None or not load.busy or load.steps != member.load.steps:
+            member.moved = now
+        member.load, member.received = load, now
 
     def _state(self, m: _Member, now: float) -> str:
+        if m.dead:
+            return "dead"
         if m.load is None:
             return "starting"
-        return "stale" if now - m.load.at > self.stale_s else "serving"
+        if now - m.received > self.stale_s:
+            return "stale"
+        return "stuck" if now - m.moved > self.stuck_s else "serving"
 
     def _serving(self, role: Role) -> list[_Member]:
-        now = time.time()
+        now = self.clock()
         return [m for m in self.members.values() if m.role is role and self._state(m, now) == "serving"]
 
     async def _broadcast_loop(self) -> None:
@@ -89,11 +129,9 @@ class ClusterMonitor:
     def broadcast_once(self) -> None:
         decode = self._serving(Role.DECODE)
         loads = [m.load for m in decode]
-        ids = frozenset(m.worker_id for m in decode)
-        for p in self.members.values():
-            if p.role is not Role.PREFILL:
-                continue
-            new = [m for m in decode if m.worker_id not in p.known_decodes]
+        ids = frozenset((m.worker_id, m.incarnation) for m in decode)
+        for p in self._serving(Role.PREFILL):
+            new = [m for m in decode if (m.worker_id, m.incarnation) not in p.known_decodes]
             addresses = {m.worker_id: m.address for m in new}
             handles = {m.worker_id: m.handle for m in new}
             p.handle.update_decode_view.remote(loads, addresses, handles)
@@ -128,13 +166,15 @@ class ClusterMonitor:
         return slices.next_interval(loads, self.slice_lambda, self.slice_min_interval_s)
 
     def snapshot(self) -> list[dict[str, Any]]:
-        now = time.time()
+        now = self.clock()
         return [
             {
                 "worker_id": m.worker_id,
                 "role": m.role.value,
                 "state": self._state(m, now),
+                "incarnation": m.incarnation,
                 "address": m.address,
+                "heartbeat_age_s": round(now - m.received, 3) if m.load is not None else None,
                 "load": _load_dict(m.load),
             }
             for m in sorted(self.members.values(), key=lambda m: (m.role.value, m.worker_id))
@@ -144,6 +184,7 @@ class ClusterMonitor:
 def _load_dict(load: PrefillLoad | DecodeLoad | None) -> dict[str, float]:
     if load is None:
         return {}
-    out = {k: float(v) for k, v in vars(load).items() if isinstance(v, (int, float)) and k != "at"}
+    skip = ("at", "incarnation", "busy")
+    out = {k: float(v) for k, v in vars(load).items() if isinstance(v, (int, float)) and k not in skip}
     out["age_ms"] = round((time.time() - load.at) * 1000, 1)
     return out

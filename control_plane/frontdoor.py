@@ -72,6 +72,7 @@ class TextDelta:
     ttft_ms: float | None = None  # on the first delta that carries tokens
     e2e_ms: float | None = None  # on the last delta
     metrics: Mapping[str, float] = field(default_factory=dict)
+    unavailable: bool = False  # an "error" the service owns (no worker could take the request), not the request
 
     @property
     def finished(self) -> bool:
@@ -292,6 +293,7 @@ class FrontDoor:
                     text,
                     finish_reason=reason,
                     error=error,
+                    unavailable=error is not None and chunk.retry,
                     e2e_ms=(time.monotonic() - t0) * 1e3,
                     metrics=dict(chunk.metrics or {}),
                 )

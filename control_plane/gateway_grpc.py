@@ -8,6 +8,7 @@ Generate's life::
     FrontDoor.stream ─▶ backend.generate ─▶ GenerateResponse per chunk (ids + text delta)
         │  first tokens carry ttft_ms; the last message carries finish_reason, usage, e2e_ms
         │  backend chunk finish_reason "error" ─▶ tokens so far, then INTERNAL "request <id> failed: <reason>"
+        │      (UNAVAILABLE when no worker could take it, after re-placement and migration gave up)
         │  backend raises ConnectionError ─▶ UNAVAILABLE (clients retry it before the first token)
         ▼
     client cancels / deadline passes ─▶ handler cancelled ─▶ backend stream closed + backend.abort(id)
@@ -78,7 +79,8 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
                     if delta.token_ids or delta.text:
                         yield pb.GenerateResponse(request_id=rid, token_ids=delta.token_ids, text=delta.text)
                     logger.warning("request %s failed in the backend: %s", rid, delta.error)
-                    await context.abort(grpc.StatusCode.INTERNAL, f"request {rid} failed: {delta.error}")
+                    code = grpc.StatusCode.UNAVAILABLE if delta.unavailable else grpc.StatusCode.INTERNAL
+                    await context.abort(code, f"request {rid} failed: {delta.error}")
         except grpc.aio.AbortError:
             raise
         except ConnectionError as exc:
@@ -139,7 +141,14 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
         )
         for w in status.workers:
             reply.workers.add(
-                worker_id=w.worker_id, role=w.role, state=w.state, load=dict(w.load), policy=dict(w.policy)
+                worker_id=w.worker_id,
+                role=w.role,
+                state=w.state,
+                load=dict(w.load),
+                policy=dict(w.policy),
+                incarnation=w.incarnation,
+                restarts=w.restarts,
+                health=w.health,
             )
         return reply
 

@@ -12,9 +12,11 @@ Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completion
 
 Status codes follow vLLM: 400 for invalid input (malformed JSON and pydantic
 errors included, not FastAPI's 422), 404 ``model_not_found`` for an unknown
-model, 503 when the backend is unreachable, 500 when the request fails inside
-the cluster. Once a stream has started, a failure is sent as one SSE event
-``data: {"error": {...}}`` followed by ``data: [DONE]`` (as vLLM does).
+model, 503 when the backend is unreachable or no worker could take the request
+(``service_unavailable``: re-placement and migration gave up), 500 when the
+request fails inside the cluster. Once a stream has started, a failure is sent
+as a last chunk with ``finish_reason: "error"`` (the text so far), one SSE
+event ``data: {"error": {...}}`` and ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -140,7 +142,9 @@ class _Generation:
                 async for delta in deltas:
                     if delta.error is not None:
                         logger.warning("request %s failed in the backend: %s", self.req.request_id, delta.error)
-                        yield _sse(error_body(f"request failed: {delta.error}", "server_error", None, "backend_error"))
+                        yield _sse(self.shaper.chunk(delta, include_usage))  # the text so far, finish_reason "error"
+                        code = "service_unavailable" if delta.unavailable else "backend_error"
+                        yield _sse(error_body(f"request failed: {delta.error}", "server_error", None, code))
                         break
                     yield _sse(self.shaper.chunk(delta, include_usage))
                     if delta.finished and include_usage:
@@ -160,6 +164,8 @@ class _Generation:
                 last = delta
         if last is None or last.error is not None:
             reason = last.error if last is not None else "no output"
+            if last is not None and last.unavailable:
+                return _error(503, f"request {self.req.request_id} failed: {reason}", None, "service_unavailable")
             return _error(500, f"request {self.req.request_id} failed: {reason}", None, "backend_error")
         return JSONResponse(self.shaper.whole("".join(parts), last))
 

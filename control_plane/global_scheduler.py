@@ -15,12 +15,21 @@ yet past prefill (exact for its own placements, corrected by events) with the
 worker's last reported queued prompt tokens (broadcast by the ClusterMonitor)
 as the tie-breaker.
 
+Only workers in the monitor's latest broadcast (those ``serving`` by its
+clock) are placed on; a request the front door re-places after a failure
+(a later ``attempt``) replaces its old entry, and goes elsewhere than the
+workers it names in ``avoid`` when another serves. Nothing refuses a request
+for lack of a worker for good: ``Placement.retry`` tells the front door to ask
+again shortly. If this actor dies, the supervisor re-creates it with an empty
+table; running streams never pass through here, so they go on untouched.
+
 Every method is a coroutine, so Ray runs this actor on one event loop: calls
 never interleave (a threaded actor would race on the table).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -45,17 +54,28 @@ class GlobalScheduler:
         self.counts = {"admitted": 0, "finished": 0, "aborted": 0, "errors": 0, "moved": 0}
 
     async def update_prefill_loads(self, loads: list[PrefillLoad]) -> None:
+        """The monitor's broadcast: the prefill workers serving now, with their loads."""
         self.prefill_loads = {ld.worker_id: ld for ld in loads}
+
+    async def set_prefill(self, worker_id: str, handle: Any) -> None:
+        """A prefill worker's new life (the supervisor re-created it)."""
+        self.prefill[worker_id] = handle
+
+    async def sentinel(self) -> None:
+        """Never returns: a call the supervisor keeps open, so this actor's death reaches it at once."""
+        await asyncio.Event().wait()
 
     # -- placement ---------------------------------------------------------------------------
     async def place(self, meta: PlacementRequest) -> Placement:
         """Choose the prefill worker for a request and enter it in the table."""
         rid = meta.request_id
-        if rid in self.table:
+        held = self.table.get(rid)
+        if held is not None and held.attempt >= meta.attempt:
             return Placement(rid, None, f"request id {rid} is already in flight")
-        if not self.prefill:
-            return Placement(rid, None, "no prefill worker is serving")
-        worker = self._pick_prefill()
+        serving = [w for w in self.prefill if w in self.prefill_loads]
+        if not serving:
+            return Placement(rid, None, "no prefill worker is serving", retry=True)
+        worker = self._pick_prefill([w for w in serving if w not in meta.avoid] or serving)
         req = Request(rid, _PLACEHOLDER_PROMPT, arrival_time=meta.arrival_time, attempt=meta.attempt)
         req.prefill_worker = worker
         req.advance(RequestState.PREFILLING, worker)
@@ -64,8 +84,8 @@ class GlobalScheduler:
         self.counts["admitted"] += 1
         return Placement(rid, worker)
 
-    def _pick_prefill(self) -> str:
-        in_prefill: dict[str, int] = dict.fromkeys(self.prefill, 0)
+    def _pick_prefill(self, candidates: list[str]) -> str:
+        in_prefill: dict[str, int] = dict.fromkeys(candidates, 0)
         for req in self.table.values():
             if req.state <= RequestState.PREFILLING and req.prefill_worker in in_prefill:
                 in_prefill[req.prefill_worker] += 1
@@ -74,7 +94,7 @@ class GlobalScheduler:
             ld = self.prefill_loads.get(wid)
             return in_prefill[wid], ld.queued_prompt_tokens if ld else 0.0, wid
 
-        return min(self.prefill, key=score)
+        return min(candidates, key=score)
 
     # -- the table ----------------------------------------------------------------------------
     async def record(self, events: list[StateEvent]) -> None:
@@ -82,6 +102,8 @@ class GlobalScheduler:
         for ev in sorted(events, key=lambda e: e.at):
             req = self.table.get(ev.request_id)
             if req is None:  # finished already, or never placed here
+                continue
+            if ev.state.finished and ev.attempt != req.attempt:  # the end of an attempt that was replaced
                 continue
             if ev.moved_to is not None and ev.state is RequestState.TRANSFERRING:  # an SCLS slice move
                 req.decode_worker = ev.moved_to

@@ -8,10 +8,16 @@
     events to the GlobalScheduler), and the monitor starts broadcasting. Front doors
     open their streams to the workers themselves (``ray_backend``).
 
-Worker modules stay Ray-free: the classes are wrapped with ``ray.remote`` here.
-Every actor is named (in the config's namespace) so the Ray dashboard shows who
-is who, and reserves no CPU (``num_cpus=0``) so a 2-core machine can hold the
-whole cluster; engine threads are bounded by ``threads_per_engine`` instead.
+    then (``supervise``): the supervisor watches every actor and re-creates the dead (``supervision.py``).
+
+Worker modules stay Ray-free: the classes are wrapped with ``ray.remote`` here
+(``ActorBuilder``, which the supervisor also uses). Every actor is named (in
+the config's namespace) so the Ray dashboard shows who is who, and reserves no
+CPU (``num_cpus=0``) so a 2-core machine can hold the whole cluster; engine
+threads are bounded by ``threads_per_engine`` instead. Actors have no Ray
+``max_restarts``: Ray would re-run a dead actor's constructor with its old
+arguments (its old incarnation) and nobody would re-register it, and
+``ray.kill`` forbids that restart anyway; the supervisor re-creates it instead.
 """
 
 from __future__ import annotations
@@ -44,10 +50,14 @@ class Cluster:
     dashboard_url: str = ""
     owns_ray: bool = False
     started_at: float = field(default_factory=time.time)
+    supervision: Any = None  # control_plane.supervision.Supervision while it runs
 
     def shutdown(self) -> None:
         import ray
 
+        if self.supervision is not None:  # first: it would re-create what is killed below
+            self.supervision.stop()
+            self.supervision = None
         for handle in [*self.prefill.values(), *self.decode.values(), self.scheduler, self.monitor]:
             try:
                 ray.kill(handle)
@@ -79,39 +89,69 @@ def init_ray(config: ClusterConfig) -> tuple[bool, str]:
     return config.ray_address is None, (f"http://{url}" if url and not url.startswith("http") else url)
 
 
+class ActorBuilder:
+    """Builds each named actor of the cluster: at launch, and again (next incarnation) when the supervisor
+    re-creates one that died."""
+
+    def __init__(self, config: ClusterConfig, model_path: str) -> None:
+        import ray
+
+        self.config = config
+        self.model_path = model_path
+        self.opts: dict[str, Any] = {"num_cpus": 0, "namespace": config.namespace, "max_concurrency": 1000}
+        # on a cluster with GPUs each engine gets its own (Ray sets CUDA_VISIBLE_DEVICES per worker actor)
+        gpus = {"num_gpus": 1} if ray.cluster_resources().get("GPU", 0) > 0 else {}
+        self.engine_opts = {**self.opts, **gpus, "runtime_env": {"env_vars": engine_env(config.engine)}}
+        self.predictor = build_predictor(config.prefill, model_path)  # each worker gets its own (pickled) copy
+
+    def monitor(self) -> Any:
+        import ray
+
+        c = self.config
+        return (
+            ray.remote(ClusterMonitor)
+            .options(name="cluster-monitor", **self.opts)
+            .remote(
+                c.report_interval_ms,
+                slice_lambda=c.slice_lambda,
+                slice_min_interval_s=c.slice_min_interval_s,
+                stuck_after_s=c.dead_after_s,
+            )
+        )
+
+    def scheduler(self, prefill: dict[str, Any]) -> Any:
+        import ray
+
+        return ray.remote(GlobalScheduler).options(name="global-scheduler", **self.opts).remote(dict(prefill))
+
+    def decode(self, worker_id: str, incarnation: int = 0) -> Any:
+        import ray
+
+        return (
+            ray.remote(DecodeWorker)
+            .options(name=worker_id, **self.engine_opts)
+            .remote(worker_id, self.config, self.model_path, incarnation)
+        )
+
+    def prefill(self, worker_id: str, incarnation: int = 0) -> Any:
+        import ray
+
+        return (
+            ray.remote(PrefillWorker)
+            .options(name=worker_id, **self.engine_opts)
+            .remote(worker_id, self.config, self.model_path, self.predictor, incarnation)
+        )
+
+
 def launch(config: ClusterConfig, model_path: str) -> Cluster:
     import ray
 
     owns, dashboard = init_ray(config)
-    ns = config.namespace
-    runtime_env = {"env_vars": engine_env(config.engine)}
-    opts = {"num_cpus": 0, "namespace": ns, "lifetime": None, "max_concurrency": 1000}
-    # on a cluster with GPUs each engine gets its own (Ray sets CUDA_VISIBLE_DEVICES per worker actor)
-    engine_opts = dict(opts, num_gpus=1) if ray.cluster_resources().get("GPU", 0) > 0 else opts
-
-    monitor = (
-        ray.remote(ClusterMonitor)
-        .options(name="cluster-monitor", **opts)
-        .remote(
-            config.report_interval_ms,
-            slice_lambda=config.slice_lambda,
-            slice_min_interval_s=config.slice_min_interval_s,
-        )
-    )
-    decode = {
-        f"decode-{i}": ray.remote(DecodeWorker)
-        .options(name=f"decode-{i}", runtime_env=runtime_env, **engine_opts)
-        .remote(f"decode-{i}", config, model_path)
-        for i in range(config.num_decode)
-    }
-    predictor = build_predictor(config.prefill, model_path)  # each worker gets its own (pickled) copy
-    prefill = {
-        f"prefill-{i}": ray.remote(PrefillWorker)
-        .options(name=f"prefill-{i}", runtime_env=runtime_env, **engine_opts)
-        .remote(f"prefill-{i}", config, model_path, predictor)
-        for i in range(config.num_prefill)
-    }
-    scheduler = ray.remote(GlobalScheduler).options(name="global-scheduler", **opts).remote(prefill)
+    build = ActorBuilder(config, model_path)
+    monitor = build.monitor()
+    decode = {f"decode-{i}": build.decode(f"decode-{i}") for i in range(config.num_decode)}
+    prefill = {f"prefill-{i}": build.prefill(f"prefill-{i}") for i in range(config.num_prefill)}
+    scheduler = build.scheduler(prefill)
     cluster = Cluster(config, model_path, scheduler, monitor, prefill, decode, dashboard, owns)
     try:
         workers = [("decode", wid, h) for wid, h in decode.items()] + [
@@ -126,6 +166,11 @@ def launch(config: ClusterConfig, model_path: str) -> Cluster:
         )
         ray.get(monitor.start.remote(scheduler))
         _wait_for_broadcast(cluster)
+        if config.supervise:
+            from tetriserve.control_plane.supervision import Supervision
+
+            addr = {wid: a for (_, wid, _), a in zip(workers, addresses, strict=True)}
+            cluster.supervision = Supervision(cluster, build, addr)
     except Exception:
         cluster.shutdown()
         raise

@@ -16,7 +16,9 @@ A worker's finish, whatever its reason, waits for the tokens before it (the
 workers before it published them first, so they are on their way); a finish
 the front door makes itself (abort, a lost stream) has index ``AT_ONCE`` and
 ends the stream now. The log is
-the truth of what the client has received: ``tokens`` is exactly that.
+the truth of what the client has received: ``tokens`` is exactly that. When a
+request migrates after a failure, ``restart`` starts its next attempt from
+those tokens: what the old attempt still had on its way is dropped as stale.
 """
 
 from __future__ import annotations
@@ -46,6 +48,14 @@ class TokenLog:
         self.stats = LogStats()
         self._held: list[StreamChunk] = []
         self._where: tuple[tuple[int, int], str] = ((-1, 0), worker)  # (evidence key, worker) of the newest
+
+    def restart(self, attempt: int, worker: str) -> None:
+        """Follow attempt ``attempt``, placed on ``worker``, from the tokens delivered so far."""
+        if attempt < self.attempt:
+            raise ValueError(f"request {self.request_id}: attempt {attempt} is older than {self.attempt}")
+        self.attempt = attempt
+        self._held = []
+        self._where = ((len(self.tokens) - 1, 0), worker)
 
     @property
     def worker(self) -> str:

@@ -1,6 +1,6 @@
 """DecodeWorker: one decode instance (TetriInfer §3.4), run as a named Ray actor.
 
-    submit(req, first_token, front door) ─▶ vLLM engine (prompt + first token, KV expected from the connector)
+    submit(req, generated, front door) ─▶ vLLM engine (prompt + tokens so far, KV expected from the connector)
                                   │ request waits in WAITING_FOR_REMOTE_KVS until its KV has landed,
                                   │ then only the first token's KV is computed; continuous batching
                                   ▼
@@ -14,6 +14,14 @@ commands and reads the snapshot it publishes. Admission
 (``decode.admission_policy``), the preemption victim order and swap-or-recompute
 (``decode.preemption_order`` / ``_mode``) are decided in the engine's scheduler
 subclass (``vllm_scheduler.py``); SCLS slice moves are ``moves.py``.
+
+A request is known by its id and placement ``attempt``: a later attempt of a
+request still here (the front door migrated it after a failure) replaces the
+earlier one, and an abort naming an attempt touches only that one. Its engine
+request and KV key are ``Request.kv_key``, one per attempt. A KV transfer the
+prefill worker reports failed (``kv_failed``) fails that load at once; the
+engine then recomputes the prompt or fails the attempt, per
+``kv_load_failure_policy``.
 """
 
 from __future__ import annotations
@@ -77,11 +85,11 @@ def decode_policy_settings(cfg: DecodeConfig) -> dict[str, str]:
 
 
 class DecodeWorker(EngineWorker):
-    def __init__(self, worker_id: str, config: ClusterConfig, model_path: str) -> None:
+    def __init__(self, worker_id: str, config: ClusterConfig, model_path: str, incarnation: int = 0) -> None:
         from tetriserve.engine.cores import claim_cores
         from tetriserve.engine.loop import EngineLoop
 
-        super().__init__(worker_id, config)
+        super().__init__(worker_id, config, incarnation)
         args = build_engine_args(
             config.engine,
             model_path,
@@ -90,6 +98,7 @@ class DecodeWorker(EngineWorker):
             transport=config.transport,
             kv_deadline_s=config.kv_transfer_timeout_s,
             scheduler_cls=SCHEDULER_CLS,
+            kv_load_failure_policy=config.kv_load_failure_policy,
         )
         self.engine = EngineLoop(
             args,
@@ -122,6 +131,9 @@ class DecodeWorker(EngineWorker):
             snap.remaining_tokens if snap is not None else 0,
             snap.step_s if snap is not None else 0.0,  # 0 while nothing runs
             self._decode_cfg.slice_iters,
+            self.incarnation,
+            self.engine.steps,
+            self.engine.in_flight > 0,
         )
 
     def policies(self) -> dict[str, str]:
@@ -155,19 +167,38 @@ class DecodeWorker(EngineWorker):
         return install
 
     # -- the request path -------------------------------------------------------------
-    async def submit(self, req: Request, first_token: int, estimate: LengthEstimate | None, subscriber: str) -> bool:
-        """Start decoding ``req`` whose prompt KV is (or will be) pushed here under key ``request_id``."""
-        if not self.accepting or req.request_id in self.running:
+    async def submit(
+        self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, subscriber: str
+    ) -> bool:
+        """Start decoding ``req`` after ``generated`` (the prefill's token; before it, for a migrated request, the
+        tokens the client already had), whose KV is (or will be) pushed here under ``req.kv_key``."""
+        if not self._may_take(req):
             return False
-        self._start(self._track(req, subscriber, estimate, [first_token]), req.request_id)
+        self._start(self._track(req, subscriber, estimate, list(generated)), req.kv_key)
         return True
+
+    def _may_take(self, req: Request) -> bool:
+        """Whether ``req`` may start here; an earlier attempt of it that is still here is aborted first."""
+        held = self.running.get(req.request_id)
+        if not self.accepting or (held is not None and held.request.attempt >= req.attempt):
+            return False
+        if held is not None:
+            self.abort(req.request_id, held.request.attempt)
+        return True
+
+    def holding(self, subscriber: str) -> tuple[tuple[str, int], ...]:
+        return tuple((rid, run.request.attempt) for rid, run in self.running.items() if run.subscriber == subscriber)
+
+    def kv_failed(self, key: str, error: str) -> None:
+        """The prefill worker's send of ``key`` failed: the engine's load of it fails now, not at its deadline."""
+        self.endpoint.fail(key, error)
 
     async def adopt(
         self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, key: str, subscriber: str
     ) -> bool:
         """Go on decoding a request moved here at a slice boundary (SCLS §7): ``generated`` is every token it
         has produced so far; the KV of all but the last is (or will be) pushed here under ``key``."""
-        if not self.accepting or req.request_id in self.running:
+        if not self._may_take(req):
             return False
         self.mover.counts.moved_in += 1
         self._start(self._track(req, subscriber, estimate, list(generated)), key)
@@ -198,7 +229,7 @@ class DecodeWorker(EngineWorker):
         )
         left = req.sampling.max_tokens - len(run.generated)
         params = to_vllm(req.sampling, max_tokens=left, prior_outputs=len(run.generated), kv=kv, tags=tags)
-        self.engine.add(req.request_id, prompt, params, functools.partial(self._on_delta, run))
+        self.engine.add(req.kv_key, prompt, params, functools.partial(self._on_delta, run))
 
     def _on_delta(self, run: Running, delta: Delta) -> None:
         """One engine step's output for ``run`` (on the actor's event loop)."""
@@ -214,7 +245,8 @@ class DecodeWorker(EngineWorker):
             run.task = asyncio.create_task(self.mover.hand_over(run, run.move, self._start))
             return
         reason = FinishReason(delta.finish_reason) if delta.finish_reason is not None else None
-        self._publish(run, delta.token_ids, reason, delta.error, index=index)
+        # an engine error (a failed KV load under the "fail" policy, a failed step) is ours, not the request's
+        self._publish(run, delta.token_ids, reason, delta.error, index=index, retry=reason is FinishReason.ERROR)
 
     def _at_end(self, run: Running) -> bool:
         """Whether a ``length`` finish is the request's own (its cap or the context limit), not a slice cut."""
@@ -230,11 +262,13 @@ class DecodeWorker(EngineWorker):
         *,
         index: int,
         moved_to: str | None = None,
+        retry: bool = False,
     ) -> None:
         req = run.request
-        self.publish(run.subscriber, req, tokens, reason, error, index=index, moved_to=moved_to)
+        self.publish(run.subscriber, req, tokens, reason, error, index=index, moved_to=moved_to, retry=retry)
         if reason is not None:
-            self.running.pop(req.request_id, None)
+            if self.running.get(req.request_id) is run:
+                del self.running[req.request_id]
             if run.move is not None:  # finished at its boundary: its parked KV goes
                 self.endpoint.discard(run.move.key)
 
@@ -252,13 +286,14 @@ class DecodeWorker(EngineWorker):
         return await self.mover.rebalance(order, address, handle, self._decode_cfg.slice_iters)
 
     # -- aborts ---------------------------------------------------------------------------
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, attempt: int | None = None) -> bool:
         """Stop decoding; the request's stream ends with an ``abort`` chunk. A request that has moved on is
-        aborted where it went."""
-        self.endpoint.discard(request_id)
+        aborted where it went. ``attempt``: only that attempt (None: whichever is here)."""
         run = self.running.get(request_id)
-        if run is None:
-            return self.forward_abort(request_id)
+        if run is None or (attempt is not None and run.request.attempt != attempt):
+            if attempt is not None:  # its KV may still be on its way
+                self.endpoint.discard(Request.key_of(request_id, attempt))
+            return self.forward_abort(request_id, attempt)
         if run.kv_key is not None:  # not loaded yet, or a late arrival: dropped on landing
             self.endpoint.discard(run.kv_key)
         if run.move is not None:
@@ -266,7 +301,7 @@ class DecodeWorker(EngineWorker):
         if run.task is not None and not run.task.done():  # between engines (slice hand-over)
             run.task.cancel()
             self._publish(run, (), FinishReason.ABORT, index=len(run.generated))
-        self.engine.abort(request_id)
+        self.engine.abort(run.request.kv_key)
         return True
 
     def _subscriber_gone(self, subscriber: str) -> None:

@@ -122,6 +122,7 @@ class EngineLoop:
         self._commands: queue.Queue[Command] = queue.Queue()
         self._outputs: dict[str, _Output] = {}  # engine thread's view of live requests
         self._live = 0  # actor's count of requests added and not finished
+        self.steps = 0  # engine steps taken (the liveness heartbeat's proof that the engine moves)
         self._stale = False
         self._published = 0.0
         self.snapshot = EngineSnapshot(self.collector.snapshot(), self._extra())
@@ -210,6 +211,7 @@ class EngineLoop:
             if threads != self._threads:
                 set_engine_threads(threads)
                 self._threads = threads
+        self.steps += 1
         try:
             outputs = self.engine.step()
         except Exception as exc:  # engine bug: fail what is in flight, keep serving

@@ -11,7 +11,7 @@ launcher passes them as the actor's runtime_env).
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tetriserve.common.config import EngineConfig
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 CONNECTOR_MODULE = "tetriserve.transport.kv_connector"
 CONNECTOR_CLASS = "TetriKVConnector"
-PRIOR_OUTPUTS_PROCESSOR = "tetriserve.engine.prior_outputs:PriorOutputPenalties"  # decode engines
+PRIOR_OUTPUTS_PROCESSOR = "tetriserve.engine.prior_outputs:PriorOutputPenalties"  # disaggregated engines
 
 
 class EngineRole(enum.Enum):
@@ -58,6 +58,7 @@ def build_engine_args(
     transport: str = "tcp",
     kv_deadline_s: float = 30.0,
     scheduler_cls: str | None = None,
+    kv_load_failure_policy: Literal["recompute", "fail"] = "recompute",
 ) -> EngineArgs:
     """EngineArgs for one engine. A prefill engine computes at most ``chunk_size`` tokens per step (its
     ``scheduler_cls`` may set a smaller budget each step)."""
@@ -70,11 +71,11 @@ def build_engine_args(
             kv_connector=CONNECTOR_CLASS,
             kv_connector_module_path=CONNECTOR_MODULE,
             kv_role="kv_producer" if role is EngineRole.PREFILL else "kv_consumer",
-            kv_load_failure_policy="fail",
+            kv_load_failure_policy=kv_load_failure_policy,
             kv_connector_extra_config={"endpoint": endpoint, "backend": transport, "deadline_s": kv_deadline_s},
         )
     extra: dict[str, Any] = {}
-    if role is EngineRole.DECODE:  # the tokens it is handed as prompt were output: penalties count them
+    if role is not EngineRole.COLOCATED:  # tokens handed in as prompt may be output: penalties count them
         extra["logits_processors"] = [PRIOR_OUTPUTS_PROCESSOR]
     if scheduler_cls is not None:
         extra["scheduler_cls"] = scheduler_cls

@@ -2,8 +2,17 @@
 
 start(monitor, scheduler) ─▶ every report_interval_ms: monitor.report(load())          (TetriInfer §3.2)
                                                         scheduler.record(state events)  (the request table)
-subscribe(front door)     ─▶ that front door's one stream of token chunks from this worker, over ZeroMQ (DESIGN.md §5b)
+                             called again after the monitor or the GlobalScheduler was re-created: rewires
+subscribe(front door)     ─▶ that front door's one stream of token chunks from this worker, over ZeroMQ (DESIGN.md §5b),
+                             and on the Ray call itself a ``Heartbeat`` (this life's incarnation, the requests
+                             held for that front door) every ``HEARTBEAT_S``
+sentinel()                ─▶ never returns: the supervisor holds one call open and hears of this actor's death
 stats()                   ─▶ the engine's own counters, the KV connector's, the transport's, the policies in force
+
+A worker is one life (``incarnation``) of a named role: the supervisor
+(``control_plane/supervisor.py``) re-creates it under the same name with the
+next incarnation when it dies; everything it sends carries that number so the
+others can drop what a previous life sent.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from tetriserve.common.config import ClusterConfig
 from tetriserve.common.load import DecodeLoad, PrefillLoad
 from tetriserve.common.outbox import StreamHub
 from tetriserve.common.request import Request, RequestState
-from tetriserve.common.stream import FinishReason, StateEvent, StreamChunk
+from tetriserve.common.stream import FinishReason, Heartbeat, StateEvent, StreamChunk
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +38,11 @@ HANDED_MEMORY = 4096  # requests handed on to another worker, remembered to forw
 class EngineWorker:
     """Base of the worker actors; subclasses build ``self.engine`` and implement ``load`` and ``policies``."""
 
-    def __init__(self, worker_id: str, config: ClusterConfig) -> None:
+    def __init__(self, worker_id: str, config: ClusterConfig, incarnation: int = 0) -> None:
         from tetriserve.transport import endpoints
 
         self.worker_id = worker_id
+        self.incarnation = incarnation
         self.config = config
         self.endpoint = endpoints.get_or_create(worker_id, config.transport, f"{config.host}:0")
         self.engine: Any = None
@@ -44,12 +54,21 @@ class EngineWorker:
         self._report_task: asyncio.Task[None] | None = None
 
     async def start(self, monitor: Any, scheduler: Any = None) -> str:
-        """Begin load reports to the ClusterMonitor and state events to the GlobalScheduler; returns the KV
-        endpoint address to advertise."""
+        """Begin (or redirect) load reports to the ClusterMonitor and state events to the GlobalScheduler;
+        returns the KV endpoint address to advertise."""
         self._monitor = monitor
         self._scheduler = scheduler
-        self._report_task = asyncio.create_task(self._report_loop())
+        if self._report_task is None or self._report_task.done():
+            self._report_task = asyncio.create_task(self._report_loop())
         return self.endpoint.address
+
+    async def sentinel(self) -> None:
+        """Never returns: a call the supervisor keeps open, so this actor's death reaches it at once."""
+        await asyncio.Event().wait()
+
+    def holding(self, subscriber: str) -> tuple[tuple[str, int], ...]:
+        """(request id, attempt) of every request this worker holds for ``subscriber``."""
+        raise NotImplementedError
 
     def load(self) -> PrefillLoad | DecodeLoad:
         raise NotImplementedError
@@ -68,12 +87,16 @@ class EngineWorker:
         }
 
     # -- output streams and events ---------------------------------------------------------
-    async def subscribe(self, subscriber: str, address: str) -> AsyncIterator[list[StreamChunk]]:
+    async def subscribe(self, subscriber: str, address: str) -> AsyncIterator[Heartbeat]:
         """A front door's one stream from this worker: the chunks of every request it sent here go to its socket
         at ``address``; this call stays open, yielding heartbeats, for as long as the front door listens."""
+
+        def beat() -> Heartbeat:
+            return Heartbeat(self.worker_id, self.incarnation, self.holding(subscriber))
+
         try:
-            async for beat in self.streams.serve(subscriber, address):
-                yield beat
+            async for heartbeat in self.streams.serve(subscriber, address, beat):
+                yield heartbeat
         finally:
             self._subscriber_gone(subscriber)
 
@@ -87,9 +110,11 @@ class EngineWorker:
         *,
         index: int = 0,
         moved_to: str | None = None,
+        retry: bool = False,
     ) -> None:
         """Send ``req``'s chunk to ``subscriber``: ``tokens`` from output position ``index`` on. A finish is also
-        a state event for the GlobalScheduler's table (the front door's own finish usually gets there first)."""
+        a state event for the GlobalScheduler's table (the front door's own finish usually gets there first);
+        ``retry`` marks an error the request may get past elsewhere (the front door migrates it)."""
         chunk = StreamChunk(
             req.request_id,
             tokens,
@@ -100,10 +125,12 @@ class EngineWorker:
             moved_to=moved_to,
             index=index,
             attempt=req.attempt,
+            incarnation=self.incarnation,
+            retry=retry,
         )
         self.streams.publish(subscriber, chunk)
-        if reason is not None:
-            self.event(req.request_id, reason.state, reason.value, chunk.end)
+        if reason is not None and not retry:
+            self.event(req.request_id, reason.state, reason.value, chunk.end, attempt=req.attempt)
 
     def _subscriber_gone(self, subscriber: str) -> None:
         """The front door's stream has closed: nobody reads its requests any more (subclasses abort them)."""
@@ -115,11 +142,15 @@ class EngineWorker:
         detail: str = "",
         output_tokens: int = 0,
         moved_to: str | None = None,
+        *,
+        attempt: int = 0,
     ) -> None:
         """Note a request's state change for the GlobalScheduler's table (sent with the next report)."""
         if self._scheduler is not None:
             now = time.time()
-            self._events.append(StateEvent(request_id, state, now, self.worker_id, detail, output_tokens, moved_to))
+            self._events.append(
+                StateEvent(request_id, state, now, self.worker_id, detail, output_tokens, moved_to, attempt)
+            )
 
     def handed_on(self, request_id: str, handle: Any) -> None:
         """``request_id`` continues on the worker behind ``handle``: later aborts go there."""
@@ -127,11 +158,11 @@ class EngineWorker:
         while len(self._handed) > HANDED_MEMORY:
             self._handed.popitem(last=False)
 
-    def forward_abort(self, request_id: str) -> bool:
+    def forward_abort(self, request_id: str, attempt: int | None = None) -> bool:
         """Abort a request that went on to another worker, there; False if it never passed through here."""
         handle = self._handed.pop(request_id, None)
         if handle is not None:
-            handle.abort.remote(request_id)
+            handle.abort.remote(request_id, attempt)
         return handle is not None
 
     async def parked_kv(self, key: str, give_up: Callable[[], bool] = lambda: False) -> list[bytearray] | None:

@@ -48,12 +48,19 @@ logger = logging.getLogger(__name__)
 
 
 class PrefillWorker(EngineWorker):
-    def __init__(self, worker_id: str, config: ClusterConfig, model_path: str, predictor: LengthPredictor) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        config: ClusterConfig,
+        model_path: str,
+        predictor: LengthPredictor,
+        incarnation: int = 0,
+    ) -> None:
         from tetriserve.engine.cores import claim_cores
         from tetriserve.engine.hardware import detect_hardware
         from tetriserve.engine.loop import EngineLoop
 
-        super().__init__(worker_id, config)
+        super().__init__(worker_id, config, incarnation)
         self.cost = load_cost(config.prefill, model_path, detect_hardware())
         self.policy = build_prefill_policy(spec_from_config(config.prefill), self.cost)
         self.ceiling = config.prefill.batch_ceiling(config.engine.max_model_len)
@@ -84,16 +91,21 @@ class PrefillWorker(EngineWorker):
         self.decode_addresses: dict[str, str] = {}
         self._aborted: dict[str, None] = {}  # insertion-ordered set: ids aborted after leaving the engine
         self._decode_handles: dict[str, Any] = {}
-        self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}  # request id -> (subscriber, its task)
+        self._tasks: dict[str, tuple[Request, str, asyncio.Task[None]]] = {}  # id -> (request, subscriber, task)
+        self._sends: dict[str, tuple[Any, str]] = {}  # KV key -> (its send's handle, the decode worker)
+        self._send_watch: asyncio.Task[None] | None = None
 
     # -- wiring --------------------------------------------------------------------
     async def start(self, monitor: Any, scheduler: Any = None) -> str:
         """Load the length predictor before the first request needs it, then start load reports."""
-        await asyncio.to_thread(self.predictor.warm_up)
+        if self._report_task is None:
+            await asyncio.to_thread(self.predictor.warm_up)
+            self._send_watch = asyncio.create_task(self._watch_sends())
         return await super().start(monitor, scheduler)
 
     def update_decode_view(self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, Any]) -> None:
-        """Called by the ClusterMonitor's broadcast (TetriInfer §3.2)."""
+        """Called by the ClusterMonitor's broadcast (TetriInfer §3.2): the loads of the decode workers that serve
+        now, and the addresses and handles of those this worker has not seen in their current life."""
         self.decode_loads = {ld.worker_id: ld for ld in loads}
         self.decode_addresses.update(addresses)
         self._decode_handles.update(handles)
@@ -103,7 +115,14 @@ class PrefillWorker(EngineWorker):
 
     def load(self) -> PrefillLoad:
         return PrefillLoad(
-            self.worker_id, self.gate.queued, self.engine.in_flight, self.gate.queued_tokens, time.time()
+            self.worker_id,
+            self.gate.queued,
+            self.engine.in_flight,
+            self.gate.queued_tokens,
+            time.time(),
+            self.incarnation,
+            self.engine.steps,
+            self.engine.in_flight > 0,
         )
 
     def policies(self) -> dict[str, str]:
@@ -126,13 +145,26 @@ class PrefillWorker(EngineWorker):
 
     # -- the request path -------------------------------------------------------------
     def submit(self, req: Request, subscriber: str) -> None:
-        """Take ``req``; its tokens go to ``subscriber``'s stream from this worker (``subscribe``)."""
-        if req.request_id in self._tasks:
-            self.publish(subscriber, req, (), FinishReason.ERROR, f"request id {req.request_id} is already here")
+        """Take ``req``; its tokens go to ``subscriber``'s stream from this worker (``subscribe``). A later attempt
+        of a request still here replaces the earlier one (the front door has given up on it)."""
+        rid = req.request_id
+        held = self._tasks.get(rid)
+        if held is not None and held[0].attempt >= req.attempt:
+            self.publish(subscriber, req, (), FinishReason.ERROR, f"request id {rid} is already here")
             return
+        if held is not None:
+            self.abort(rid, held[0].attempt)
         task = asyncio.create_task(self._serve(req, subscriber))
-        self._tasks[req.request_id] = (subscriber, task)
-        task.add_done_callback(lambda _: self._tasks.pop(req.request_id, None))
+        self._tasks[rid] = (req, subscriber, task)
+        task.add_done_callback(lambda done: self._forget_task(rid, done))
+
+    def _forget_task(self, rid: str, task: asyncio.Task[None]) -> None:
+        held = self._tasks.get(rid)
+        if held is not None and held[2] is task:
+            del self._tasks[rid]
+
+    def holding(self, subscriber: str) -> tuple[tuple[str, int], ...]:
+        return tuple((rid, req.attempt) for rid, (req, sub, _) in self._tasks.items() if sub == subscriber)
 
     async def _serve(self, req: Request, subscriber: str) -> None:
         try:
@@ -142,64 +174,77 @@ class PrefillWorker(EngineWorker):
             self.publish(subscriber, req, (), FinishReason.ERROR, f"prefill worker failed: {type(exc).__name__}")
 
     async def _prefill(self, req: Request, subscriber: str) -> None:
-        rid = req.request_id
+        """Prefill ``req`` (its prompt and, for a migrated request, the tokens the client already has), stream
+        the next token, and hand the request to a decode worker."""
+        key, done = req.kv_key, len(req.resume)
         view = ReqView(
-            rid,
-            len(req.prompt_token_ids),
-            req.sampling.max_tokens,
+            key,
+            len(req.prompt_token_ids) + done,
+            req.sampling.max_tokens - done,
             req.arrival_time,
             priority=req.priority,
             ttft_slo_s=req.slo.ttft_ms / 1000 if req.slo.ttft_ms else None,
             jct_slo_s=req.slo.jct_ms / 1000 if req.slo.jct_ms else None,
         )
-        decodes = req.sampling.max_tokens > 1
+        decodes = view.max_tokens > 1
         # TetriInfer's parallel mode: the predictor runs in a thread while the engine prefills; the KV is
         # parked in this worker's endpoint, so the decode worker can be chosen once the estimate is known.
         predicting = None
         if decodes:  # the estimate serves the dispatcher: a prefill-only request needs none
-            item = PredictInput(view.prompt_len, view.max_tokens, tuple(req.prompt_token_ids))
+            item = PredictInput(len(req.prompt_token_ids), req.sampling.max_tokens, tuple(req.prompt_token_ids))
             predicting = asyncio.ensure_future(asyncio.to_thread(self.predictor.predict, [item]))
         try:
             async with self.gate.turn(view) as batch_seq:
                 tokens, reason, error = await self._run_engine(req, replace(view, batch_seq=batch_seq), park=decodes)
         except RequestAborted:
-            self.publish(subscriber, req, (), FinishReason.ABORT)
+            self.publish(subscriber, req, (), FinishReason.ABORT, index=done)
             return
         if reason is not None or predicting is None:
             # finished at prefill (the GlobalScheduler feeds the outcome back through ``observe``)
             if predicting is not None:
                 predicting.cancel()
-            self._aborted.pop(rid, None)
-            self.endpoint.discard(rid)
-            self.publish(subscriber, req, tokens, FinishReason(reason or FinishReason.LENGTH), error)
+            self._aborted.pop(key, None)
+            self.endpoint.discard(key)
+            self.publish(subscriber, req, tokens, FinishReason(reason or FinishReason.LENGTH), error, index=done)
             return
-        self.publish(subscriber, req, tokens)  # TTFT does not wait for the prediction or the dispatch
-        self.event(rid, RequestState.TRANSFERRING)
+        self.publish(subscriber, req, tokens, index=done)  # TTFT does not wait for the prediction or the dispatch
+        self.event(req.request_id, RequestState.TRANSFERRING)
         estimate = await self._estimate(predicting, view)
-        decode_id = await self._choose_decode(replace(view, estimate=estimate))
-        error = (
-            "no decode worker is accepting requests" if decode_id is None else await self._forward_kv(rid, decode_id)
-        )
-        if rid in self._aborted:  # aborted after its first token, before the handoff
-            del self._aborted[rid]
-            self.endpoint.discard(rid)
-            self.publish(subscriber, req, (), FinishReason.ABORT, index=len(tokens))
+        await self._hand_off(req, (*req.resume, *tokens), replace(view, estimate=estimate), subscriber)
+
+    async def _hand_off(self, req: Request, generated: tuple[int, ...], view: ReqView, subscriber: str) -> None:
+        """Send the parked KV to a decode worker and give it the request; a failure the request may get past
+        elsewhere ends this attempt with a ``retry`` error (the front door migrates it)."""
+        rid, key, index = req.request_id, req.kv_key, len(generated)
+        decode_id = await self._choose_decode(view)
+        error: str | None = "no decode worker is accepting requests"
+        if decode_id is not None:
+            error = await self._forward_kv(key, decode_id)
+        if key in self._aborted:  # aborted after its first token, before the handoff
+            del self._aborted[key]
+            self.endpoint.discard(key)
+            self.publish(subscriber, req, (), FinishReason.ABORT, index=index)
             return
-        if error is not None or decode_id is None:
-            self.endpoint.discard(rid)
-            self.publish(subscriber, req, (), FinishReason.ERROR, error, index=len(tokens))
-            return
-        decode = self._decode(decode_id)
-        if not await decode.submit.remote(req, tokens[0], estimate, subscriber):
-            error = f"decode worker {decode_id} refused the request"
-            self.publish(subscriber, req, (), FinishReason.ERROR, error, index=len(tokens))
-            return
-        self.handed_on(rid, decode)
-        if rid in self._aborted:  # aborted while the decode worker took it: abort it there
-            del self._aborted[rid]
-            self.forward_abort(rid)
-        self.publish(subscriber, req, (), index=len(tokens), moved_to=decode_id)
-        self.event(rid, RequestState.DECODE_QUEUED, decode_id, moved_to=decode_id)
+        if error is None and decode_id is not None:
+            decode = self._decode(decode_id)
+            try:
+                taken = await decode.submit.remote(req, generated, view.estimate, subscriber)
+            except Exception as exc:  # the decode worker died between the broadcast and now
+                taken, error = False, f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
+            if taken:
+                self.handed_on(rid, decode)
+                if key in self._aborted:  # aborted while the decode worker took it: abort it there
+                    del self._aborted[key]
+                    self.forward_abort(rid, req.attempt)
+                self.publish(subscriber, req, (), index=index, moved_to=decode_id)
+                self.event(rid, RequestState.DECODE_QUEUED, decode_id, moved_to=decode_id)
+                return
+            if error is None:  # alive but not accepting: its copy of the KV goes
+                error = f"decode worker {decode_id} refused the request"
+                decode.discard.remote(key)
+            self.decode_loads.pop(decode_id, None)  # until the next broadcast says otherwise
+        self.endpoint.discard(key)
+        self.publish(subscriber, req, (), FinishReason.ERROR, error, index=index, retry=True)
 
     async def _estimate(self, predicting: asyncio.Future[list[LengthEstimate]], view: ReqView) -> LengthEstimate:
         try:
@@ -208,13 +253,31 @@ class PrefillWorker(EngineWorker):
             logger.exception("prefill %s: length prediction failed for %s", self.worker_id, view.request_id)
             return LengthEstimate(0, view.max_tokens // 2, view.max_tokens + 1, -1, 0.0, "fallback")
 
-    async def _forward_kv(self, rid: str, decode_id: str) -> str | None:
-        """Send the parked KV to the chosen decode worker; returns an error message or None."""
-        buffers = await self.parked_kv(rid, lambda: rid in self._aborted)  # parked with the first token
+    async def _forward_kv(self, key: str, decode_id: str) -> str | None:
+        """Send the parked KV to the chosen decode worker; returns an error message or None. A send that fails
+        later is reported to that decode worker at once (``kv_failed``), so it does not wait out the deadline."""
+        buffers = await self.parked_kv(key, lambda: key in self._aborted)  # parked with the first token
         if buffers is None:
-            return f"prefilled KV of {rid} was not found on {self.worker_id}"
-        self.endpoint.send(self.decode_addresses[decode_id], rid, buffers, self.config.kv_transfer_timeout_s)
+            return f"prefilled KV of {key} was not found on {self.worker_id}"
+        handle = self.endpoint.send(self.decode_addresses[decode_id], key, buffers, self.config.kv_transfer_timeout_s)
+        self._sends[key] = (handle, decode_id)
         return None
+
+    async def _watch_sends(self) -> None:
+        """Report each failed KV send to its receiver (who frees its blocks and recomputes or fails the load)."""
+        from tetriserve.transport.api import TransferState
+
+        while True:
+            await asyncio.sleep(0.05)
+            for key, (handle, decode_id) in list(self._sends.items()):
+                if handle.state is TransferState.PENDING:
+                    continue
+                del self._sends[key]
+                if handle.state is TransferState.FAILED:
+                    logger.warning("prefill %s: KV send of %s failed: %s", self.worker_id, key, handle.error)
+                    handle_ = self._decode_handles.get(decode_id)
+                    if handle_ is not None:
+                        handle_.kv_failed.remote(key, handle.error or "send failed")
 
     async def _choose_decode(self, view: ReqView) -> str | None:
         deadline = time.monotonic() + self.config.kv_transfer_timeout_s
@@ -236,46 +299,49 @@ class PrefillWorker(EngineWorker):
     async def _run_engine(
         self, req: Request, view: ReqView, park: bool
     ) -> tuple[tuple[int, ...], str | None, str | None]:
-        """Prefill ``req``: (its first token(s), the finish reason if it ended here, an error)."""
+        """Prefill ``req``: (its next token, the finish reason if it ended here, an error)."""
         from tetriserve.engine.sampling import to_vllm
 
-        kv = KVInstruction(KVMode.PARK, req.request_id) if park else None
+        key = req.kv_key
+        kv = KVInstruction(KVMode.PARK, key) if park else None
         tags = EngineTags(
-            request_id=req.request_id,
+            request_id=key,
             arrival=view.arrival_time,
             priority=view.priority,
             batch_seq=view.batch_seq,
             ttft_slo_s=view.ttft_slo_s,
             jct_slo_s=view.jct_slo_s,
         )
-        params = to_vllm(req.sampling, max_tokens=1, kv=kv, tags=tags)
+        params = to_vllm(req.sampling, max_tokens=1, prior_outputs=len(req.resume), kv=kv, tags=tags)
         tokens: list[int] = []
         reason = error = None
-        async for delta in self.engine.generate(req.request_id, req.prompt_token_ids, params):
+        async for delta in self.engine.generate(key, (*req.prompt_token_ids, *req.resume), params):
             tokens.extend(delta.token_ids)
             reason, error = delta.finish_reason, delta.error
         if reason == "length" and park:
             reason = None  # max_tokens=1 is ours, not the client's: the request goes on to decode
         return tuple(tokens), reason, error
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, attempt: int | None = None) -> bool:
         """Abort wherever the request is: raw queue, engine, between its first token and the handoff, or on
-        the decode worker it was handed to."""
-        self.endpoint.discard(request_id)
-        if self.forward_abort(request_id):
+        the decode worker it was handed to. ``attempt``: only that attempt (None: whichever is here)."""
+        held = self._tasks.get(request_id)
+        if held is None or (attempt is not None and held[0].attempt != attempt):
+            return self.forward_abort(request_id, attempt)  # it went on to a decode worker, or is not here
+        key = held[0].kv_key
+        self.endpoint.discard(key)
+        if self.gate.cancel(key):
             return True
-        if self.gate.cancel(request_id):
-            return True
-        self.engine.abort(request_id)
-        self._aborted[request_id] = None
+        self.engine.abort(key)
+        self._aborted[key] = None
         if len(self._aborted) > 10_000:  # ids of requests that had long finished: forget the oldest
             del self._aborted[next(iter(self._aborted))]
         return True
 
     def _subscriber_gone(self, subscriber: str) -> None:
-        for rid, (sub, _) in list(self._tasks.items()):
+        for rid, (req, sub, _) in list(self._tasks.items()):
             if sub == subscriber:
-                self.abort(rid)
+                self.abort(rid, req.attempt)
 
     def _decode(self, worker_id: str) -> Any:
         return self._decode_handles[worker_id]

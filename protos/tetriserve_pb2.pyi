@@ -132,7 +132,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "role", "state", "load", "policy")
+    __slots__ = ("worker_id", "role", "state", "load", "policy", "incarnation", "restarts", "health")
     class LoadEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -152,12 +152,18 @@ class WorkerStatus(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     state: str
     load: _containers.ScalarMap[str, float]
     policy: _containers.ScalarMap[str, str]
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., load: _Optional[_Mapping[str, float]] = ..., policy: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    incarnation: int
+    restarts: int
+    health: str
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., load: _Optional[_Mapping[str, float]] = ..., policy: _Optional[_Mapping[str, str]] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., health: _Optional[str] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
     __slots__ = ("model", "workers", "requests_in_flight", "dashboard_url")

@@ -100,6 +100,7 @@ class FakeBehavior:
     fail_first_calls: int = 0  # raise ConnectionError (before any chunk) on this many generate calls
     fail_after_tokens: int | None = None  # raise ConnectionError after this many tokens
     error_after_tokens: int | None = None  # end with an error chunk after this many tokens
+    unavailable: bool = False  # ... marked as the service's own (nothing could take the request)
     healthy: bool = True
 
 
@@ -153,7 +154,8 @@ class FakeBackend:
                     raise ConnectionError("fake backend: decode worker lost")
                 if b.error_after_tokens is not None and i >= b.error_after_tokens:
                     finished = True
-                    yield StreamChunk(rid, (), finish_reason="error", error="fake KV transfer failed")
+                    error = "service unavailable: fake, lost 4 times" if b.unavailable else "fake KV transfer failed"
+                    yield StreamChunk(rid, (), finish_reason="error", error=error, retry=b.unavailable)
                     return
                 tok = prompt[i % len(prompt)]
                 last = i == request.sampling.max_tokens - 1

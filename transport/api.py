@@ -8,7 +8,11 @@ Two-sided backends implement ``send``/``recv``::
 
 Nothing blocks the caller: ``send`` returns a handle that is polled, ``recv``
 returns ``None`` until every byte of ``key`` has landed. Backpressure and
-failure are states and return values, not exceptions. One-sided backends
+failure are states and return values, not exceptions. A transfer that breaks
+is known on both sides at once: the sender's handle turns ``FAILED``, and the
+receiver marks the key failed (``failed(key)`` says why) when the bytes stop
+mid-transfer or when the sender tells it (``fail``), so nobody waits out a
+deadline for bytes that will not come. One-sided backends
 (``read``/``write``, e.g. RDMA or NVLink) are a later addition behind the same
 registry; the TCP and in-process backends are two-sided.
 """
@@ -94,6 +98,15 @@ class Transport(Protocol):
 
     def discard(self, key: str) -> bool:
         """Drop received (or late-arriving) data for ``key``; True if something was dropped."""
+        ...
+
+    def fail(self, key: str, reason: str) -> None:
+        """Note that ``key`` will not land (its sender failed); ``failed`` reports it until taken or discarded.
+        Data that has fully landed stays."""
+        ...
+
+    def failed(self, key: str) -> str | None:
+        """Why ``key`` will not land, if this endpoint knows it will not."""
         ...
 
     def stats(self) -> TransportStats: ...

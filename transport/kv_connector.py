@@ -30,9 +30,12 @@ pass, and token L+1 comes out of the request's first step, not its second.
 The copy out of the prefill engine's blocks is synchronous inside the step
 (so blocks free normally); parking lets the length predictor run in parallel
 with prefill and the dispatcher choose afterwards. A load that misses its
-deadline or fails validation reports its blocks as load errors, and vLLM's
-``kv_load_failure_policy="fail"`` finishes the request with an error instead
-of recomputing the prompt.
+deadline, breaks off (the transport marks the key failed: the sender died, or
+told the decode worker its send failed) or fails validation reports its
+blocks as load errors at once; vLLM then recomputes the prompt there
+(``kv_load_failure_policy="recompute"``, our default) or finishes the
+request with an error (``"fail"``), which the front door takes as a reason to
+migrate the request.
 
 Swap (CacheOpt §3.5) reuses both halves inside one decode engine: when the
 decode scheduler preempts a request by swapping, ``swap_out`` (scheduler side,
@@ -297,13 +300,16 @@ class TetriKVConnector(KVConnectorBase_V1):
         now = time.monotonic()
         for req_id, (spec, deadline) in list(self._loading.items()):
             buffers = self._transport.recv(spec.key)
-            if buffers is None and now < deadline and not spec.landed:
+            broke = self._transport.failed(spec.key) if buffers is None else None
+            if buffers is None and now < deadline and not spec.landed and broke is None:
                 continue
             del self._loading[req_id]
             if not spec.landed:  # vLLM hears of synchronous loads through load errors only
                 self._finished_recving.add(req_id)
             if buffers is None:
-                logger.error("kv load for %s: %s", req_id, "gone" if spec.landed else "missed its deadline")
+                why = broke or ("gone" if spec.landed else "missed its deadline")
+                logger.error("kv load for %s: %s", req_id, why)
+                self._transport.discard(spec.key)  # a late arrival is dropped on landing
                 self._fail_load(spec)
                 continue
             try:

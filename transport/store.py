@@ -1,7 +1,8 @@
 """Landing area for received transfers, shared by the two-sided backends.
 
 A key is taken exactly once. Data for a discarded key (an aborted request)
-is dropped when it lands; data nobody takes within ``ttl_s`` expires, so an
+is dropped when it lands; a key whose transfer broke is marked failed (with
+the reason) until someone discards it or the TTL passes; data nobody takes within ``ttl_s`` expires, so an
 orphaned transfer cannot pin memory forever. Data held with ``expires=False``
 (a swapped-out request's KV, whose owner discards it) stays until taken or
 discarded.
@@ -31,6 +32,7 @@ class ReceiveStore:
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._discarded: dict[str, float] = {}
+        self._failed: dict[str, tuple[float, str]] = {}
         self.bytes_received = 0
         self.transfers_received = 0
         self.expired = 0
@@ -42,6 +44,7 @@ class ReceiveStore:
             self._expire_locked()
             if self._discarded.pop(key, None) is not None:
                 return False
+            self._failed.pop(key, None)
             self._entries[key] = _Entry(buffers, time.monotonic(), expires)
             if landed:
                 self.bytes_received += sum(len(b) for b in buffers)
@@ -58,9 +61,20 @@ class ReceiveStore:
         with self._lock:
             return key in self._entries
 
+    def fail(self, key: str, reason: str) -> None:
+        with self._lock:
+            if key not in self._entries and key not in self._discarded:
+                self._failed[key] = (time.monotonic(), reason)
+
+    def failed(self, key: str) -> str | None:
+        with self._lock:
+            entry = self._failed.get(key)
+            return None if entry is None else entry[1]
+
     def discard(self, key: str) -> bool:
         with self._lock:
             self._expire_locked()
+            self._failed.pop(key, None)
             if self._entries.pop(key, None) is not None:
                 return True
             self._discarded[key] = time.monotonic()
@@ -78,6 +92,8 @@ class ReceiveStore:
             self.expired += 1
         for key in [k for k, t in self._discarded.items() if now - t > self._ttl_s]:
             del self._discarded[key]
+        for key in [k for k, (t, _) in self._failed.items() if now - t > self._ttl_s]:
+            del self._failed[key]
 
 
 class StoreBackedEndpoint:
@@ -110,6 +126,12 @@ class StoreBackedEndpoint:
 
     def discard(self, key: str) -> bool:
         return self._store.discard(key)
+
+    def fail(self, key: str, reason: str) -> None:
+        self._store.fail(key, reason)
+
+    def failed(self, key: str) -> str | None:
+        return self._store.failed(key)
 
     def hold(self, key: str, buffers: Sequence[Any], expires: bool = True) -> None:
         self._store.put(key, list(buffers), landed=False, expires=expires)

@@ -5,6 +5,9 @@ Wire format, one frame per transfer, many frames per pooled connection::
     b"TSKV" | u32 header_len | header (JSON: key, sizes) | buffer_0 | ... | buffer_n
     receiver replies one byte: 0x01 stored, 0x00 dropped (key was discarded)
 
+A frame cut short (the sender died, the connection broke) marks its key failed
+in the receiver's store at once, so the engine waiting for it fails the load now.
+
 A listener thread accepts connections, one thread per connection reads
 frames into the ``ReceiveStore``. Sends run on a small thread pool; the caller
 polls the returned ``TransferHandle``. Each send has a deadline that bounds
@@ -169,15 +172,19 @@ class TcpTransport(StoreBackedEndpoint):
             if magic != _MAGIC or hlen > _MAX_HEADER:
                 logger.warning("tcp transport: bad frame from peer, closing connection")
                 return
+            key = None
             try:
                 header = json.loads(_recv_exact(conn, hlen))
+                key = str(header["key"])
                 buffers = [_recv_exact(conn, int(n)) for n in header["sizes"]]
                 if self._closed.is_set():
                     return
-                stored = self._store.put(str(header["key"]), buffers)
+                stored = self._store.put(key, buffers)
                 conn.sendall(b"\x01" if stored else b"\x00")
             except (OSError, ConnectionError, ValueError, KeyError) as exc:
-                logger.warning("tcp transport: receive failed: %s", exc)
+                logger.warning("tcp transport: receive of %s failed: %s", key, exc)
+                if key is not None and not self._store.has(key):
+                    self._store.fail(key, f"transfer of {key} broke off: {exc}")
                 return
 
     def close(self) -> None:

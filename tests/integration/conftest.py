@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,18 @@ def model_path() -> str:
     from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
 
     return str(build_tiny_model(default_tiny_model_dir()))
+
+
+@contextmanager
+def own_cluster(model_path: str, overrides: dict[str, Any]) -> Iterator[Any]:
+    """A cluster of a test module's own (``overrides`` on top of ``CONFIG_OVERRIDES``; give it its own namespace)."""
+    from tetriserve.control_plane.launcher import launch
+
+    handle = launch(ClusterConfig.load(overrides={**CONFIG_OVERRIDES, **overrides}), model_path)
+    try:
+        yield handle
+    finally:
+        handle.shutdown()
 
 
 @pytest.fixture(scope="session")

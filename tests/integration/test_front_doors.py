@@ -44,7 +44,7 @@ def test_grpc_stream_status_and_health(frontend: Any) -> None:
         status = client.cluster_status()
         roles = sorted(w.role for w in status.workers)
         assert roles == ["decode", "prefill"]
-        assert all(w.state == "serving" for w in status.workers)
+        assert all(w.state == "active" and w.health == "serving" and w.incarnation == 0 for w in status.workers)
 
 
 def test_sdk_abort_frees_everything(frontend: Any) -> None:

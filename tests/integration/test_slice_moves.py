@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import CONFIG_OVERRIDES
-from tetriserve.common.config import ClusterConfig
+from tests.integration.conftest import own_cluster
 from tetriserve.common.request import Request, RequestState, SamplingSpec
 
 SLICE = 16
@@ -26,10 +25,7 @@ PROMPTS = {f"mv-{i}": tuple(range(10 + 7 * i, 10 + 7 * i + 40 + 13 * i)) for i i
 
 @pytest.fixture(scope="module")
 def sliced(model_path: str) -> Iterator[Any]:
-    from tetriserve.control_plane.launcher import launch
-
     overrides = {
-        **CONFIG_OVERRIDES,
         "namespace": "tetriserve-test-slices",
         "num_decode": 2,
         "decode.slice_iters": SLICE,
@@ -37,11 +33,8 @@ def sliced(model_path: str) -> Iterator[Any]:
         "prefill.predictor": "baseline",
         "prefill.dispatch_policy": "round-robin",
     }
-    handle = launch(ClusterConfig.load(overrides=overrides), model_path)
-    try:
+    with own_cluster(model_path, overrides) as handle:
         yield handle
-    finally:
-        handle.shutdown()
 
 
 def _run(cluster: Any, tag: str, during: Any = None) -> dict[str, tuple[int, ...]]:

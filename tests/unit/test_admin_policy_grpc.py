@@ -270,7 +270,7 @@ def test_cli_status_shows_policy_column_and_json(
     assert main(["status", "--target", env.target]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = lines[1].split()
-    assert header == ["worker", "role", "state", "policy", "load"]
+    assert header == ["worker", "role", "state", "life", "restarts", "policy", "load"]
     prefill = next(line for line in lines if line.startswith("prefill-0"))
     assert "queue=fcfs" in prefill and "queued=1" in prefill
     decode = next(line for line in lines if line.startswith("decode-0"))
@@ -281,3 +281,4 @@ def test_cli_status_shows_policy_column_and_json(
     assert workers["prefill-0"]["policy"]["sched_batch"] == "16"
     assert workers["decode-0"]["policy"] == DECODE_DEFAULT
     assert workers["decode-0"]["load"]["free_kv_blocks"] == 42.0
+    assert workers["decode-0"]["incarnation"] == 0 and workers["decode-0"]["restarts"] == 0

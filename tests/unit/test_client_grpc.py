@@ -231,6 +231,12 @@ def test_backend_error_is_internal_after_streamed_tokens(backend: FakeBackend, c
     assert backend.abort_calls == []  # the request finished (with an error); nothing to abort
 
 
+def test_a_request_no_worker_could_take_is_unavailable(backend: FakeBackend, client: TetriServeClient) -> None:
+    backend.behavior.error_after_tokens, backend.behavior.unavailable = 1, True
+    with pytest.raises(Unavailable, match="service unavailable"):
+        list(client.generate([5, 6, 7], max_tokens=10))
+
+
 BAD_INPUTS: list[tuple[str, Any, dict[str, Any], str]] = [
     ("empty text", "", {}, "prompt"),
     ("empty ids", [], {}, "prompt"),

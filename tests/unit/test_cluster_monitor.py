@@ -1,8 +1,7 @@
-"""ClusterMonitor: derived worker states, decode directory sent once, stale workers left out (no Ray)."""
+"""ClusterMonitor: states by its own clock, stuck engines, lives, the decode directory once per life (no Ray)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from tests.actor_fakes import FakeHandle
@@ -20,40 +19,82 @@ class _Scheduler:
         return None
 
 
-def _decode_load(wid: str, at: float) -> DecodeLoad:
-    return DecodeLoad(wid, 10, 10, 32, 0, 0, 0, 0, at)
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
 
 
-def _monitor() -> tuple[ClusterMonitor, FakeHandle, FakeHandle]:
-    mon = ClusterMonitor(report_interval_ms=100, stale_after=10)
+def _decode_load(wid: str, incarnation: int = 0, steps: int = 0, busy: bool = False) -> DecodeLoad:
+    # the worker's own timestamp is far off: liveness must not read it
+    return DecodeLoad(wid, 10, 10, 32, 0, 0, 0, 0, 0.0, incarnation=incarnation, steps=steps, busy=busy)
+
+
+def _monitor() -> tuple[ClusterMonitor, FakeHandle, FakeHandle, Clock]:
+    clock = Clock()
+    mon = ClusterMonitor(report_interval_ms=100, stale_after=10, stuck_after_s=5.0, clock=clock)
     prefill, sched = FakeHandle(_Prefill()), FakeHandle(_Scheduler())
     mon.scheduler = sched
     mon.register("prefill-0", "prefill", prefill, "p:1")
     mon.register("decode-0", "decode", object(), "d:0")
     mon.register("decode-1", "decode", object(), "d:1")
-    return mon, prefill, sched
+    return mon, prefill, sched, clock
 
 
-def test_states_are_derived_from_report_age() -> None:
-    mon, _, _ = _monitor()
-    now = time.time()
-    mon.report(_decode_load("decode-0", now))
-    mon.report(_decode_load("decode-1", now - 5.0))  # older than 10 periods of 100 ms
-    states = {m["worker_id"]: m["state"] for m in mon.snapshot()}
-    assert states == {"decode-0": "serving", "decode-1": "stale", "prefill-0": "starting"}
+def _states(mon: ClusterMonitor) -> dict[str, str]:
+    return {m["worker_id"]: m["state"] for m in mon.snapshot()}
+
+
+def test_states_are_judged_by_the_monitors_clock() -> None:
+    mon, _, _, clock = _monitor()
+    mon.report(_decode_load("decode-1"))
+    clock.t += 5.0  # 50 periods of 100 ms without a report from decode-1
+    mon.report(_decode_load("decode-0"))
+    assert _states(mon) == {"decode-0": "serving", "decode-1": "stale", "prefill-0": "starting"}
+
+
+def test_an_engine_with_work_whose_step_counter_stands_still_is_stuck() -> None:
+    mon, _, _, clock = _monitor()
+    for i in range(8):  # reports keep coming (the actor's event loop is fine), the engine does not move
+        clock.t += 0.9
+        mon.report(_decode_load("decode-0", steps=7, busy=True))
+        mon.report(_decode_load("decode-1", steps=i, busy=True))  # this one steps
+    assert _states(mon)["decode-0"] == "stuck" and _states(mon)["decode-1"] == "serving"
+    mon.report(_decode_load("decode-0", steps=8, busy=True))
+    assert _states(mon)["decode-0"] == "serving"
+
+
+def test_reports_of_a_previous_life_are_dropped_and_a_new_life_is_announced_again() -> None:
+    mon, prefill, _, _ = _monitor()
+    mon.report(PrefillLoad("prefill-0", 0, 0, 0, 0.0))
+    mon.report(_decode_load("decode-0"))
+    mon.broadcast_once()
+    assert prefill.called("update_decode_view")[0][1] == {"decode-0": "d:0"}
+    mon.mark_dead("decode-0", 0)  # broadcasts at once, without it
+    assert prefill.called("update_decode_view")[1][0] == []
+    mon.register("decode-0", "decode", object(), "d:9", incarnation=1)
+    mon.report(_decode_load("decode-0", incarnation=0))  # the old life's last words
+    assert _states(mon)["decode-0"] == "starting"
+    mon.report(_decode_load("decode-0", incarnation=1))
+    mon.broadcast_once()
+    assert prefill.called("update_decode_view")[2][1] == {"decode-0": "d:9"}  # the new KV address
+    assert [m["incarnation"] for m in mon.snapshot() if m["worker_id"] == "decode-0"] == [1]
 
 
 def test_directory_travels_once_loads_every_time_and_stale_workers_are_left_out() -> None:
-    mon, prefill, sched = _monitor()
-    now = time.time()
-    mon.report(_decode_load("decode-0", now))
-    mon.report(_decode_load("decode-1", now - 5.0))
+    mon, prefill, sched, clock = _monitor()
+    mon.report(_decode_load("decode-1"))
+    clock.t += 5.0
+    mon.report(PrefillLoad("prefill-0", 0, 0, 0, 0.0))
+    mon.report(_decode_load("decode-0"))
     mon.broadcast_once()
     mon.broadcast_once()
     first, second = prefill.called("update_decode_view")
     assert [ld.worker_id for ld in first[0]] == ["decode-0"] and first[1] == {"decode-0": "d:0"}
     assert [ld.worker_id for ld in second[0]] == ["decode-0"] and second[1] == {} and second[2] == {}
-    mon.report(_decode_load("decode-1", time.time()))  # decode-1 comes back: only it is new
+    mon.report(_decode_load("decode-1"))  # decode-1 comes back: only it is new
     mon.broadcast_once()
     third = prefill.called("update_decode_view")[2]
     assert sorted(ld.worker_id for ld in third[0]) == ["decode-0", "decode-1"] and third[1] == {"decode-1": "d:1"}
@@ -70,7 +111,7 @@ def test_slice_round_orders_the_most_loaded_to_give_to_the_least_and_paces_itsel
     handles = {wid: FakeHandle(_Decode()) for wid in ("decode-0", "decode-1")}
     for wid, h in handles.items():
         mon.register(wid, "decode", h, f"{wid}:1")
-    now = time.time()
+    now = 0.0
     # 10 ms a token on both: decode-0 holds 8 s of work, decode-1 2 s
     mon.report(DecodeLoad("decode-0", 10, 10, 32, 4, 0, 0, 0, now, True, 800, 0.04, 32))
     mon.report(DecodeLoad("decode-1", 10, 10, 32, 4, 0, 0, 0, now, True, 200, 0.04, 32))
@@ -85,7 +126,7 @@ def test_no_slice_round_orders_anything_while_no_decode_worker_slices() -> None:
     handle = FakeHandle(_Decode())
     mon.register("decode-0", "decode", handle, "d:0")
     mon.register("decode-1", "decode", FakeHandle(_Decode()), "d:1")
-    now = time.time()
+    now = 0.0
     mon.report(DecodeLoad("decode-0", 10, 10, 32, 4, 0, 0, 0, now, True, 800, 0.04, 0))
     mon.report(DecodeLoad("decode-1", 10, 10, 32, 0, 0, 0, 0, now, True, 0, 0.0, 0))
     assert mon.rebalance_once() == 0.2 and not handle.called("rebalance")

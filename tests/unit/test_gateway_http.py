@@ -228,7 +228,20 @@ def test_backend_errors(backend: FakeBackend, http: httpx.Client) -> None:
     assert r.status_code == 500 and "fake KV transfer failed" in r.json()["error"]["message"]
     with http.stream("POST", "/v1/completions", json={"prompt": [5], "max_tokens": 5, "stream": True}) as r:
         events = sse_events(r)
-    assert len(events) == 4 and "fake KV transfer failed" in events[2]["error"]["message"] and events[3] == "[DONE]"
+    # the tokens, a last chunk with finish_reason "error", the error event, [DONE]
+    assert len(events) == 5 and events[2]["choices"][0]["finish_reason"] == "error"
+    assert "fake KV transfer failed" in events[3]["error"]["message"] and events[4] == "[DONE]"
+    assert events[3]["error"]["code"] == "backend_error"
+
+
+def test_a_request_no_worker_could_take_is_503_service_unavailable(backend: FakeBackend, http: httpx.Client) -> None:
+    backend.behavior.error_after_tokens, backend.behavior.unavailable = 1, True
+    r = http.post("/v1/completions", json={"prompt": [5], "max_tokens": 5})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "service_unavailable"
+    with http.stream("POST", "/v1/completions", json={"prompt": [5], "max_tokens": 5, "stream": True}) as r:
+        events = sse_events(r)
+    assert events[1]["choices"][0]["finish_reason"] == "error" and events[2]["error"]["code"] == "service_unavailable"
+    assert "Traceback" not in str(events) and "ActorDiedError" not in str(events)
 
 
 # ---- disconnects ---------------------------------------------------------------------------------

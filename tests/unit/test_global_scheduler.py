@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 
 from tests.actor_fakes import FakeHandle
+from tetriserve.common.load import PrefillLoad
 from tetriserve.common.outbox import StreamHub, coalesce
 from tetriserve.common.request import Request, RequestState, SamplingSpec
 from tetriserve.common.stream import (
     PROTOCOL_VERSION,
     FinishReason,
+    Heartbeat,
     PlacementRequest,
     StateEvent,
     StreamChunk,
@@ -39,10 +41,16 @@ class FakeWorker:
         self.streams = StreamHub()
         self.submitted: dict[str, tuple[Request, str]] = {}
         self.aborted: list[str] = []
+        self.aborts: list[tuple[str, int | None]] = []
         self.broken = False  # set: its control stream fails at the next heartbeat, as Ray's does when it dies
+        self.forgot: set[str] = set()  # requests its heartbeats leave out (lost without a word)
+
+    def _beat(self, subscriber: str) -> Heartbeat:
+        held = [(rid, r.attempt) for rid, (r, sub) in self.submitted.items() if sub == subscriber]
+        return Heartbeat(self.worker_id, 0, tuple(h for h in held if h[0] not in self.forgot))
 
     async def subscribe(self, subscriber: str, address: str) -> Any:
-        async for beat in self.streams.serve(subscriber, address, heartbeat_s=0.01):
+        async for beat in self.streams.serve(subscriber, address, lambda: self._beat(subscriber), heartbeat_s=0.01):
             if self.broken:
                 raise ConnectionError("the worker's stream broke")
             yield beat
@@ -55,8 +63,9 @@ class FakeWorker:
         reason = FinishReason(finish) if finish else None
         self.streams.publish(sub, StreamChunk(rid, tokens, reason, worker=self.worker_id, index=index, **kw))
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, attempt: int | None = None) -> bool:
         self.aborted.append(request_id)
+        self.aborts.append((request_id, attempt))
         return True
 
     def observe(self, prompt_len: int, output_len: int) -> None:
@@ -82,6 +91,7 @@ def _cluster(prefill: int = 1, decode: int = 2) -> tuple[FakeCluster, GlobalSche
     p = {k: h for k, h in handles.items() if k.startswith("prefill")}
     d = {k: h for k, h in handles.items() if k.startswith("decode")}
     gs = GlobalScheduler(p)
+    gs.prefill_loads = {wid: PrefillLoad(wid, 0, 0, 0, 0.0) for wid in p}  # the monitor's broadcast: all serve
     return FakeCluster(FakeHandle(gs), p, d, workers=workers), gs
 
 
@@ -152,7 +162,7 @@ def test_a_chunk_of_another_attempt_is_dropped_and_a_client_that_leaves_aborts_w
     asyncio.run(main())
 
 
-def test_a_broken_worker_stream_ends_only_the_requests_on_that_worker() -> None:
+def test_a_broken_worker_stream_re_places_only_the_requests_on_that_worker_elsewhere() -> None:
     async def main() -> None:
         cluster, _ = _cluster(prefill=2)
         w = cluster.workers
@@ -161,13 +171,113 @@ def test_a_broken_worker_stream_ends_only_the_requests_on_that_worker() -> None:
         await _wait(lambda: all(any(rid in x.submitted for x in w.values()) for rid in runs))
         on = {rid: next(wid for wid, x in w.items() if rid in x.submitted) for rid in runs}
         assert set(on.values()) == {"prefill-0", "prefill-1"}
-        broken = w[on["a"]]
-        broken.broken = True
-        a = await asyncio.wait_for(runs["a"], 5)
-        assert a[-1].finish_reason == "error" and f"lost the stream from {on['a']}" in (a[-1].error or "")
+        w[on["a"]].broken = True
+        # before its first token: placed again (attempt 1) on the other prefill worker, invisibly
+        await _wait(lambda: w[on["b"]].submitted.get("a", (None,))[0] is not None)
+        again, _ = w[on["b"]].submitted["a"]
+        assert again.attempt == 1 and again.resume == ()
         assert not runs["b"].done()
+        w[on["b"]].emit("a", (7, 8), 0, "length", attempt=1)
         w[on["b"]].emit("b", (1, 2), 0, "length")
+        assert [t for c in await asyncio.wait_for(runs["a"], 5) for t in c.token_ids] == [7, 8]
         assert [t for c in await asyncio.wait_for(runs["b"], 5) for t in c.token_ids] == [1, 2]
+
+    asyncio.run(main())
+
+
+def test_a_decode_worker_lost_mid_stream_migrates_with_the_delivered_tokens_and_nothing_repeats() -> None:
+    async def main() -> None:
+        cluster, gs = _cluster(prefill=1, decode=2)
+        w = cluster.workers
+        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
+        run = asyncio.create_task(_collect(backend, _req("r", 5)))
+        await _wait(lambda: "r" in w["prefill-0"].submitted)
+        w["decode-0"].submitted["r"] = w["prefill-0"].submitted["r"]
+        w["prefill-0"].emit("r", (10,), 0)
+        w["prefill-0"].emit("r", (), 1, moved_to="decode-0")
+        w["decode-0"].emit("r", (11,), 1)
+        await _wait(lambda: gs.table.get("r") is not None)
+        await asyncio.sleep(0.05)
+        w["decode-0"].broken = True  # decode-0 dies with the request mid-stream
+        await _wait(lambda: w["prefill-0"].submitted["r"][0].attempt == 1)
+        again, _ = w["prefill-0"].submitted["r"]
+        assert again.resume == (10, 11)  # re-prefill prompt + what the client has
+        assert ("r", 0) in w["decode-1"].aborts and ("r", 0) in w["prefill-0"].aborts  # the old attempt, everywhere
+        w["decode-0"].emit("r", (12,), 2)  # the old attempt's last words: dropped
+        w["prefill-0"].emit("r", (22,), 2, attempt=1)
+        w["prefill-0"].emit("r", (), 3, moved_to="decode-1", attempt=1)
+        w["decode-1"].submitted["r"] = w["prefill-0"].submitted["r"]
+        w["decode-1"].emit("r", (23, 24), 3, "length", attempt=1)
+        chunks = await asyncio.wait_for(run, 5)
+        assert [t for c in chunks for t in c.token_ids] == [10, 11, 22, 23, 24]
+        assert chunks[-1].finish_reason == "length"
+        await _wait(lambda: not gs.table)
+        assert gs.counts["finished"] == 1
+
+    asyncio.run(main())
+
+
+def test_migration_gives_up_after_its_limit_with_an_unavailable_error() -> None:
+    async def main() -> None:
+        cluster, _ = _cluster(prefill=1, decode=1)
+        w = cluster.workers
+        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
+        backend.migration_limit = 2
+        run = asyncio.create_task(_collect(backend, _req("r", 5)))
+        for attempt in range(3):
+            await _wait(
+                lambda a=attempt: "r" in w["prefill-0"].submitted and w["prefill-0"].submitted["r"][0].attempt == a
+            )
+            w["prefill-0"].emit(
+                "r", (), 0, "error", error="decode worker decode-0 is unavailable", attempt=attempt, retry=True
+            )
+        chunks = await asyncio.wait_for(run, 5)
+        assert chunks[-1].finish_reason == "error" and chunks[-1].retry
+        assert (chunks[-1].error or "").startswith("service unavailable")
+
+    asyncio.run(main())
+
+
+def test_a_request_no_heartbeat_lists_and_no_token_comes_for_is_migrated_after_the_idle_deadline() -> None:
+    async def main() -> None:
+        cluster, _ = _cluster(prefill=1, decode=1)
+        w = cluster.workers
+        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
+        backend.idle_timeout_s = 0.3
+        run = asyncio.create_task(_collect(backend, _req("r", 2)))
+        await _wait(lambda: "r" in w["prefill-0"].submitted)
+        await asyncio.sleep(1.0)  # listed by prefill-0's heartbeats: alive, however long it queues
+        assert w["prefill-0"].submitted["r"][0].attempt == 0
+        w["prefill-0"].forgot.add("r")  # the worker lost it without a word
+        await _wait(lambda: w["prefill-0"].submitted["r"][0].attempt == 1, timeout=5)
+        w["prefill-0"].emit("r", (1, 2), 0, "length", attempt=1)
+        assert [t for c in await asyncio.wait_for(run, 5) for t in c.token_ids] == [1, 2]
+
+    asyncio.run(main())
+
+
+def test_placement_waits_for_a_serving_prefill_worker_and_for_the_global_scheduler() -> None:
+    async def main() -> None:
+        cluster, gs = _cluster(prefill=1, decode=1)
+        w = cluster.workers
+        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
+        loads, gs.prefill_loads = gs.prefill_loads, {}  # none serving (all restarting)
+        real = cluster.scheduler
+        cluster.scheduler = FakeHandle(object())  # and the GlobalScheduler is gone: ``place`` raises
+        run = asyncio.create_task(_collect(backend, _req("r", 1)))
+        await asyncio.sleep(0.5)
+        cluster.scheduler = real  # back, still with no prefill worker serving
+        await asyncio.sleep(0.5)
+        assert not run.done() and "r" not in w["prefill-0"].submitted
+        gs.prefill_loads = loads
+        await _wait(lambda: "r" in w["prefill-0"].submitted)
+        w["prefill-0"].emit("r", (3,), 0, "length")
+        assert [t for c in await asyncio.wait_for(run, 5) for t in c.token_ids] == [3]
+        backend.placement_timeout_s = 0.3
+        gs.prefill_loads = {}
+        late = await asyncio.wait_for(_collect(backend, _req("s", 1)), 5)
+        assert late[-1].finish_reason == "error" and late[-1].retry
+        assert late[-1].error == "service unavailable: no prefill worker is serving"
 
     asyncio.run(main())
 

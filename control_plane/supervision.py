@@ -1,0 +1,225 @@
+"""Supervision over Ray (DESIGN.md §5b): watch every named actor, re-create the dead under the same name.
+
+A daemon thread of the process that launched the cluster (the one running the
+front doors) ticks every ``TICK_S``::
+
+    death      each actor has one ``sentinel()`` call open; Ray fails it the moment the actor dies
+               (ray.kill, SIGKILL of its process, its node gone once Ray's health check says so)
+    health     the ClusterMonitor's snapshot (heartbeats judged by its clock: stale, stuck engine) and a
+               ping of the monitor and the GlobalScheduler; unhealthy for ``dead_after_s`` ─▶ ray.kill
+    restart    ``supervisor.Supervisor`` says who is due ─▶ ``ActorBuilder`` builds the next incarnation ─▶
+               worker: start(monitor, scheduler) resolves once its engine is up ─▶ monitor.register (the
+               prefill workers hear of a decode worker's new KV address with the next broadcast),
+               GlobalScheduler.set_prefill, the cluster's handle replaced (front doors reopen their streams)
+               scheduler / monitor: rewired into the monitor and every worker
+
+The bookkeeping and its decisions are ``supervisor.py`` (pure, unit-tested);
+this file only talks to Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from tetriserve.control_plane.supervisor import ActorState, Slot, Supervisor
+
+logger = logging.getLogger(__name__)
+
+TICK_S = 0.25
+PING_TIMEOUT_S = 2.0
+START_TIMEOUT_S = 600.0  # a worker's engine start (model load, profiling) may take minutes on real models
+
+SCHEDULER = "global-scheduler"
+MONITOR = "cluster-monitor"
+
+
+class Supervision:
+    def __init__(self, cluster: Any, build: Any, addresses: dict[str, str]) -> None:
+        self.cluster = cluster
+        self.build = build
+        self.addresses = dict(addresses)  # worker -> KV address of its current life
+        actors = [(w, "prefill") for w in cluster.prefill] + [(w, "decode") for w in cluster.decode]
+        actors += [(SCHEDULER, "scheduler"), (MONITOR, "monitor")]
+        now = time.monotonic()
+        self.sup = Supervisor(actors, dead_after_s=cluster.config.dead_after_s, now=now)
+        for name in (SCHEDULER, MONITOR):
+            self.sup.health(name, 0, "serving", now)
+        self._sentinels: dict[Any, tuple[str, int]] = {}  # ref -> (name, incarnation)
+        self._armed: set[tuple[str, int]] = set()
+        self._pending: dict[str, tuple[int, Any, Any, float]] = {}  # name -> (incarnation, handle, ref, since)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="supervision", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def view(self) -> list[Slot]:
+        return self.sup.view()
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(TICK_S):
+            try:
+                self._tick(time.monotonic())
+            except Exception:  # the supervisor must outlive any one bad tick
+                logger.exception("supervision: tick failed")
+
+    def _tick(self, now: float) -> None:
+        self._arm()
+        self._reap(now)
+        self._check_health(now)
+        for slot in self.sup.due(now):
+            self._rebuild(slot, now)
+        self._check_pending(now)
+
+    def handle(self, name: str) -> Any:
+        if name == SCHEDULER:
+            return self.cluster.scheduler
+        if name == MONITOR:
+            return self.cluster.monitor
+        return self.cluster.prefill.get(name) or self.cluster.decode.get(name)
+
+    def _arm(self) -> None:
+        """One open ``sentinel`` call per live actor."""
+        for slot in self.sup.view():
+            key = (slot.name, slot.incarnation)
+            if slot.state in (ActorState.ACTIVE, ActorState.STARTING) and key not in self._armed:
+                self._sentinels[self.handle(slot.name).sentinel.remote()] = key
+                self._armed.add(key)
+
+    def _reap(self, now: float) -> None:
+        import ray
+
+        if not self._sentinels:
+            return
+        ready, _ = ray.wait(list(self._sentinels), num_returns=len(self._sentinels), timeout=0)
+        for ref in ready:
+            name, incarnation = self._sentinels.pop(ref)
+            self._armed.discard((name, incarnation))
+            try:
+                ray.get(ref)
+                reason = "its sentinel call returned"
+            except Exception as exc:
+                reason = type(exc).__name__
+            self._died(name, incarnation, now, reason)
+
+    def _died(self, name: str, incarnation: int, now: float, reason: str) -> None:
+        if not self.sup.died(name, incarnation, now, reason):
+            return
+        logger.warning("supervision: %s (incarnation %d) died: %s", name, incarnation, reason)
+        if name not in (SCHEDULER, MONITOR):
+            _quietly(lambda: self.cluster.monitor.mark_dead.remote(name, incarnation))
+
+    def _check_health(self, now: float) -> None:
+        import ray
+
+        for name, call in ((SCHEDULER, "status"), (MONITOR, "snapshot")):
+            slot = self.sup.slots[name]
+            try:
+                answer = ray.get(getattr(self.handle(name), call).remote(), timeout=PING_TIMEOUT_S)
+                state = "serving"
+            except Exception:
+                answer, state = None, "stale"
+            if self.sup.health(name, slot.incarnation, state, now):
+                self._kill(name, f"no answer for {self.sup.dead_after_s:.0f} s")
+            if name == MONITOR and answer is not None:
+                for member in answer:
+                    if self.sup.health(member["worker_id"], member["incarnation"], member["state"], now):
+                        self._kill(member["worker_id"], f"{member['state']} for {self.sup.dead_after_s:.0f} s")
+
+    def _kill(self, name: str, why: str) -> None:
+        import ray
+
+        logger.warning("supervision: killing %s: %s", name, why)
+        _quietly(lambda: ray.kill(self.handle(name), no_restart=True))  # its sentinel then reports the death
+
+    # -- re-creating ----------------------------------------------------------------------------
+    def _rebuild(self, slot: Slot, now: float) -> None:
+        import ray
+
+        name, inc = slot.name, slot.incarnation
+        _quietly(lambda: ray.kill(self.handle(name), no_restart=True))  # make sure the old life is gone
+        try:
+            if slot.role == "prefill":
+                handle = self.build.prefill(name, inc)
+            elif slot.role == "decode":
+                handle = self.build.decode(name, inc)
+            elif slot.role == "scheduler":
+                handle = self.build.scheduler(self.cluster.prefill)
+            else:
+                handle = self.build.monitor()
+        except Exception as exc:  # e.g. the name is still held by the dying actor: try again after a backoff
+            logger.warning("supervision: could not create %s: %s", name, exc)
+            self.sup.start_failed(name, inc, now, str(exc))
+            return
+        if slot.role in ("prefill", "decode"):  # resolves once its engine is up
+            ready = handle.start.remote(self.cluster.monitor, self.cluster.scheduler)
+        else:
+            ready = (handle.status if slot.role == "scheduler" else handle.snapshot).remote()
+        self._pending[name] = (inc, handle, ready, now)
+        logger.warning("supervision: re-creating %s as incarnation %d", name, inc)
+
+    def _check_pending(self, now: float) -> None:
+        import ray
+
+        for name, (inc, handle, ref, since) in list(self._pending.items()):
+            ready, _ = ray.wait([ref], timeout=0)
+            if not ready:
+                if now - since > START_TIMEOUT_S:
+                    del self._pending[name]
+                    _quietly(lambda h=handle: ray.kill(h, no_restart=True))
+                    self.sup.start_failed(name, inc, now, "start timed out")
+                continue
+            del self._pending[name]
+            try:
+                result = ray.get(ref)
+            except Exception as exc:
+                logger.error("supervision: %s (incarnation %d) failed to start: %s", name, inc, exc)
+                _quietly(lambda h=handle: ray.kill(h, no_restart=True))
+                self.sup.start_failed(name, inc, now, type(exc).__name__)
+                continue
+            self._install(name, inc, handle, result)
+            self.sup.started(name, inc, now)
+
+    def _install(self, name: str, inc: int, handle: Any, result: Any) -> None:
+        """Put a new life in place and tell everyone who needs its handle or address."""
+        c = self.cluster
+        if name == SCHEDULER:
+            c.scheduler = handle
+            self._rewire()
+        elif name == MONITOR:
+            c.monitor = handle
+            for slot in self.sup.view():
+                if slot.role in ("prefill", "decode") and slot.state in (ActorState.ACTIVE, ActorState.STARTING):
+                    args = (slot.name, slot.role, self.handle(slot.name), self.addresses[slot.name], slot.incarnation)
+                    _quietly(lambda a=args: handle.register.remote(*a))
+            self._rewire()
+        else:
+            role = self.sup.slots[name].role
+            (c.prefill if role == "prefill" else c.decode)[name] = handle
+            self.addresses[name] = str(result)
+            _quietly(lambda: c.monitor.register.remote(name, role, handle, str(result), inc))
+            if role == "prefill":
+                _quietly(lambda: c.scheduler.set_prefill.remote(name, handle))
+        logger.warning("supervision: %s is back (incarnation %d)", name, inc)
+
+    def _rewire(self) -> None:
+        """Point the monitor and every worker (those still starting too) at the current control actors."""
+        c = self.cluster
+        _quietly(lambda: c.monitor.start.remote(c.scheduler))
+        starting = [h for name, (_, h, _, _) in self._pending.items() if name not in (SCHEDULER, MONITOR)]
+        for worker in [*c.prefill.values(), *c.decode.values(), *starting]:
+            _quietly(lambda w=worker: w.start.remote(c.monitor, c.scheduler))
+
+
+def _quietly(call: Any) -> None:
+    """Fire and forget: an actor call whose failure the sentinels and health checks report anyway."""
+    try:
+        call()
+    except Exception as exc:
+        logger.debug("supervision: call failed: %s", exc)
