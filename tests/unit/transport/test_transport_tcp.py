@@ -280,3 +280,16 @@ def test_endpoints_get_or_create_and_close_all(monkeypatch: pytest.MonkeyPatch) 
         endpoints.close_all()
     assert endpoints._ENDPOINTS == {}
     InProcTransport(name).close()  # close_all released the in-process address
+
+
+def test_a_frame_cut_short_marks_its_key_failed_at_once_and_late_data_clears_it(make: Callable[..., Any]) -> None:
+    rx = make("tcp")
+    header = json.dumps({"key": "kv-1", "sizes": [1 << 20]}).encode()
+    with socket.create_connection(parse_address(rx.address), timeout=5.0) as sender:
+        sender.sendall(struct.pack("!4sI", b"TSKV", len(header)) + header + b"x" * 1000)
+    # the sender died mid-transfer: the receiver knows at once, not at the load's deadline
+    assert "broke off" in _poll(lambda: rx.failed("kv-1")) and rx.recv("kv-1") is None
+    rx.fail("kv-2", "the prefill worker says its send failed")
+    assert rx.failed("kv-2") == "the prefill worker says its send failed"
+    rx.discard("kv-2")
+    assert rx.failed("kv-2") is None
