@@ -267,9 +267,12 @@ class ClusterConfig(BaseModel):
         ),
     )
     placement_timeout_s: float = Field(
-        30.0,
+        60.0,
         gt=0,
-        description="How long a new or migrating request waits for a prefill worker to serve before it is refused.",
+        description=(
+            "How long a request waits for a serving worker (a prefill worker to be placed on; after its prefill, a "
+            "decode worker to be handed to) while they are all down or restarting, before it ends 'unavailable'."
+        ),
     )
 
     @model_validator(mode="after")

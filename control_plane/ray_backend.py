@@ -248,7 +248,7 @@ class RayBackend:
         config = getattr(cluster, "config", None)
         self.migration_limit = int(getattr(config, "migration_limit", 3))
         self.idle_timeout_s = float(getattr(config, "stream_idle_timeout_s", 15.0))
-        self.placement_timeout_s = float(getattr(config, "placement_timeout_s", 30.0))
+        self.placement_timeout_s = float(getattr(config, "placement_timeout_s", 60.0))
 
     @property
     def model_name(self) -> str:

@@ -280,7 +280,9 @@ class PrefillWorker(EngineWorker):
                         handle_.kv_failed.remote(key, handle.error or "send failed")
 
     async def _choose_decode(self, view: ReqView) -> str | None:
-        deadline = time.monotonic() + self.config.kv_transfer_timeout_s
+        """A decode worker for ``view``; while none serves (all restarting), wait up to ``placement_timeout_s``
+        with the KV parked here rather than give the request up."""
+        deadline = time.monotonic() + self.config.placement_timeout_s
         while True:
             choice = self.dispatcher.choose(view, list(self.decode_loads.values()), self.rng)
             if choice is not None and choice in self.decode_addresses:
