@@ -16,7 +16,7 @@ produced them (``attempt``) and which life of its worker sent it
 (``incarnation``), so the front door drops duplicates, stale attempts and
 messages of a worker's previous life, and sees gaps. A worker's ``Heartbeat``
 on each front door's control stream lists the requests it holds for it, which
-keeps every request's inactivity deadline honest (``control_plane/liveness.py``).
+keeps every request's inactivity deadline honest (``control_plane/ray_backend.py``).
 """
 
 from __future__ import annotations
