@@ -1,10 +1,11 @@
 """Worker failures on real engines (2 prefill + 2 decode): nothing is lost, everything comes back.
 
-Each test kills one actor with ``ray.kill`` while greedy streams run, then checks
-what a client would: every stream completes with the very tokens of an
-undisturbed run (re-placed or migrated with its delivered tokens), a new request
-is served within 30 s, the supervisor has the killed actor serving again
-(next incarnation) within 120 s, and no worker holds KV blocks afterwards.
+Each test kills one actor (a decode worker, a prefill worker, the GlobalScheduler,
+the monitor) with ``ray.kill`` while greedy streams run, then checks what a client
+would: every stream completes with the very tokens of an undisturbed run
+(re-placed or migrated with its delivered tokens), a new request is served within
+30 s, the supervisor has the killed actor serving again (next incarnation) within
+120 s, and no worker holds KV blocks afterwards.
 """
 
 from __future__ import annotations
@@ -160,4 +161,11 @@ def test_the_global_scheduler_killed_under_streams_leaves_them_untouched(cluster
     _same(_run(cluster, "ks", _kill("global-scheduler"), after=8), undisturbed)
     _served_within(cluster, 30)
     _back_within(cluster, "global-scheduler", 120)
+    _no_kv_left(cluster)
+
+
+def test_the_cluster_monitor_killed_under_streams_leaves_them_untouched(cluster: Any, undisturbed: Any) -> None:
+    _same(_run(cluster, "km", _kill("cluster-monitor"), after=8), undisturbed)
+    _back_within(cluster, "cluster-monitor", 120)
+    _served_within(cluster, 30)  # placement and dispatch see the workers again through the new monitor
     _no_kv_left(cluster)
