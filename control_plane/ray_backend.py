@@ -8,16 +8,11 @@
         lost  ─▶ migrate: next attempt, placed again with the tokens the caller already has (``resume``)
         finish ─▶ GlobalScheduler.record(finish event)
 
-Streams are opened per worker, not per request, and stay open: a worker's
-message carries every chunk of this process's requests that was ready, so the
-message rate follows the engine's steps. Chunks arrive on one ZeroMQ socket of
-this process; the Ray ``subscribe`` call to each worker attaches it and
-carries the worker's ``Heartbeat`` (its incarnation, the requests it holds for
-this process). They are bound to the event loop they were opened in and
-reopened if that loop changes, if the worker's handle changes (the supervisor
-re-created it), or if the stream fails. An abort goes to the worker the
-request is on now (the log knows, from ``moved_to`` markers); a worker it has
-left forwards it.
+Streams are opened per worker, not per request, and stay open (``worker_streams.py``):
+a worker's message carries every chunk of this process's requests that was
+ready, so the message rate follows the engine's steps. An abort goes to the
+worker the request is on now (the log knows, from ``moved_to`` markers); a
+worker it has left forwards it.
 
 No request is lost to a worker's death (the log of delivered tokens is the
 truth, as in Dynamo's frontend migration). A request's attempt is *lost* when
@@ -45,206 +40,36 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
-from tetriserve.common.outbox import HEARTBEAT_S
 from tetriserve.common.request import Request
 from tetriserve.common.stream import (
     FinishReason,
-    Heartbeat,
     Placement,
     PlacementRequest,
     StateEvent,
     StreamChunk,
-    decode_chunks,
 )
 from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
 from tetriserve.control_plane.launcher import Cluster
 from tetriserve.control_plane.policy_admin import Setter, apply_changes, parse_changes, resolve_targets
 from tetriserve.control_plane.token_log import AT_ONCE, TokenLog
+from tetriserve.control_plane.worker_streams import Lost, OpenRequest, WorkerStreams, stream_host
 
 logger = logging.getLogger(__name__)
 
 POLICIES_TIMEOUT_S = 2.0  # status: a worker that does not answer by then shows no policy
 SET_POLICY_TIMEOUT_S = 30.0
-TEND_S = 0.5  # how often streams are checked: reopened, timed out, requests' deadlines
-BEAT_TIMEOUT_S = 3 * HEARTBEAT_S + 4  # a control stream silent this long is taken as broken
 PLACE_TIMEOUT_S = 5.0  # one ``place`` call (the GlobalScheduler may be restarting)
-
-
-@dataclass(frozen=True)
-class Lost:
-    """A request's attempt is lost: the worker it was on is gone, or it fell silent."""
-
-    attempt: int
-    worker: str
-    reason: str
-
-
-@dataclass
-class _Open:
-    """A request this process is streaming: its chunks' queue and, once placed, its token log."""
-
-    queue: asyncio.Queue[StreamChunk | Lost] = field(default_factory=asyncio.Queue)
-    log: TokenLog | None = None
-    seen: float = field(default_factory=time.monotonic)  # last sign of life: a chunk, a heartbeat listing it
-
-    def lose(self, worker: str, reason: str) -> None:
-        if self.log is not None and not self.log.done:
-            self.queue.put_nowait(Lost(self.log.attempt, worker, reason))
-
-
-class _Streams:
-    """This process's streams from every worker: one ZeroMQ PULL socket that every worker pushes this process's
-    chunks to (routed to the requests' queues), and per worker the Ray ``subscribe`` call that attached it, which
-    carries heartbeats and fails when the worker is gone (``common/outbox.py``)."""
-
-    def __init__(self, workers: Callable[[], dict[str, Any]], host: str, idle_timeout_s: float) -> None:
-        import zmq
-        import zmq.asyncio
-
-        self.id = f"frontdoor-{uuid.uuid4().hex[:12]}"
-        self.loop = asyncio.get_running_loop()
-        self.requests: dict[str, _Open] = {}
-        self.down: set[str] = set()  # workers whose stream failed and has not beaten since
-        self._workers = workers
-        self._idle_timeout_s = idle_timeout_s
-        self._socket = zmq.asyncio.Context.instance().socket(zmq.PULL)
-        self._socket.setsockopt(zmq.RCVHWM, 0)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self.address = f"tcp://{host}:{self._socket.bind_to_random_port(f'tcp://{host}')}"
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._refs: dict[str, Any] = {}
-        self._handles: dict[str, Any] = {}  # the handle each stream was opened with
-        self._opened: dict[str, float] = {}
-        self._beats: dict[str, float] = {}
-        self._incarnations: dict[str, int] = {}
-        for worker_id in workers():
-            self.open(worker_id)
-        self._reader = self.loop.create_task(self._read())
-        self._tender = self.loop.create_task(self._tend())
-
-    def open(self, worker_id: str) -> None:
-        """Open the stream from ``worker_id``'s current handle unless it is open."""
-        task = self._tasks.get(worker_id)
-        handle = self._workers().get(worker_id)
-        if handle is None or (task is not None and not task.done() and self._handles.get(worker_id) is handle):
-            return
-        if task is not None:
-            task.cancel()
-        ref = handle.subscribe.remote(self.id, self.address)
-        self._refs[worker_id], self._handles[worker_id] = ref, handle
-        self._opened[worker_id] = self._beats[worker_id] = time.monotonic()
-        self._tasks[worker_id] = self.loop.create_task(self._watch(worker_id, ref))
-
-    async def _read(self) -> None:
-        while True:
-            try:
-                data = await self._socket.recv()
-                chunks = decode_chunks(data)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # one bad message (or a socket hiccup) must not end every stream of this process
-                logger.exception("stream %s: a message was dropped", self.id)
-                await asyncio.sleep(0.01)
-                continue
-            now = time.monotonic()
-            for chunk in chunks:
-                req = self.requests.get(chunk.request_id)
-                if req is None or chunk.incarnation < self._incarnations.get(chunk.worker, 0):
-                    continue  # not ours any more, or a previous life's last words
-                req.queue.put_nowait(chunk)
-                if req.log is not None and chunk.attempt == req.log.attempt:
-                    req.seen = now
-                    if chunk.moved_to in self.down:
-                        req.lose(chunk.moved_to, f"{chunk.moved_to} is down")
-
-    async def _watch(self, worker_id: str, stream: Any) -> None:
-        try:
-            async for ref in stream:
-                self._beat(await ref)
-            reason = "its stream ended"
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            reason = type(exc).__name__
-        log = logger.debug if worker_id in self.down else logger.warning  # a dead worker's retries: once is enough
-        log("stream %s from %s lost: %s", self.id, worker_id, reason)
-        self._lost(worker_id, reason)
-
-    def _beat(self, beat: Heartbeat) -> None:
-        now = time.monotonic()
-        self._beats[beat.worker] = now
-        self.down.discard(beat.worker)
-        self._incarnations[beat.worker] = max(beat.incarnation, self._incarnations.get(beat.worker, 0))
-        for rid, attempt in beat.holding:
-            req = self.requests.get(rid)
-            if req is not None and req.log is not None and req.log.attempt == attempt:
-                req.seen = now
-
-    def _lost(self, worker_id: str, reason: str) -> None:
-        """The stream from ``worker_id`` is gone: every request on it is lost."""
-        self.down.add(worker_id)
-        for req in self.requests.values():
-            if req.log is not None and req.log.worker == worker_id:
-                req.lose(worker_id, f"lost the stream from {worker_id} ({reason})")
-
-    async def _tend(self) -> None:
-        while True:
-            await asyncio.sleep(TEND_S)
-            try:
-                self.tend(time.monotonic())
-            except Exception:
-                logger.exception("stream %s: tending failed", self.id)
-
-    def tend(self, now: float) -> None:
-        """Reopen streams that ended or whose worker was re-created; time out silent streams and requests."""
-        for worker_id, handle in self._workers().items():
-            task = self._tasks.get(worker_id)
-            if task is not None and not task.done() and now - self._beats.get(worker_id, now) > BEAT_TIMEOUT_S:
-                task.cancel()
-                self._lost(worker_id, f"no heartbeat for {BEAT_TIMEOUT_S:.0f} s")
-            replaced = self._handles.get(worker_id) is not handle
-            if task is None or replaced or (task.done() and now - self._opened.get(worker_id, 0.0) >= 1.0):
-                self.open(worker_id)
-        for req in self.requests.values():
-            if req.log is not None and not req.log.done and now - req.seen > self._idle_timeout_s:
-                req.seen = now
-                req.lose(req.log.worker, f"no sign of it for {self._idle_timeout_s:.0f} s")
-
-    def close(self) -> None:
-        import ray
-
-        self._reader.cancel()
-        self._tender.cancel()
-        for worker_id, task in self._tasks.items():
-            task.cancel()
-            try:
-                ray.cancel(self._refs[worker_id])
-            except Exception:
-                logger.debug("cancel of stream %s from %s failed", self.id, worker_id, exc_info=True)
-        self._socket.close()
-
-
-def _stream_host(config: Any) -> str:
-    """The address workers reach this process at: the front doors' host, or this node's address when that is a
-    wildcard."""
-    host = getattr(config, "host", None) or "127.0.0.1"
-    if host in ("0.0.0.0", "::"):
-        import ray
-
-        return str(ray.util.get_node_ip_address())
-    return str(host)
 
 
 class RayBackend:
     def __init__(self, cluster: Cluster, model_name: str) -> None:
         self.cluster = cluster
         self._model_name = model_name
-        self._streams: _Streams | None = None
+        self._streams: WorkerStreams | None = None
         config = getattr(cluster, "config", None)
         self.migration_limit = int(getattr(config, "migration_limit", 3))
         self.idle_timeout_s = float(getattr(config, "stream_idle_timeout_s", 15.0))
@@ -266,18 +91,18 @@ class RayBackend:
         """Every worker's current handle (the supervisor replaces one it re-creates)."""
         return {**self.cluster.prefill, **self.cluster.decode}
 
-    def streams(self) -> _Streams:
+    def streams(self) -> WorkerStreams:
         """This event loop's streams from every worker (opened on first use, reopened if one ended)."""
         loop = asyncio.get_running_loop()
         if self._streams is None or self._streams.loop is not loop:
-            self._streams = _Streams(self._workers, _stream_host(self.cluster.config), self.idle_timeout_s)
+            self._streams = WorkerStreams(self._workers, stream_host(self.cluster.config), self.idle_timeout_s)
         return self._streams
 
     async def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
         streams = self.streams()
         rid = request.request_id
-        req = streams.requests[rid] = _Open()
-        log = req.log = TokenLog(rid, "", request.attempt)
+        log = TokenLog(rid, "", request.attempt)
+        req = streams.requests[rid] = OpenRequest(log)
         avoid: tuple[str, ...] = ()
         try:
             for moves in range(self.migration_limit + 1):
@@ -388,7 +213,7 @@ class RayBackend:
         req = self._streams.requests.get(request_id) if self._streams is not None else None
         if req is None:
             return False
-        attempt = req.log.attempt if req.log is not None else 0
+        attempt = req.log.attempt
         chunk = StreamChunk(request_id, (), FinishReason(reason), worker="frontdoor", index=AT_ONCE, attempt=attempt)
         req.queue.put_nowait(chunk)
         return True
@@ -460,7 +285,7 @@ def _actor_setter(handle: Any) -> Setter:
     return call
 
 
-async def _report_failure(submitted: Any, req: _Open, worker_id: str) -> None:
+async def _report_failure(submitted: Any, req: OpenRequest, worker_id: str) -> None:
     """The request's attempt is lost if its prefill worker could not take it (dead, or dying)."""
     try:
         await submitted
