@@ -27,7 +27,7 @@ def main() -> int:
     results: dict[str, dict[str, float]] = {}
     for predictor in ("baseline", "trained"):
         cmd = tetriserve_cmd("--predictor", predictor)
-        results[predictor] = serve_and_bench(f"predictor_{predictor}", cmd, 8100, env, args, model, dataset)
+        results[predictor] = serve_and_bench(f"predictor_{predictor}", cmd, 8100, env, args, model, dataset, "rate")
     b, t = results["baseline"], results["trained"]
     lines = [
         "# tetriserve end to end: baseline vs trained length predictor",

@@ -1,18 +1,25 @@
 """Side by side: vLLM's own benchmark client against tetriserve's HTTP front door and a plain vLLM server.
 
 Both systems serve the same model on the same machine in one run, with the same
-ShareGPT prompts and seed, in three scenarios; each scenario runs on a fresh
-server of each system, the two back to back (which goes first alternates):
+ShareGPT prompts and seed, in three scenarios:
 
     rate        Poisson arrivals at --request-rate (default 2 req/s), --num-prompts prompts
     single      one stream at a time (--max-concurrency 1), --single-prompts prompts
     saturation  every prompt at once (--request-rate inf), --num-prompts prompts
 
-    python benchmarks/vllm_bench_serve.py --num-prompts 200 --request-rate 2 --seed 0
+    python benchmarks/vllm_bench_serve.py --num-prompts 200 --request-rate 2 --seed 0 --rounds 3
 
-Writes ``benchmarks/results/vllm_bench_serve.{md,json}``: per system and
-scenario the benchmark client's JSON summary, and tables of medians and the
-ratio tetriserve / vLLM.
+This machine's speed drifts by up to 2x within an hour, for both systems, so one
+pair of runs says little. The run is made of ``--rounds`` rounds; in each, every
+scenario runs on a fresh server of each system, the two back to back, which one
+goes first alternating from one scenario and one round to the next. Before a server
+starts, every process of the one before it (Ray's included) has exited. A
+scenario's ratio (tetriserve / vLLM) is the median of its per-round ratios, each
+taken between two runs minutes apart; the report lists every round's ratio too.
+
+Writes ``benchmarks/results/vllm_bench_serve.{md,json}``: per system, scenario
+and round the benchmark client's JSON summary; tables of medians over rounds, the
+per-round ratios, and the issue's targets judged on the median ratio.
 """
 
 from __future__ import annotations
@@ -62,7 +69,9 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) 
     raise TimeoutError(f"{url} not ready after {timeout_s} s")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: subprocess.Popen[bytes], settle_s: float = 3.0) -> None:
+    """Stop a server started in a session of its own and wait until every process of that session has exited
+    (Ray's GCS, raylet and workers, vLLM's engine core), so that none of them runs beside the next server."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)
         try:
@@ -70,6 +79,25 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    deadline = time.monotonic() + 60
+    while session_alive(proc.pid):
+        if time.monotonic() >= deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+        time.sleep(0.5)
+    time.sleep(settle_s)
+
+
+def session_alive(sid: int) -> bool:
+    """Whether any process of session ``sid`` is still alive (zombies excluded)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":  # fields after the name: state ppid pgrp session
+            return True
+    return False
 
 
 SCENARIOS = ("rate", "single", "saturation")
@@ -137,12 +165,14 @@ def summary(name: str, scenario: str) -> dict[str, float]:
 PROMPT_BANDS = ((0, 50), (50, 150), (150, 400), (400, 1 << 20))
 
 
-def ttft_by_prompt(name: str, scenario: str) -> list[tuple[int, float]]:
-    """Per band of prompt length (``PROMPT_BANDS``): (requests, median TTFT in ms), from the detailed JSON."""
-    result = saved(name, scenario)
+def ttft_by_prompt(names: list[str], scenario: str) -> list[tuple[int, float]]:
+    """Per band of prompt length (``PROMPT_BANDS``): (requests, median TTFT in ms) over the runs saved under
+    ``names``, from the detailed JSON."""
+    runs = [saved(name, scenario) for name in names]
+    pairs = [p for run in runs for p in zip(run["ttfts"], run["input_lens"], strict=True)]
     rows = []
     for lo, hi in PROMPT_BANDS:
-        ttfts = [t for t, n in zip(result["ttfts"], result["input_lens"], strict=True) if lo <= n < hi]
+        ttfts = [t for t, n in pairs if lo <= n < hi]
         rows.append((len(ttfts), 1000 * statistics.median(ttfts) if ttfts else float("nan")))
     return rows
 
@@ -202,12 +232,26 @@ def prepare() -> tuple[str, Path, dict[str, str]]:
     return model, dataset, dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
 
 
+TARGETS = (  # the issue's targets: (scenario, metric, bound, "max" = ratio at most, "min" = at least)
+    ("rate", "median_ttft_ms", 1.5, "max"),
+    ("rate", "median_tpot_ms", 1.2, "max"),
+    ("single", "median_tpot_ms", 1.2, "max"),
+    ("saturation", "output_throughput", 1.0, "min"),
+)
+
+
+def run_name(system: str, rnd: int) -> str:
+    """The name a system's runs of round ``rnd`` are saved under in ``WORK``."""
+    return f"{system}_r{rnd}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-prompts", type=int, default=200, help="prompts of the rate and saturation scenarios")
     ap.add_argument("--request-rate", type=float, default=2.0, help="Poisson arrival rate of the rate scenario")
     ap.add_argument("--single-prompts", type=int, default=50, help="prompts of the one-stream scenario")
     ap.add_argument("--seed", type=int, default=0, help="the benchmark client's seed (prompt sample, arrivals)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of every scenario on both systems (see above)")
     ap.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS), help="which scenarios to run")
     ap.add_argument(
         "--systems", nargs="+", choices=("tetriserve", "vllm"), default=["tetriserve", "vllm"], help="which servers"
@@ -224,8 +268,12 @@ def main() -> int:
         help="rewrite the report from the last run's saved results (give that run's arguments); run nothing",
     )
     args = ap.parse_args()
+    systems_all = ("tetriserve", "vllm")
     if args.report_only:
-        write_report({n: {s: summary(n, s) for s in SCENARIOS} for n in ("tetriserve", "vllm")}, args)
+        results = {
+            n: {s: [summary(run_name(n, r), s) for r in range(args.rounds)] for s in SCENARIOS} for n in systems_all
+        }
+        write_report(results, args)
         return 0
     model, dataset, env = prepare()
     systems = {
@@ -255,18 +303,24 @@ def main() -> int:
             dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2"),
         ),
     }
-    results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in args.systems}
+    results: dict[str, dict[str, list[dict[str, float]]]] = {n: {s: [] for s in args.scenarios} for n in args.systems}
     # scenario by scenario, the two systems back to back (the first one alternating), so that the two runs of a
     # scenario are minutes apart, not half an hour: this machine's speed drifts more than that
-    for i, scenario in enumerate(args.scenarios):
-        for name in args.systems if i % 2 == 0 else args.systems[::-1]:
-            cmd, port, senv = systems[name]
-            results[name][scenario] = serve_and_bench(name, cmd, port, senv, args, model, dataset, scenario)
+    turn = 0
+    for rnd in range(args.rounds):
+        for scenario in args.scenarios:
+            order = args.systems if turn % 2 == 0 else args.systems[::-1]
+            turn += 1
+            for name in order:
+                cmd, port, senv = systems[name]
+                print(f"== round {rnd + 1}/{args.rounds}, {scenario}, {name}", flush=True)
+                run = serve_and_bench(run_name(name, rnd), cmd, port, senv, args, model, dataset, scenario)
+                results[name][scenario].append(run)
     if len(results) < 2 or set(args.scenarios) != set(SCENARIOS):  # a partial run: summaries only, no report
         print(json.dumps(results, indent=2))
         return 0
     write_report(results, args)
-    return 0 if all(r.get("failed", 1) == 0 for s in results.values() for r in s.values()) else 1
+    return 0 if all(r.get("failed", 1) == 0 for s in results.values() for runs in s.values() for r in runs) else 1
 
 
 TITLES = {
@@ -276,46 +330,77 @@ TITLES = {
 }
 
 
-def write_report(results: dict[str, dict[str, dict[str, float]]], args: argparse.Namespace) -> None:
+def ratios(t: list[dict[str, float]], v: list[dict[str, float]], metric: str) -> list[float]:
+    """tetriserve / vLLM for ``metric`` in each round (rounds where vLLM's value is 0 are left out)."""
+    return [a[metric] / b[metric] for a, b in zip(t, v, strict=True) if metric in a and b.get(metric)]
+
+
+def median_of(runs: list[dict[str, float]], metric: str) -> float:
+    return statistics.median(r[metric] for r in runs)
+
+
+def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: argparse.Namespace) -> None:
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
     flags = f" --tetriserve-flags={args.tetriserve_flags}" if args.tetriserve_flags else ""
     out = f" --out {args.out}" if args.out != "vllm_bench_serve" else ""
+    rounds = args.rounds
     lines = [
         "# vLLM benchmark client: tetriserve vs plain vLLM",
         "",
         f"Command: `python benchmarks/vllm_bench_serve.py --num-prompts {args.num_prompts} "
-        f"--request-rate {args.request_rate} --single-prompts {args.single_prompts} --seed {args.seed}{flags}{out}`  ",
+        f"--request-rate {args.request_rate} --single-prompts {args.single_prompts} --seed {args.seed} "
+        f"--rounds {rounds}{flags}{out}`  ",
         f"Client: `vllm.benchmarks.serve --backend openai --dataset-name sharegpt --seed {args.seed}`; "
-        f"a fresh server per scenario, the two systems back to back, first the one that went second before; "
-        f"each server first serves {WARMUP_PROMPTS} prompts at once, not measured.  ",
+        f"{rounds} rounds; in each, every scenario on a fresh server of each system, the two back to back, which one "
+        f"goes first alternating; each server first serves {WARMUP_PROMPTS} prompts at once, not measured; "
+        "a server starts only once every process of the one before has exited.  ",
         f"Machine: {os.cpu_count()} CPU cores, no GPU; tiny random-weight Llama (5.2M params), same for both.  ",
         f"tetriserve: defaults{' plus `' + args.tetriserve_flags + '`' if args.tetriserve_flags else ''} "
         "(1 prefill + 1 decode worker, trained length predictor), 1 OMP thread per engine, "
-        "KV over TCP. vLLM: one `vllm.entrypoints.openai.api_server`, 2 OMP threads.",
+        "KV over TCP. vLLM: one `vllm.entrypoints.openai.api_server`, 2 OMP threads.  ",
+        "Each system's column is the median of its rounds; the ratio is the median of the per-round ratios "
+        "(tetriserve / vLLM), each round's listed after it.",
     ]
     binding = [
         ln.split("]", 1)[-1].strip()
-        for ln in (WORK / f"server_vllm_{SCENARIOS[0]}.log").read_text().splitlines()
+        for ln in (WORK / f"server_{run_name('vllm', 0)}_{SCENARIOS[0]}.log").read_text().splitlines()
         if "core ids=" in ln or "reserved_cpus=" in ln
     ]
     if binding:
         lines.append(f"vLLM's own CPU binding (from its log): {'; '.join(binding)}.")
+    lines += ["", "## The issue's targets, on the median of the per-round ratios", ""]
+    lines += [
+        "| scenario | metric | target | ratio (median) | rounds that meet it | met |",
+        "| --- | --- | --- | ---: | ---: | --- |",
+    ]
+    for scenario, metric, bound, kind in TARGETS:
+        rs = ratios(results["tetriserve"][scenario], results["vllm"][scenario], metric)
+        ok = [r <= bound if kind == "max" else r >= bound for r in rs]
+        mid = statistics.median(rs) if rs else float("nan")
+        met = (mid <= bound) if kind == "max" else (mid >= bound)
+        sign = "≤" if kind == "max" else "≥"
+        verdict = "yes" if met else "no"
+        lines.append(f"| {scenario} | {metric} | {sign} {bound} | {mid:.2f} | {sum(ok)} of {len(rs)} | {verdict} |")
     for scenario in SCENARIOS:
         t, v = results["tetriserve"][scenario], results["vllm"][scenario]
         lines += ["", f"## {TITLES[scenario].format(**vars(args))}", ""]
-        lines += ["| metric | tetriserve | vLLM | tetriserve / vLLM |", "| --- | ---: | ---: | ---: |"]
+        lines += [
+            "| metric | tetriserve | vLLM | tetriserve / vLLM | per round |",
+            "| --- | ---: | ---: | ---: | --- |",
+        ]
         for k in METRICS:
-            if k in t and k in v:
-                ratio = f"{t[k] / v[k]:.2f}" if v[k] else "-"
-                lines.append(f"| {k} | {t[k]:.2f} | {v[k]:.2f} | {ratio} |")
-    lines += ["", f"## Median TTFT by prompt length, {TITLES['rate'].format(**vars(args))}", ""]
+            if all(k in r for r in t + v):
+                rs = ratios(t, v, k)
+                mid = f"{statistics.median(rs):.2f}" if rs else "-"
+                each = ", ".join(f"{r:.2f}" for r in rs) or "-"
+                lines.append(f"| {k} | {median_of(t, k):.2f} | {median_of(v, k):.2f} | {mid} | {each} |")
+    lines += ["", f"## Median TTFT by prompt length, {TITLES['rate'].format(**vars(args))}, all rounds pooled", ""]
     lines += [
         "| prompt tokens | requests | tetriserve ms | vLLM ms | tetriserve / vLLM |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
-    for (lo, hi), (n, t_ms), (_, v_ms) in zip(
-        PROMPT_BANDS, ttft_by_prompt("tetriserve", "rate"), ttft_by_prompt("vllm", "rate"), strict=True
-    ):
+    bands = {n: ttft_by_prompt([run_name(n, r) for r in range(rounds)], "rate") for n in ("tetriserve", "vllm")}
+    for (lo, hi), (n, t_ms), (_, v_ms) in zip(PROMPT_BANDS, bands["tetriserve"], bands["vllm"], strict=True):
         band = f"{lo}–{hi - 1}" if hi < 1 << 20 else f"≥ {lo}"
         lines.append(f"| {band} | {n} | {t_ms:.0f} | {v_ms:.0f} | {t_ms / v_ms:.2f} |")
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")

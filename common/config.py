@@ -227,7 +227,19 @@ class ClusterConfig(BaseModel):
     )
     ray_address: str | None = Field(None, description="Ray cluster to join; None starts a local one.")
     namespace: str = Field("tetriserve", description="Ray namespace of the named actors.")
-    report_interval_ms: int = Field(100, ge=10, description="Load report / broadcast period.")
+    report_interval_ms: int = Field(
+        100,
+        ge=10,
+        description="How often a worker looks at its load and the monitor at the loads: a change goes out then.",
+    )
+    heartbeat_interval_ms: int = Field(
+        1000,
+        ge=10,
+        description=(
+            "An unchanged load is still reported, and the loads still broadcast, this often (the heartbeat). A "
+            "worker is stale after three heartbeats (or 30 report periods, whichever is longer) without one."
+        ),
+    )
     transport: Literal["tcp"] = Field("tcp", description="KV transfer backend.")
     kv_transfer_timeout_s: float = Field(30.0, gt=0, description="Deadline for one request's KV transfer.")
     slice_lambda: float = Field(
@@ -279,6 +291,10 @@ class ClusterConfig(BaseModel):
     def _check(self) -> ClusterConfig:
         if self.prefill.chunk_size < self.engine.block_size:
             raise ValueError("prefill.chunk_size must be >= engine.block_size")
+        if self.heartbeat_interval_ms < self.report_interval_ms:
+            raise ValueError("heartbeat_interval_ms must be >= report_interval_ms")
+        if 3 * self.heartbeat_interval_ms >= 1000 * self.dead_after_s:
+            raise ValueError("heartbeat_interval_ms must be under a third of dead_after_s (a live worker is not stale)")
         return self
 
     @classmethod

@@ -1,16 +1,19 @@
-"""Load reports sent to the ClusterMonitor every ``report_interval_ms`` (TetriInfer §3.2).
+"""Load reports sent to the ClusterMonitor (TetriInfer §3.2).
 
-Decode loads are broadcast to every prefill worker, whose dispatcher decides
-locally from that view (§3.3.4). A report is also the worker's heartbeat: it
-carries the worker's ``incarnation`` (reports of a previous life are dropped)
-and its engine's step counter with whether the engine has work, so the monitor
-can tell a stuck engine from a live one by its own clock.
+A worker looks at its load every ``report_interval_ms`` and sends it when it has
+changed (``same_load``), or else once every ``heartbeat_interval_ms``: an idle
+cluster costs a few messages a second, not tens. Decode loads are broadcast to
+every prefill worker, whose dispatcher decides locally from that view (§3.3.4).
+A report is also the worker's heartbeat: it carries the worker's ``incarnation``
+(reports of a previous life are dropped) and its engine's step counter with
+whether the engine has work, so the monitor can tell a stuck engine from a live
+one by its own clock.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 class Role(enum.Enum):
@@ -48,3 +51,11 @@ class DecodeLoad:
     incarnation: int = 0
     steps: int = 0  # engine steps so far
     busy: bool = False  # the engine has requests (so ``steps`` must move)
+
+
+def same_load(a: PrefillLoad | DecodeLoad | None, b: PrefillLoad | DecodeLoad | None) -> bool:
+    """Whether two reports say the same but for when they were taken and how far the engine has stepped (a
+    heartbeat carries those; a changed load goes out at once)."""
+    if a is None or b is None or type(a) is not type(b):
+        return False
+    return replace(a, at=0.0, steps=0) == replace(b, at=0.0, steps=0)

@@ -1,17 +1,21 @@
 """ClusterMonitor (TetriInfer §3.2): collects load reports and broadcasts decode loads.
 
-Every worker reports its load every ``report_interval_ms``. On the same period
-the monitor sends the latest decode loads to every prefill worker, whose
-dispatcher decides locally, and the latest prefill loads to the
-GlobalScheduler. Decode endpoints and actor handles travel only when a prefill
-worker has not seen them in their current life (``incarnation``): a decode
-worker re-created on a new KV port is announced again.
+Every worker looks at its load every ``report_interval_ms`` and reports it when
+it has changed, or else once every ``heartbeat_interval_ms`` (common/load.py).
+On the same period the monitor sends the latest decode loads to every prefill
+worker, whose dispatcher decides locally, and the latest prefill loads to the
+GlobalScheduler, when a load or the set of serving workers has changed since its
+last broadcast, or else once a heartbeat: an idle cluster exchanges a few
+messages a second instead of tens (they cost CPU the engines share). Decode
+endpoints and actor handles travel only when a prefill worker has not seen them
+in their current life (``incarnation``): a decode worker re-created on a new KV
+port is announced again.
 
 Liveness is judged here, by this monitor's clock, from the reports (they are
 the workers' heartbeats): a worker is ``starting`` before its first report of
-its current life, ``stale`` once none has arrived for ``stale_after`` periods,
-``stuck`` while its engine has work and its step counter has not moved for
-``stuck_after_s``, ``dead`` once the supervisor says so (``mark_dead``), else
+its current life, ``stale`` once none has arrived for ``stale_after`` periods
+(and at least three heartbeats), ``stuck`` while its engine has work and its
+step counter has not moved for ``stuck_after_s``, ``dead`` once the supervisor says so (``mark_dead``), else
 ``serving``. Only ``serving`` workers are broadcast, so placement and dispatch
 never see another. Reports of a previous life are dropped.
 
@@ -32,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tetriserve.common.load import DecodeLoad, PrefillLoad, Role
+from tetriserve.common.load import DecodeLoad, PrefillLoad, Role, same_load
 from tetriserve.decode_worker import slices
 
 logger = logging.getLogger(__name__)
@@ -61,9 +65,11 @@ class ClusterMonitor:
         slice_min_interval_s: float = 1.0,
         stuck_after_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        heartbeat_interval_ms: int = 1000,
     ) -> None:
         self.interval = report_interval_ms / 1000
-        self.stale_s = self.interval * stale_after
+        self.heartbeat_s = heartbeat_interval_ms / 1000
+        self.stale_s = max(self.interval * stale_after, 3 * self.heartbeat_s)
         self.stuck_s = stuck_after_s
         self.clock = clock
         self.slice_lambda = slice_lambda
@@ -71,10 +77,14 @@ class ClusterMonitor:
         self.members: dict[str, _Member] = {}
         self.scheduler: Any = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._changed = True  # a load has changed since the last broadcast
+        self._broadcast_serving: frozenset[tuple[str, int]] = frozenset()  # who was serving then
+        self._broadcast_at = -float("inf")
 
     async def start(self, scheduler: Any) -> None:
         """Begin broadcasting (and rebalancing); called again with a re-created GlobalScheduler, it rewires."""
         self.scheduler = scheduler
+        self._changed = True  # a re-created GlobalScheduler gets the loads at once
         if not self._tasks:
             self._tasks = [asyncio.create_task(self._broadcast_loop()), asyncio.create_task(self._rebalance_loop())]
 
@@ -103,6 +113,7 @@ class ClusterMonitor:
         now = self.clock()
         if member.load is None or not load.busy or load.steps != member.load.steps:
             member.moved = now
+        self._changed = self._changed or not same_load(load, member.load)
         member.load, member.received = load, now
 
     def _state(self, m: _Member, now: float) -> str:
@@ -118,15 +129,31 @@ class ClusterMonitor:
         now = self.clock()
         return [m for m in self.members.values() if m.role is role and self._state(m, now) == "serving"]
 
+    def _serving_now(self) -> frozenset[tuple[str, int]]:
+        now = self.clock()
+        members = self.members.values()
+        return frozenset((m.worker_id, m.incarnation) for m in members if self._state(m, now) == "serving")
+
+    def broadcast_due(self) -> bool:
+        """Whether a load or the set of serving workers has changed since the last broadcast, or a heartbeat is
+        due."""
+        return (
+            self._changed
+            or self._serving_now() != self._broadcast_serving
+            or self.clock() - self._broadcast_at >= self.heartbeat_s
+        )
+
     async def _broadcast_loop(self) -> None:
         while True:
             try:
-                self.broadcast_once()
+                if self.broadcast_due():
+                    self.broadcast_once()
             except Exception:
                 logger.exception("cluster monitor: broadcast failed")
             await asyncio.sleep(self.interval)
 
     def broadcast_once(self) -> None:
+        self._changed, self._broadcast_serving, self._broadcast_at = False, self._serving_now(), self.clock()
         decode = self._serving(Role.DECODE)
         loads = [m.load for m in decode]
         ids = frozenset((m.worker_id, m.incarnation) for m in decode)

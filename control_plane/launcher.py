@@ -116,6 +116,7 @@ class ActorBuilder:
                 slice_lambda=c.slice_lambda,
                 slice_min_interval_s=c.slice_min_interval_s,
                 stuck_after_s=c.dead_after_s,
+                heartbeat_interval_ms=c.heartbeat_interval_ms,
             )
         )
 

@@ -1,6 +1,7 @@
 """What prefill and decode workers share: an engine, a transport endpoint, output streams, reports, stats.
 
-start(monitor, scheduler) ─▶ every report_interval_ms: monitor.report(load())          (TetriInfer §3.2)
+start(monitor, scheduler) ─▶ every report_interval_ms: monitor.report(load()) if it changed, else once
+                             every heartbeat_interval_ms                               (TetriInfer §3.2)
                                                         scheduler.record(state events)  (the request table)
                              called again after the monitor or the GlobalScheduler was re-created: rewires
 subscribe(front door)     ─▶ that front door's one stream of token chunks from this worker, over ZeroMQ (DESIGN.md §5b),
@@ -25,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from tetriserve.common.config import ClusterConfig
-from tetriserve.common.load import DecodeLoad, PrefillLoad
+from tetriserve.common.load import DecodeLoad, PrefillLoad, same_load
 from tetriserve.common.outbox import StreamHub
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, Heartbeat, StateEvent, StreamChunk
@@ -52,12 +53,15 @@ class EngineWorker:
         self._monitor: Any = None
         self._scheduler: Any = None
         self._report_task: asyncio.Task[None] | None = None
+        self._reported: PrefillLoad | DecodeLoad | None = None  # the last load sent to the monitor
+        self._reported_at = 0.0
 
     async def start(self, monitor: Any, scheduler: Any = None) -> str:
         """Begin (or redirect) load reports to the ClusterMonitor and state events to the GlobalScheduler;
         returns the KV endpoint address to advertise."""
         self._monitor = monitor
         self._scheduler = scheduler
+        self._reported = None  # a new monitor hears from this worker at once
         if self._report_task is None or self._report_task.done():
             self._report_task = asyncio.create_task(self._report_loop())
         return self.endpoint.address
@@ -179,10 +183,17 @@ class EngineWorker:
         interval = self.config.report_interval_ms / 1000
         while True:
             try:
-                self._monitor.report.remote(self.load())
+                self._report(self.load(), time.monotonic())
                 if self._events and self._scheduler is not None:
                     events, self._events = self._events, []
                     self._scheduler.record.remote(events)
             except Exception:
                 logger.exception("%s: load report failed", self.worker_id)
             await asyncio.sleep(interval)
+
+    def _report(self, load: PrefillLoad | DecodeLoad, now: float) -> None:
+        """Send ``load`` to the monitor if it differs from the last one sent or a heartbeat is due."""
+        if same_load(load, self._reported) and now - self._reported_at < self.config.heartbeat_interval_ms / 1000:
+            return
+        self._monitor.report.remote(load)
+        self._reported, self._reported_at = load, now

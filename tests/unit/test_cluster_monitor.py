@@ -130,3 +130,42 @@ def test_no_slice_round_orders_anything_while_no_decode_worker_slices() -> None:
     mon.report(DecodeLoad("decode-0", 10, 10, 32, 4, 0, 0, 0, now, True, 800, 0.04, 0))
     mon.report(DecodeLoad("decode-1", 10, 10, 32, 0, 0, 0, 0, now, True, 0, 0.0, 0))
     assert mon.rebalance_once() == 0.2 and not handle.called("rebalance")
+
+
+def test_loads_are_broadcast_when_they_change_or_a_heartbeat_is_due_not_every_period() -> None:
+    mon, prefill, sched, clock = _monitor()
+    mon.report(PrefillLoad("prefill-0", 0, 0, 0, 0.0))
+    mon.report(_decode_load("decode-0"))
+    assert mon.broadcast_due()
+    mon.broadcast_once()
+    clock.t += 0.1
+    mon.report(_decode_load("decode-0", steps=5))  # a heartbeat: only the step counter and the time moved
+    assert not mon.broadcast_due()
+    clock.t += 0.1
+    mon.report(DecodeLoad("decode-0", 9, 10, 32, 1, 0, 0, 1, 0.0))  # a request took a block: goes out now
+    assert mon.broadcast_due()
+    mon.broadcast_once()
+    clock.t += 0.5
+    mon.report(_decode_load("decode-1"))  # decode-1 starts serving: the serving set changed
+    assert mon.broadcast_due()
+    mon.broadcast_once()
+    assert not mon.broadcast_due()
+    clock.t += mon.heartbeat_s  # nothing changed for a heartbeat: broadcast anyway
+    assert mon.broadcast_due()
+    mon.broadcast_once()
+    clock.t += mon.stale_s + 0.1  # everyone went quiet: they turn stale, which is a change
+    assert mon.broadcast_due()
+    mon.broadcast_once()
+    assert len(prefill.called("update_decode_view")) == 4  # the last time prefill-0 was stale itself
+    assert len(sched.called("update_prefill_loads")) == 5 and sched.called("update_prefill_loads")[-1] == ([],)
+
+
+def test_a_worker_is_stale_only_after_three_missed_heartbeats() -> None:
+    clock = Clock()
+    mon = ClusterMonitor(report_interval_ms=100, stale_after=10, heartbeat_interval_ms=1000, clock=clock)
+    mon.register("decode-0", "decode", object(), "d:0")
+    mon.report(_decode_load("decode-0"))
+    clock.t += 2.9
+    assert _states(mon)["decode-0"] == "serving"
+    clock.t += 0.2
+    assert _states(mon)["decode-0"] == "stale"
