@@ -1,7 +1,8 @@
 """Worker failures on real engines (2 prefill + 2 decode): nothing is lost, everything comes back.
 
 Each test kills one actor (a decode worker, a prefill worker, the GlobalScheduler,
-the monitor) with ``ray.kill`` while greedy streams run, then checks what a client
+the monitor) with ``ray.kill``, or a decode worker's process with SIGKILL, while
+greedy streams run, then checks what a client
 would: every stream completes with the very tokens of an undisturbed run
 (re-placed or migrated with its delivered tokens), a new request is served within
 30 s, the supervisor has the killed actor serving again (next incarnation) within
@@ -90,6 +91,22 @@ def _kill(name: str) -> Callable[[], None]:
     return kill
 
 
+def _sigkill(name: str) -> Callable[[], None]:
+    """SIGKILL the actor's process, as the kernel's OOM killer or a lost node would end it: Ray hears of it only
+    from the dead process, not from a ``ray.kill``."""
+    import os
+    import signal
+
+    import ray
+
+    pid = ray.get(ray.get_actor(name, namespace=NAMESPACE).__ray_call__.remote(lambda self: os.getpid()))
+
+    def kill() -> None:
+        os.kill(pid, signal.SIGKILL)
+
+    return kill
+
+
 def _served_within(cluster: Any, seconds: float) -> None:
     from tetriserve.control_plane.ray_backend import RayBackend
 
@@ -147,10 +164,18 @@ def test_a_decode_worker_killed_under_streams_loses_nothing(cluster: Any, undist
     _no_kv_left(cluster)
 
 
+def test_a_decode_worker_whose_process_is_sigkilled_under_streams_loses_nothing(cluster: Any, undisturbed: Any) -> None:
+    _back_within(cluster, "decode-0", 120)  # the previous test's victim
+    _same(_run(cluster, "ks9", _sigkill("decode-1"), after=8), undisturbed)
+    _served_within(cluster, 30)
+    _back_within(cluster, "decode-1", 120)
+    _no_kv_left(cluster)
+
+
 def test_a_prefill_worker_killed_with_requests_queued_and_mid_handoff_loses_nothing(
     cluster: Any, undisturbed: Any
 ) -> None:
-    _back_within(cluster, "decode-0", 120)  # the previous test's victim
+    _back_within(cluster, "decode-1", 120)  # the previous test's victim
     _same(_run(cluster, "kp", _kill("prefill-0"), after=0), undisturbed)
     _served_within(cluster, 30)
     _back_within(cluster, "prefill-0", 120)
