@@ -121,6 +121,27 @@ class PrefillConfig(BaseModel):
             "oracle (true lengths from predictor_workload), auto (trained when its artifact exists, else baseline)."
         ),
     )
+    predictor_wait_ms: float = Field(
+        0,
+        ge=0,
+        description=(
+            "How long a request whose first token is out may wait for its length prediction while the predictor "
+            "is computing it. Past that it is handed to a decode worker with the predictor's instant estimate (the "
+            "baseline's) and the prediction follows it there when done; one not yet started is dropped. "
+            "0: the handoff never waits (the worker's stats count predictions on time, late and refined)."
+        ),
+    )
+    predictor_niceness: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description=(
+            "Linux niceness of the prefill worker's length-predictor thread. Predictions run on the engines' "
+            "cores; at this niceness they take what the engines leave, and a prediction not ready in time is "
+            "replaced by the instant estimate (predictor_wait_ms), so a busy machine sheds predictions, not "
+            "prefills or decode steps (0: equal share)."
+        ),
+    )
     predictor_artifact: str | None = Field(
         None, description="Trained heads' JSON (default: length_predictor/artifacts/heads-g200.json)."
     )

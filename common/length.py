@@ -107,6 +107,11 @@ class LengthPredictor(Protocol):
 
     def predict(self, batch: Sequence[PredictInput]) -> list[LengthEstimate]: ...
 
+    def instant(self, item: PredictInput) -> LengthEstimate:
+        """An estimate that costs next to nothing (no model), for a request whose ``predict`` would come too
+        late to be of use (the prefill worker's ``PredictionQueue``)."""
+        ...
+
     def observe(self, prompt_len: int, output_len: int) -> None:
         """Feed back a finished request's true output length (online predictors learn from it)."""
         ...

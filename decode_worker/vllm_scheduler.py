@@ -37,7 +37,8 @@ from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from tetriserve.common.engine_tags import tags_of
+from tetriserve.common.engine_tags import TAGS_KEY, tags_of
+from tetriserve.common.length import LengthEstimate
 from tetriserve.decode_worker.admission import AdmissionPolicy, make_admission_policy
 from tetriserve.decode_worker.preemption import PreemptionOrder, PreemptionStrategy, make_preemption_order
 from tetriserve.decode_worker.preemption.stats import PreemptionStats
@@ -110,6 +111,16 @@ class TetriDecodeScheduler(Scheduler):
         """The running batch as the slice rebalancer sees it, by the worker's ids."""
         in_flight = self.connector.in_flight() if hasattr(self.connector, "in_flight") else set()
         return [replace(self._view(r, in_flight), request_id=self._worker_id_of(r)) for r in list(self.running)]
+
+    def retag(self, request_id: str, estimate: LengthEstimate) -> bool:
+        """Give the worker's ``request_id`` a new length estimate (its prediction came after its handoff)."""
+        for req in self.requests.values():
+            params = req.sampling_params
+            tags = tags_of(params.extra_args if params is not None else None)
+            if tags.request_id == request_id:
+                params.extra_args[TAGS_KEY] = replace(tags, estimate=estimate)
+                return True
+        return False
 
     def mark_moving(self, request_id: str, key: str) -> None:
         """End the worker's ``request_id`` at its next slice boundary with its KV parked under ``key`` (SCLS §7)."""

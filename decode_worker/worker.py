@@ -61,6 +61,7 @@ class Running:
     heavy: bool
     estimate: LengthEstimate | None
     generated: list[int] = field(default_factory=list)  # every output token so far, the prefill's first too
+    base: int = 0  # of those, the ones its engine request has as prompt (generated before it started here)
     kv_key: str | None = None  # where its KV arrives (the request id from prefill, ``move:...`` after a move)
     move: Move | None = None
     task: asyncio.Task[None] | None = None  # a slice hand-over in progress
@@ -189,6 +190,17 @@ class DecodeWorker(EngineWorker):
     def holding(self, subscriber: str) -> tuple[tuple[str, int], ...]:
         return tuple((rid, run.request.attempt) for rid, run in self.running.items() if run.subscriber == subscriber)
 
+    async def refine(self, request_id: str, attempt: int, estimate: LengthEstimate) -> bool:
+        """The length prediction of a request that was handed here with the predictor's instant estimate, because
+        the prediction was not ready yet (``prefill_worker/predictions.py``): policies use it from now on."""
+        run = self.running.get(request_id)
+        if run is None or run.request.attempt != attempt:
+            return False  # finished, moved on, or a later attempt is here
+        run.estimate = estimate
+        run.heavy = estimate.is_heavy(self.config.prefill.heavy_threshold_tokens)
+        retagged: bool = await self.engine.call(lambda s: s.retag(request_id, estimate.after(run.base - 1)))
+        return retagged
+
     def kv_failed(self, key: str, error: str) -> None:
         """The prefill worker's send of ``key`` failed: the engine's load of it fails now, not at its deadline."""
         self.endpoint.fail(key, error)
@@ -219,13 +231,14 @@ class DecodeWorker(EngineWorker):
         req = run.request
         run.kv_key = key
         run.decoding = False
+        run.base = len(run.generated)
         prompt = (*req.prompt_token_ids, *run.generated)
         kv = KVInstruction(KVMode.RECV, key, len(prompt) - 1) if key is not None else None
         tags = EngineTags(  # for the decode scheduler, which knows the request by a suffixed id
             request_id=req.request_id,
             tbt_slo_s=req.slo.tbt_ms / 1e3 if req.slo.tbt_ms is not None else None,
             # as on first submit, counted from the prefill's token on
-            estimate=run.estimate.after(len(run.generated) - 1) if run.estimate is not None else None,
+            estimate=run.estimate.after(run.base - 1) if run.estimate is not None else None,
         )
         left = req.sampling.max_tokens - len(run.generated)
         params = to_vllm(req.sampling, max_tokens=left, prior_outputs=len(run.generated), kv=kv, tags=tags)

@@ -42,6 +42,7 @@ import math
 import mmap
 import os
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -242,3 +243,13 @@ def claim_cores(threads: int, borrows: bool) -> CoreShare | None:
     except (OSError, RuntimeError) as exc:
         logger.warning("engines keep their own threads, no core board: %s", exc)
         return None
+
+
+def lower_thread_priority(niceness: int) -> bool:
+    """Give the calling thread, and only it, ``niceness`` (Linux niceness is per thread; the rest of the
+    process keeps its own). False where the OS refuses."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
+    except (OSError, AttributeError):
+        return False
+    return True

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import queue
 import threading
 import time
@@ -41,7 +40,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tetriserve.engine.cores import CoreShare, set_engine_threads
+from tetriserve.engine.cores import CoreShare, lower_thread_priority, set_engine_threads
 from tetriserve.engine.stats import EngineStats, StatsCollector, stat_logger_factory
 
 logger = logging.getLogger(__name__)
@@ -314,16 +313,6 @@ class EngineLoop:
             self.engine.abort_request(ids)
         except Exception:
             logger.exception("engine %s: abort after failure also failed", self.name)
-
-
-def lower_thread_priority(niceness: int) -> bool:
-    """Give the calling thread, and only it, ``niceness`` (Linux niceness is per thread; the rest of the
-    process keeps its own). False where the OS refuses."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
-    except (OSError, AttributeError):
-        return False
-    return True
 
 
 def _deliver(batch: list[tuple[Sink, Delta]]) -> None:

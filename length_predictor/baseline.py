@@ -74,6 +74,9 @@ class BucketQuantilePredictor:
         with self._lock:
             return [self._one(item) for item in batch]
 
+    def instant(self, item: PredictInput) -> LengthEstimate:
+        return self.predict([item])[0]  # a few quantiles: as cheap as an estimate gets
+
     def _one(self, item: PredictInput) -> LengthEstimate:
         cap = max(item.max_tokens, 0)
         bucket = self.bucket_of(item.prompt_len)

@@ -87,5 +87,8 @@ class OraclePredictor:
             out.append(LengthEstimate(n, n, n + 1, self.spec.bucket_of(n), 1.0, self.name))
         return out
 
+    def instant(self, item: PredictInput) -> LengthEstimate:
+        return self.predict([item])[0]  # a lookup
+
     def observe(self, prompt_len: int, output_len: int) -> None:
         self.fallback.observe(prompt_len, output_len)

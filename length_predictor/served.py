@@ -98,6 +98,9 @@ class TrainedPredictor:
             return []
         return self._batcher(list(batch))
 
+    def instant(self, item: PredictInput) -> LengthEstimate:
+        return self.fallback.instant(item)  # no encoder: the fallback, kept warm by ``observe``
+
     def observe(self, prompt_len: int, output_len: int) -> None:
         self.fallback.observe(prompt_len, output_len)
 

@@ -39,6 +39,7 @@ from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate
 from tetriserve.prefill_worker.dispatch import DispatchParams, make_dispatch_policy
 from tetriserve.prefill_worker.dispatch.base import account
 from tetriserve.prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
+from tetriserve.prefill_worker.predictions import PredictionQueue
 from tetriserve.prefill_worker.views import ReqView
 from tetriserve.transport.instructions import KVInstruction, KVMode
 
@@ -83,6 +84,7 @@ class PrefillWorker(EngineWorker):
         self.engine.call_now(lambda s: s.configure(self.policy))
         self.gate = SchedBatchGate(self.policy.queue, self.policy.spec.sched_batch)
         self.predictor = predictor
+        self.predictions = PredictionQueue(predictor, niceness=config.prefill.predictor_niceness)
         self.dispatcher = make_dispatch_policy(
             config.prefill.dispatch_policy, DispatchParams(config.prefill.heavy_threshold_tokens)
         )
@@ -94,6 +96,7 @@ class PrefillWorker(EngineWorker):
         self._tasks: dict[str, tuple[Request, str, asyncio.Task[None]]] = {}  # id -> (request, subscriber, task)
         self._sends: dict[str, tuple[Any, str]] = {}  # KV key -> (its send's handle, the decode worker)
         self._send_watch: asyncio.Task[None] | None = None
+        self._refining: set[asyncio.Task[None]] = set()  # late predictions on their way to decode workers
 
     # -- wiring --------------------------------------------------------------------
     async def start(self, monitor: Any, scheduler: Any = None) -> str:
@@ -141,7 +144,7 @@ class PrefillWorker(EngineWorker):
         return self.policies()
 
     def stats(self) -> dict[str, Any]:
-        return {**super().stats(), "scheduler": self.engine.snapshot.extra}
+        return {**super().stats(), "scheduler": self.engine.snapshot.extra, "predictions": self.predictions.stats()}
 
     # -- the request path -------------------------------------------------------------
     def submit(self, req: Request, subscriber: str) -> None:
@@ -187,34 +190,54 @@ class PrefillWorker(EngineWorker):
             jct_slo_s=req.slo.jct_ms / 1000 if req.slo.jct_ms else None,
         )
         decodes = view.max_tokens > 1
-        # TetriInfer's parallel mode: the predictor runs in a thread while the engine prefills; the KV is
-        # parked in this worker's endpoint, so the decode worker can be chosen once the estimate is known.
-        predicting = None
+        # TetriInfer's parallel mode: the predictor runs in its own thread while the engine prefills; the KV is
+        # parked in this worker's endpoint, so the decode worker is chosen once the first token is out, with the
+        # best estimate there is then (``predictions.py``); a prediction still being computed follows the request.
+        ticket = refinement = None
         if decodes:  # the estimate serves the dispatcher: a prefill-only request needs none
             item = PredictInput(len(req.prompt_token_ids), req.sampling.max_tokens, tuple(req.prompt_token_ids))
-            predicting = asyncio.ensure_future(asyncio.to_thread(self.predictor.predict, [item]))
+            ticket = self.predictions.submit(item)
         try:
-            async with self.gate.turn(view) as batch_seq:
-                tokens, reason, error = await self._run_engine(req, replace(view, batch_seq=batch_seq), park=decodes)
-        except RequestAborted:
-            self.publish(subscriber, req, (), FinishReason.ABORT, index=done)
-            return
-        if reason is not None or predicting is None:
-            # finished at prefill (the GlobalScheduler feeds the outcome back through ``observe``)
-            if predicting is not None:
-                predicting.cancel()
-            self._aborted.pop(key, None)
-            self.endpoint.discard(key)
-            self.publish(subscriber, req, tokens, FinishReason(reason or FinishReason.LENGTH), error, index=done)
-            return
-        self.publish(subscriber, req, tokens, index=done)  # TTFT does not wait for the prediction or the dispatch
-        self.event(req.request_id, RequestState.TRANSFERRING)
-        estimate = await self._estimate(predicting, view)
-        await self._hand_off(req, (*req.resume, *tokens), replace(view, estimate=estimate), subscriber)
+            try:
+                async with self.gate.turn(view) as batch_seq:
+                    tokens, reason, error = await self._run_engine(
+                        req, replace(view, batch_seq=batch_seq), park=decodes
+                    )
+            except RequestAborted:
+                self.publish(subscriber, req, (), FinishReason.ABORT, index=done)
+                return
+            if reason is not None or ticket is None:
+                # finished at prefill (the GlobalScheduler feeds the outcome back through ``observe``)
+                self._aborted.pop(key, None)
+                self.endpoint.discard(key)
+                self.publish(subscriber, req, tokens, FinishReason(reason or FinishReason.LENGTH), error, index=done)
+                return
+            self.publish(subscriber, req, tokens, index=done)  # TTFT does not wait for the prediction or dispatch
+            self.event(req.request_id, RequestState.TRANSFERRING)
+            wait_s = self.config.prefill.predictor_wait_ms / 1000
+            estimate, refinement = await self.predictions.estimate(ticket, wait_s)
+        finally:
+            if ticket is not None and refinement is None:
+                self.predictions.withdraw(ticket)  # a no-op once estimated
+        decode = await self._hand_off(req, (*req.resume, *tokens), replace(view, estimate=estimate), subscriber)
+        if refinement is not None:
+            if decode is None:
+                refinement.cancel()
+            else:
+                task = asyncio.create_task(self._refine(req, decode, refinement))
+                self._refining.add(task)  # held until done (the loop keeps only weak references)
+                task.add_done_callback(self._refining.discard)
 
-    async def _hand_off(self, req: Request, generated: tuple[int, ...], view: ReqView, subscriber: str) -> None:
-        """Send the parked KV to a decode worker and give it the request; a failure the request may get past
-        elsewhere ends this attempt with a ``retry`` error (the front door migrates it)."""
+    async def _refine(self, req: Request, decode: Any, refinement: asyncio.Future[LengthEstimate | None]) -> None:
+        """Give the decode worker ``req`` went to the prediction that was late for its handoff."""
+        estimate = await self.predictions.later(refinement)
+        if estimate is not None:
+            decode.refine.remote(req.request_id, req.attempt, estimate)
+
+    async def _hand_off(self, req: Request, generated: tuple[int, ...], view: ReqView, subscriber: str) -> Any:
+        """Send the parked KV to a decode worker and give it the request; returns that worker's handle, or None
+        where the request did not go on: a failure the request may get past elsewhere ends this attempt with a
+        ``retry`` error (the front door migrates it)."""
         rid, key, index = req.request_id, req.kv_key, len(generated)
         decode_id = await self._choose_decode(view)
         error: str | None = "no decode worker is accepting requests"
@@ -224,7 +247,7 @@ class PrefillWorker(EngineWorker):
             del self._aborted[key]
             self.endpoint.discard(key)
             self.publish(subscriber, req, (), FinishReason.ABORT, index=index)
-            return
+            return None
         if error is None and decode_id is not None:
             decode = self._decode(decode_id)
             try:
@@ -238,20 +261,14 @@ class PrefillWorker(EngineWorker):
                     self.forward_abort(rid, req.attempt)
                 self.publish(subscriber, req, (), index=index, moved_to=decode_id)
                 self.event(rid, RequestState.DECODE_QUEUED, decode_id, moved_to=decode_id)
-                return
+                return decode
             if error is None:  # alive but not accepting: its copy of the KV goes
                 error = f"decode worker {decode_id} refused the request"
                 decode.discard.remote(key)
             self.decode_loads.pop(decode_id, None)  # until the next broadcast says otherwise
         self.endpoint.discard(key)
         self.publish(subscriber, req, (), FinishReason.ERROR, error, index=index, retry=True)
-
-    async def _estimate(self, predicting: asyncio.Future[list[LengthEstimate]], view: ReqView) -> LengthEstimate:
-        try:
-            return (await predicting)[0]
-        except Exception:  # a broken predictor must not fail requests: fall back to "anything up to max_tokens"
-            logger.exception("prefill %s: length prediction failed for %s", self.worker_id, view.request_id)
-            return LengthEstimate(0, view.max_tokens // 2, view.max_tokens + 1, -1, 0.0, "fallback")
+        return None
 
     async def _forward_kv(self, key: str, decode_id: str) -> str | None:
         """Send the parked KV to the chosen decode worker; returns an error message or None. A send that fails

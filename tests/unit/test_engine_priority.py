@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from tetriserve.common.config import ClusterConfig
-from tetriserve.engine.loop import lower_thread_priority
+from tetriserve.engine.cores import lower_thread_priority
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux behaviour")
