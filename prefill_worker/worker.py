@@ -90,6 +90,7 @@ class PrefillWorker(EngineWorker):
         )
         self.rng = random.Random(zlib.crc32(worker_id.encode()))  # str hash() differs per process
         self.decode_loads: dict[str, DecodeLoad] = {}
+        self._dead_decodes: dict[str, tuple[int, float]] = {}  # decode id -> (incarnation a call found dead, when)
         self.decode_addresses: dict[str, str] = {}
         self._aborted: dict[str, None] = {}  # insertion-ordered set: ids aborted after leaving the engine
         self._decode_handles: dict[str, Any] = {}
@@ -109,9 +110,22 @@ class PrefillWorker(EngineWorker):
     def update_decode_view(self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, Any]) -> None:
         """Called by the ClusterMonitor's broadcast (TetriInfer §3.2): the loads of the decode workers that serve
         now, and the addresses and handles of those this worker has not seen in their current life."""
-        self.decode_loads = {ld.worker_id: ld for ld in loads}
+        self.decode_loads = {ld.worker_id: ld for ld in loads if not self._found_dead(ld)}
         self.decode_addresses.update(addresses)
         self._decode_handles.update(handles)
+
+    def _found_dead(self, load: DecodeLoad) -> bool:
+        """Whether ``load`` comes from a decode worker's life that a call of ours found dead. The monitor hears of
+        a killed process only when its heartbeats stop (seconds); until then its broadcasts still list it, and
+        every request dispatched there would fail again. A later incarnation clears the mark."""
+        dead = self._dead_decodes.get(load.worker_id)
+        if dead is None:
+            return False
+        incarnation, since = dead
+        if load.incarnation > incarnation or time.monotonic() - since > self.config.dead_after_s:
+            del self._dead_decodes[load.worker_id]  # back, or the monitor would have declared it dead by now
+            return False
+        return True
 
     def observe(self, prompt_len: int, output_len: int) -> None:
         self.predictor.observe(prompt_len, output_len)
@@ -254,6 +268,9 @@ class PrefillWorker(EngineWorker):
                 taken = await decode.submit.remote(req, generated, view.estimate, subscriber)
             except Exception as exc:  # the decode worker died between the broadcast and now
                 taken, error = False, f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
+                known = self.decode_loads.get(decode_id)
+                if _actor_died(exc) and known is not None:  # else it is marked already, or not ours to judge
+                    self._dead_decodes[decode_id] = (known.incarnation, time.monotonic())
             if taken:
                 self.handed_on(rid, decode)
                 if key in self._aborted:  # aborted while the decode worker took it: abort it there
@@ -364,3 +381,9 @@ class PrefillWorker(EngineWorker):
 
     def _decode(self, worker_id: str) -> Any:
         return self._decode_handles[worker_id]
+
+
+def _actor_died(exc: BaseException) -> bool:
+    from ray.exceptions import ActorDiedError
+
+    return isinstance(exc, ActorDiedError)

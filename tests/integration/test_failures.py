@@ -2,7 +2,8 @@
 
 Each test kills one actor (a decode worker, a prefill worker, the GlobalScheduler,
 the monitor) with ``ray.kill``, or a decode worker's process with SIGKILL, while
-greedy streams run, then checks what a client
+greedy streams run (a prefill worker also once with every request it holds between
+its first token and its handoff), then checks what a client
 would: every stream completes with the very tokens of an undisturbed run
 (re-placed or migrated with its delivered tokens), a new request is served within
 30 s, the supervisor has the killed actor serving again (next incarnation) within
@@ -46,7 +47,7 @@ def undisturbed(cluster: Any) -> dict[str, tuple[int, ...]]:
 
 def _run(cluster: Any, tag: str, kill: Callable[[], None] | None = None, after: int = 4) -> dict[str, tuple[int, ...]]:
     """Every prompt at once (ids ``<prompt>-<tag>``); ``kill()`` once every stream has ``after`` tokens
-    (``after=0``: once the first token of any stream has come)."""
+    (``after=0``: once the first token of any stream has come); ``kill`` runs on a thread of its own."""
     from tetriserve.control_plane.ray_backend import RayBackend
 
     backend = RayBackend(cluster, "tiny-llama")
@@ -65,7 +66,7 @@ def _run(cluster: Any, tag: str, kill: Callable[[], None] | None = None, after: 
             return
         while not (max(progress.values(), default=0) > 0 if after == 0 else min_progress() >= after):
             await asyncio.sleep(0.005)
-        kill()
+        await asyncio.to_thread(kill)
 
     def min_progress() -> int:
         return min(progress.values()) if len(progress) == len(PROMPTS) else 0
@@ -179,6 +180,38 @@ def test_a_prefill_worker_killed_with_requests_queued_and_mid_handoff_loses_noth
     _same(_run(cluster, "kp", _kill("prefill-0"), after=0), undisturbed)
     _served_within(cluster, 30)
     _back_within(cluster, "prefill-0", 120)
+    _no_kv_left(cluster)
+
+
+def _decode_accepting(cluster: Any, accepting: bool) -> None:
+    import ray
+
+    def flip(worker: Any) -> None:
+        worker.accepting = accepting
+
+    ray.get([h.__ray_call__.remote(flip) for h in cluster.decode.values()])
+
+
+def test_a_prefill_worker_killed_with_its_requests_all_mid_handoff_loses_nothing(
+    cluster: Any, undisturbed: Any
+) -> None:
+    # no decode worker takes requests: each waits on its prefill worker after its first token, KV parked there,
+    # until one does; prefill-1 dies with its half of them in that state (the deterministic mid-handoff case)
+    _back_within(cluster, "prefill-0", 120)  # the previous test's victim
+    _decode_accepting(cluster, False)
+    kill = _kill("prefill-1")
+
+    def kill_then_reopen() -> None:
+        time.sleep(0.5)  # every prompt's first token is out well before: all are mid-handoff now
+        kill()
+        _decode_accepting(cluster, True)
+
+    try:
+        _same(_run(cluster, "kh", kill_then_reopen, after=1), undisturbed)
+    finally:
+        _decode_accepting(cluster, True)
+    _served_within(cluster, 30)
+    _back_within(cluster, "prefill-1", 120)
     _no_kv_left(cluster)
 
 

@@ -110,6 +110,14 @@ def test_broken_encoder_falls_back_to_the_baseline(artifact: Path, monkeypatch: 
     assert [e.source for e in out] == ["bucket-quantile"] * 6
 
 
+def test_the_instant_estimate_is_the_fallbacks_and_loads_no_model(artifact: Path) -> None:
+    p = TrainedPredictor(artifact, None)
+    p.observe(12, 40)
+    item = PredictInput(12, 256, tuple(range(10, 22)))
+    assert p.instant(item) == p.fallback.predict([item])[0]
+    assert p._loaded is None  # no encoder was loaded for it
+
+
 def test_missing_artifact_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         TrainedPredictor(tmp_path / "nope.json")
