@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_bench_serve import RESULTS, WORK, prepare, run_bench, saved, stop, tetriserve_cmd, wait_ready
+from vllm_bench_report import RESULTS, WORK, saved
+from vllm_bench_serve import prepare, run_bench, stop, tetriserve_cmd, wait_ready
 
 PORT = 8100
 NAMESPACE = "tetriserve"

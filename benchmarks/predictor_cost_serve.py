@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_bench_serve import METRICS, RESULTS, prepare, serve_and_bench, tetriserve_cmd
+from vllm_bench_report import METRICS, RESULTS
+from vllm_bench_serve import prepare, serve_and_bench, tetriserve_cmd
 
 
 def main() -> int:

@@ -29,30 +29,13 @@ import json
 import os
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-WORK = ROOT / "benchmarks" / "_work"
-METRICS = [
-    "completed",
-    "failed",
-    "request_throughput",
-    "output_throughput",
-    "median_ttft_ms",
-    "p99_ttft_ms",
-    "median_tpot_ms",
-    "p99_tpot_ms",
-    "median_itl_ms",
-    "median_e2el_ms",
-    "median_e2el_per_token_ms",
-]
+from vllm_bench_report import RESULTS, ROOT, SCENARIOS, WARMUP_PROMPTS, WORK, run_name, summary, write_report
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
@@ -101,10 +84,6 @@ def session_alive(sid: int) -> bool:
     return False
 
 
-SCENARIOS = ("rate", "single", "saturation")
-WARMUP_PROMPTS = 64
-
-
 def scenario_args(scenario: str, args: argparse.Namespace) -> list[str]:
     if scenario == "rate":
         return ["--num-prompts", str(args.num_prompts), "--request-rate", str(args.request_rate)]
@@ -150,39 +129,6 @@ def run_bench(
     print(f"[{name} / {scenario}] {' '.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
     return summary(name, scenario)
-
-
-def saved(name: str, scenario: str) -> dict[str, Any]:
-    """The benchmark client's saved JSON of ``name``'s run of ``scenario`` (summary and per-request detail)."""
-    result: dict[str, Any] = json.loads((WORK / f"bench_{name}_{scenario}.json").read_text())
-    return result
-
-
-def summary(name: str, scenario: str) -> dict[str, float]:
-    result = saved(name, scenario)
-    out = {k: float(result[k]) for k in METRICS if k in result}
-    # a request's whole latency over its output tokens: the per-token cost a client sees whether the server
-    # streams token by token or delivers a burst (then TPOT, counted after the first chunk, reads near 0)
-    pairs = zip(result.get("latencies", []), result.get("output_lens", []), strict=True)
-    per_token = [lat / n for lat, n in pairs if n]
-    if per_token:
-        out["median_e2el_per_token_ms"] = 1000 * statistics.median(per_token)
-    return out
-
-
-PROMPT_BANDS = ((0, 50), (50, 150), (150, 400), (400, 1 << 20))
-
-
-def ttft_by_prompt(names: list[str], scenario: str) -> list[tuple[int, float]]:
-    """Per band of prompt length (``PROMPT_BANDS``): (requests, median TTFT in ms) over the runs saved under
-    ``names``, from the detailed JSON."""
-    runs = [saved(name, scenario) for name in names]
-    pairs = [p for run in runs for p in zip(run["ttfts"], run["input_lens"], strict=True)]
-    rows = []
-    for lo, hi in PROMPT_BANDS:
-        ttfts = [t for t, n in pairs if lo <= n < hi]
-        rows.append((len(ttfts), 1000 * statistics.median(ttfts) if ttfts else float("nan")))
-    return rows
 
 
 def tetriserve_cmd(*extra: str) -> list[str]:
@@ -238,19 +184,6 @@ def prepare() -> tuple[str, Path, dict[str, str]]:
     if not dataset.exists():
         write_valid_json(dataset)
     return model, dataset, dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
-
-
-TARGETS = (  # the issue's targets: (scenario, metric, bound, "max" = ratio at most, "min" = at least)
-    ("rate", "median_ttft_ms", 1.5, "max"),
-    ("rate", "median_tpot_ms", 1.2, "max"),
-    ("single", "median_tpot_ms", 1.2, "max"),
-    ("saturation", "output_throughput", 1.0, "min"),
-)
-
-
-def run_name(system: str, rnd: int) -> str:
-    """The name a system's runs of round ``rnd`` are saved under in ``WORK``."""
-    return f"{system}_r{rnd}"
 
 
 def main() -> int:
@@ -329,100 +262,6 @@ def main() -> int:
         return 0
     write_report(results, args)
     return 0 if all(r.get("failed", 1) == 0 for s in results.values() for runs in s.values() for r in runs) else 1
-
-
-TITLES = {
-    "rate": "Poisson arrivals at {request_rate} req/s, {num_prompts} prompts",
-    "single": "one stream at a time (max concurrency 1), {single_prompts} prompts",
-    "saturation": "all {num_prompts} prompts at once (request rate inf): throughput at saturation",
-}
-
-
-def ratios(t: list[dict[str, float]], v: list[dict[str, float]], metric: str) -> list[float]:
-    """tetriserve / vLLM for ``metric`` in each round (rounds where vLLM's value is 0 are left out)."""
-    return [a[metric] / b[metric] for a, b in zip(t, v, strict=True) if metric in a and b.get(metric)]
-
-
-def median_of(runs: list[dict[str, float]], metric: str) -> float:
-    return statistics.median(r[metric] for r in runs)
-
-
-def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: argparse.Namespace) -> None:
-    (RESULTS / f"{args.out}.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
-    flags = f" --tetriserve-flags={args.tetriserve_flags}" if args.tetriserve_flags else ""
-    out = f" --out {args.out}" if args.out != "vllm_bench_serve" else ""
-    rounds = args.rounds
-    lines = [
-        "# vLLM benchmark client: tetriserve vs plain vLLM",
-        "",
-        f"Command: `python benchmarks/vllm_bench_serve.py --num-prompts {args.num_prompts} "
-        f"--request-rate {args.request_rate} --single-prompts {args.single_prompts} --seed {args.seed} "
-        f"--rounds {rounds}{flags}{out}`  ",
-        f"Client: `vllm.benchmarks.serve --backend openai --dataset-name sharegpt --seed {args.seed}`; "
-        f"{rounds} rounds; in each, every scenario on a fresh server of each system, the two back to back, which one "
-        f"goes first alternating; each server first serves {WARMUP_PROMPTS} prompts at once, not measured; "
-        "a server starts only once every process of the one before has exited.  ",
-        f"Machine: {os.cpu_count()} CPU cores, no GPU; tiny random-weight Llama (5.2M params), same for both.  ",
-        f"tetriserve: defaults{' plus `' + args.tetriserve_flags + '`' if args.tetriserve_flags else ''} "
-        "(1 prefill + 1 decode worker, trained length predictor), 1 OMP thread per engine, "
-        "KV over TCP. vLLM: one `vllm.entrypoints.openai.api_server`, 2 OMP threads.  ",
-        "Each system's column is the median of its rounds; the ratio is the median of the per-round ratios "
-        "(tetriserve / vLLM), each round's listed after it.",
-    ]
-    binding = [
-        ln.split("]", 1)[-1].strip()
-        for ln in (WORK / f"server_{run_name('vllm', 0)}_{SCENARIOS[0]}.log").read_text().splitlines()
-        if "core ids=" in ln or "reserved_cpus=" in ln
-    ]
-    if binding:
-        lines.append(f"vLLM's own CPU binding (from its log): {'; '.join(binding)}.")
-    lines += ["", "## The issue's targets, on the median of the per-round ratios", ""]
-    lines += [
-        "| scenario | metric | target | ratio (median) | rounds that meet it | met |",
-        "| --- | --- | --- | ---: | ---: | --- |",
-    ]
-    for scenario, metric, bound, kind in TARGETS:
-        rs = ratios(results["tetriserve"][scenario], results["vllm"][scenario], metric)
-        ok = [r <= bound if kind == "max" else r >= bound for r in rs]
-        mid = statistics.median(rs) if rs else float("nan")
-        met = (mid <= bound) if kind == "max" else (mid >= bound)
-        sign = "≤" if kind == "max" else "≥"
-        verdict = "yes" if met else "no"
-        lines.append(f"| {scenario} | {metric} | {sign} {bound} | {mid:.2f} | {sum(ok)} of {len(rs)} | {verdict} |")
-    single = ratios(results["tetriserve"]["single"], results["vllm"]["single"], "median_e2el_per_token_ms")
-    if single:
-        lines += [
-            "",
-            "At one stream plain vLLM often sends a response in one or a few chunks: its TTFT then holds the "
-            "generation and its TPOT, counted after the first chunk, reads near 0, so the TPOT ratio compares a "
-            "stream with a burst. The per-token cost a client sees either way, the median of latency / output "
-            f"tokens (`median_e2el_per_token_ms`), is {statistics.median(single):.2f}× plain vLLM's "
-            f"(rounds: {', '.join(f'{r:.2f}' for r in single)}).",
-        ]
-    for scenario in SCENARIOS:
-        t, v = results["tetriserve"][scenario], results["vllm"][scenario]
-        lines += ["", f"## {TITLES[scenario].format(**vars(args))}", ""]
-        lines += [
-            "| metric | tetriserve | vLLM | tetriserve / vLLM | per round |",
-            "| --- | ---: | ---: | ---: | --- |",
-        ]
-        for k in METRICS:
-            if all(k in r for r in t + v):
-                rs = ratios(t, v, k)
-                mid = f"{statistics.median(rs):.2f}" if rs else "-"
-                each = ", ".join(f"{r:.2f}" for r in rs) or "-"
-                lines.append(f"| {k} | {median_of(t, k):.2f} | {median_of(v, k):.2f} | {mid} | {each} |")
-    lines += ["", f"## Median TTFT by prompt length, {TITLES['rate'].format(**vars(args))}, all rounds pooled", ""]
-    lines += [
-        "| prompt tokens | requests | tetriserve ms | vLLM ms | tetriserve / vLLM |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    bands = {n: ttft_by_prompt([run_name(n, r) for r in range(rounds)], "rate") for n in ("tetriserve", "vllm")}
-    for (lo, hi), (n, t_ms), (_, v_ms) in zip(PROMPT_BANDS, bands["tetriserve"], bands["vllm"], strict=True):
-        band = f"{lo}–{hi - 1}" if hi < 1 << 20 else f"≥ {lo}"
-        lines.append(f"| {band} | {n} | {t_ms:.0f} | {v_ms:.0f} | {t_ms / v_ms:.2f} |")
-    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":

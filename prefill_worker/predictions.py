@@ -99,18 +99,17 @@ class PredictionQueue:
     ) -> tuple[LengthEstimate, asyncio.Future[LengthEstimate | None] | None]:
         """The best estimate for ``ticket`` now: (estimate, refinement). ``refinement`` is None when the estimate
         is final, else the future of the prediction still being computed (``wait_s`` was not enough)."""
+        refinement = None
         if not self._take_back(ticket):
             if wait_s > 0 and not ticket.future.done():
                 await asyncio.wait([ticket.future], timeout=wait_s)
-            if ticket.future.done():
-                if not ticket.future.cancelled() and (estimate := ticket.future.result()) is not None:
-                    self.on_time += 1
-                    return estimate, None
-            else:
-                self.late += 1
-                return self.predictor.instant(ticket.item), ticket.future
+            if not ticket.future.done():
+                refinement = ticket.future
+            elif not ticket.future.cancelled() and (estimate := ticket.future.result()) is not None:
+                self.on_time += 1
+                return estimate, None
         self.late += 1
-        return self.predictor.instant(ticket.item), None
+        return self.predictor.instant(ticket.item), refinement
 
     async def later(self, refinement: asyncio.Future[LengthEstimate | None]) -> LengthEstimate | None:
         """The late prediction ``estimate`` returned the future of (None: it failed or was withdrawn)."""

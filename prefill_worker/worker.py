@@ -90,7 +90,7 @@ class PrefillWorker(EngineWorker):
         )
         self.rng = random.Random(zlib.crc32(worker_id.encode()))  # str hash() differs per process
         self.decode_loads: dict[str, DecodeLoad] = {}
-        self._dead_decodes: dict[str, tuple[int, float]] = {}  # decode id -> (incarnation a call found dead, when)
+        self._dead_decodes: dict[str, int] = {}  # decode id -> the incarnation a call of ours found dead
         self.decode_addresses: dict[str, str] = {}
         self._aborted: dict[str, None] = {}  # insertion-ordered set: ids aborted after leaving the engine
         self._decode_handles: dict[str, Any] = {}
@@ -115,17 +115,14 @@ class PrefillWorker(EngineWorker):
         self._decode_handles.update(handles)
 
     def _found_dead(self, load: DecodeLoad) -> bool:
-        """Whether ``load`` comes from a decode worker's life that a call of ours found dead. The monitor hears of
-        a killed process only when its heartbeats stop (seconds); until then its broadcasts still list it, and
-        every request dispatched there would fail again. A later incarnation clears the mark."""
+        """Whether ``load`` comes from a decode worker's life that a call of ours found dead. The supervisor tells
+        the monitor within a tick, but broadcasts already on their way still list it, and every migrated request
+        dispatched there meanwhile would fail again and spend its migration limit. A later incarnation is new."""
         dead = self._dead_decodes.get(load.worker_id)
-        if dead is None:
+        if dead is not None and load.incarnation > dead:
+            del self._dead_decodes[load.worker_id]
             return False
-        incarnation, since = dead
-        if load.incarnation > incarnation or time.monotonic() - since > self.config.dead_after_s:
-            del self._dead_decodes[load.worker_id]  # back, or the monitor would have declared it dead by now
-            return False
-        return True
+        return dead is not None
 
     def observe(self, prompt_len: int, output_len: int) -> None:
         self.predictor.observe(prompt_len, output_len)
@@ -270,7 +267,7 @@ class PrefillWorker(EngineWorker):
                 taken, error = False, f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
                 known = self.decode_loads.get(decode_id)
                 if _actor_died(exc) and known is not None:  # else it is marked already, or not ours to judge
-                    self._dead_decodes[decode_id] = (known.incarnation, time.monotonic())
+                    self._dead_decodes[decode_id] = known.incarnation
             if taken:
                 self.handed_on(rid, decode)
                 if key in self._aborted:  # aborted while the decode worker took it: abort it there

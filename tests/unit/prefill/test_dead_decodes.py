@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.load import DecodeLoad
 from tetriserve.prefill_worker.worker import PrefillWorker
@@ -15,7 +13,7 @@ def _load(worker_id: str, incarnation: int) -> DecodeLoad:
 
 def _worker() -> PrefillWorker:
     worker = PrefillWorker.__new__(PrefillWorker)  # no engine: just the decode view
-    worker.config = ClusterConfig(dead_after_s=10)
+    worker.config = ClusterConfig()
     worker.decode_loads, worker.decode_addresses, worker._decode_handles = {}, {}, {}
     worker._dead_decodes = {}
     return worker
@@ -23,15 +21,8 @@ def _worker() -> PrefillWorker:
 
 def test_broadcasts_of_the_life_found_dead_are_ignored_until_a_later_incarnation_comes() -> None:
     worker = _worker()
-    worker._dead_decodes["decode-1"] = (2, time.monotonic())
+    worker._dead_decodes["decode-1"] = 2
     worker.update_decode_view([_load("decode-0", 0), _load("decode-1", 2)], {}, {})
     assert set(worker.decode_loads) == {"decode-0"}  # the monitor has not noticed yet: still listed
     worker.update_decode_view([_load("decode-0", 0), _load("decode-1", 3)], {}, {})
     assert set(worker.decode_loads) == {"decode-0", "decode-1"} and not worker._dead_decodes
-
-
-def test_a_mark_expires_once_the_monitor_would_have_declared_the_worker_dead() -> None:
-    worker = _worker()
-    worker._dead_decodes["decode-1"] = (2, time.monotonic() - 11)
-    worker.update_decode_view([_load("decode-1", 2)], {}, {})
-    assert set(worker.decode_loads) == {"decode-1"}
