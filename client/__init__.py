@@ -14,6 +14,7 @@ from tetriserve.client.errors import (
     InternalError,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     TetriServeError,
     Unavailable,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "InvalidArgument",
     "NotFound",
     "PolicyUpdate",
+    "ResourceExhausted",
     "ResponseStream",
     "RetryPolicy",
     "TetriServeClient",

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import grpc
 
 FIELD_METADATA_KEY = "tetriserve-field"
+RETRY_AFTER_METADATA_KEY = "retry-after"  # on RESOURCE_EXHAUSTED: seconds until the service expects room
 
 
 class TetriServeError(Exception):
@@ -66,6 +67,13 @@ class Unavailable(TetriServeError):
     """The service was unreachable (after any retries the policy allowed)."""
 
 
+class ResourceExhausted(TetriServeError):
+    """The service refused the call: it is at its admission bound (``retry_after_s`` says when to come back),
+    or the request is over its size limit (``retry_after_s`` is None)."""
+
+    retry_after_s: float | None = None
+
+
 class Cancelled(TetriServeError):
     """The call was cancelled by the server or because the client was closed."""
 
@@ -78,6 +86,7 @@ _BY_CODE: dict[grpc.StatusCode, type[TetriServeError]] = {
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.CANCELLED: Cancelled,
     grpc.StatusCode.INTERNAL: InternalError,
     grpc.StatusCode.UNKNOWN: InternalError,
@@ -103,4 +112,16 @@ def from_rpc_error(err: grpc.RpcError, request_id: str | None = None) -> TetriSe
         metadata = metadata_fn() if callable(metadata_fn) else None
         return InvalidArgument(details, request_id=request_id, field=_field_from(metadata, details))
     cls = _BY_CODE.get(code, TetriServeError) if code is not None else TetriServeError
-    return cls(details, code=code, request_id=request_id)
+    error = cls(details, code=code, request_id=request_id)
+    if isinstance(error, ResourceExhausted):
+        error.retry_after_s = retry_after_s(err)
+    return error
+
+
+def retry_after_s(err: grpc.RpcError) -> float | None:
+    """The ``retry-after`` seconds a refusal carries, if any."""
+    metadata_fn = getattr(err, "trailing_metadata", None)
+    for key, value in (metadata_fn() if callable(metadata_fn) else None) or ():
+        if key == RETRY_AFTER_METADATA_KEY:
+            return float(value.decode() if isinstance(value, bytes) else value)
+    return None

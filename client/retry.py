@@ -1,8 +1,11 @@
 """When the SDK retries a call, and how long it waits (shared by the sync and async clients).
 
-Rule: only ``UNAVAILABLE`` is retried, and a ``Generate`` stream only until its
-first response arrived — after that the request is live in the cluster and a
-retry could generate twice. Attempts back off exponentially with jitter and
+Rule: only ``UNAVAILABLE`` is retried — and, with ``retry_refused``,
+``RESOURCE_EXHAUSTED`` refusals of the admission gate (those that carry a
+``retry-after``; a request over the size limit is never retried), waiting at least
+what the server asked — and a ``Generate`` stream only until its first response
+arrived: after that the request is live in the cluster and a retry could
+generate twice. Attempts back off exponentially with jitter and
 never outlive the call's overall deadline::
 
     attempt 1 ──UNAVAILABLE──▶ sleep b ──▶ attempt 2 ──UNAVAILABLE──▶ sleep b·m ──▶ ... ──▶ give up
@@ -17,6 +20,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from tetriserve.client.errors import retry_after_s
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -28,6 +33,9 @@ class RetryPolicy:
         max_backoff_s: cap on any single wait.
         backoff_multiplier: growth of the wait per attempt.
         jitter: each wait is scaled by a random factor in ``[1 - jitter, 1 + jitter]``.
+        retry_refused: also retry calls the service refused for now (``RESOURCE_EXHAUSTED`` with a
+            ``retry-after``), waiting at least that long (off by default: a refusal means the service is full,
+            and many clients retrying at once keep it full).
     """
 
     max_attempts: int = 4
@@ -35,6 +43,7 @@ class RetryPolicy:
     max_backoff_s: float = 2.0
     backoff_multiplier: float = 2.0
     jitter: float = 0.2
+    retry_refused: bool = False
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -87,9 +96,16 @@ def retry_delay(
     """Seconds to wait before the next attempt, or ``None`` to give up and raise ``err``."""
     code_fn = getattr(err, "code", None)
     code = code_fn() if callable(code_fn) else None
-    if code != grpc.StatusCode.UNAVAILABLE or got_response or failed_attempts >= policy.max_attempts:
+    if got_response or failed_attempts >= policy.max_attempts:
         return None
     delay = policy.backoff_s(failed_attempts)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and policy.retry_refused:
+        retry_after = retry_after_s(err)
+        if retry_after is None:  # over the size limit: the same call fails again
+            return None
+        delay = max(delay, retry_after)
+    elif code != grpc.StatusCode.UNAVAILABLE:
+        return None
     if deadline.at is not None and time.monotonic() + delay >= deadline.at:
         return None
     return delay

@@ -224,6 +224,28 @@ class DecodeConfig(BaseModel):
         }
 
 
+class AdmissionConfig(BaseModel):
+    """Backpressure at each front door (control_plane/admission.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_wait_s: float = Field(
+        30.0,
+        gt=0,
+        description=(
+            "A request is admitted only if it is expected to start decoding within this many seconds (requests "
+            "waiting / the service's measured start rate); the excess is refused at once: HTTP 429 with "
+            "Retry-After, gRPC RESOURCE_EXHAUSTED."
+        ),
+    )
+    min_queue: int = Field(
+        256,
+        ge=1,
+        description="Requests that may wait to start whatever the bound says (before any rate is measured, too).",
+    )
+    max_inflight: int = Field(4096, ge=1, description="Backstop: most requests admitted and not finished.")
+
+
 class ClusterConfig(BaseModel):
     """Everything `tetriserve serve` needs."""
 
@@ -244,6 +266,15 @@ class ClusterConfig(BaseModel):
             "Seconds an idle HTTP keep-alive connection stays open. Longer than clients' own pool timeouts (aiohttp "
             "and vLLM's benchmark client: 60 s), so the client closes an idle connection first and never sends a "
             "request down one the server is closing at that moment."
+        ),
+    )
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)  # type: ignore[arg-type]
+    max_request_body_mb: float = Field(
+        32.0,
+        gt=0,
+        description=(
+            "Largest request body the front doors take, in MiB: HTTP answers a larger one with 413, gRPC with "
+            "RESOURCE_EXHAUSTED (its message size limit)."
         ),
     )
     ray_address: str | None = Field(None, description="Ray cluster to join; None starts a local one.")

@@ -8,6 +8,7 @@ A gateway turns its wire format into plain values and calls::
     request = front.build_request(request_id, ids, max_tokens=..., ...)   # InvalidRequestError(field, ...)
     async with aclosing(front.stream(request)) as deltas:
         async for delta in deltas: ...               # TextDelta: token ids + text + finish/usage/timing
+    front.admitted_stream(request)                   # the same stream, or Overloaded (admission.py) at once
 
 The front door owns the request's text: prompts are tokenized once, off the
 event loop; engines never detokenize, and ``stream`` turns the ordered tokens
@@ -31,6 +32,7 @@ import asyncio
 import logging
 import math
 import time
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,9 +40,10 @@ from typing import TYPE_CHECKING, Any
 from tetriserve.common.errors import InvalidRequestError, UnknownModelError
 from tetriserve.common.request import SLO, Request, SamplingSpec
 from tetriserve.common.stream import FinishReason, StreamChunk
+from tetriserve.control_plane.admission import AdmissionGate, AdmissionLimits, Ticket
 from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
-from tetriserve.control_plane.stop_strings import StopMatcher
+from tetriserve.control_plane.stop_strings import StopMatcher, stop_strings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -82,10 +85,16 @@ class TextDelta:
 class FrontDoor:
     """Tokenizer + request validation + detokenized streaming over a ``ServingBackend``."""
 
-    def __init__(self, backend: ServingBackend, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+    def __init__(
+        self,
+        backend: ServingBackend,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        limits: AdmissionLimits | None = None,
+    ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(backend.model_path)
         self.vocab_size = len(self.tokenizer)
+        self.gate = AdmissionGate(limits or AdmissionLimits())
         self._background: set[asyncio.Task[None]] = set()
 
     @property
@@ -191,7 +200,7 @@ class FrontDoor:
                 repetition_penalty=_in_range(
                     "repetition_penalty", repetition_penalty, 1.0, 0.0, math.inf, low_open=True
                 ),
-                stop=_stop_strings(stop),
+                stop=stop_strings(stop),
             )
             return Request(request_id, prompt, sampling, slo=self._slo(slo), priority=priority)
         except InvalidRequestError as exc:
@@ -247,12 +256,23 @@ class FrontDoor:
 
     # ---- output -------------------------------------------------------------------------------
 
-    async def stream(self, request: Request, started_at: float | None = None) -> AsyncGenerator[TextDelta, None]:
+    def admitted_stream(self, request: Request, started_at: float | None = None) -> AsyncGenerator[TextDelta, None]:
+        """``stream(request)`` under the admission gate: raises ``Overloaded`` now if the request would wait
+        past the bound. The ticket is released when the stream ends, or when it is dropped unstarted."""
+        ticket = self.gate.admit(time.monotonic())
+        deltas = self.stream(request, started_at, ticket)
+        weakref.finalize(deltas, lambda: ticket.release(time.monotonic()))
+        return deltas
+
+    async def stream(
+        self, request: Request, started_at: float | None = None, ticket: Ticket | None = None
+    ) -> AsyncGenerator[TextDelta, None]:
         """Run ``request`` on the backend and yield detokenized deltas; the last one is finished.
 
         ``started_at`` (``time.monotonic()``) is when the gateway received the
         request; TTFT and end-to-end latency are measured from it. Exceptions
-        raised by the backend (e.g. ``ConnectionError``) propagate.
+        raised by the backend (e.g. ``ConnectionError``) propagate. ``ticket``
+        (``admitted_stream``) starts at the second token and is released at the end.
         """
         t0 = time.monotonic() if started_at is None else started_at
         rid = request.request_id
@@ -272,6 +292,8 @@ class FrontDoor:
         try:
             async for chunk in source:
                 generated += len(chunk.token_ids)
+                if ticket is not None and (generated >= 2 or chunk.finished):
+                    ticket.start(time.monotonic())
                 text = stops.feed(detok.add(chunk.token_ids))
                 if not chunk.finished and stops.stopped is None:
                     yield delta(chunk, text)
@@ -311,6 +333,8 @@ class FrontDoor:
                 e2e_ms=(time.monotonic() - t0) * 1e3,
             )
         finally:
+            if ticket is not None:
+                ticket.release(time.monotonic())
             if not done:
                 self._abort_in_background(source, rid)
 
@@ -365,17 +389,3 @@ def _in_range(
         upper = "" if math.isinf(high) else f", {high:g}]"
         raise InvalidRequestError(name, f"must be in {bracket}{low:g}{upper or ', ∞)'}, got {value}")
     return float(value)
-
-
-MAX_STOP_STRINGS = 16
-
-
-def _stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    if len(stops) > MAX_STOP_STRINGS:
-        raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
-    if any(not isinstance(s, str) or not s for s in stops):
-        raise InvalidRequestError("stop", "stop strings must be non-empty strings")
-    return stops

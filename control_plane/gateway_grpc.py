@@ -35,8 +35,10 @@ from contextlib import aclosing
 import grpc
 import grpc.aio
 
+from tetriserve.client.errors import FIELD_METADATA_KEY, RETRY_AFTER_METADATA_KEY
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.common.request import Request
+from tetriserve.control_plane.admission import Overloaded
 from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.frontdoor import FrontDoor, TextDelta
 from tetriserve.control_plane.policy_admin import UnknownWorkerError, describe_target
@@ -45,7 +47,6 @@ from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
-FIELD_METADATA_KEY = "tetriserve-field"
 _OPTIONAL = ("min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty")
 _SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "stop", *_OPTIONAL)
 _SLO = ("ttft_ms", "tbt_ms", "jct_ms")
@@ -71,7 +72,15 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, str(exc), trailing_metadata=((FIELD_METADATA_KEY, exc.field),)
             )
         try:
-            async with aclosing(self._front.stream(req, started)) as deltas:
+            admitted = self._front.admitted_stream(req, started)
+        except Overloaded as exc:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                exc.message,
+                trailing_metadata=((RETRY_AFTER_METADATA_KEY, str(exc.retry_after_s)),),
+            )
+        try:
+            async with aclosing(admitted) as deltas:
                 async for delta in deltas:
                     if delta.error is None:
                         yield _to_response(delta)
@@ -195,15 +204,21 @@ async def start_grpc_server(
     port: int = 0,
     *,
     front: FrontDoor | None = None,
+    max_message_bytes: int = 32 << 20,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC gateway in the running event loop; return the server and the bound port.
 
     ``port=0`` picks a free port. Pass ``front`` to share one tokenizer with the
-    HTTP gateway. Stop with ``await server.stop(grace)``.
+    HTTP gateway. Stop with ``await server.stop(grace)``. A request message over
+    ``max_message_bytes`` is refused by gRPC itself with RESOURCE_EXHAUSTED.
     """
     if front is None:
         front = await asyncio.to_thread(FrontDoor, backend)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # fail loudly if the port is taken
+    options = [
+        ("grpc.so_reuseport", 0),  # fail loudly if the port is taken
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+    server = grpc.aio.server(options=options)
     pb_grpc.add_TetriServeServicer_to_server(TetriServeServicer(front), server)  # type: ignore[no-untyped-call]
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:

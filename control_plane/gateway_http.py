@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP front door (FastAPI), for OpenAI clients and ``vllm bench serve``.
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /health``. A request's life::
+``GET /health``. A body over ``max_body_bytes`` is refused with 413 before it is
+parsed (``http_limits``). A request's life::
 
     JSON body ─▶ pydantic model ─▶ unsupported options? ─▶ FrontDoor: model, tokens, validation
         │ any failure ─▶ 4xx OpenAI error body {"error": {message, type, param, code}}
@@ -12,7 +13,9 @@ Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completion
 
 Status codes follow vLLM: 400 for invalid input (malformed JSON and pydantic
 errors included, not FastAPI's 422), 404 ``model_not_found`` for an unknown
-model, 503 when the backend is unreachable or no worker could take the request
+model, 413 for a body over the limit, 429 with ``Retry-After`` when the
+admission gate refuses the request (``admission.py``: it would wait past
+``admission.max_wait_s``), 503 when the backend is unreachable or no worker could take the request
 (``service_unavailable``: re-placement and migration gave up), 500 when the
 request fails inside the cluster. Once a stream has started, a failure is sent
 as a last chunk with ``finish_reason: "error"`` (the text so far), one SSE
@@ -29,7 +32,7 @@ import math
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,8 +45,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tetriserve.common.errors import InvalidRequestError, UnknownModelError
 from tetriserve.common.request import Request as ServingRequest
+from tetriserve.control_plane.admission import Overloaded
 from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.frontdoor import FrontDoor, TextDelta
+from tetriserve.control_plane.http_limits import BodyLimit
 from tetriserve.control_plane.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -55,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 DEFAULT_COMPLETION_TOKENS = 16
+DEFAULT_MAX_BODY_BYTES = 32 << 20  # the config's max_request_body_mb default
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -100,6 +106,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error(exc.status_code, str(exc.detail))
 
+    @app.exception_handler(Overloaded)
+    async def overloaded(_: Request, exc: Overloaded) -> JSONResponse:
+        body = error_body(exc.message, "rate_limit_error", None, "overloaded")
+        return JSONResponse(body, status_code=429, headers={"retry-after": str(exc.retry_after_s)})
+
     @app.exception_handler(ConnectionError)
     async def unavailable(_: Request, exc: ConnectionError) -> JSONResponse:
         logger.warning("backend unavailable: %s", exc)
@@ -131,14 +142,14 @@ async def _cancel_on_disconnect(raw: Request, work: Awaitable[_T]) -> _T | None:
 
 
 class _Generation:
-    """One validated request on its way out, as SSE events or one JSON body."""
+    """One admitted request on its way out, as SSE events or one JSON body."""
 
-    def __init__(self, front: FrontDoor, req: ServingRequest, shaper: ResponseShaper, started: float) -> None:
-        self.front, self.req, self.shaper, self.started = front, req, shaper, started
+    def __init__(self, deltas: AsyncGenerator[TextDelta, None], req: ServingRequest, shaper: ResponseShaper) -> None:
+        self.deltas, self.req, self.shaper = deltas, req, shaper
 
     async def events(self, include_usage: bool) -> AsyncIterator[str]:
         try:
-            async with aclosing(self.front.stream(self.req, self.started)) as deltas:
+            async with aclosing(self.deltas) as deltas:
                 async for delta in deltas:
                     if delta.error is not None:
                         logger.warning("request %s failed in the backend: %s", self.req.request_id, delta.error)
@@ -158,7 +169,7 @@ class _Generation:
     async def whole(self) -> JSONResponse:
         parts: list[str] = []
         last: TextDelta | None = None
-        async with aclosing(self.front.stream(self.req, self.started)) as deltas:
+        async with aclosing(self.deltas) as deltas:
             async for delta in deltas:
                 parts.append(delta.text)
                 last = delta
@@ -170,10 +181,13 @@ class _Generation:
         return JSONResponse(self.shaper.whole("".join(parts), last))
 
 
-def build_app(backend: ServingBackend, *, front: FrontDoor | None = None) -> FastAPI:
+def build_app(
+    backend: ServingBackend, *, front: FrontDoor | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> FastAPI:
     """The OpenAI-compatible app over ``backend`` (``front`` shares a tokenizer with the gRPC gateway)."""
     front = front if front is not None else FrontDoor(backend)
     app = FastAPI(title="tetriserve", summary="OpenAI-compatible front door of tetriserve")
+    app.add_middleware(BodyLimit, limit_bytes=max_body_bytes)
     app.state.front = front
     _install_error_handlers(app)
     started_at = int(time.time())
@@ -199,7 +213,7 @@ def build_app(backend: ServingBackend, *, front: FrontDoor | None = None) -> Fas
 
     async def run(raw: Request, body: CompletionRequest | ChatCompletionRequest, req: ServingRequest) -> Response:
         shaper = ResponseShaper(isinstance(body, ChatCompletionRequest), req.request_id, front.model_name)
-        gen = _Generation(front, req, shaper, raw.state.started)
+        gen = _Generation(front.admitted_stream(req, raw.state.started), req, shaper)
         headers = {"x-request-id": req.request_id}
         if body.stream:
             return StreamingResponse(gen.events(body.include_usage), media_type="text/event-stream", headers=headers)
@@ -306,11 +320,12 @@ async def start_http_server(
     graceful_shutdown_s: float = 5.0,
     keepalive_s: float = 75.0,
     access_log: bool = False,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> HttpServerHandle:
     """Serve ``build_app(backend)`` with uvicorn in the running event loop; ``port=0`` picks a free port."""
     if front is None:
         front = await asyncio.to_thread(FrontDoor, backend)
-    app = build_app(backend, front=front)
+    app = build_app(backend, front=front, max_body_bytes=max_body_bytes)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family)  # bound and listening: the port is known now
     config = uvicorn.Config(

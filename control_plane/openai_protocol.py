@@ -1,8 +1,9 @@
 """OpenAI-compatible HTTP bodies: pydantic requests in, plain-dict responses out.
 
 Requests accept what OpenAI clients and ``vllm bench serve`` send (unknown
-fields are ignored, as vLLM does) and reject what we cannot honour with a 400
-naming the field (``n`` != 1, logprobs).
+fields are ignored, as vLLM does) and reject with a 400 naming the field what is
+malformed (a chat role outside OpenAI's, a content part without its text, an
+empty conversation) or what we cannot honour (``n`` != 1, logprobs).
 Responses are dicts shaped like OpenAI's, serialized once per SSE event.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.control_plane.frontdoor import TextDelta
@@ -103,6 +104,9 @@ class CompletionRequest(_GenerateBody):
         return prompt  # type: ignore[return-value]
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # OpenAI's
+
+
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -113,16 +117,30 @@ class ContentPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: str = Field(description="`system`, `user`, `assistant`, ...")
-    content: str | list[ContentPart] | None = Field(None, description="Text, or a list of text parts.")
+    role: str = Field(description=f"One of {', '.join(CHAT_ROLES)}.")
+    content: str | list[ContentPart] | None = Field(
+        None, description="Text, or a list of text parts; may be null only for an assistant turn."
+    )
     name: str | None = Field(None, description="Optional participant name.")
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, role: str) -> str:
+        if role not in CHAT_ROLES:
+            raise ValueError(f"unknown role {role!r}; expected one of {', '.join(CHAT_ROLES)}")
+        return role
 
     def as_template_input(self, index: int) -> dict[str, Any]:
         content = self.content
+        where = f"messages[{index}].content"
+        if content is None and self.role != "assistant":
+            raise InvalidRequestError(where, f"a {self.role} message needs content")
         if isinstance(content, list):
-            bad = [p.type for p in content if p.type != "text"]
-            if bad:
-                raise InvalidRequestError(f"messages[{index}].content", f"only text parts are supported, got {bad}")
+            for j, part in enumerate(content):
+                if part.type != "text":
+                    raise InvalidRequestError(f"{where}[{j}].type", f"only text parts are supported, got {part.type!r}")
+                if part.text is None:
+                    raise InvalidRequestError(f"{where}[{j}].text", "a text part needs its text")
             content = "".join(p.text or "" for p in content)
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.name:
@@ -142,6 +160,8 @@ class ChatCompletionRequest(_GenerateBody):
 
     def check_supported(self) -> None:
         super().check_supported()
+        if not self.messages:
+            raise InvalidRequestError("messages", "must hold at least one message")
         if self.logprobs or self.top_logprobs:
             raise InvalidRequestError("logprobs", "logprobs are not supported")
 

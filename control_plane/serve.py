@@ -56,14 +56,24 @@ async def run_front_doors(
     ready: asyncio.Future[Endpoints] | None = None,
     dashboard: str = "",
 ) -> None:
+    from tetriserve.control_plane.admission import AdmissionLimits
     from tetriserve.control_plane.frontdoor import FrontDoor
     from tetriserve.control_plane.gateway_grpc import start_grpc_server
     from tetriserve.control_plane.gateway_http import start_http_server
 
-    front = await asyncio.to_thread(FrontDoor, backend)  # type: ignore[arg-type]
-    grpc_server, grpc_port = await start_grpc_server(backend, config.host, config.grpc_port, front=front)  # type: ignore[arg-type]
+    limits = AdmissionLimits(**config.admission.model_dump())
+    front = await asyncio.to_thread(FrontDoor, backend, None, limits)  # type: ignore[arg-type]
+    body_limit = int(config.max_request_body_mb * (1 << 20))
+    grpc_server, grpc_port = await start_grpc_server(  # type: ignore[arg-type]
+        backend, config.host, config.grpc_port, front=front, max_message_bytes=body_limit
+    )
     http = await start_http_server(  # type: ignore[arg-type]
-        backend, config.host, config.http_port, front=front, keepalive_s=config.http_keepalive_s
+        backend,
+        config.host,
+        config.http_port,
+        front=front,
+        keepalive_s=config.http_keepalive_s,
+        max_body_bytes=body_limit,
     )
     endpoints = Endpoints(f"{config.host}:{grpc_port}", f"http://{config.host}:{http.port}", dashboard)
     if ready is not None:

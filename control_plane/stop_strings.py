@@ -15,6 +15,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tetriserve.common.errors import InvalidRequestError
+
+MAX_STOP_STRINGS = 16
+
+
+def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+    """A request's ``stop`` field, checked: at most ``MAX_STOP_STRINGS`` non-empty strings."""
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise InvalidRequestError("stop", "stop strings must be non-empty strings")
+    return stops
+
 
 class StopMatcher:
     def __init__(self, stops: Sequence[str]) -> None:

@@ -191,7 +191,7 @@ BAD: list[tuple[str, str, Any, int, str | None]] = [
     ("wrong type", "/v1/completions", {"prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
     ("malformed json", "/v1/completions", b'{"prompt": "hi",', 400, None),
     ("chat no messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
-    ("chat image part", "/v1/chat/completions", {"messages": [IMAGE_MESSAGE]}, 400, "messages[0].content"),
+    ("chat image part", "/v1/chat/completions", {"messages": [IMAGE_MESSAGE]}, 400, "messages[0].content[0].type"),
     ("chat too many tokens", "/v1/chat/completions", {"messages": [HI], "max_completion_tokens": 64}, 400,
      "max_completion_tokens"),
     ("chat n 2", "/v1/chat/completions", {"messages": [HI], "n": 2}, 400, "n"),

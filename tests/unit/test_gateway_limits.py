@@ -1,0 +1,170 @@
+"""Limits and validation at both front doors: body size (413 / RESOURCE_EXHAUSTED), chat roles and content."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakes import FakeBackend, LoopThread, tokenizer_dir, wait_until
+from tetriserve.client import ResourceExhausted, TetriServeClient
+from tetriserve.client.retry import NO_RETRY, RetryPolicy
+from tetriserve.control_plane.admission import AdmissionLimits
+from tetriserve.control_plane.frontdoor import FrontDoor
+from tetriserve.control_plane.gateway_grpc import start_grpc_server
+from tetriserve.control_plane.gateway_http import start_http_server
+
+LIMIT = 64 << 10
+QUEUE = 2  # requests that may wait to start
+
+
+@dataclass
+class Servers:
+    backend: FakeBackend
+    front: FrontDoor
+    http: str
+    grpc: str
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Servers]:
+    backend = FakeBackend(tokenizer_dir())
+    front = FrontDoor(backend, limits=AdmissionLimits(min_queue=QUEUE))
+    loop = LoopThread()
+    http = loop.run(start_http_server(backend, "127.0.0.1", 0, front=front, max_body_bytes=LIMIT))
+    grpc_server, port = loop.run(start_grpc_server(backend, "127.0.0.1", 0, front=front, max_message_bytes=LIMIT))
+    yield Servers(backend, front, http.url, f"127.0.0.1:{port}")
+    loop.run(http.stop())
+    loop.run(grpc_server.stop(None))
+    loop.stop()
+
+
+@pytest.fixture()
+def http(servers: Servers) -> Iterator[httpx.Client]:
+    servers.backend.reset()
+    with httpx.Client(base_url=servers.http, timeout=30) as c:
+        yield c
+
+
+def error_of(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err: dict[str, Any] = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    return err
+
+
+def test_a_body_over_the_limit_gets_413_not_a_reset(http: httpx.Client) -> None:
+    big = b'{"model": "tiny-test", "prompt": "' + b"x" * (4 * LIMIT) + b'"}'
+    err = error_of(http.post("/v1/completions", content=big, headers={"content-type": "application/json"}), 413)
+    assert err["code"] == "request_too_large" and str(LIMIT) in err["message"]
+
+
+def test_a_chunked_body_over_the_limit_gets_413(http: httpx.Client) -> None:
+    def pieces() -> Iterator[bytes]:
+        yield b'{"model": "tiny-test", "prompt": "'
+        for _ in range(8):
+            yield b"y" * (LIMIT // 2)
+        yield b'"}'
+
+    r = http.post("/v1/completions", content=pieces(), headers={"content-type": "application/json"})
+    assert error_of(r, 413)["code"] == "request_too_large"
+
+
+def test_bodies_under_the_limit_are_served_chunked_or_not(http: httpx.Client) -> None:
+    body = b'{"model": "tiny-test", "prompt": "hello", "max_tokens": 2}'
+    assert http.post("/v1/completions", content=body, headers={"content-type": "application/json"}).status_code == 200
+
+    def pieces() -> Iterator[bytes]:
+        yield body[:10]
+        yield body[10:]
+
+    r = http.post("/v1/completions", content=pieces(), headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert http.get("/health").status_code == 200  # a GET without a body passes through
+
+
+def chat(http: httpx.Client, messages: list[dict[str, Any]]) -> httpx.Response:
+    return http.post("/v1/chat/completions", json={"model": "tiny-test", "messages": messages, "max_tokens": 2})
+
+
+@pytest.mark.parametrize("role", ["system", "developer", "user", "assistant", "tool"])
+def test_openai_roles_are_served(http: httpx.Client, role: str) -> None:
+    r = chat(http, [{"role": role, "content": "hi"}, {"role": "user", "content": "hello"}])
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    ("messages", "field", "words"),
+    [
+        ([{"role": "wizard", "content": "hi"}], "role", "unknown role 'wizard'"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "content[0].type", "text parts"),
+        ([{"role": "user", "content": [{"type": "text"}]}], "content[0].text", "needs its text"),
+        ([{"role": "user", "content": None}], "messages[0].content", "needs content"),
+        ([{"role": "user"}], "messages[0].content", "needs content"),
+        ([{"content": "no role"}], "role", "Field required"),
+        ([], "messages", "at least one message"),
+    ],
+)
+def test_malformed_chat_messages_get_400_naming_the_field(
+    http: httpx.Client, messages: list[dict[str, Any]], field: str, words: str
+) -> None:
+    err = error_of(chat(http, messages), 400)
+    assert err["type"] == "invalid_request_error"
+    assert field in (err["param"] or ""), err
+    assert words in err["message"], err
+
+
+def test_an_assistant_turn_may_have_no_content(http: httpx.Client) -> None:
+    r = chat(http, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}])
+    assert r.status_code == 200, r.text
+
+
+def test_a_grpc_message_over_the_limit_is_resource_exhausted(servers: Servers) -> None:
+    with TetriServeClient(servers.grpc, retry=NO_RETRY) as client:
+        with pytest.raises(ResourceExhausted):
+            client.complete(prompt="z" * (2 * LIMIT), max_tokens=2)
+        assert client.complete(prompt="hello", max_tokens=2).text is not None
+
+
+def test_requests_past_the_admission_bound_are_refused_at_once_and_served_after(
+    servers: Servers, http: httpx.Client
+) -> None:
+    servers.backend.behavior.token_delay_s = 0.5  # the admitted ones wait for their tokens
+    body = {"model": "tiny-test", "prompt": "hello there", "max_tokens": 3, "stream": True}
+    with ExitStack() as held, httpx.Client(base_url=servers.http, timeout=30) as other:
+        for _ in range(QUEUE):
+            r = held.enter_context(other.stream("POST", "/v1/completions", json=body))
+            assert r.status_code == 200
+        refused = http.post("/v1/completions", json=body)
+        err = error_of(refused, 429)
+        assert err["code"] == "overloaded" and "retry" in err["message"]
+        assert int(refused.headers["retry-after"]) >= 1
+        with TetriServeClient(servers.grpc, retry=NO_RETRY) as client, pytest.raises(ResourceExhausted) as exhausted:
+            client.complete(prompt="hello", max_tokens=2)
+        assert exhausted.value.retry_after_s is not None and exhausted.value.retry_after_s >= 1
+    servers.backend.behavior.token_delay_s = 0.0
+    wait_until(lambda: servers.front.gate.inflight == 0, what="the held streams to end")
+    assert http.post("/v1/completions", json={**body, "stream": False}).status_code == 200
+    assert servers.front.gate.stats()["refused"] == 2
+
+
+def test_the_sdk_retries_a_refusal_when_asked_after_the_retry_after(servers: Servers, http: httpx.Client) -> None:
+    servers.backend.behavior.token_delay_s = 0.5
+    body = {"model": "tiny-test", "prompt": "hello there", "max_tokens": 3, "stream": True}
+    policy = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, retry_refused=True)
+    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=servers.http, timeout=30) as other:
+        with ExitStack() as held:
+            for _ in range(QUEUE):
+                held.enter_context(other.stream("POST", "/v1/completions", json=body))
+            refused = servers.front.gate.refused
+            with TetriServeClient(servers.grpc, retry=policy) as client:
+                later = pool.submit(client.complete, prompt="hello", max_tokens=2)
+                wait_until(lambda: servers.front.gate.refused > refused, what="the first attempt to be refused")
+                servers.backend.behavior.token_delay_s = 0.0
+                held.close()  # the held streams end: room for the retry
+                assert later.result(timeout=20).finish_reason == "length"
