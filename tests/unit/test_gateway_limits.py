@@ -157,14 +157,13 @@ def test_the_sdk_retries_a_refusal_when_asked_after_the_retry_after(servers: Ser
     servers.backend.behavior.token_delay_s = 0.5
     body = {"model": "tiny-test", "prompt": "hello there", "max_tokens": 3, "stream": True}
     policy = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, retry_refused=True)
-    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=servers.http, timeout=30) as other:
-        with ExitStack() as held:
-            for _ in range(QUEUE):
-                held.enter_context(other.stream("POST", "/v1/completions", json=body))
-            refused = servers.front.gate.refused
-            with TetriServeClient(servers.grpc, retry=policy) as client:
-                later = pool.submit(client.complete, prompt="hello", max_tokens=2)
-                wait_until(lambda: servers.front.gate.refused > refused, what="the first attempt to be refused")
-                servers.backend.behavior.token_delay_s = 0.0
-                held.close()  # the held streams end: room for the retry
-                assert later.result(timeout=20).finish_reason == "length"
+    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=servers.http, timeout=30) as other, ExitStack() as held:
+        for _ in range(QUEUE):
+            held.enter_context(other.stream("POST", "/v1/completions", json=body))
+        refused = servers.front.gate.refused
+        with TetriServeClient(servers.grpc, retry=policy) as client:
+            later = pool.submit(client.complete, prompt="hello", max_tokens=2)
+            wait_until(lambda: servers.front.gate.refused > refused, what="the first attempt to be refused")
+            servers.backend.behavior.token_delay_s = 0.0
+            held.close()  # the held streams end: room for the retry
+            assert later.result(timeout=20).finish_reason == "length"
