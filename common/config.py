@@ -268,7 +268,19 @@ class ClusterConfig(BaseModel):
             "request down one the server is closing at that moment."
         ),
     )
-    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)  # type: ignore[arg-type]
+    admission: AdmissionConfig = Field(
+        default_factory=AdmissionConfig,  # type: ignore[arg-type]
+        description="Backpressure at each front door: what is admitted and what is refused with 429.",
+    )
+    drain_grace_s: float = Field(
+        30.0,
+        ge=0,
+        description=(
+            "On SIGTERM (or Ctrl-C) the front doors stop admitting (/ready answers 503, new requests 503 / "
+            "UNAVAILABLE) and let admitted requests finish for up to this long before the service exits; a second "
+            "signal cuts the wait short."
+        ),
+    )
     max_request_body_mb: float = Field(
         32.0,
         gt=0,

@@ -17,6 +17,9 @@ any rate is known, or where the bound allows less, ``min_queue`` requests may
 still wait, so a cold service takes a burst and a slow one is not starved.
 ``max_inflight`` caps admitted requests in all states as a backstop.
 
+``close()`` starts a drain: every later ``admit`` raises ``Draining`` (HTTP 503,
+gRPC UNAVAILABLE: a client goes to another replica) while admitted requests run on.
+
 A pure policy: the caller passes the clock; tests drive it without a cluster.
 """
 
@@ -36,6 +39,10 @@ class Overloaded(Exception):
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s
+
+
+class Draining(Exception):
+    """The front door is shutting down: it admits nothing new."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class AdmissionGate:
     queued: int = 0  # admitted, not started
     inflight: int = 0  # admitted, not released
     refused: int = 0
+    closed: bool = False
     _busy_s: float = 0.0  # decayed seconds with a queue
     _starts: float = 0.0  # decayed starts during those seconds
     _last: float | None = None
@@ -89,7 +97,9 @@ class AdmissionGate:
         return None if rate is None or rate <= 0 else self.queued / rate
 
     def admit(self, now: float) -> Ticket:
-        """A ticket for one more request, or ``Overloaded``."""
+        """A ticket for one more request, or ``Overloaded`` / ``Draining``."""
+        if self.closed:
+            raise Draining("the service is shutting down and admits no new requests; retry on another replica")
         self._advance(now)
         allowed = self.allowed_queue()
         if self.queued + 1 > allowed or self.inflight >= self.limits.max_inflight:
@@ -109,6 +119,10 @@ class AdmissionGate:
         self.queued += 1
         self.inflight += 1
         return Ticket(self)
+
+    def close(self) -> None:
+        """Admit nothing more (a drain); what was admitted runs on."""
+        self.closed = True
 
     def _on_start(self, now: float) -> None:
         self._advance(now)

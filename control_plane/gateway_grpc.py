@@ -38,7 +38,7 @@ import grpc.aio
 from tetriserve.client.errors import FIELD_METADATA_KEY, RETRY_AFTER_METADATA_KEY
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.common.request import Request
-from tetriserve.control_plane.admission import Overloaded
+from tetriserve.control_plane.admission import Draining, Overloaded
 from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.frontdoor import FrontDoor, TextDelta
 from tetriserve.control_plane.policy_admin import UnknownWorkerError, describe_target
@@ -79,6 +79,8 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
                 exc.message,
                 trailing_metadata=((RETRY_AFTER_METADATA_KEY, str(exc.retry_after_s)),),
             )
+        except Draining as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         try:
             async with aclosing(admitted) as deltas:
                 async for delta in deltas:
@@ -139,7 +141,8 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
         return pb.AbortResponse(aborted=aborted)
 
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
-        return pb.HealthResponse(serving=await self._front.backend.healthy(), model=self._front.model_name)
+        serving = not self._front.gate.closed and await self._front.backend.healthy()
+        return pb.HealthResponse(serving=serving, model=self._front.model_name)
 
     async def ClusterStatus(
         self, request: pb.ClusterStatusRequest, context: grpc.aio.ServicerContext

@@ -1,8 +1,8 @@
 """OpenAI-compatible HTTP front door (FastAPI), for OpenAI clients and ``vllm bench serve``.
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /health``. A body over ``max_body_bytes`` is refused with 413 before it is
-parsed (``http_limits``). A request's life::
+``GET /health`` (liveness), ``GET /ready`` (readiness: 503 once draining). A body
+over ``max_body_bytes`` is refused with 413 before it is parsed (``http_limits``). A request's life::
 
     JSON body ─▶ pydantic model ─▶ unsupported options? ─▶ FrontDoor: model, tokens, validation
         │ any failure ─▶ 4xx OpenAI error body {"error": {message, type, param, code}}
@@ -45,7 +45,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tetriserve.common.errors import InvalidRequestError, UnknownModelError
 from tetriserve.common.request import Request as ServingRequest
-from tetriserve.control_plane.admission import Overloaded
+from tetriserve.control_plane.admission import Draining, Overloaded
 from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.frontdoor import FrontDoor, TextDelta
 from tetriserve.control_plane.http_limits import BodyLimit
@@ -110,6 +110,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def overloaded(_: Request, exc: Overloaded) -> JSONResponse:
         body = error_body(exc.message, "rate_limit_error", None, "overloaded")
         return JSONResponse(body, status_code=429, headers={"retry-after": str(exc.retry_after_s)})
+
+    @app.exception_handler(Draining)
+    async def draining(_: Request, exc: Draining) -> JSONResponse:
+        return _error(503, str(exc), None, "draining")
 
     @app.exception_handler(ConnectionError)
     async def unavailable(_: Request, exc: ConnectionError) -> JSONResponse:
@@ -194,9 +198,17 @@ def build_app(
 
     @app.get("/health")
     async def health() -> Response:
+        """Liveness: the front door answers and its backend serves (a drain does not fail it)."""
         if await backend.healthy():
             return Response(status_code=200)
         return _error(503, "backend is not serving", None, "unhealthy")
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Readiness: live and admitting; unready from the start of a drain (SIGTERM) on."""
+        if front.gate.closed:
+            return _error(503, "draining: admits no new requests", None, "draining")
+        return await health()
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

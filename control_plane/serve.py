@@ -1,17 +1,30 @@
-"""`tetriserve serve`: build/resolve the model, launch the cluster, run both front doors until a signal."""
+"""`tetriserve serve`: build/resolve the model, launch the cluster, run both front doors until a signal.
+
+The first SIGTERM / SIGINT drains: the front doors admit nothing new (``/ready``
+answers 503, new requests 503 / UNAVAILABLE) and admitted requests run to their
+end for up to ``drain_grace_s``; then the servers and the cluster stop. A second
+signal cuts the drain short.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tetriserve.common.config import ClusterConfig
 
+if TYPE_CHECKING:
+    from tetriserve.control_plane.frontdoor import FrontDoor
+
 logger = logging.getLogger(__name__)
+
+DRAIN_REPORT_S = 5.0  # how often a drain says how many requests it waits for
 
 
 @dataclass(frozen=True)
@@ -49,13 +62,32 @@ def check_decode_policy(config: ClusterConfig) -> None:
     decode_policies(config.decode)
 
 
+async def drain(front: FrontDoor, grace_s: float, hurry: asyncio.Event | None = None) -> int:
+    """Admit nothing more and wait, up to ``grace_s`` (or until ``hurry``), for admitted requests to finish,
+    saying every few seconds how many are left; returns how many were still running at the end."""
+    front.gate.close()
+    deadline = time.monotonic() + grace_s
+    said = -math.inf
+    while front.gate.inflight and time.monotonic() < deadline and not (hurry is not None and hurry.is_set()):
+        if time.monotonic() - said >= DRAIN_REPORT_S:
+            said = time.monotonic()
+            left = deadline - said
+            print(f"tetriserve: draining, {front.gate.inflight} requests in flight, {left:.0f} s left", flush=True)
+        await asyncio.sleep(0.05)
+    if front.gate.inflight:
+        print(f"tetriserve: drain over, {front.gate.inflight} requests cut short", flush=True)
+    return front.gate.inflight
+
+
 async def run_front_doors(
     config: ClusterConfig,
     backend: object,
     stop: asyncio.Event,
     ready: asyncio.Future[Endpoints] | None = None,
     dashboard: str = "",
+    hurry: asyncio.Event | None = None,
 ) -> None:
+    """Serve both front doors until ``stop``; then drain (``config.drain_grace_s``, cut short by ``hurry``)."""
     from tetriserve.control_plane.admission import AdmissionLimits
     from tetriserve.control_plane.frontdoor import FrontDoor
     from tetriserve.control_plane.gateway_grpc import start_grpc_server
@@ -80,6 +112,7 @@ async def run_front_doors(
         ready.set_result(endpoints)
     try:
         await stop.wait()
+        await drain(front, config.drain_grace_s, hurry)
     finally:
         await http.stop()
         await grpc_server.stop(2.0)
@@ -102,12 +135,16 @@ def serve(config: ClusterConfig) -> None:
     backend = RayBackend(cluster, name)
 
     async def main() -> None:
-        stop = asyncio.Event()
+        stop, hurry = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:  # the first one drains, a second one cuts the drain short
+            (hurry if stop.is_set() else stop).set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         ready: asyncio.Future[Endpoints] = loop.create_future()
-        task = asyncio.create_task(run_front_doors(config, backend, stop, ready, cluster.dashboard_url))
+        task = asyncio.create_task(run_front_doors(config, backend, stop, ready, cluster.dashboard_url, hurry))
         await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
         if not ready.done():
             task.result()  # the front doors failed to start: raise why
@@ -116,7 +153,8 @@ def serve(config: ClusterConfig) -> None:
         print(f"  gRPC            {ep.grpc}", flush=True)
         print(f"  OpenAI HTTP     {ep.http}/v1  (model '{name}')", flush=True)
         print(f"  Ray dashboard   {ep.dashboard or 'not running'}", flush=True)
-        print("  Ctrl-C stops the service.", flush=True)
+        grace = config.drain_grace_s
+        print(f"  Ctrl-C / SIGTERM drains (up to {grace:g} s) and stops; a second one stops now.", flush=True)
         await task
 
     try:
