@@ -117,10 +117,12 @@ class FrontDoor:
         return await asyncio.to_thread(self.tokenize, text, field_name=field_name)
 
     async def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, special: bool = False
     ) -> tuple[int, ...]:
-        """``chat_prompt`` in a worker thread."""
-        return await asyncio.to_thread(self.chat_prompt, messages, add_generation_prompt=add_generation_prompt)
+        """``chat_prompt`` in a worker thread (``special``: add special tokens on top of the template's)."""
+        return await asyncio.to_thread(
+            self.chat_prompt, messages, add_generation_prompt=add_generation_prompt, special=special
+        )
 
     def tokenize(self, text: str, *, add_special_tokens: bool = True, field_name: str = "prompt") -> tuple[int, ...]:
         if not text:
@@ -128,7 +130,7 @@ class FrontDoor:
         return tuple(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def chat_prompt(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, special: bool = False
     ) -> tuple[int, ...]:
         """Token ids of ``messages`` rendered with the model's chat template."""
         if not messages:
@@ -141,7 +143,7 @@ class FrontDoor:
             )
         except Exception as exc:  # jinja2 errors raised by the template itself (e.g. role order)
             raise InvalidRequestError("messages", f"chat template failed: {exc}") from exc
-        return self.tokenize(str(text), add_special_tokens=False, field_name="messages")
+        return self.tokenize(str(text), add_special_tokens=special, field_name="messages")
 
     def _check_ids(self, field_name: str, ids: Sequence[int]) -> None:
         if not ids or (min(ids) >= 0 and max(ids) < self.vocab_size):

@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP front door (FastAPI), for OpenAI clients and ``vllm bench serve``.
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /health`` (liveness), ``GET /ready`` (readiness: 503 once draining). A body
+``GET /health`` (liveness), ``GET /ready`` (readiness: 503 once draining), and
+vLLM's ``POST /tokenize`` / ``POST /detokenize`` (the front door's tokenizer). A body
 over ``max_body_bytes`` is refused with 413 before it is parsed (``http_limits``). A request's life::
 
     JSON body ─▶ pydantic model ─▶ unsupported options? ─▶ FrontDoor: model, tokens, validation
@@ -52,7 +53,9 @@ from tetriserve.control_plane.http_limits import BodyLimit
 from tetriserve.control_plane.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     ResponseShaper,
+    TokenizeRequest,
     error_body,
 )
 
@@ -222,6 +225,29 @@ def build_app(
             "max_model_len": front.max_model_len,
         }
         return {"object": "list", "data": [card]}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        front.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidRequestError("prompt", "send either prompt or messages")
+        if body.messages is not None:
+            messages = [m.as_template_input(i) for i, m in enumerate(body.messages)]
+            special = bool(body.add_special_tokens)
+            ids = await front.encode_chat(messages, add_generation_prompt=body.add_generation_prompt, special=special)
+        else:
+            special = body.add_special_tokens is not False
+            ids = tuple(await asyncio.to_thread(front.tokenizer.encode, body.prompt, add_special_tokens=special))
+        strs = front.tokenizer.convert_ids_to_tokens(list(ids)) if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": front.max_model_len, "tokens": list(ids), "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        front.check_model(body.model)
+        bad = next((t for t in body.tokens if not 0 <= t < front.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError("tokens", f"token id {bad} is outside the vocabulary [0, {front.vocab_size})")
+        return {"prompt": await asyncio.to_thread(front.tokenizer.decode, body.tokens)}
 
     async def run(raw: Request, body: CompletionRequest | ChatCompletionRequest, req: ServingRequest) -> Response:
         shaper = ResponseShaper(isinstance(body, ChatCompletionRequest), req.request_id, front.model_name)

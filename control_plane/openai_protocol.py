@@ -173,6 +173,30 @@ class ChatCompletionRequest(_GenerateBody):
         return "max_tokens", self.max_tokens
 
 
+class TokenizeRequest(BaseModel):
+    """Body of vLLM's ``POST /tokenize``: a ``prompt``, or chat ``messages`` rendered with the chat template."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = Field(None, description="Served model name; empty or absent means the served model.")
+    prompt: str | None = Field(None, description="Text to tokenize (or send `messages`).")
+    messages: list[ChatMessage] | None = Field(None, description="A conversation to render and tokenize.")
+    add_generation_prompt: bool = Field(True, description="Chat: append the assistant turn header.")
+    add_special_tokens: bool | None = Field(
+        None, description="Add special tokens (BOS); default true for a prompt, false for messages (vLLM's)."
+    )
+    return_token_strs: bool = Field(False, description="Also return each token's string.")
+
+
+class DetokenizeRequest(BaseModel):
+    """Body of vLLM's ``POST /detokenize``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = Field(None, description="Served model name; empty or absent means the served model.")
+    tokens: list[int] = Field(description="Token ids to turn back into text.")
+
+
 # ---- responses --------------------------------------------------------------------------------
 
 

@@ -154,7 +154,7 @@ def serve(config: ClusterConfig) -> None:
         print(f"  OpenAI HTTP     {ep.http}/v1  (model '{name}')", flush=True)
         print(f"  Ray dashboard   {ep.dashboard or 'not running'}", flush=True)
         grace = config.drain_grace_s
-        print(f"  Ctrl-C / SIGTERM drains (up to {grace:g} s) and stops; a second one stops now.", flush=True)
+        print(f"  Ctrl-C stops the service (SIGTERM too), draining up to {grace:g} s; twice: at once.", flush=True)
         await task
 
     try:

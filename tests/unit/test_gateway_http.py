@@ -312,3 +312,47 @@ def test_an_idle_keep_alive_connection_outlives_the_old_5_s_server_timeout(env: 
         assert conn.getresponse().status == 200
     finally:
         conn.close()
+
+
+# ---- vLLM's /tokenize and /detokenize ---------------------------------------------------------------
+
+
+def test_tokenize_and_detokenize_round_trip_in_vllms_shape(env: HttpEnv, http: httpx.Client) -> None:
+    r = http.post("/tokenize", json={"model": "tiny-test", "prompt": MULTIBYTE, "return_token_strs": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"count", "max_model_len", "tokens", "token_strs"}  # vLLM's TokenizeResponse
+    assert body["tokens"] == list(env.front.tokenize(MULTIBYTE)) and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] == 64 and len(body["token_strs"]) == body["count"]
+    bare = http.post("/tokenize", json={"prompt": MULTIBYTE, "add_special_tokens": False}).json()
+    assert bare["token_strs"] is None
+    assert bare["tokens"] == list(env.front.tokenize(MULTIBYTE, add_special_tokens=False))
+    text = http.post("/detokenize", json={"model": "tiny-test", "tokens": bare["tokens"]}).json()
+    assert text == {"prompt": MULTIBYTE}
+
+
+def test_tokenize_chat_gives_the_prompt_a_chat_completion_runs(
+    env: HttpEnv, backend: FakeBackend, http: httpx.Client
+) -> None:
+    messages = [{"role": "user", "content": "hello there"}]
+    tokens = http.post("/tokenize", json={"messages": messages}).json()["tokens"]
+    r = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    assert tokens == list(backend.requests[-1].prompt_token_ids)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/tokenize", {"model": "tiny-test"}, "prompt"),
+        ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
+        ("/tokenize", {"messages": [{"role": "wizard", "content": "b"}]}, "messages.0.role"),
+        ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ],
+)
+def test_tokenize_errors_name_the_field(http: httpx.Client, path: str, body: dict[str, Any], param: str) -> None:
+    r = http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert http.post("/tokenize", json={"model": "other", "prompt": "a"}).status_code == 404
