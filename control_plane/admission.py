@@ -1,6 +1,7 @@
 """Backpressure at the front door: a request is admitted only if it is expected to start within a bound.
 
-    admit(request) ─▶ queued + 1 ≤ max(min_queue, rate · max_wait_s)  and  in flight < max_inflight ?
+    check() (before tokenizing) / admit(request) ─▶
+        queued + 1 ≤ max(min_queue, rate · max_wait_s)  and  in flight < max_inflight ?
         yes ─▶ Ticket (queued) ── its second token, or its finish ──▶ started ── stream ends ──▶ released
         no  ─▶ Overloaded(retry_after_s): HTTP 429 + Retry-After, gRPC RESOURCE_EXHAUSTED
 
@@ -98,27 +99,32 @@ class AdmissionGate:
 
     def admit(self, now: float) -> Ticket:
         """A ticket for one more request, or ``Overloaded`` / ``Draining``."""
+        self.check(now)
+        self.queued += 1
+        self.inflight += 1
+        return Ticket(self)
+
+    def check(self, now: float) -> None:
+        """Raise what ``admit`` would raise now, without admitting: a gateway refuses before it tokenizes."""
         if self.closed:
             raise Draining("the service is shutting down and admits no new requests; retry on another replica")
         self._advance(now)
         allowed = self.allowed_queue()
-        if self.queued + 1 > allowed or self.inflight >= self.limits.max_inflight:
-            self.refused += 1
-            rate = self.rate
-            excess = max(1, self.queued + 1 - allowed)
-            retry = 1 if rate is None or rate <= 0 else math.ceil(excess / rate)
-            wait = self.expected_wait_s()
-            why = (
-                f"{self.inflight} requests in flight (max_inflight {self.limits.max_inflight})"
-                if self.inflight >= self.limits.max_inflight
-                else f"{self.queued} requests waiting to start"
-                + (f", about {wait:.0f} s of work" if wait is not None else "")
-                + f" (admission.max_wait_s {self.limits.max_wait_s:g})"
-            )
-            raise Overloaded(f"service overloaded: {why}; retry later", min(RETRY_AFTER_MAX_S, max(1, retry)))
-        self.queued += 1
-        self.inflight += 1
-        return Ticket(self)
+        if self.queued + 1 <= allowed and self.inflight < self.limits.max_inflight:
+            return
+        self.refused += 1
+        rate = self.rate
+        excess = max(1, self.queued + 1 - allowed)
+        retry = 1 if rate is None or rate <= 0 else math.ceil(excess / rate)
+        wait = self.expected_wait_s()
+        why = (
+            f"{self.inflight} requests in flight (max_inflight {self.limits.max_inflight})"
+            if self.inflight >= self.limits.max_inflight
+            else f"{self.queued} requests waiting to start"
+            + (f", about {wait:.0f} s of work" if wait is not None else "")
+            + f" (admission.max_wait_s {self.limits.max_wait_s:g})"
+        )
+        raise Overloaded(f"service overloaded: {why}; retry later", min(RETRY_AFTER_MAX_S, max(1, retry)))
 
     def close(self) -> None:
         """Admit nothing more (a drain); what was admitted runs on."""

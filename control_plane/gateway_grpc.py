@@ -65,14 +65,14 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
         started = time.monotonic()
         rid = request.request_id or uuid.uuid4().hex
         try:
+            self._front.gate.check(started)  # a flood is refused before it costs a tokenization
             req = await self._to_request(rid, request)
+            admitted = self._front.admitted_stream(req, started)
         except InvalidRequestError as exc:
             logger.debug("request %s rejected: %s", rid, exc)
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, str(exc), trailing_metadata=((FIELD_METADATA_KEY, exc.field),)
             )
-        try:
-            admitted = self._front.admitted_stream(req, started)
         except Overloaded as exc:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,

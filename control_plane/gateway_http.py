@@ -265,6 +265,7 @@ def build_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: Request) -> Response:
         raw.state.started = time.monotonic()
+        front.gate.check(raw.state.started)  # a flood is refused before it costs a tokenization
         body.check_supported()
         front.check_model(body.model)
         prompt = body.single_prompt()
@@ -278,6 +279,7 @@ def build_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
         raw.state.started = time.monotonic()
+        front.gate.check(raw.state.started)
         body.check_supported()
         front.check_model(body.model)
         messages = [m.as_template_input(i) for i, m in enumerate(body.messages)]

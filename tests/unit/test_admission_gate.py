@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tetriserve.control_plane.admission import AdmissionGate, AdmissionLimits, Overloaded
+from tetriserve.control_plane.admission import AdmissionGate, AdmissionLimits, Draining, Overloaded
 
 
 def test_a_cold_gate_takes_min_queue_then_refuses_with_a_retry_after() -> None:
@@ -66,3 +66,17 @@ def test_released_unstarted_tickets_leave_the_queue_and_release_is_idempotent() 
     b.start(1.0)
     with pytest.raises(Overloaded, match="max_inflight 2"):
         gate.admit(1.0)
+
+
+def test_check_refuses_like_admit_without_taking_a_place() -> None:
+    gate = AdmissionGate(AdmissionLimits(min_queue=1))
+    gate.check(0.0)
+    gate.check(0.0)
+    assert (gate.queued, gate.inflight) == (0, 0)
+    gate.admit(0.0)
+    with pytest.raises(Overloaded):
+        gate.check(0.0)
+    gate.close()
+    with pytest.raises(Draining):
+        gate.check(0.0)
+    assert gate.stats()["refused"] == 1  # a drain's refusals are not overload
