@@ -224,6 +224,9 @@ class DecodeConfig(BaseModel):
         }
 
 
+DEFAULT_MAX_REQUEST_BODY_MB = 32.0
+
+
 class AdmissionConfig(BaseModel):
     """Backpressure at each front door (control_plane/admission.py)."""
 
@@ -282,7 +285,7 @@ class ClusterConfig(BaseModel):
         ),
     )
     max_request_body_mb: float = Field(
-        32.0,
+        DEFAULT_MAX_REQUEST_BODY_MB,
         gt=0,
         description=(
             "Largest request body the front doors take, in MiB: HTTP answers a larger one with 413, gRPC with "

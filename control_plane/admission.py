@@ -10,8 +10,8 @@ decoding (no second token yet: they wait for a prefill, a KV transfer or a decod
 slot). ``rate`` is the service's start rate while it has a queue: requests started
 per second of time during which at least one request waited, both aged by that
 busy time alone with a time constant of ``RATE_TAU_S``, so it measures what the
-cluster can do when busy and remembers it across idle spells (a burst after a quiet minute meets the last
-busy rate, not the quiet one). Expected wait = queued / rate (Little's law); a
+cluster can do when busy and remembers it across idle spells (a burst after a
+quiet minute meets the last busy rate, not the quiet one). Expected wait = queued / rate (Little's law); a
 request beyond ``rate · max_wait_s`` would wait longer than the bound and is
 refused at once, with ``Retry-After`` the time the excess needs to drain. Before
 any rate is known, or where the bound allows less, ``min_queue`` requests may
@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tetriserve.common.config import AdmissionConfig
+
 RATE_TAU_S = 30.0  # busy seconds over which the start rate is averaged
 RETRY_AFTER_MAX_S = 60
 
@@ -44,13 +46,6 @@ class Overloaded(Exception):
 
 class Draining(Exception):
     """The front door is shutting down: it admits nothing new."""
-
-
-@dataclass(frozen=True)
-class AdmissionLimits:
-    max_wait_s: float = 30.0
-    min_queue: int = 256
-    max_inflight: int = 4096
 
 
 @dataclass
@@ -74,7 +69,7 @@ class Ticket:
 
 @dataclass
 class AdmissionGate:
-    limits: AdmissionLimits = field(default_factory=AdmissionLimits)
+    limits: AdmissionConfig = field(default_factory=AdmissionConfig)  # type: ignore[arg-type]
     queued: int = 0  # admitted, not started
     inflight: int = 0  # admitted, not released
     refused: int = 0

@@ -37,10 +37,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tetriserve.common.config import AdmissionConfig
 from tetriserve.common.errors import InvalidRequestError, UnknownModelError
 from tetriserve.common.request import SLO, Request, SamplingSpec
 from tetriserve.common.stream import FinishReason, StreamChunk
-from tetriserve.control_plane.admission import AdmissionGate, AdmissionLimits, Ticket
+from tetriserve.control_plane.admission import AdmissionGate, Ticket
 from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
 from tetriserve.control_plane.stop_strings import StopMatcher, stop_strings
@@ -89,12 +90,12 @@ class FrontDoor:
         self,
         backend: ServingBackend,
         tokenizer: PreTrainedTokenizerBase | None = None,
-        limits: AdmissionLimits | None = None,
+        limits: AdmissionConfig | None = None,
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(backend.model_path)
         self.vocab_size = len(self.tokenizer)
-        self.gate = AdmissionGate(limits or AdmissionLimits())
+        self.gate = AdmissionGate(limits or AdmissionConfig())
         self._background: set[asyncio.Task[None]] = set()
 
     @property

@@ -41,6 +41,7 @@ from tetriserve.common.request import Request
 from tetriserve.control_plane.admission import Draining, Overloaded
 from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.frontdoor import FrontDoor, TextDelta
+from tetriserve.control_plane.http_limits import DEFAULT_MAX_BODY_BYTES
 from tetriserve.control_plane.policy_admin import UnknownWorkerError, describe_target
 from tetriserve.protos import tetriserve_pb2 as pb
 from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
@@ -207,7 +208,7 @@ async def start_grpc_server(
     port: int = 0,
     *,
     front: FrontDoor | None = None,
-    max_message_bytes: int = 32 << 20,
+    max_message_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC gateway in the running event loop; return the server and the bound port.
 

@@ -49,7 +49,7 @@ from tetriserve.common.request import Request as ServingRequest
 from tetriserve.control_plane.admission import Draining, Overloaded
 from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.frontdoor import FrontDoor, TextDelta
-from tetriserve.control_plane.http_limits import BodyLimit
+from tetriserve.control_plane.http_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from tetriserve.control_plane.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -63,7 +63,6 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 DEFAULT_COMPLETION_TOKENS = 16
-DEFAULT_MAX_BODY_BYTES = 32 << 20  # the config's max_request_body_mb default
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:

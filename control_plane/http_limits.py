@@ -15,11 +15,21 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from tetriserve.common.config import DEFAULT_MAX_REQUEST_BODY_MB
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def megabytes(mb: float) -> int:
+    """``mb`` MiB in bytes (the config's ``max_request_body_mb`` as both front doors take it)."""
+    return int(mb * (1 << 20))
+
+
+DEFAULT_MAX_BODY_BYTES = megabytes(DEFAULT_MAX_REQUEST_BODY_MB)
 
 
 class BodyLimit:

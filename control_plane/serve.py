@@ -62,9 +62,9 @@ def check_decode_policy(config: ClusterConfig) -> None:
     decode_policies(config.decode)
 
 
-async def drain(front: FrontDoor, grace_s: float, hurry: asyncio.Event | None = None) -> int:
+async def drain(front: FrontDoor, grace_s: float, hurry: asyncio.Event | None = None) -> None:
     """Admit nothing more and wait, up to ``grace_s`` (or until ``hurry``), for admitted requests to finish,
-    saying every few seconds how many are left; returns how many were still running at the end."""
+    saying every few seconds how many are left."""
     front.gate.close()
     deadline = time.monotonic() + grace_s
     said = -math.inf
@@ -76,7 +76,6 @@ async def drain(front: FrontDoor, grace_s: float, hurry: asyncio.Event | None = 
         await asyncio.sleep(0.05)
     if front.gate.inflight:
         print(f"tetriserve: drain over, {front.gate.inflight} requests cut short", flush=True)
-    return front.gate.inflight
 
 
 async def run_front_doors(
@@ -88,14 +87,13 @@ async def run_front_doors(
     hurry: asyncio.Event | None = None,
 ) -> None:
     """Serve both front doors until ``stop``; then drain (``config.drain_grace_s``, cut short by ``hurry``)."""
-    from tetriserve.control_plane.admission import AdmissionLimits
     from tetriserve.control_plane.frontdoor import FrontDoor
     from tetriserve.control_plane.gateway_grpc import start_grpc_server
     from tetriserve.control_plane.gateway_http import start_http_server
+    from tetriserve.control_plane.http_limits import megabytes
 
-    limits = AdmissionLimits(**config.admission.model_dump())
-    front = await asyncio.to_thread(FrontDoor, backend, None, limits)  # type: ignore[arg-type]
-    body_limit = int(config.max_request_body_mb * (1 << 20))
+    front = await asyncio.to_thread(FrontDoor, backend, None, config.admission)  # type: ignore[arg-type]
+    body_limit = megabytes(config.max_request_body_mb)
     grpc_server, grpc_port = await start_grpc_server(  # type: ignore[arg-type]
         backend, config.host, config.grpc_port, front=front, max_message_bytes=body_limit
     )

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tetriserve.control_plane.admission import AdmissionGate, AdmissionLimits, Draining, Overloaded
+from tetriserve.common.config import AdmissionConfig
+from tetriserve.control_plane.admission import AdmissionGate, Draining, Overloaded
 
 
 def test_a_cold_gate_takes_min_queue_then_refuses_with_a_retry_after() -> None:
-    gate = AdmissionGate(AdmissionLimits(max_wait_s=30, min_queue=4))
+    gate = AdmissionGate(AdmissionConfig(max_wait_s=30, min_queue=4))
     tickets = [gate.admit(0.0) for _ in range(4)]
     with pytest.raises(Overloaded) as refused:
         gate.admit(0.0)
@@ -19,7 +20,7 @@ def test_a_cold_gate_takes_min_queue_then_refuses_with_a_retry_after() -> None:
 
 
 def test_the_bound_follows_the_measured_busy_rate() -> None:
-    gate = AdmissionGate(AdmissionLimits(max_wait_s=10, min_queue=2))
+    gate = AdmissionGate(AdmissionConfig(max_wait_s=10, min_queue=2))
     now = 0.0
     queue = [gate.admit(now), gate.admit(now)]
     for _ in range(40):  # a backlogged service that starts 4 requests per second
@@ -40,7 +41,7 @@ def test_the_bound_follows_the_measured_busy_rate() -> None:
 
 
 def test_an_idle_spell_keeps_the_busy_rate() -> None:
-    gate = AdmissionGate(AdmissionLimits(max_wait_s=10, min_queue=1))
+    gate = AdmissionGate(AdmissionConfig(max_wait_s=10, min_queue=1))
     now = 0.0
     for _ in range(20):  # busy: 10 starts per second
         t = gate.admit(now)
@@ -54,7 +55,7 @@ def test_an_idle_spell_keeps_the_busy_rate() -> None:
 
 
 def test_released_unstarted_tickets_leave_the_queue_and_release_is_idempotent() -> None:
-    gate = AdmissionGate(AdmissionLimits(min_queue=1, max_inflight=2))
+    gate = AdmissionGate(AdmissionConfig(min_queue=1, max_inflight=2))
     t = gate.admit(0.0)
     t.release(1.0)
     t.release(1.0)
@@ -69,7 +70,7 @@ def test_released_unstarted_tickets_leave_the_queue_and_release_is_idempotent() 
 
 
 def test_check_refuses_like_admit_without_taking_a_place() -> None:
-    gate = AdmissionGate(AdmissionLimits(min_queue=1))
+    gate = AdmissionGate(AdmissionConfig(min_queue=1))
     gate.check(0.0)
     gate.check(0.0)
     assert (gate.queued, gate.inflight) == (0, 0)

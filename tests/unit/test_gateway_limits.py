@@ -14,7 +14,7 @@ import pytest
 from tests.fakes import FakeBackend, LoopThread, tokenizer_dir, wait_until
 from tetriserve.client import ResourceExhausted, TetriServeClient
 from tetriserve.client.retry import NO_RETRY, RetryPolicy
-from tetriserve.control_plane.admission import AdmissionLimits
+from tetriserve.common.config import AdmissionConfig
 from tetriserve.control_plane.frontdoor import FrontDoor
 from tetriserve.control_plane.gateway_grpc import start_grpc_server
 from tetriserve.control_plane.gateway_http import start_http_server
@@ -34,7 +34,7 @@ class Servers:
 @pytest.fixture(scope="module")
 def servers() -> Iterator[Servers]:
     backend = FakeBackend(tokenizer_dir())
-    front = FrontDoor(backend, limits=AdmissionLimits(min_queue=QUEUE))
+    front = FrontDoor(backend, limits=AdmissionConfig(min_queue=QUEUE))
     loop = LoopThread()
     http = loop.run(start_http_server(backend, "127.0.0.1", 0, front=front, max_body_bytes=LIMIT))
     grpc_server, port = loop.run(start_grpc_server(backend, "127.0.0.1", 0, front=front, max_message_bytes=LIMIT))
