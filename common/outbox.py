@@ -60,8 +60,10 @@ def coalesce(chunks: list[StreamChunk]) -> list[StreamChunk]:
             and prev.attempt == chunk.attempt
             and prev.end == chunk.index
             and not prev.metrics
+            and (prev.logprobs is None) == (chunk.logprobs is None)
         ):
-            out[pos] = replace(chunk, token_ids=prev.token_ids + chunk.token_ids, index=prev.index)
+            logprobs = None if prev.logprobs is None or chunk.logprobs is None else prev.logprobs + chunk.logprobs
+            out[pos] = replace(chunk, token_ids=prev.token_ids + chunk.token_ids, index=prev.index, logprobs=logprobs)
             continue
         last[chunk.request_id] = len(out)
         out.append(chunk)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 from tetriserve.common.length import LengthEstimate
 
+MAX_LOGPROBS = 20  # top alternatives per position a request may ask for (vLLM's default max_logprobs)
+
 
 class RequestState(enum.IntEnum):
     QUEUED = 0
@@ -91,6 +93,7 @@ class SamplingSpec:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # None: none; k: the sampled token's and the k most likely ones' per position
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
@@ -108,6 +111,8 @@ class SamplingSpec:
             raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
 

@@ -29,7 +29,7 @@ import msgpack
 
 from tetriserve.common.request import RequestState
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 class FinishReason(enum.StrEnum):
@@ -54,6 +54,19 @@ _FINAL = {
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """The log-probabilities at one output position, in vLLM's order: the sampled token first, then the top
+    alternatives by rank (the sampled token is listed once even when it is one of them)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+    @property
+    def sampled(self) -> float:
+        return self.logprobs[0]
+
+
+@dataclass(frozen=True, slots=True)
 class StreamChunk:
     """New tokens of one request, in order. ``finish_reason`` is set on the last chunk only.
 
@@ -61,7 +74,8 @@ class StreamChunk:
     number of tokens before it). For ``error`` the ``error`` field says why. A
     worker whose part of the request is over because the request went on
     elsewhere (prefill → decode handoff, SCLS §7 slice move) ends its part with
-    a chunk whose ``moved_to`` names that worker.
+    a chunk whose ``moved_to`` names that worker. ``logprobs``, when the request
+    asked for them, has one entry per token of ``token_ids``.
     """
 
     request_id: str
@@ -76,6 +90,7 @@ class StreamChunk:
     attempt: int = 0
     incarnation: int = 0
     retry: bool = False
+    logprobs: tuple[TokenLogprobs, ...] | None = None
     version: int = PROTOCOL_VERSION
 
     @property
@@ -107,6 +122,7 @@ def encode_chunks(chunks: list[StreamChunk]) -> bytes:
                     c.attempt,
                     c.incarnation,
                     c.retry,
+                    None if c.logprobs is None else [[p.token_ids, p.logprobs] for p in c.logprobs],
                 ]
                 for c in chunks
             ],
@@ -122,7 +138,8 @@ def decode_chunks(data: bytes) -> list[StreamChunk]:
         raise ValueError(f"stream message of protocol version {version}; this side speaks {PROTOCOL_VERSION}")
     chunks = []
     for row in rows:
-        rid, tokens, reason, error, prompt_tokens, worker, metrics, moved_to, index, attempt, incarnation, retry = row
+        rid, tokens, reason, error, prompt_tokens, worker, metrics, moved_to, index, attempt, incarnation = row[:11]
+        retry, lps = row[11:]
         chunks.append(
             StreamChunk(
                 rid,
@@ -137,6 +154,7 @@ def decode_chunks(data: bytes) -> list[StreamChunk]:
                 attempt,
                 incarnation,
                 retry,
+                None if lps is None else tuple(TokenLogprobs(tuple(ids), tuple(lp)) for ids, lp in lps),
                 version,
             )
         )

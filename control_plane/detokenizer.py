@@ -15,8 +15,10 @@ vLLM)::
     else: hold the tokens back until more arrive
 
 The window starts with the last few prompt tokens so the first generated
-token decodes with the right spacing. ``flush()`` emits whatever is held back
-at the end of the stream, replacement characters included.
+token decodes with the right spacing. What is still held back when the stream
+ends (an incomplete UTF-8 sequence) is dropped, as vLLM's detokenizer (the
+``tokenizers`` ``DecodeStream``) drops it: a character cut off by ``max_tokens``
+is not text, and sending U+FFFD for it would differ from plain vLLM's answer.
 """
 
 from __future__ import annotations
@@ -57,23 +59,14 @@ class IncrementalDetokenizer:
         )
         return str(text)
 
-    def _delta(self, final: bool) -> str:
-        prefix_text = self._decode(self._ids[self._prefix : self._read])
-        full_text = self._decode(self._ids[self._prefix :])
-        if final or (len(full_text) > len(prefix_text) and not full_text.endswith(_INCOMPLETE)):
-            self._prefix, self._read = self._read, len(self._ids)
-            return full_text[len(prefix_text) :]
-        return ""
-
     def add(self, token_ids: Sequence[int]) -> str:
         """Append generated tokens; return the text that is now complete (possibly empty)."""
         if not token_ids:
             return ""
         self._ids.extend(token_ids)
-        return self._delta(final=False)
-
-    def flush(self) -> str:
-        """Return any text still held back (the stream has ended)."""
-        if self._read == len(self._ids):
-            return ""
-        return self._delta(final=True)
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        full_text = self._decode(self._ids[self._prefix :])
+        if len(full_text) > len(prefix_text) and not full_text.endswith(_INCOMPLETE):
+            self._prefix, self._read = self._read, len(self._ids)
+            return full_text[len(prefix_text) :]
+        return ""

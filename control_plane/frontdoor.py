@@ -44,6 +44,8 @@ from tetriserve.common.stream import FinishReason, StreamChunk
 from tetriserve.control_plane.admission import AdmissionGate, Ticket
 from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
+from tetriserve.control_plane.field_checks import in_range, logprobs_value, min_tokens_value, slo_value, top_k_value
+from tetriserve.control_plane.logprobs import LogprobEntry, LogprobNamer, TokenStrings
 from tetriserve.control_plane.stop_strings import StopMatcher, stop_strings
 
 if TYPE_CHECKING:
@@ -77,6 +79,8 @@ class TextDelta:
     e2e_ms: float | None = None  # on the last delta
     metrics: Mapping[str, float] = field(default_factory=dict)
     unavailable: bool = False  # an "error" the service owns (no worker could take the request), not the request
+    logprobs: tuple[LogprobEntry, ...] | None = None  # one per token of ``token_ids``, when the request asked
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it (vLLM's field)
 
     @property
     def finished(self) -> bool:
@@ -95,6 +99,7 @@ class FrontDoor:
         self.backend = backend
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(backend.model_path)
         self.vocab_size = len(self.tokenizer)
+        self.token_strings = TokenStrings(self.tokenizer)
         self.gate = AdmissionGate(limits or AdmissionConfig())
         self._background: set[asyncio.Task[None]] = set()
 
@@ -173,6 +178,8 @@ class FrontDoor:
         frequency_penalty: float | None = None,
         repetition_penalty: float | None = None,
         stop: str | Sequence[str] | None = None,
+        logprobs: int | None = None,
+        logprobs_field: str = "logprobs",
         slo: SLO | Mapping[str, float | None] | None = None,
         priority: int = 0,
         rename: Mapping[str, str] | None = None,
@@ -181,7 +188,8 @@ class FrontDoor:
 
         ``max_tokens=None`` means ``default_max_tokens`` capped to the context left
         after the prompt (``default_max_tokens=None``: all the context left).
-        Ranges are vLLM's: penalties in [-2, 2], repetition penalty > 0.
+        Ranges are vLLM's: penalties in [-2, 2], repetition penalty > 0, ``logprobs``
+        (the alternatives per position, None for no logprobs; ``logprobs_field`` names it) in [0, 20].
         """
         try:
             if not request_id or len(request_id) > MAX_REQUEST_ID_LEN:
@@ -191,21 +199,22 @@ class FrontDoor:
             self._check_ids("stop_token_ids", stop_token_ids)
             sampling = SamplingSpec(
                 max_tokens=max_tokens,
-                temperature=_in_range("temperature", temperature, 1.0, 0.0, 2.0),
-                top_p=_in_range("top_p", top_p, 1.0, 0.0, 1.0, low_open=True),
-                top_k=self._top_k(top_k),
+                temperature=in_range("temperature", temperature, 1.0, 0.0, 2.0),
+                top_p=in_range("top_p", top_p, 1.0, 0.0, 1.0, low_open=True),
+                top_k=top_k_value(top_k),
                 seed=seed,
                 stop_token_ids=tuple(stop_token_ids),
                 ignore_eos=ignore_eos,
-                min_tokens=self._min_tokens(min_tokens, max_tokens),
-                presence_penalty=_in_range("presence_penalty", presence_penalty, 0.0, -2.0, 2.0),
-                frequency_penalty=_in_range("frequency_penalty", frequency_penalty, 0.0, -2.0, 2.0),
-                repetition_penalty=_in_range(
+                min_tokens=min_tokens_value(min_tokens, max_tokens),
+                presence_penalty=in_range("presence_penalty", presence_penalty, 0.0, -2.0, 2.0),
+                frequency_penalty=in_range("frequency_penalty", frequency_penalty, 0.0, -2.0, 2.0),
+                repetition_penalty=in_range(
                     "repetition_penalty", repetition_penalty, 1.0, 0.0, math.inf, low_open=True
                 ),
                 stop=stop_strings(stop),
+                logprobs=logprobs_value(logprobs_field, logprobs),
             )
-            return Request(request_id, prompt, sampling, slo=self._slo(slo), priority=priority)
+            return Request(request_id, prompt, sampling, slo=slo_value(slo), priority=priority)
         except InvalidRequestError as exc:
             if rename and exc.field in rename:
                 raise InvalidRequestError(rename[exc.field], exc.message) from None
@@ -233,30 +242,6 @@ class FrontDoor:
             )
         return max_tokens
 
-    @staticmethod
-    def _top_k(top_k: int | None) -> int:
-        top_k = 0 if top_k is None or top_k == -1 else top_k
-        if top_k < 0:
-            raise InvalidRequestError("top_k", f"must be >= 1, or 0/-1 to disable, got {top_k}")
-        return top_k
-
-    @staticmethod
-    def _min_tokens(min_tokens: int | None, max_tokens: int) -> int:
-        if min_tokens is None:
-            return 0
-        if not 0 <= min_tokens <= max_tokens:
-            raise InvalidRequestError("min_tokens", f"must be in [0, max_tokens={max_tokens}], got {min_tokens}")
-        return min_tokens
-
-    @staticmethod
-    def _slo(slo: SLO | Mapping[str, float | None] | None) -> SLO:
-        if slo is None or isinstance(slo, SLO):
-            return slo or SLO()
-        for name, value in slo.items():
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise InvalidRequestError(f"slo.{name}", f"must be a positive number of milliseconds, got {value}")
-        return SLO(**slo)
-
     # ---- output -------------------------------------------------------------------------------
 
     def admitted_stream(self, request: Request, started_at: float | None = None) -> AsyncGenerator[TextDelta, None]:
@@ -281,46 +266,50 @@ class FrontDoor:
         rid = request.request_id
         detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
         stops = StopMatcher(request.sampling.stop)
+        namer = LogprobNamer(self.token_strings) if request.sampling.logprobs is not None else None
         source = self.backend.generate(request)
         prompt_tokens, generated, done = len(request.prompt_token_ids), 0, False
         ttft_ms: float | None = None
 
-        def delta(chunk: StreamChunk, text: str, **kw: Any) -> TextDelta:
+        def delta(chunk: StreamChunk, tokens: tuple[int, ...], text: str, **kw: Any) -> TextDelta:
             nonlocal ttft_ms
             first = None
-            if ttft_ms is None and chunk.token_ids:
+            if ttft_ms is None and tokens:
                 ttft_ms = first = (time.monotonic() - t0) * 1e3
-            return TextDelta(rid, chunk.token_ids, text, prompt_tokens, generated, ttft_ms=first, **kw)
+            lps = namer.name(tokens, chunk.logprobs) if namer is not None else None
+            return TextDelta(rid, tokens, text, prompt_tokens, generated, ttft_ms=first, logprobs=lps, **kw)
 
         try:
             async for chunk in source:
-                generated += len(chunk.token_ids)
+                tokens, text = _take(chunk, detok, stops)
+                generated += len(tokens)
                 if ticket is not None and (generated >= 2 or chunk.finished):
                     ticket.start(time.monotonic())
-                text = stops.feed(detok.add(chunk.token_ids))
                 if not chunk.finished and stops.stopped is None:
-                    yield delta(chunk, text)
+                    yield delta(chunk, tokens, text)
                     continue
                 done = True
                 if stops.stopped is not None and not chunk.finished:  # ours: the workers are still generating
                     await self.backend.abort(rid, FinishReason.STOP)
                     await self._drain(source, rid, until_finished=True)
-                    yield delta(chunk, text, finish_reason="stop", e2e_ms=(time.monotonic() - t0) * 1e3)
+                    e2e_ms = (time.monotonic() - t0) * 1e3
+                    yield delta(chunk, tokens, text, finish_reason="stop", e2e_ms=e2e_ms, stop_reason=stops.stopped)
                     return
                 await self._drain(source, rid)
-                text += stops.feed(detok.flush())
                 if stops.stopped is None:
                     text += stops.flush()
                 reason = "stop" if stops.stopped is not None else chunk.finish_reason
                 error = (chunk.error or "unknown backend error") if reason == "error" else None
                 yield delta(
                     chunk,
+                    tokens,
                     text,
                     finish_reason=reason,
                     error=error,
                     unavailable=error is not None and chunk.retry,
                     e2e_ms=(time.monotonic() - t0) * 1e3,
                     metrics=dict(chunk.metrics or {}),
+                    stop_reason=stops.stopped or _stop_token(request, tokens, reason),
                 )
                 return
             done = True
@@ -328,7 +317,7 @@ class FrontDoor:
             yield TextDelta(
                 rid,
                 (),
-                stops.feed(detok.flush()) + stops.flush(),
+                stops.flush(),
                 prompt_tokens,
                 generated,
                 finish_reason="error",
@@ -374,21 +363,29 @@ class FrontDoor:
         task.add_done_callback(self._background.discard)
 
 
+def _take(chunk: StreamChunk, detok: IncrementalDetokenizer, stops: StopMatcher) -> tuple[tuple[int, ...], str]:
+    """The tokens of a chunk that are output, and their new text (vLLM's rules): all of them, or those up to the
+    one that completed a stop string; the token that stopped the engine (EOS, a stop token id) has no text."""
+    tokens = chunk.token_ids
+    spoken = tokens[:-1] if chunk.finish_reason == FinishReason.STOP else tokens
+    if not stops.stops or len(spoken) <= 1:
+        return tokens, stops.feed(detok.add(spoken))
+    parts = []
+    for i, token in enumerate(spoken):
+        parts.append(stops.feed(detok.add((token,))))
+        if stops.stopped is not None:
+            return tokens[: i + 1], "".join(parts)
+    return tokens, "".join(parts)
+
+
+def _stop_token(request: Request, tokens: tuple[int, ...], reason: str | None) -> int | None:
+    """The stop token id that ended ``request`` (not EOS: vLLM reports None for that)."""
+    if reason == "stop" and tokens and tokens[-1] in request.sampling.stop_token_ids:
+        return tokens[-1]
+    return None
+
+
 async def _aclose(source: AsyncIterator[Any]) -> None:
     aclose = getattr(source, "aclose", None)
     if aclose is not None:
         await aclose()
-
-
-def _in_range(
-    name: str, value: float | None, default: float, low: float, high: float, *, low_open: bool = False
-) -> float:
-    """``value`` (``default`` when None), checked to lie in [low, high] ((low, high] with ``low_open``)."""
-    if value is None:
-        return default
-    ok = math.isfinite(value) and (low < value if low_open else low <= value) and value <= high
-    if not ok:
-        bracket = "(" if low_open else "["
-        upper = "" if math.isinf(high) else f", {high:g}]"
-        raise InvalidRequestError(name, f"must be in {bracket}{low:g}{upper or ', ∞)'}, got {value}")
-    return float(value)

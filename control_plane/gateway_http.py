@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import socket
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Sequence
-from contextlib import aclosing
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -48,8 +46,9 @@ from tetriserve.common.errors import InvalidRequestError, UnknownModelError
 from tetriserve.common.request import Request as ServingRequest
 from tetriserve.control_plane.admission import Draining, Overloaded
 from tetriserve.control_plane.backend import ServingBackend
-from tetriserve.control_plane.frontdoor import FrontDoor, TextDelta
+from tetriserve.control_plane.frontdoor import FrontDoor
 from tetriserve.control_plane.http_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from tetriserve.control_plane.openai_generation import Generation, error_response, fan_out
 from tetriserve.control_plane.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -65,15 +64,6 @@ _T = TypeVar("_T")
 DEFAULT_COMPLETION_TOKENS = 16
 
 
-def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
-    type_ = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse(error_body(message, type_, param, code), status_code=status)
-
-
-def _sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
-
-
 _PYDANTIC_MARKERS = frozenset({"body", "str", "int", "float", "bool", "list", "dict", "none"})
 
 
@@ -86,27 +76,27 @@ def _param(loc: Sequence[object]) -> str:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(UnknownModelError)
     async def unknown_model(_: Request, exc: UnknownModelError) -> JSONResponse:
-        return _error(404, exc.message, exc.field, "model_not_found")
+        return error_response(404, exc.message, exc.field, "model_not_found")
 
     @app.exception_handler(InvalidRequestError)
     async def invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
-        return _error(400, str(exc), exc.field)
+        return error_response(400, str(exc), exc.field)
 
     @app.exception_handler(RequestValidationError)
     async def validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = list(exc.errors())
         if any(e.get("type") == "json_invalid" for e in errors):
             detail = next(str(e.get("ctx", {}).get("error", "")) for e in errors if e.get("type") == "json_invalid")
-            return _error(400, f"malformed JSON body: {detail}".rstrip(": "), None, "invalid_json")
+            return error_response(400, f"malformed JSON body: {detail}".rstrip(": "), None, "invalid_json")
         messages: dict[str, str] = {}  # first message per field (a union field fails once per member)
         for e in errors:
             messages.setdefault(_param(e.get("loc", ())), str(e.get("msg", "invalid")))
         lines = [f"{name or 'body'}: {msg}" for name, msg in list(messages.items())[:10]]
-        return _error(400, "; ".join(lines) or "invalid request body", next(iter(messages), None) or None)
+        return error_response(400, "; ".join(lines) or "invalid request body", next(iter(messages), None) or None)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail))
+    async def httperror_response(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Overloaded)
     async def overloaded(_: Request, exc: Overloaded) -> JSONResponse:
@@ -115,12 +105,12 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Draining)
     async def draining(_: Request, exc: Draining) -> JSONResponse:
-        return _error(503, str(exc), None, "draining")
+        return error_response(503, str(exc), None, "draining")
 
     @app.exception_handler(ConnectionError)
     async def unavailable(_: Request, exc: ConnectionError) -> JSONResponse:
         logger.warning("backend unavailable: %s", exc)
-        return _error(503, f"backend unavailable: {exc}", None, "backend_unavailable")
+        return error_response(503, f"backend unavailable: {exc}", None, "backend_unavailable")
 
 
 async def _cancel_on_disconnect(raw: Request, work: Awaitable[_T]) -> _T | None:
@@ -147,46 +137,6 @@ async def _cancel_on_disconnect(raw: Request, work: Awaitable[_T]) -> _T | None:
     return None
 
 
-class _Generation:
-    """One admitted request on its way out, as SSE events or one JSON body."""
-
-    def __init__(self, deltas: AsyncGenerator[TextDelta, None], req: ServingRequest, shaper: ResponseShaper) -> None:
-        self.deltas, self.req, self.shaper = deltas, req, shaper
-
-    async def events(self, include_usage: bool) -> AsyncIterator[str]:
-        try:
-            async with aclosing(self.deltas) as deltas:
-                async for delta in deltas:
-                    if delta.error is not None:
-                        logger.warning("request %s failed in the backend: %s", self.req.request_id, delta.error)
-                        yield _sse(self.shaper.chunk(delta, include_usage))  # the text so far, finish_reason "error"
-                        code = "service_unavailable" if delta.unavailable else "backend_error"
-                        yield _sse(error_body(f"request failed: {delta.error}", "server_error", None, code))
-                        break
-                    yield _sse(self.shaper.chunk(delta, include_usage))
-                    if delta.finished and include_usage:
-                        yield _sse(self.shaper.usage_chunk(delta))
-        except Exception as exc:  # the response has started: report in-band
-            logger.exception("request %s: stream failed", self.req.request_id)
-            code = "backend_unavailable" if isinstance(exc, ConnectionError) else "internal_error"
-            yield _sse(error_body(f"{type(exc).__name__}: {exc}", "server_error", None, code))
-        yield "data: [DONE]\n\n"
-
-    async def whole(self) -> JSONResponse:
-        parts: list[str] = []
-        last: TextDelta | None = None
-        async with aclosing(self.deltas) as deltas:
-            async for delta in deltas:
-                parts.append(delta.text)
-                last = delta
-        if last is None or last.error is not None:
-            reason = last.error if last is not None else "no output"
-            if last is not None and last.unavailable:
-                return _error(503, f"request {self.req.request_id} failed: {reason}", None, "service_unavailable")
-            return _error(500, f"request {self.req.request_id} failed: {reason}", None, "backend_error")
-        return JSONResponse(self.shaper.whole("".join(parts), last))
-
-
 def build_app(
     backend: ServingBackend, *, front: FrontDoor | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 ) -> FastAPI:
@@ -203,13 +153,13 @@ def build_app(
         """Liveness: the front door answers and its backend serves (a drain does not fail it)."""
         if await backend.healthy():
             return Response(status_code=200)
-        return _error(503, "backend is not serving", None, "unhealthy")
+        return error_response(503, "backend is not serving", None, "unhealthy")
 
     @app.get("/ready")
     async def ready() -> Response:
         """Readiness: live and admitting; unready from the start of a drain (SIGTERM) on."""
         if front.gate.closed:
-            return _error(503, "draining: admits no new requests", None, "draining")
+            return error_response(503, "draining: admits no new requests", None, "draining")
         return await health()
 
     @app.get("/v1/models")
@@ -249,8 +199,10 @@ def build_app(
         return {"prompt": await asyncio.to_thread(front.tokenizer.decode, body.tokens)}
 
     async def run(raw: Request, body: CompletionRequest | ChatCompletionRequest, req: ServingRequest) -> Response:
-        shaper = ResponseShaper(isinstance(body, ChatCompletionRequest), req.request_id, front.model_name)
-        gen = _Generation(front.admitted_stream(req, raw.state.started), req, shaper)
+        chat = isinstance(body, ChatCompletionRequest)
+        shaper = ResponseShaper(chat, req.request_id, front.model_name, req.sampling.logprobs)
+        streams = [front.admitted_stream(r, raw.state.started) for r in fan_out(req, body.n)]
+        gen = Generation(streams, req.request_id, shaper)
         headers = {"x-request-id": req.request_id}
         if body.stream:
             return StreamingResponse(gen.events(body.include_usage), media_type="text/event-stream", headers=headers)
@@ -316,6 +268,8 @@ def _build(
         frequency_penalty=body.frequency_penalty,
         repetition_penalty=body.repetition_penalty,
         stop=body.stop,
+        logprobs=body.logprobs_asked[1],
+        logprobs_field=body.logprobs_asked[0],
         slo=body.slo.model_dump() if body.slo else None,
         priority=body.priority,
         rename=rename,

@@ -3,19 +3,25 @@
 Requests accept what OpenAI clients and ``vllm bench serve`` send (unknown
 fields are ignored, as vLLM does) and reject with a 400 naming the field what is
 malformed (a chat role outside OpenAI's, a content part without its text, an
-empty conversation) or what we cannot honour (``n`` != 1, logprobs).
-Responses are dicts shaped like OpenAI's, serialized once per SSE event.
+empty conversation) or what we cannot honour (``echo``, ``best_of`` > 1, ``suffix``).
+Responses are dicts shaped like vLLM's OpenAI server's (``stop_reason``, logprobs
+as ``logprobs.py`` shapes them), serialized once per SSE event.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tetriserve.common.errors import InvalidRequestError
+from tetriserve.common.request import MAX_LOGPROBS
 from tetriserve.control_plane.frontdoor import TextDelta
+from tetriserve.control_plane.logprobs import LogprobEntry, chat_logprobs, completion_logprobs, next_offset
+
+MAX_CHOICES = 32  # ``n``: each choice is a request of its own on the workers
 
 
 class StreamOptions(BaseModel):
@@ -48,7 +54,7 @@ class _GenerateBody(BaseModel):
     )
     stop_token_ids: list[int] | None = Field(None, description="Token ids that end generation (vLLM extension).")
     ignore_eos: bool = Field(False, description="Keep generating past EOS (vLLM extension, for benchmarks).")
-    n: int = Field(1, description="Number of choices; only 1 is supported.")
+    n: int = Field(1, description=f"Number of choices, 1 to {MAX_CHOICES}; more than 1 needs temperature > 0.")
     stream: bool = Field(False, description="Stream Server-Sent Events instead of one JSON body.")
     stream_options: StreamOptions | None = Field(None, description="Streaming options (`include_usage`).")
     presence_penalty: float | None = Field(None, description="Penalty in [-2, 2] for tokens already in the output.")
@@ -63,8 +69,10 @@ class _GenerateBody(BaseModel):
 
     def check_supported(self) -> None:
         """Raise ``InvalidRequestError`` for options we accept syntactically but cannot honour."""
-        if self.n != 1:
-            raise InvalidRequestError("n", f"only n=1 is supported, got {self.n}")
+        if not 1 <= self.n <= MAX_CHOICES:
+            raise InvalidRequestError("n", f"must be in [1, {MAX_CHOICES}], got {self.n}")
+        if self.n > 1 and self.temperature == 0:
+            raise InvalidRequestError("n", f"n must be 1 when using greedy sampling, got {self.n}")
 
     @property
     def include_usage(self) -> bool:
@@ -79,7 +87,9 @@ class CompletionRequest(_GenerateBody):
     )
     max_tokens: int | None = Field(16, description="Most tokens to generate; null means all the context left.")
     echo: bool = Field(False, description="Not supported.")
-    logprobs: int | None = Field(None, description="Not supported (must be null).")
+    logprobs: int | None = Field(
+        None, description=f"Return each token's log-probability and the top k (0 to {MAX_LOGPROBS}) per position."
+    )
     best_of: int | None = Field(None, description="Only 1 is supported.")
     suffix: str | None = Field(None, description="Not supported.")
 
@@ -87,12 +97,15 @@ class CompletionRequest(_GenerateBody):
         super().check_supported()
         if self.echo:
             raise InvalidRequestError("echo", "echo is not supported")
-        if self.logprobs is not None:
-            raise InvalidRequestError("logprobs", "logprobs are not supported")
         if self.best_of not in (None, 1):
             raise InvalidRequestError("best_of", f"only best_of=1 is supported, got {self.best_of}")
         if self.suffix:
             raise InvalidRequestError("suffix", "suffix is not supported")
+
+    @property
+    def logprobs_asked(self) -> tuple[str, int | None]:
+        """(field name, alternatives per position) of the logprobs asked for (None: none)."""
+        return "logprobs", self.logprobs
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt of the request (batched prompts are rejected)."""
@@ -154,16 +167,23 @@ class ChatCompletionRequest(_GenerateBody):
     messages: list[ChatMessage] = Field(description="The conversation; rendered with the model's chat template.")
     max_tokens: int | None = Field(None, description="Deprecated alias of max_completion_tokens.")
     max_completion_tokens: int | None = Field(None, description="Most tokens to generate; null: all context left.")
-    logprobs: bool | None = Field(None, description="Not supported.")
-    top_logprobs: int | None = Field(None, description="Not supported.")
+    logprobs: bool | None = Field(None, description="Return the log-probability of each output token.")
+    top_logprobs: int | None = Field(
+        None, description=f"With `logprobs`: also the k (0 to {MAX_LOGPROBS}) most likely tokens per position."
+    )
     add_generation_prompt: bool = Field(True, description="Append the assistant turn header (vLLM extension).")
 
     def check_supported(self) -> None:
         super().check_supported()
         if not self.messages:
             raise InvalidRequestError("messages", "must hold at least one message")
-        if self.logprobs or self.top_logprobs:
-            raise InvalidRequestError("logprobs", "logprobs are not supported")
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequestError("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true")
+
+    @property
+    def logprobs_asked(self) -> tuple[str, int | None]:
+        """(field name, alternatives per position) of the logprobs asked for (None: none)."""
+        return "top_logprobs", (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def token_limit(self) -> tuple[str, int | None]:
@@ -200,11 +220,11 @@ class DetokenizeRequest(BaseModel):
 # ---- responses --------------------------------------------------------------------------------
 
 
-def usage(delta: TextDelta) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
-        "prompt_tokens": delta.prompt_tokens,
-        "completion_tokens": delta.completion_tokens,
-        "total_tokens": delta.prompt_tokens + delta.completion_tokens,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
     }
 
 
@@ -213,25 +233,47 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 
 class ResponseShaper:
-    """Builds the response dicts of one request (completion or chat, whole or chunked)."""
+    """Builds the response dicts of one request (completion or chat, whole or chunked; ``index``: the choice).
 
-    def __init__(self, chat: bool, request_id: str, model: str) -> None:
+    ``top_logprobs``: the alternatives per position the request asked for with its logprobs (None: no logprobs).
+    """
+
+    def __init__(self, chat: bool, request_id: str, model: str, top_logprobs: int | None = None) -> None:
         self.chat = chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
         self.model = model
         self.created = int(time.time())
-        self._sent_role = False
+        self.top_logprobs = top_logprobs
+        self._offsets: dict[int, int] = {}  # completions: each choice's next logprobs text_offset
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def chunk(self, delta: TextDelta, include_usage: bool) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": delta.finish_reason}
+    def _logprobs(self, entries: tuple[LogprobEntry, ...] | None, index: int) -> dict[str, Any] | None:
+        if self.top_logprobs is None or entries is None:
+            return None
+        if self.chat:
+            return chat_logprobs(entries, self.top_logprobs)
+        start = self._offsets.get(index, 0)
+        self._offsets[index] = next_offset(entries, start)
+        return completion_logprobs(entries, self.top_logprobs, start)
+
+    def _choice(self, delta: TextDelta, index: int, entries: tuple[LogprobEntry, ...] | None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": index, "logprobs": self._logprobs(entries, index)}
+        choice["finish_reason"] = delta.finish_reason
+        if delta.finished:
+            choice["stop_reason"] = delta.stop_reason
+        return choice
+
+    def role_chunk(self, index: int) -> dict[str, Any]:
+        """Chat: the first event of choice ``index``, sent before its first token (as OpenAI and vLLM do)."""
+        choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+        return self._envelope("chat.completion.chunk", [{**choice, "finish_reason": None}])
+
+    def chunk(self, delta: TextDelta, include_usage: bool, index: int = 0) -> dict[str, Any]:
+        choice = self._choice(delta, index, delta.logprobs)
         if self.chat:
             choice["delta"] = {"content": delta.text}
-            if not self._sent_role:
-                choice["delta"] = {"role": "assistant", "content": delta.text}
-                self._sent_role = True
             body = self._envelope("chat.completion.chunk", [choice])
         else:
             choice["text"] = delta.text
@@ -240,18 +282,29 @@ class ResponseShaper:
             body["usage"] = None
         return body
 
-    def usage_chunk(self, delta: TextDelta) -> dict[str, Any]:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = usage(delta)
+        body["usage"] = usage(prompt_tokens, completion_tokens)
         return body
 
-    def whole(self, text: str, last: TextDelta) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": last.finish_reason}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-            body = self._envelope("chat.completion", [choice])
-        else:
-            choice["text"] = text
-            body = self._envelope("text_completion", [choice])
-        body["usage"] = usage(last)
+    def whole(self, choices: list[Choice]) -> dict[str, Any]:
+        out = []
+        for index, c in enumerate(choices):
+            choice = self._choice(c.last, index, c.logprobs)
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": c.text}
+            else:
+                choice["text"] = c.text
+            out.append(choice)
+        body = self._envelope("chat.completion" if self.chat else "text_completion", out)
+        body["usage"] = usage(choices[0].last.prompt_tokens, sum(c.last.completion_tokens for c in choices))
         return body
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One finished choice of a whole (non-streamed) response: its text, all its logprobs, its last delta."""
+
+    text: str
+    last: TextDelta
+    logprobs: tuple[LogprobEntry, ...] | None

@@ -40,7 +40,7 @@ from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.load import DecodeLoad
 from tetriserve.common.request import Request, RequestState
-from tetriserve.common.stream import FinishReason
+from tetriserve.common.stream import FinishReason, TokenLogprobs
 from tetriserve.decode_worker.moves import Move, SliceMover
 from tetriserve.decode_worker.policy import decode_policies
 from tetriserve.decode_worker.slices import Order
@@ -254,12 +254,13 @@ class DecodeWorker(EngineWorker):
             self.event(rid, RequestState.DECODING)
         if delta.finish_reason == "length" and run.move is not None and not self._at_end(run):
             if delta.token_ids:  # the slice's last token; the request goes on elsewhere
-                self._publish(run, delta.token_ids, index=index)
+                self._publish(run, delta.token_ids, index=index, logprobs=delta.logprobs)
             run.task = asyncio.create_task(self.mover.hand_over(run, run.move, self._start))
             return
         reason = FinishReason(delta.finish_reason) if delta.finish_reason is not None else None
         # an engine error (a failed KV load under the "fail" policy, a failed step) is ours, not the request's
-        self._publish(run, delta.token_ids, reason, delta.error, index=index, retry=reason is FinishReason.ERROR)
+        retry = reason is FinishReason.ERROR
+        self._publish(run, delta.token_ids, reason, delta.error, index=index, retry=retry, logprobs=delta.logprobs)
 
     def _at_end(self, run: Running) -> bool:
         """Whether a ``length`` finish is the request's own (its cap or the context limit), not a slice cut."""
@@ -276,9 +277,12 @@ class DecodeWorker(EngineWorker):
         index: int,
         moved_to: str | None = None,
         retry: bool = False,
+        logprobs: tuple[TokenLogprobs, ...] | None = None,
     ) -> None:
         req = run.request
-        self.publish(run.subscriber, req, tokens, reason, error, index=index, moved_to=moved_to, retry=retry)
+        self.publish(
+            run.subscriber, req, tokens, reason, error, index=index, moved_to=moved_to, retry=retry, logprobs=logprobs
+        )
         if reason is not None:
             if self.running.get(req.request_id) is run:
                 del self.running[req.request_id]

@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tetriserve.common.stream import TokenLogprobs
 from tetriserve.engine.cores import CoreShare, lower_thread_priority, set_engine_threads
 from tetriserve.engine.stats import EngineStats, StatsCollector, stat_logger_factory
 
@@ -50,11 +51,12 @@ SNAPSHOT_INTERVAL_S = 0.05  # a busy engine publishes its snapshot at most this 
 
 @dataclass(frozen=True)
 class Delta:
-    """New output tokens of one request in one engine step."""
+    """New output tokens of one request in one engine step (``logprobs``: one entry per token, when asked for)."""
 
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: tuple[TokenLogprobs, ...] | None = None
 
 
 Sink = Callable[[Delta], None]
@@ -304,7 +306,8 @@ class EngineLoop:
             reason = (completion.finish_reason if completion is not None else None) or "stop"
             del self._outputs[out.request_id]
         error = "KV cache transfer failed" if reason == "error" else None
-        return output, Delta(tokens, reason, error)
+        logprobs = _logprobs(completion.logprobs) if completion is not None else None
+        return output, Delta(tokens, reason, error, logprobs)
 
     def _fail_all(self, error: str) -> None:
         ids = list(self._outputs)
@@ -313,6 +316,17 @@ class EngineLoop:
             self.engine.abort_request(ids)
         except Exception:
             logger.exception("engine %s: abort after failure also failed", self.name)
+
+
+def _logprobs(positions: Any) -> tuple[TokenLogprobs, ...] | None:
+    """vLLM's per-position ``{token_id: Logprob}`` (sampled token first, then by rank), as plain tuples."""
+    if positions is None:
+        return None
+    return tuple(
+        TokenLogprobs(tuple(position), tuple(lp.logprob for lp in position.values()))
+        for position in positions
+        if position is not None
+    )
 
 
 def _deliver(batch: list[tuple[Sink, Delta]]) -> None:

@@ -47,6 +47,7 @@ def to_vllm(
         presence_penalty=spec.presence_penalty,
         frequency_penalty=spec.frequency_penalty,
         repetition_penalty=spec.repetition_penalty,
+        logprobs=spec.logprobs,
         detokenize=False,
         extra_args=extra_args or None,
     )

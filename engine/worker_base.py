@@ -29,7 +29,7 @@ from tetriserve.common.config import ClusterConfig
 from tetriserve.common.load import DecodeLoad, PrefillLoad, same_load
 from tetriserve.common.outbox import StreamHub
 from tetriserve.common.request import Request, RequestState
-from tetriserve.common.stream import FinishReason, Heartbeat, StateEvent, StreamChunk
+from tetriserve.common.stream import FinishReason, Heartbeat, StateEvent, StreamChunk, TokenLogprobs
 
 logger = logging.getLogger(__name__)
 
@@ -115,10 +115,12 @@ class EngineWorker:
         index: int = 0,
         moved_to: str | None = None,
         retry: bool = False,
+        logprobs: tuple[TokenLogprobs, ...] | None = None,
     ) -> None:
-        """Send ``req``'s chunk to ``subscriber``: ``tokens`` from output position ``index`` on. A finish is also
-        a state event for the GlobalScheduler's table (the front door's own finish usually gets there first);
-        ``retry`` marks an error the request may get past elsewhere (the front door migrates it)."""
+        """Send ``req``'s chunk to ``subscriber``: ``tokens`` (``logprobs``: theirs, if the request asked) from
+        output position ``index`` on. A finish is also a state event for the GlobalScheduler's table (the front
+        door's own finish usually gets there first); ``retry`` marks an error the request may get past
+        elsewhere (the front door migrates it)."""
         chunk = StreamChunk(
             req.request_id,
             tokens,
@@ -131,6 +133,7 @@ class EngineWorker:
             attempt=req.attempt,
             incarnation=self.incarnation,
             retry=retry,
+            logprobs=(logprobs or ()) if req.sampling.logprobs is not None else None,
         )
         self.streams.publish(subscriber, chunk)
         if reason is not None and not retry:

@@ -32,7 +32,8 @@ from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
 from tetriserve.common.load import DecodeLoad, PrefillLoad
 from tetriserve.common.request import Request, RequestState
-from tetriserve.common.stream import FinishReason
+from tetriserve.common.stream import FinishReason, TokenLogprobs
+from tetriserve.engine.loop import Delta
 from tetriserve.engine.settings import EngineRole, build_engine_args
 from tetriserve.engine.worker_base import EngineWorker
 from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate
@@ -211,19 +212,19 @@ class PrefillWorker(EngineWorker):
         try:
             try:
                 async with self.gate.turn(view) as batch_seq:
-                    tokens, reason, error = await self._run_engine(
-                        req, replace(view, batch_seq=batch_seq), park=decodes
-                    )
+                    out = await self._run_engine(req, replace(view, batch_seq=batch_seq), park=decodes)
             except RequestAborted:
                 self.publish(subscriber, req, (), FinishReason.ABORT, index=done)
                 return
-            if reason is not None or ticket is None:
+            tokens, lps = out.token_ids, out.logprobs
+            if out.finish_reason is not None or ticket is None:
                 # finished at prefill (the GlobalScheduler feeds the outcome back through ``observe``)
                 self._aborted.pop(key, None)
                 self.endpoint.discard(key)
-                self.publish(subscriber, req, tokens, FinishReason(reason or FinishReason.LENGTH), error, index=done)
+                reason = FinishReason(out.finish_reason or FinishReason.LENGTH)
+                self.publish(subscriber, req, tokens, reason, out.error, index=done, logprobs=lps)
                 return
-            self.publish(subscriber, req, tokens, index=done)  # TTFT does not wait for the prediction or dispatch
+            self.publish(subscriber, req, tokens, index=done, logprobs=lps)  # TTFT waits for no prediction/dispatch
             self.event(req.request_id, RequestState.TRANSFERRING)
             wait_s = self.config.prefill.predictor_wait_ms / 1000
             estimate, refinement = await self.predictions.estimate(ticket, wait_s)
@@ -329,10 +330,9 @@ class PrefillWorker(EngineWorker):
             self.decode_loads[worker_id], view, self.config.prefill.heavy_threshold_tokens
         )
 
-    async def _run_engine(
-        self, req: Request, view: ReqView, park: bool
-    ) -> tuple[tuple[int, ...], str | None, str | None]:
-        """Prefill ``req``: (its next token, the finish reason if it ended here, an error)."""
+    async def _run_engine(self, req: Request, view: ReqView, park: bool) -> Delta:
+        """Prefill ``req``: its next token (with its logprobs, if asked), the finish reason if it ended here, an
+        error."""
         from tetriserve.engine.sampling import to_vllm
 
         key = req.kv_key
@@ -347,13 +347,16 @@ class PrefillWorker(EngineWorker):
         )
         params = to_vllm(req.sampling, max_tokens=1, prior_outputs=len(req.resume), kv=kv, tags=tags)
         tokens: list[int] = []
+        logprobs: list[TokenLogprobs] | None = None if req.sampling.logprobs is None else []
         reason = error = None
         async for delta in self.engine.generate(key, (*req.prompt_token_ids, *req.resume), params):
             tokens.extend(delta.token_ids)
+            if logprobs is not None:
+                logprobs.extend(delta.logprobs or ())
             reason, error = delta.finish_reason, delta.error
         if reason == "length" and park:
             reason = None  # max_tokens=1 is ours, not the client's: the request goes on to decode
-        return tuple(tokens), reason, error
+        return Delta(tuple(tokens), reason, error, None if logprobs is None else tuple(logprobs))
 
     def abort(self, request_id: str, attempt: int | None = None) -> bool:
         """Abort wherever the request is: raw queue, engine, between its first token and the handoff, or on

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from tetriserve.common.config import DecodeConfig
 from tetriserve.common.request import Request
-from tetriserve.common.stream import StreamChunk
+from tetriserve.common.stream import StreamChunk, TokenLogprobs
 from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
 from tetriserve.control_plane.policy_admin import apply_changes, parse_changes, resolve_targets
 from tetriserve.decode_worker.policy import decode_policies
@@ -90,6 +90,14 @@ def default_policies() -> dict[str, dict[str, str]]:
 def decode_policies_shown(cfg: DecodeConfig) -> dict[str, str]:
     """What a ``DecodeWorker`` built from ``cfg`` reports in ``policies()`` (before any preemption)."""
     return {**decode_policy_settings(cfg), **PreemptionStats().summary(), **SliceMoves().summary()}
+
+
+def fake_logprobs(token: int, position: int, top: int) -> TokenLogprobs:
+    """What ``FakeBackend`` sends for output ``position``: the sampled ``token`` at -(1 + position/10), then the
+    ``top`` alternatives by rank: the sampled token itself, then ids 40, 41, ... each 0.5 lower."""
+    others = [t for t in range(40, 40 + top) if t != token][: max(0, top - 1)]
+    sampled = -(1.0 + position / 10)
+    return TokenLogprobs((token, *others), tuple(sampled - 0.5 * k for k in range(1 + len(others))))
 
 
 @dataclass
@@ -163,7 +171,10 @@ class FakeBackend:
                 reason = "stop" if stop else ("length" if last else None)
                 finished = reason is not None
                 metrics = {"fake_metric": 1.0} if finished else {}
-                yield StreamChunk(rid, (tok,), reason, prompt_tokens=len(prompt), worker="fake-0", metrics=metrics)
+                lps = None if request.sampling.logprobs is None else (fake_logprobs(tok, i, request.sampling.logprobs),)
+                yield StreamChunk(
+                    rid, (tok,), reason, prompt_tokens=len(prompt), worker="fake-0", metrics=metrics, logprobs=lps
+                )
                 if finished:
                     return
         finally:

@@ -96,14 +96,21 @@ def test_multibyte_characters_are_never_split(env: GrpcEnv, backend: FakeBackend
     assert "".join(c.text for c in chunks) == MULTIBYTE
 
 
-def test_detokenizer_flushes_incomplete_tail(env: GrpcEnv) -> None:
+def test_detokenizer_holds_an_incomplete_character(env: GrpcEnv) -> None:
     ids = ids_of(env, "🚀")
     detok = IncrementalDetokenizer(env.front.tokenizer, [])
-    assert len(ids) > 1 and detok.add(ids[:-1]) == ""
-    assert "\ufffd" in detok.flush()  # the stream ended mid-character: flushed as U+FFFD
-    assert detok.flush() == ""
+    assert len(ids) > 1 and detok.add(ids[:-1]) == ""  # held back: were the stream to end here, it is dropped
+    assert detok.add(ids[-1:]) == "🚀"
     detok = IncrementalDetokenizer(env.front.tokenizer, [])
-    assert "".join(detok.add([t]) for t in ids) + detok.flush() == "🚀"
+    assert "".join(detok.add([t]) for t in ids) == "🚀"
+
+
+def test_a_stream_cut_mid_character_drops_the_incomplete_tail_as_vllm_does(
+    env: GrpcEnv, backend: FakeBackend, client: TetriServeClient
+) -> None:
+    ids = ids_of(env, "ok 🚀")
+    chunks = list(client.generate(list(ids), max_tokens=len(ids) - 1))
+    assert "".join(c.text for c in chunks) == "ok" and chunks[-1].finish_reason == "length"  # " " + 1st byte: held
 
 
 def test_complete_and_token_id_prompts(env: GrpcEnv, backend: FakeBackend, client: TetriServeClient) -> None:

@@ -2,59 +2,17 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.fakes import FakeBackend, LoopThread, tokenizer_dir, wait_until
-from tetriserve.control_plane.frontdoor import FrontDoor
-from tetriserve.control_plane.gateway_http import HttpServerHandle, start_http_server
+from tests.fakes import FakeBackend, wait_until
+from tests.http_support import HttpEnv, backend, env, http, sse_events
+
+__all__ = ["backend", "env", "http"]  # fixtures
 
 MULTIBYTE = "日本語 🚀 ĳ ok"
-
-
-@dataclass
-class HttpEnv:
-    backend: FakeBackend
-    front: FrontDoor
-    url: str
-
-
-@pytest.fixture(scope="module")
-def env() -> Iterator[HttpEnv]:
-    backend = FakeBackend(tokenizer_dir())
-    front = FrontDoor(backend)
-    loop = LoopThread()
-    handle: HttpServerHandle = loop.run(start_http_server(backend, "127.0.0.1", 0, front=front))
-    yield HttpEnv(backend, front, handle.url)
-    loop.run(handle.stop())
-    loop.stop()
-
-
-@pytest.fixture()
-def backend(env: HttpEnv) -> FakeBackend:
-    env.backend.reset()
-    return env.backend
-
-
-@pytest.fixture()
-def http(env: HttpEnv) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=env.url, timeout=10) as c:
-        yield c
-
-
-def sse_events(response: httpx.Response) -> list[Any]:
-    """The decoded ``data:`` payloads of an SSE response (``"[DONE]"`` kept as a string)."""
-    events: list[Any] = []
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            data = line.removeprefix("data: ")
-            events.append(data if data == "[DONE]" else json.loads(data))
-    return events
 
 
 def n_tokens(env: HttpEnv, text: str) -> int:
@@ -155,7 +113,7 @@ def test_chat_completion(env: HttpEnv, backend: FakeBackend, http: httpx.Client)
     with http.stream("POST", "/v1/chat/completions", json=stream_body) as r:
         events = sse_events(r)
     deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
-    assert deltas[0]["role"] == "assistant" and len(deltas) == 3
+    assert deltas[0] == {"role": "assistant", "content": ""} and len(deltas) == 1 + 3  # the role first, as vLLM
     assert events[-2]["usage"]["completion_tokens"] == 3 and events[-1] == "[DONE]"
 
 
@@ -181,20 +139,26 @@ BAD: list[tuple[str, str, Any, int, str | None]] = [
     ("unknown model", "/v1/completions", {"prompt": "hi", "model": "gpt-17"}, 404, "model"),
     ("temperature -1", "/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
     ("top_p 2", "/v1/completions", {"prompt": "hi", "top_p": 2}, 400, "top_p"),
-    ("n 2", "/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("n 0", "/v1/completions", {"prompt": "hi", "n": 0}, 400, "n"),
+    ("n 33", "/v1/completions", {"prompt": "hi", "n": 33}, 400, "n"),
+    ("n 2 greedy", "/v1/completions", {"prompt": "hi", "n": 2, "temperature": 0}, 400, "n"),
     ("empty stop string", "/v1/completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
     ("presence_penalty 3", "/v1/completions", {"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty"),
     ("repetition_penalty 0", "/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, 400,
      "repetition_penalty"),
     ("min_tokens > max", "/v1/completions", {"prompt": "hi", "max_tokens": 2, "min_tokens": 3}, 400, "min_tokens"),
-    ("logprobs", "/v1/completions", {"prompt": "hi", "logprobs": 2}, 400, "logprobs"),
+    ("logprobs 21", "/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ("logprobs -1", "/v1/completions", {"prompt": "hi", "logprobs": -1}, 400, "logprobs"),
     ("wrong type", "/v1/completions", {"prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
     ("malformed json", "/v1/completions", b'{"prompt": "hi",', 400, None),
     ("chat no messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("chat image part", "/v1/chat/completions", {"messages": [IMAGE_MESSAGE]}, 400, "messages[0].content[0].type"),
     ("chat too many tokens", "/v1/chat/completions", {"messages": [HI], "max_completion_tokens": 64}, 400,
      "max_completion_tokens"),
-    ("chat n 2", "/v1/chat/completions", {"messages": [HI], "n": 2}, 400, "n"),
+    ("chat n 2 greedy", "/v1/chat/completions", {"messages": [HI], "n": 2, "temperature": 0}, 400, "n"),
+    ("chat top_logprobs alone", "/v1/chat/completions", {"messages": [HI], "top_logprobs": 2}, 400, "top_logprobs"),
+    ("chat top_logprobs 21", "/v1/chat/completions", {"messages": [HI], "logprobs": True, "top_logprobs": 21}, 400,
+     "top_logprobs"),
 ]  # fmt: skip
 
 
@@ -287,9 +251,9 @@ def test_openai_client(env: HttpEnv, backend: FakeBackend) -> None:
         chat_stream = oa.chat.completions.create(
             model="tiny-test", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
         )
-        assert sum(1 for c in chat_stream if c.choices) == 3
+        assert sum(1 for c in chat_stream if c.choices) == 1 + 3  # the role chunk, then one per token
         with pytest.raises(openai.BadRequestError) as bad:
-            oa.completions.create(model="tiny-test", prompt="hi", n=2)
+            oa.completions.create(model="tiny-test", prompt="hi", n=2, temperature=0)
         assert bad.value.body["param"] == "n"
         with pytest.raises(openai.NotFoundError):
             oa.completions.create(model="gpt-17", prompt="hi")

@@ -1,0 +1,150 @@
+"""One admitted OpenAI request on its way out: its ``n`` choices, merged into SSE events or one JSON body.
+
+A request with ``n`` > 1 runs as ``n`` requests on the workers (``fan_out``):
+choice ``i`` is ``{i}_{request id}`` (vLLM's child ids) with ``seed + i`` when a
+seed is set, so every choice samples its own text. Their deltas are sent as
+they come, one choice per chunk (``index``); usage counts the prompt once and
+every choice's tokens::
+
+    stream=true:  [chat: a role chunk per choice] chunk(index=i)... [usage chunk] data: [DONE]
+    stream=false: {"choices": [choice 0, ..., choice n-1], "usage": {...}}
+
+A choice that fails ends the whole response (the others are aborted): in-band
+for a stream (its last chunk, one ``error`` event, ``[DONE]``), 500/503 otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from dataclasses import replace
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from tetriserve.common.request import Request
+from tetriserve.control_plane.frontdoor import TextDelta
+from tetriserve.control_plane.logprobs import LogprobEntry
+from tetriserve.control_plane.openai_protocol import Choice, ResponseShaper, error_body
+
+logger = logging.getLogger(__name__)
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    type_ = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse(error_body(message, type_, param, code), status_code=status)
+
+
+def fan_out(request: Request, n: int) -> list[Request]:
+    """The ``n`` worker requests of one request with ``n`` choices (itself when ``n`` is 1)."""
+    if n == 1:
+        return [request]
+    seed = request.sampling.seed
+    return [
+        replace(
+            request,
+            request_id=f"{i}_{request.request_id}",
+            sampling=replace(request.sampling, seed=None if seed is None else seed + i),
+            events=[],
+        )
+        for i in range(n)
+    ]
+
+
+class Generation:
+    """The deltas of a request's choices (``streams[i]`` is choice ``i``), shaped by ``shaper``."""
+
+    def __init__(self, streams: list[AsyncGenerator[TextDelta, None]], request_id: str, shaper: ResponseShaper) -> None:
+        self.streams, self.request_id, self.shaper = streams, request_id, shaper
+
+    async def _merged(self) -> AsyncGenerator[tuple[int, TextDelta], None]:
+        """(choice, delta) in arrival order; leaving early closes every choice's stream (which aborts it)."""
+        if len(self.streams) == 1:
+            async with aclosing(self.streams[0]) as deltas:
+                async for delta in deltas:
+                    yield 0, delta
+            return
+        queue: asyncio.Queue[tuple[int, TextDelta | Exception | None]] = asyncio.Queue()
+
+        async def pump(index: int, stream: AsyncGenerator[TextDelta, None]) -> None:
+            try:
+                async with aclosing(stream) as deltas:
+                    async for delta in deltas:
+                        queue.put_nowait((index, delta))
+            except Exception as exc:
+                queue.put_nowait((index, exc))
+                return
+            queue.put_nowait((index, None))
+
+        tasks = [asyncio.create_task(pump(i, s), name=f"choice-{i}") for i, s in enumerate(self.streams)]
+        try:
+            running = len(tasks)
+            while running:
+                index, item = await queue.get()
+                if item is None:
+                    running -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield index, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def events(self, include_usage: bool) -> AsyncIterator[str]:
+        if self.shaper.chat:
+            for index in range(len(self.streams)):
+                yield sse(self.shaper.role_chunk(index))
+        prompt_tokens, completion = 0, [0] * len(self.streams)
+        failed = False
+        try:
+            async with aclosing(self._merged()) as merged:
+                async for index, delta in merged:
+                    prompt_tokens, completion[index] = delta.prompt_tokens, delta.completion_tokens
+                    yield sse(self.shaper.chunk(delta, include_usage, index))
+                    if delta.error is not None:
+                        logger.warning("request %s failed in the backend: %s", self.request_id, delta.error)
+                        code = "service_unavailable" if delta.unavailable else "backend_error"
+                        yield sse(error_body(f"request failed: {delta.error}", "server_error", None, code))
+                        failed = True
+                        break
+            if include_usage and not failed:
+                yield sse(self.shaper.usage_chunk(prompt_tokens, sum(completion)))
+        except Exception as exc:  # the response has started: report in-band
+            logger.exception("request %s: stream failed", self.request_id)
+            code = "backend_unavailable" if isinstance(exc, ConnectionError) else "internal_error"
+            yield sse(error_body(f"{type(exc).__name__}: {exc}", "server_error", None, code))
+        yield "data: [DONE]\n\n"
+
+    async def whole(self) -> JSONResponse:
+        n = len(self.streams)
+        texts: list[list[str]] = [[] for _ in range(n)]
+        logprobs: list[list[LogprobEntry] | None] = [None] * n
+        last: list[TextDelta | None] = [None] * n
+        async with aclosing(self._merged()) as merged:
+            async for index, delta in merged:
+                texts[index].append(delta.text)
+                last[index] = delta
+                if delta.logprobs is not None:
+                    logprobs[index] = (logprobs[index] or []) + list(delta.logprobs)
+                if delta.error is not None:
+                    break
+        choices = []
+        for index, end in enumerate(last):
+            if end is None or end.error is not None:
+                reason = end.error if end is not None else "no output"
+                message = f"request {self.request_id} failed: {reason}"
+                if end is not None and end.unavailable:
+                    return error_response(503, message, None, "service_unavailable")
+                return error_response(500, message, None, "backend_error")
+            entries = logprobs[index]
+            choices.append(Choice("".join(texts[index]), end, None if entries is None else tuple(entries)))
+        return JSONResponse(self.shaper.whole(choices))
