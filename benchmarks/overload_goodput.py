@@ -2,13 +2,15 @@
 
 Two runs on this machine, same requests, same arrival times, each on a fresh `tetriserve serve`:
 
-    bounded     the default admission gate: admitted only if expected to start within admission.max_wait_s (30 s)
-    unbounded   the gate opened wide (max_wait_s, min_queue and max_inflight all huge): everything is admitted
+    bounded     the defaults: admitted only if expected to start within admission.max_wait_s (30 s), at the front
+                door's gate and at the prefill worker it is placed on
+    unbounded   every bound opened wide (max_wait_s, min_queue, max_inflight, max_queued_per_worker all huge):
+                everything is admitted
 
-First the service's capacity is measured on the bounded run (a closed loop of --concurrency clients, completed
-requests per second after a warm-up); then both runs get Poisson arrivals at --loads × that capacity for
---duration seconds each, in the same order. Every client waits at most --deadline seconds for its answer (as a
-user who gives up), then hangs up (which aborts the request). Per load:
+First the service's capacity is measured on the bounded run: a closed loop of --concurrency clients (enough to
+fill the decode batch), completed requests per second after a warm-up. Then both runs get Poisson arrivals at
+--loads × that capacity for --duration seconds each, in the same order. Every client waits at most --deadline
+seconds for its answer (as a user who gives up), then hangs up (which aborts the request). Per load:
 
     goodput    requests answered 200 within the deadline, per second of offered load
     refused    the share answered 429 (and how fast: the median and p99 seconds to the refusal)
@@ -38,7 +40,10 @@ from vllm_bench_report import RESULTS, WORK
 from vllm_bench_serve import prepare, stop, tetriserve_cmd, wait_ready
 
 URL = "http://127.0.0.1:8100"
-UNBOUNDED = "admission:\n  max_wait_s: 1.0e9\n  min_queue: 1000000000\n  max_inflight: 1000000000\n"
+UNBOUNDED = (
+    "admission:\n  max_wait_s: 1.0e9\n  min_queue: 1000000000\n  max_inflight: 1000000000\n"
+    "  max_queued_per_worker: 1000000000\n"
+)
 
 
 def prompt(i: int) -> str:
@@ -228,7 +233,7 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=60)
     p.add_argument("--deadline", type=float, default=60)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=256)
     p.add_argument("--warmup", type=float, default=15)
     p.add_argument("--measure", type=float, default=45)
     p.add_argument("--seed", type=int, default=0)

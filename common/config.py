@@ -247,6 +247,15 @@ class AdmissionConfig(BaseModel):
         description="Requests that may wait to start whatever the bound says (before any rate is measured, too).",
     )
     max_inflight: int = Field(4096, ge=1, description="Backstop: most requests admitted and not finished.")
+    max_queued_per_worker: int = Field(
+        1024,
+        ge=1,
+        description=(
+            "Backstop per prefill worker: most requests placed on it and not yet past prefill. Beside it the "
+            "GlobalScheduler places a request only on a prefill worker whose queue it would wait behind for at "
+            "most max_wait_s (the worker's reported queue_wait_s, prefill_worker/pace.py)."
+        ),
+    )
 
 
 class ClusterConfig(BaseModel):

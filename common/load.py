@@ -31,6 +31,8 @@ class PrefillLoad:
     incarnation: int = 0
     steps: int = 0  # engine steps so far
     busy: bool = False  # the engine has requests (so ``steps`` must move)
+    queue_wait_s: float = 0.0  # expected seconds to prefill what is queued here (prefill_worker/pace.py)
+    seconds_per_token: float = 0.0  # measured prefill pace (0: not measured yet)
 
 
 @dataclass(frozen=True)
@@ -58,4 +60,6 @@ def same_load(a: PrefillLoad | DecodeLoad | None, b: PrefillLoad | DecodeLoad | 
     heartbeat carries those; a changed load goes out at once)."""
     if a is None or b is None or type(a) is not type(b):
         return False
+    if isinstance(a, PrefillLoad) and isinstance(b, PrefillLoad):  # the pace drifts: not a change of load
+        a, b = replace(a, seconds_per_token=0.0), replace(b, seconds_per_token=0.0)
     return replace(a, at=0.0, steps=0) == replace(b, at=0.0, steps=0)

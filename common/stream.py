@@ -188,12 +188,13 @@ class PlacementRequest:
 @dataclass(frozen=True)
 class Placement:
     """The GlobalScheduler's decision: which prefill worker takes the request (None: refused, see ``error``;
-    ``retry``: none serves right now, ask again)."""
+    ``retry``: none serves right now, ask again; ``retry_after_s``: all are full, the client should come back)."""
 
     request_id: str
     prefill_worker: str | None
     error: str | None = None
     retry: bool = False
+    retry_after_s: int | None = None  # refused because every prefill worker is full: try again after this
     version: int = PROTOCOL_VERSION
 
 

@@ -63,7 +63,8 @@ class ServingBackend(Protocol):
     def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
         """Stream the request's tokens; the last chunk has ``finish_reason`` set.
 
-        Cancelling the iteration (client gone) must abort the request everywhere.
+        Cancelling the iteration (client gone) must abort the request everywhere. Raises ``Overloaded``
+        (``admission.py``) before the first chunk when no worker has room for the request.
         """
         ...
 

@@ -54,6 +54,14 @@ _SLO = ("ttft_ms", "tbt_ms", "jct_ms")
 _RENAME = {name: f"sampling.{name}" for name in _SAMPLING}
 
 
+async def _refuse(context: grpc.aio.ServicerContext, exc: Overloaded) -> None:
+    await context.abort(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        exc.message,
+        trailing_metadata=((RETRY_AFTER_METADATA_KEY, str(exc.retry_after_s)),),
+    )
+
+
 class TetriServeServicer(pb_grpc.TetriServeServicer):
     """Implements ``tetriserve.v1.TetriServe`` with a ``FrontDoor``."""
 
@@ -75,11 +83,7 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, str(exc), trailing_metadata=((FIELD_METADATA_KEY, exc.field),)
             )
         except Overloaded as exc:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                exc.message,
-                trailing_metadata=((RETRY_AFTER_METADATA_KEY, str(exc.retry_after_s)),),
-            )
+            await _refuse(context, exc)
         except Draining as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         try:
@@ -95,6 +99,8 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
                     await context.abort(code, f"request {rid} failed: {delta.error}")
         except grpc.aio.AbortError:
             raise
+        except Overloaded as exc:  # every prefill worker is full (the GlobalScheduler's bound), before any token
+            await _refuse(context, exc)
         except ConnectionError as exc:
             logger.warning("request %s: backend unavailable: %s", rid, exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"backend unavailable: {exc}")

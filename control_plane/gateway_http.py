@@ -203,6 +203,7 @@ def build_app(
         shaper = ResponseShaper(chat, req.request_id, front.model_name, req.sampling.logprobs)
         streams = [front.admitted_stream(r, raw.state.started) for r in fan_out(req, body.n)]
         gen = Generation(streams, req.request_id, shaper)
+        await gen.open()  # a refusal at placement (every prefill worker full) is a 429 here
         headers = {"x-request-id": req.request_id}
         if body.stream:
             return StreamingResponse(gen.events(body.include_usage), media_type="text/event-stream", headers=headers)

@@ -20,8 +20,16 @@ clock) are placed on; a request the front door re-places after a failure
 (a later ``attempt``) replaces its old entry, and goes elsewhere than the
 workers it names in ``avoid`` when another serves. Nothing refuses a request
 for lack of a worker for good: ``Placement.retry`` tells the front door to ask
-again shortly. If this actor dies, the supervisor re-creates it with an empty
-table; running streams never pass through here, so they go on untouched.
+again shortly. Admission is bounded per worker (issue #14): a new request goes
+only to a prefill worker with fewer than ``admission.max_queued_per_worker``
+requests in prefill whose queue it would wait behind for at most
+``admission.max_wait_s`` (the worker's reported ``queue_wait_s``, from its cost
+model or measured pace, plus the prompts placed on it since). When none has
+room it is refused with ``retry_after_s`` (the front door answers 429 /
+RESOURCE_EXHAUSTED); a re-placed request (a later attempt) never is.
+
+If this actor dies, the supervisor re-creates it with an empty table; running
+streams never pass through here, so they go on untouched.
 
 Every method is a coroutine, so Ray runs this actor on one event loop: calls
 never interleave (a threaded actor would race on the table).
@@ -31,10 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
+from tetriserve.common.config import AdmissionConfig
 from tetriserve.common.load import PrefillLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import Placement, PlacementRequest, StateEvent
@@ -44,14 +55,22 @@ logger = logging.getLogger(__name__)
 _PLACEHOLDER_PROMPT = (0,)  # the table keeps no prompts: only their length (``prompt_tokens``)
 
 
+@dataclass(frozen=True)
+class _Queue:
+    count: int  # requests placed on the worker and not past prefill (this scheduler's own count)
+    tokens: int  # prompt tokens the worker last reported queued (the tie-breaker)
+    wait_s: float  # expected seconds a new request would wait behind them
+
+
 class GlobalScheduler:
-    def __init__(self, prefill: dict[str, Any], history: int = 1000) -> None:
+    def __init__(self, prefill: dict[str, Any], history: int = 1000, limits: AdmissionConfig | None = None) -> None:
         self.prefill = prefill
+        self.limits = limits or AdmissionConfig()
         self.table: dict[str, Request] = {}
         self.prompt_tokens: dict[str, int] = {}
         self.finished: deque[Request] = deque(maxlen=history)
         self.prefill_loads: dict[str, PrefillLoad] = {}
-        self.counts = {"admitted": 0, "finished": 0, "aborted": 0, "errors": 0, "moved": 0}
+        self.counts = {"admitted": 0, "finished": 0, "aborted": 0, "errors": 0, "moved": 0, "refused": 0}
 
     async def update_prefill_loads(self, loads: list[PrefillLoad]) -> None:
         """The monitor's broadcast: the prefill workers serving now, with their loads."""
@@ -75,7 +94,13 @@ class GlobalScheduler:
         serving = [w for w in self.prefill if w in self.prefill_loads]
         if not serving:
             return Placement(rid, None, "no prefill worker is serving", retry=True)
-        worker = self._pick_prefill([w for w in serving if w not in meta.avoid] or serving)
+        candidates = [w for w in serving if w not in meta.avoid] or serving
+        queues = self._queues(candidates)
+        if meta.attempt == 0:  # a re-placement (its worker was lost) was admitted already: never refused
+            candidates = [w for w in candidates if self._has_room(queues[w])]
+            if not candidates:
+                return self._refuse(rid, queues)
+        worker = min(candidates, key=lambda w: (queues[w].count, queues[w].tokens, w))
         req = Request(rid, _PLACEHOLDER_PROMPT, arrival_time=meta.arrival_time, attempt=meta.attempt)
         req.prefill_worker = worker
         req.advance(RequestState.PREFILLING, worker)
@@ -84,17 +109,38 @@ class GlobalScheduler:
         self.counts["admitted"] += 1
         return Placement(rid, worker)
 
-    def _pick_prefill(self, candidates: list[str]) -> str:
-        in_prefill: dict[str, int] = dict.fromkeys(candidates, 0)
-        for req in self.table.values():
-            if req.state <= RequestState.PREFILLING and req.prefill_worker in in_prefill:
-                in_prefill[req.prefill_worker] += 1
+    def _queues(self, candidates: list[str]) -> dict[str, _Queue]:
+        """Each candidate's queue: requests placed on it and not past prefill, the prompt tokens it last reported
+        queued, and the expected wait behind them (its reported wait, plus the prompts placed since)."""
+        count: dict[str, int] = dict.fromkeys(candidates, 0)
+        fresh: dict[str, int] = dict.fromkeys(candidates, 0)
+        for rid, req in self.table.items():
+            worker = req.prefill_worker
+            if req.state <= RequestState.PREFILLING and worker in count:
+                count[worker] += 1
+                ld = self.prefill_loads.get(worker)
+                if ld is not None and req.events[-1].at > ld.at:  # placed after the worker's last report
+                    fresh[worker] += self.prompt_tokens.get(rid, 0)
+        queues = {}
+        for w in candidates:
+            ld = self.prefill_loads.get(w)
+            tokens = ld.queued_prompt_tokens if ld else 0
+            wait = (ld.queue_wait_s + fresh[w] * ld.seconds_per_token) if ld else 0.0
+            queues[w] = _Queue(count[w], tokens, wait)
+        return queues
 
-        def score(wid: str) -> tuple[int, float, str]:
-            ld = self.prefill_loads.get(wid)
-            return in_prefill[wid], ld.queued_prompt_tokens if ld else 0.0, wid
+    def _has_room(self, queue: _Queue) -> bool:
+        return queue.count < self.limits.max_queued_per_worker and queue.wait_s <= self.limits.max_wait_s
 
-        return min(candidates, key=score)
+    def _refuse(self, rid: str, queues: dict[str, _Queue]) -> Placement:
+        self.counts["refused"] += 1
+        shortest = min(q.wait_s for q in queues.values())
+        retry_after = max(1, min(60, math.ceil(shortest - self.limits.max_wait_s)))
+        message = (
+            f"overloaded: every prefill worker is full (the shortest queue would take {shortest:.0f} s, the bound "
+            f"is {self.limits.max_wait_s:g} s; at most {self.limits.max_queued_per_worker} requests each)"
+        )
+        return Placement(rid, None, message, retry_after_s=retry_after)
 
     # -- the table ----------------------------------------------------------------------------
     async def record(self, events: list[StateEvent]) -> None:

@@ -123,7 +123,11 @@ class ActorBuilder:
     def scheduler(self, prefill: dict[str, Any]) -> Any:
         import ray
 
-        return ray.remote(GlobalScheduler).options(name="global-scheduler", **self.opts).remote(dict(prefill))
+        return (
+            ray.remote(GlobalScheduler)
+            .options(name="global-scheduler", **self.opts)
+            .remote(dict(prefill), limits=self.config.admission)
+        )
 
     def decode(self, worker_id: str, incarnation: int = 0) -> Any:
         import ray

@@ -26,11 +26,14 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from tetriserve.common.request import Request
+from tetriserve.control_plane.admission import Overloaded
 from tetriserve.control_plane.frontdoor import TextDelta
 from tetriserve.control_plane.logprobs import LogprobEntry
 from tetriserve.control_plane.openai_protocol import Choice, ResponseShaper, error_body
 
 logger = logging.getLogger(__name__)
+
+OPEN_WINDOW_S = 0.5  # how long a response waits for its placement before it starts (headers, the role chunk)
 
 
 def sse(obj: dict[str, Any]) -> str:
@@ -59,10 +62,34 @@ def fan_out(request: Request, n: int) -> list[Request]:
 
 
 class Generation:
-    """The deltas of a request's choices (``streams[i]`` is choice ``i``), shaped by ``shaper``."""
+    """The deltas of a request's choices (``streams[i]`` is choice ``i``), shaped by ``shaper``.
+
+    ``open`` waits a moment for the first delta before the response starts, so a refusal that comes with the
+    placement (every prefill worker full: ``Overloaded``) is answered 429, not inside a started stream.
+    """
 
     def __init__(self, streams: list[AsyncGenerator[TextDelta, None]], request_id: str, shaper: ResponseShaper) -> None:
         self.streams, self.request_id, self.shaper = streams, request_id, shaper
+        self._deltas = self._merged()
+        self._first: asyncio.Future[tuple[int, TextDelta]] | None = None
+
+    async def open(self, window_s: float = OPEN_WINDOW_S) -> None:
+        """Start the request; raise what ends it before its first delta within ``window_s`` (``Overloaded``)."""
+        self._first = asyncio.ensure_future(anext(self._deltas))
+        await asyncio.wait({self._first}, timeout=window_s)
+        if self._first.done() and not isinstance(self._first.exception(), (StopAsyncIteration, type(None))):
+            await self._deltas.aclose()
+            self._first.result()  # raises it
+
+    async def _items(self) -> AsyncGenerator[tuple[int, TextDelta], None]:
+        async with aclosing(self._deltas) as deltas:
+            if self._first is not None:
+                try:
+                    yield await self._first
+                except StopAsyncIteration:
+                    return
+            async for item in deltas:
+                yield item
 
     async def _merged(self) -> AsyncGenerator[tuple[int, TextDelta], None]:
         """(choice, delta) in arrival order; leaving early closes every choice's stream (which aborts it)."""
@@ -106,8 +133,8 @@ class Generation:
         prompt_tokens, completion = 0, [0] * len(self.streams)
         failed = False
         try:
-            async with aclosing(self._merged()) as merged:
-                async for index, delta in merged:
+            async with aclosing(self._items()) as items:
+                async for index, delta in items:
                     prompt_tokens, completion[index] = delta.prompt_tokens, delta.completion_tokens
                     yield sse(self.shaper.chunk(delta, include_usage, index))
                     if delta.error is not None:
@@ -118,6 +145,8 @@ class Generation:
                         break
             if include_usage and not failed:
                 yield sse(self.shaper.usage_chunk(prompt_tokens, sum(completion)))
+        except Overloaded as exc:  # refused after the response started (the placement came late)
+            yield sse(error_body(exc.message, "rate_limit_error", None, "overloaded"))
         except Exception as exc:  # the response has started: report in-band
             logger.exception("request %s: stream failed", self.request_id)
             code = "backend_unavailable" if isinstance(exc, ConnectionError) else "internal_error"
@@ -129,8 +158,8 @@ class Generation:
         texts: list[list[str]] = [[] for _ in range(n)]
         logprobs: list[list[LogprobEntry] | None] = [None] * n
         last: list[TextDelta | None] = [None] * n
-        async with aclosing(self._merged()) as merged:
-            async for index, delta in merged:
+        async with aclosing(self._items()) as items:
+            async for index, delta in items:
                 texts[index].append(delta.text)
                 last[index] = delta
                 if delta.logprobs is not None:

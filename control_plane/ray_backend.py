@@ -27,7 +27,9 @@ sampler is not reproducible across a move). Chunks of the old attempt are
 dropped, and the old attempt is aborted on every worker. When nothing can
 take it, or no prefill worker serves within ``placement_timeout_s``, the stream
 ends with an ``error`` chunk marked ``retry`` (the gateways answer 503 /
-``UNAVAILABLE``).
+``UNAVAILABLE``). When every prefill worker is full (the GlobalScheduler's
+per-worker bound) ``generate`` raises ``Overloaded`` before its first chunk
+(429 / ``RESOURCE_EXHAUSTED``).
 
 ``status`` asks every worker actor for its policies in parallel, each with a
 deadline, so a stuck worker shows an empty policy instead of hanging the call;
@@ -52,6 +54,7 @@ from tetriserve.common.stream import (
     StateEvent,
     StreamChunk,
 )
+from tetriserve.control_plane.admission import Overloaded
 from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
 from tetriserve.control_plane.launcher import Cluster
 from tetriserve.control_plane.policy_admin import Setter, apply_changes, parse_changes, resolve_targets
@@ -108,6 +111,8 @@ class RayBackend:
             for moves in range(self.migration_limit + 1):
                 attempt = request if moves == 0 else replace(request, attempt=log.attempt + 1, resume=tuple(log.tokens))
                 placement = await self._place(attempt, avoid)
+                if placement.retry_after_s is not None:  # every prefill worker is full (a first attempt only)
+                    raise Overloaded(placement.error or "overloaded", placement.retry_after_s)
                 if placement.prefill_worker is None:
                     error, retry = placement.error, placement.retry
                     yield StreamChunk(rid, (), FinishReason.ERROR, error, index=AT_ONCE, retry=retry)

@@ -43,6 +43,10 @@ class SchedBatchGate:
     def queued_tokens(self) -> int:
         return sum(v.prompt_len for v, _ in self._raw.values())
 
+    def queued_lens(self) -> list[int]:
+        """The prompt length of every request waiting for its turn."""
+        return [v.prompt_len for v, _ in self._raw.values()]
+
     @asynccontextmanager
     async def turn(self, view: ReqView) -> AsyncIterator[int]:
         """Wait for this request's turn in the engine; hold it for the body of the ``async with``.

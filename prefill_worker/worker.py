@@ -39,6 +39,7 @@ from tetriserve.engine.worker_base import EngineWorker
 from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate
 from tetriserve.prefill_worker.dispatch import DispatchParams, make_dispatch_policy
 from tetriserve.prefill_worker.dispatch.base import account
+from tetriserve.prefill_worker.pace import PrefillPace
 from tetriserve.prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
 from tetriserve.prefill_worker.predictions import PredictionQueue
 from tetriserve.prefill_worker.views import ReqView
@@ -64,6 +65,7 @@ class PrefillWorker(EngineWorker):
 
         super().__init__(worker_id, config, incarnation)
         self.cost = load_cost(config.prefill, model_path, detect_hardware())
+        self.pace = PrefillPace()
         self.policy = build_prefill_policy(spec_from_config(config.prefill), self.cost)
         self.ceiling = config.prefill.batch_ceiling(config.engine.max_model_len)
         args = build_engine_args(
@@ -129,6 +131,8 @@ class PrefillWorker(EngineWorker):
         self.predictor.observe(prompt_len, output_len)
 
     def load(self) -> PrefillLoad:
+        self.pace.observe(self.engine.stats().prompt_tokens_computed, time.monotonic())
+        chunk = self.policy.spec.chunk_size
         return PrefillLoad(
             self.worker_id,
             self.gate.queued,
@@ -138,6 +142,8 @@ class PrefillWorker(EngineWorker):
             self.incarnation,
             self.engine.steps,
             self.engine.in_flight > 0,
+            self.pace.queue_wait_s(self.gate.queued_lens(), self.cost, chunk),
+            self.pace.seconds_per_token,
         )
 
     def policies(self) -> dict[str, str]:

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from tetriserve.common.config import DecodeConfig
 from tetriserve.common.request import Request
 from tetriserve.common.stream import StreamChunk, TokenLogprobs
+from tetriserve.control_plane.admission import Overloaded
 from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
 from tetriserve.control_plane.policy_admin import apply_changes, parse_changes, resolve_targets
 from tetriserve.decode_worker.policy import decode_policies
@@ -109,6 +110,7 @@ class FakeBehavior:
     fail_after_tokens: int | None = None  # raise ConnectionError after this many tokens
     error_after_tokens: int | None = None  # end with an error chunk after this many tokens
     unavailable: bool = False  # ... marked as the service's own (nothing could take the request)
+    full_retry_after_s: int | None = None  # raise Overloaded before any chunk (every prefill worker full)
     healthy: bool = True
 
 
@@ -145,6 +147,8 @@ class FakeBackend:
         if b.fail_first_calls > 0:
             b.fail_first_calls -= 1
             raise ConnectionError("fake backend: no prefill worker reachable")
+        if b.full_retry_after_s is not None:
+            raise Overloaded("overloaded: every prefill worker is full (fake)", b.full_retry_after_s)
         self.requests.append(request)
         rid, prompt = request.request_id, request.prompt_token_ids
         aborted = self._abort_events[rid] = asyncio.Event()

@@ -1,4 +1,5 @@
-"""Limits and validation at both front doors: body size (413 / RESOURCE_EXHAUSTED), chat roles and content."""
+"""Limits and validation at both front doors: body size (413 / RESOURCE_EXHAUSTED), chat roles and content,
+the admission bound (429 / RESOURCE_EXHAUSTED), at the front door's gate or at placement."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ class Servers:
 @pytest.fixture(scope="module")
 def servers() -> Iterator[Servers]:
     backend = FakeBackend(tokenizer_dir())
-    front = FrontDoor(backend, limits=AdmissionConfig(min_queue=QUEUE))
+    # a bound of 50 ms: the allowed queue is QUEUE whatever start rate earlier tests left measured
+    front = FrontDoor(backend, limits=AdmissionConfig(min_queue=QUEUE, max_wait_s=0.05))
     loop = LoopThread()
     http = loop.run(start_http_server(backend, "127.0.0.1", 0, front=front, max_body_bytes=LIMIT))
     grpc_server, port = loop.run(start_grpc_server(backend, "127.0.0.1", 0, front=front, max_message_bytes=LIMIT))
@@ -134,7 +136,8 @@ def test_a_grpc_message_over_the_limit_is_resource_exhausted(servers: Servers) -
 def test_requests_past_the_admission_bound_are_refused_at_once_and_served_after(
     servers: Servers, http: httpx.Client
 ) -> None:
-    servers.backend.behavior.token_delay_s = 0.5  # the admitted ones wait for their tokens
+    # the admitted ones wait for their tokens (a stream's headers come within Generation.open's window)
+    servers.backend.behavior.token_delay_s = 2.0
     body = {"model": "tiny-test", "prompt": "hello there", "max_tokens": 3, "stream": True}
     with ExitStack() as held, httpx.Client(base_url=servers.http, timeout=30) as other:
         for _ in range(QUEUE):
@@ -154,7 +157,7 @@ def test_requests_past_the_admission_bound_are_refused_at_once_and_served_after(
 
 
 def test_the_sdk_retries_a_refusal_when_asked_after_the_retry_after(servers: Servers, http: httpx.Client) -> None:
-    servers.backend.behavior.token_delay_s = 0.5
+    servers.backend.behavior.token_delay_s = 2.0
     body = {"model": "tiny-test", "prompt": "hello there", "max_tokens": 3, "stream": True}
     policy = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, retry_refused=True)
     with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=servers.http, timeout=30) as other, ExitStack() as held:
@@ -167,3 +170,23 @@ def test_the_sdk_retries_a_refusal_when_asked_after_the_retry_after(servers: Ser
             servers.backend.behavior.token_delay_s = 0.0
             held.close()  # the held streams end: room for the retry
             assert later.result(timeout=20).finish_reason == "length"
+
+
+def test_a_refusal_at_placement_is_429_or_resource_exhausted_before_any_token(
+    servers: Servers, http: httpx.Client
+) -> None:
+    """Every prefill worker full (the GlobalScheduler's per-worker bound): the backend raises ``Overloaded``
+    before its first chunk, and the response has not started: a streamed request gets its 429 too."""
+    servers.backend.behavior.full_retry_after_s = 7
+    for stream in (False, True):
+        r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3, "stream": stream})
+        err = error_of(r, 429)
+        assert err["code"] == "overloaded" and r.headers["retry-after"] == "7"
+    chat = {"messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": True}
+    assert error_of(http.post("/v1/chat/completions", json=chat), 429)["code"] == "overloaded"
+    with TetriServeClient(servers.grpc, retry=NO_RETRY) as client, pytest.raises(ResourceExhausted) as exhausted:
+        client.complete(prompt="hello", max_tokens=2)
+    assert exhausted.value.retry_after_s == 7
+    servers.backend.behavior.full_retry_after_s = None
+    assert http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3}).status_code == 200
+    wait_until(lambda: servers.front.gate.inflight == 0, what="every ticket released")

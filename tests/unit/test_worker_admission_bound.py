@@ -1,0 +1,72 @@
+"""Admission bounded per worker (issue #14): the prefill pace and queue wait a worker reports, and the
+GlobalScheduler placing only where the wait is within the bound (the refusal's way to the clients:
+test_gateway_limits.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tetriserve.common.config import AdmissionConfig
+from tetriserve.common.load import PrefillLoad, same_load
+from tetriserve.common.stream import PlacementRequest
+from tetriserve.control_plane.global_scheduler import GlobalScheduler
+from tetriserve.prefill_worker.pace import PrefillPace
+
+
+def test_pace_is_measured_from_computed_prompt_tokens_and_prices_the_queue() -> None:
+    pace = PrefillPace()
+    pace.observe(0, 10.0)
+    assert pace.seconds_per_token == 0.0 and pace.queue_wait_s([100], None, None) == 0.0  # not measured yet
+    pace.observe(1000, 11.0)  # 1000 tokens/s
+    assert pace.seconds_per_token == pytest.approx(1e-3)
+    pace.observe(1000, 12.0)  # idle interval: no sample
+    assert pace.seconds_per_token == pytest.approx(1e-3)
+    pace.observe(1500, 13.0)  # 500 tokens/s: the EWMA moves toward it
+    assert 1e-3 < pace.seconds_per_token < 2e-3
+    assert pace.queue_wait_s([100, 300], None, None) == pytest.approx(400 * pace.seconds_per_token)
+
+
+def test_a_changed_pace_alone_is_not_a_changed_load() -> None:
+    a = PrefillLoad("p", 1, 0, 10, 1.0, queue_wait_s=0.5, seconds_per_token=1e-3)
+    assert same_load(a, PrefillLoad("p", 1, 0, 10, 2.0, queue_wait_s=0.5, seconds_per_token=2e-3))
+    assert not same_load(a, PrefillLoad("p", 1, 0, 10, 2.0, queue_wait_s=4.0, seconds_per_token=1e-3))
+
+
+def _scheduler(limits: AdmissionConfig, *loads: PrefillLoad) -> GlobalScheduler:
+    gs = GlobalScheduler({ld.worker_id: object() for ld in loads}, limits=limits)
+    gs.prefill_loads = {ld.worker_id: ld for ld in loads}
+    return gs
+
+
+def test_a_request_goes_only_to_a_worker_whose_queue_it_would_wait_behind_within_the_bound() -> None:
+    async def main() -> None:
+        now = time.time()
+        slow = PrefillLoad("prefill-0", 40, 1, 40_000, now, queue_wait_s=40.0, seconds_per_token=1e-3)
+        fast = PrefillLoad("prefill-1", 5, 1, 5_000, now, queue_wait_s=5.0, seconds_per_token=1e-3)
+        gs = _scheduler(AdmissionConfig(max_wait_s=30), slow, fast)
+        placed = await gs.place(PlacementRequest("a", 10_000, 8, now))
+        assert placed.prefill_worker == "prefill-1"  # the other would keep it waiting 40 s
+        # prompts placed after prefill-1's report count toward its wait: 5 s + 10,000 + 20,000 tokens at 1 ms
+        assert (await gs.place(PlacementRequest("b", 20_000, 8, now))).prefill_worker == "prefill-1"
+        refused = await gs.place(PlacementRequest("c", 10, 8, now))
+        assert refused.prefill_worker is None and refused.retry_after_s == 5  # the shortest wait: 35 s
+        assert "overloaded" in (refused.error or "") and gs.counts["refused"] == 1
+        # a re-placement (its worker was lost) was admitted already: it is never refused
+        moved = await gs.place(PlacementRequest("d", 10, 8, now, attempt=1))
+        assert moved.prefill_worker is not None
+
+    asyncio.run(main())
+
+
+def test_the_count_cap_is_a_backstop_when_no_pace_is_known() -> None:
+    async def main() -> None:
+        now = time.time()
+        gs = _scheduler(AdmissionConfig(max_queued_per_worker=2), PrefillLoad("prefill-0", 0, 0, 0, now))
+        assert (await gs.place(PlacementRequest("a", 10, 8, now))).prefill_worker == "prefill-0"
+        assert (await gs.place(PlacementRequest("b", 10, 8, now))).prefill_worker == "prefill-0"
+        assert (await gs.place(PlacementRequest("c", 10, 8, now))).retry_after_s == 1
+
+    asyncio.run(main())
