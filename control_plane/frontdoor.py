@@ -15,7 +15,10 @@ event loop; engines never detokenize, and ``stream`` turns the ordered tokens
 into text once, incrementally, and matches stop strings over the whole text
 (one may span the prefill→decode handoff, which no engine sees whole). A stop
 string ends the stream at its first character and aborts the request on the
-workers, with ``stop`` as the outcome.
+workers, with ``stop`` as the outcome. vLLM's rules hold: the token that
+stopped the engine (EOS, a stop token id) has no text, a character cut off at
+the end is dropped, and the logprobs a request asked for are named here
+(``logprobs.py``) with the whole output as context.
 
 ``stream`` guarantees cleanup: if the consumer stops early (client gone,
 deadline, cancellation) the backend's generator is closed and

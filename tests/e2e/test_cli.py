@@ -1,5 +1,5 @@
 """Drive the product like a user: `tetriserve serve`, then `generate`, `status`, the openai client and
-vLLM's own benchmark client against it, then Ctrl-C."""
+vLLM's own benchmark client against it, then SIGTERM under load (as Kubernetes stops a pod)."""
 
 from __future__ import annotations
 
@@ -158,8 +158,42 @@ def test_vllm_benchmark_client(service: Service, tmp_path: Path) -> None:
     assert result["completed"] == 12 and result.get("failed", 0) == 0, errors
 
 
-def test_ctrl_c_stops_cleanly(service: Service) -> None:
-    os.killpg(service.proc.pid, signal.SIGINT)
+def test_sigterm_under_load_drains_loses_no_admitted_request_and_exits_cleanly(service: Service) -> None:
+    """Kubernetes' way to stop a pod: SIGTERM to the main process only. Streams admitted before it run to their
+    end; /ready turns 503 at once while /health stays 200; a new request is turned away with 503 draining."""
+    import httpx
+
+    body = {"model": "tiny-llama", "prompt": "Tell me a story.", "max_tokens": 48, "ignore_eos": True, "stream": True}
+    first_tokens = threading.Barrier(5)
+    outcomes: list[tuple[int, str | None, int]] = []
+
+    def stream_one() -> None:
+        with httpx.Client(timeout=120) as http, http.stream("POST", f"{service.http}/v1/completions", json=body) as r:
+            events = []
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+                    if len(events) == 1:
+                        first_tokens.wait(60)
+            last = events[-1]["choices"][0] if events else {}
+            outcomes.append((r.status_code, last.get("finish_reason"), len(events)))
+
+    threads = [threading.Thread(target=stream_one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    first_tokens.wait(120)  # all four admitted and streaming
+    os.kill(service.proc.pid, signal.SIGTERM)
+    with httpx.Client(timeout=30) as http:
+        deadline = time.monotonic() + 10
+        while http.get(f"{service.http}/ready").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert http.get(f"{service.http}/ready").status_code == 503
+        assert http.get(f"{service.http}/health").status_code == 200
+        late = http.post(f"{service.http}/v1/completions", json={**body, "stream": False})
+        assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
+    for t in threads:
+        t.join(120)
+    assert sorted(o[:2] for o in outcomes) == [(200, "length")] * 4, outcomes
     assert service.proc.wait(90) == 0
     deadline = time.monotonic() + 10
     while "shutting down" not in "".join(service.output) and time.monotonic() < deadline:

@@ -27,6 +27,21 @@ def _idle(frontend: Any) -> bool:
     return True
 
 
+def _idle_by_status(frontend: Any) -> bool:
+    """What an operator sees in ``tetriserve status``: nothing in flight, no worker running or queueing, every
+    decode worker's KV blocks free."""
+    status = frontend.loop.run(frontend.backend.status())
+    if status.requests_in_flight:
+        return False
+    for worker in status.workers:
+        load = worker.load
+        if load.get("running") or load.get("queued"):
+            return False
+        if worker.role == "decode" and load.get("free_kv_blocks") != load.get("total_kv_blocks"):
+            return False
+    return True
+
+
 def _decode_kv_usage(frontend: Any) -> float:
     import ray
 
@@ -70,6 +85,7 @@ def test_http_disconnect_mid_stream_aborts_on_every_worker(frontend: Any) -> Non
             if events >= 3:
                 break  # leave mid-stream: closing the response drops the connection
     wait_until(lambda: _idle(frontend), timeout=30, what="KV freed on both engines after the disconnect")
+    wait_until(lambda: _idle_by_status(frontend), timeout=30, what="`status` showing nothing held after it")
 
 
 @pytest.mark.parametrize(
