@@ -94,6 +94,11 @@ class SamplingSpec:
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: none; k: the sampled token's and the k most likely ones' per position
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    allowed_token_ids: tuple[int, ...] = ()  # when set, only these may be sampled
+    include_stop_str_in_output: bool = False  # the front door's: send the stop string that ended the text
+    skip_special_tokens: bool = True  # the front door's: leave special tokens out of the text
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
@@ -109,6 +114,8 @@ class SamplingSpec:
             raise ValueError("stop strings must not be empty")
         if not 0.0 <= self.temperature <= 2.0:
             raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:

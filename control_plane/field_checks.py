@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.common.request import MAX_LOGPROBS, SLO
@@ -53,3 +53,71 @@ def slo_value(slo: SLO | Mapping[str, float | None] | None) -> SLO:
         if value is not None and not (math.isfinite(value) and value > 0):
             raise InvalidRequestError(f"slo.{name}", f"must be a positive number of milliseconds, got {value}")
     return SLO(**slo)
+
+
+def check_ids(name: str, ids: Sequence[int], vocab_size: int) -> None:
+    """Every id of ``ids`` lies in the vocabulary."""
+    if not ids or (min(ids) >= 0 and max(ids) < vocab_size):
+        return
+    for pos, tok in enumerate(ids):
+        if not 0 <= tok < vocab_size:
+            raise InvalidRequestError(
+                name, f"token id {tok} at position {pos} is outside the vocabulary [0, {vocab_size})"
+            )
+
+
+def max_tokens_value(
+    prompt: Sequence[int], max_tokens: int | None, default: int | None, max_model_len: int, vocab_size: int
+) -> int:
+    """The output limit: ``max_tokens`` (None: ``default`` capped to the context left, or all of it), checked
+    against the context the prompt leaves."""
+    if not prompt:
+        raise InvalidRequestError("prompt", "must not be empty")
+    check_ids("prompt", prompt, vocab_size)
+    room = max_model_len - len(prompt)
+    if room <= 0:
+        raise InvalidRequestError(
+            "prompt", f"has {len(prompt)} tokens, which leaves no room to generate (max_model_len is {max_model_len})"
+        )
+    if max_tokens is None:
+        return room if default is None else min(default, room)
+    if max_tokens <= 0:
+        raise InvalidRequestError("max_tokens", f"must be >= 1, got {max_tokens}")
+    if max_tokens > room:
+        raise InvalidRequestError(
+            "max_tokens",
+            f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
+            f"({max_model_len}); at most {room} tokens can be generated",
+        )
+    return max_tokens
+
+
+def logit_bias_value(
+    bias: Mapping[str, float] | Mapping[int, float] | None, vocab_size: int
+) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (token id, as a string or int → bias) as (id, bias) pairs, each bias clamped to
+    [-100, 100] as vLLM does."""
+    if not bias:
+        return ()
+    out = []
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise InvalidRequestError("logit_bias", f"key {key!r} is not a token id") from None
+        if not 0 <= token < vocab_size:
+            raise InvalidRequestError("logit_bias", f"token id {token} is outside the vocabulary [0, {vocab_size})")
+        if not math.isfinite(value):
+            raise InvalidRequestError("logit_bias", f"the bias of token {token} must be a number, got {value}")
+        out.append((token, min(100.0, max(-100.0, float(value)))))
+    return tuple(out)
+
+
+def allowed_ids_value(ids: Sequence[int] | None, vocab_size: int) -> tuple[int, ...]:
+    """vLLM's ``allowed_token_ids``: when given, at least one, each in the vocabulary."""
+    if ids is None:
+        return ()
+    if not ids:
+        raise InvalidRequestError("allowed_token_ids", "must hold at least one token id when given")
+    check_ids("allowed_token_ids", ids, vocab_size)
+    return tuple(ids)

@@ -47,7 +47,17 @@ from tetriserve.common.stream import FinishReason, StreamChunk
 from tetriserve.control_plane.admission import AdmissionGate, Ticket
 from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
-from tetriserve.control_plane.field_checks import in_range, logprobs_value, min_tokens_value, slo_value, top_k_value
+from tetriserve.control_plane.field_checks import (
+    allowed_ids_value,
+    check_ids,
+    in_range,
+    logit_bias_value,
+    logprobs_value,
+    max_tokens_value,
+    min_tokens_value,
+    slo_value,
+    top_k_value,
+)
 from tetriserve.control_plane.logprobs import LogprobEntry, LogprobNamer, TokenStrings
 from tetriserve.control_plane.stop_strings import StopMatcher, stop_strings
 
@@ -154,15 +164,6 @@ class FrontDoor:
             raise InvalidRequestError("messages", f"chat template failed: {exc}") from exc
         return self.tokenize(str(text), add_special_tokens=special, field_name="messages")
 
-    def _check_ids(self, field_name: str, ids: Sequence[int]) -> None:
-        if not ids or (min(ids) >= 0 and max(ids) < self.vocab_size):
-            return
-        for pos, tok in enumerate(ids):
-            if not 0 <= tok < self.vocab_size:
-                raise InvalidRequestError(
-                    field_name, f"token id {tok} at position {pos} is outside the vocabulary [0, {self.vocab_size})"
-                )
-
     def build_request(
         self,
         request_id: str,
@@ -183,6 +184,11 @@ class FrontDoor:
         stop: str | Sequence[str] | None = None,
         logprobs: int | None = None,
         logprobs_field: str = "logprobs",
+        min_p: float | None = None,
+        logit_bias: Mapping[str, float] | Mapping[int, float] | None = None,
+        allowed_token_ids: Sequence[int] | None = None,
+        include_stop_str_in_output: bool = False,
+        skip_special_tokens: bool = True,
         slo: SLO | Mapping[str, float | None] | None = None,
         priority: int = 0,
         rename: Mapping[str, str] | None = None,
@@ -192,14 +198,15 @@ class FrontDoor:
         ``max_tokens=None`` means ``default_max_tokens`` capped to the context left
         after the prompt (``default_max_tokens=None``: all the context left).
         Ranges are vLLM's: penalties in [-2, 2], repetition penalty > 0, ``logprobs``
-        (the alternatives per position, None for no logprobs; ``logprobs_field`` names it) in [0, 20].
+        (the alternatives per position, None for no logprobs; ``logprobs_field`` names it) in [0, 20],
+        ``min_p`` in [0, 1], ``logit_bias`` token ids in the vocabulary (biases clamped to [-100, 100]).
         """
         try:
             if not request_id or len(request_id) > MAX_REQUEST_ID_LEN:
                 raise InvalidRequestError("request_id", f"must have 1 to {MAX_REQUEST_ID_LEN} characters")
             prompt = tuple(prompt_token_ids)
-            max_tokens = self._max_tokens(prompt, max_tokens, default_max_tokens)
-            self._check_ids("stop_token_ids", stop_token_ids)
+            max_tokens = max_tokens_value(prompt, max_tokens, default_max_tokens, self.max_model_len, self.vocab_size)
+            check_ids("stop_token_ids", stop_token_ids, self.vocab_size)
             sampling = SamplingSpec(
                 max_tokens=max_tokens,
                 temperature=in_range("temperature", temperature, 1.0, 0.0, 2.0),
@@ -216,34 +223,17 @@ class FrontDoor:
                 ),
                 stop=stop_strings(stop),
                 logprobs=logprobs_value(logprobs_field, logprobs),
+                min_p=in_range("min_p", min_p, 0.0, 0.0, 1.0),
+                logit_bias=logit_bias_value(logit_bias, self.vocab_size),
+                allowed_token_ids=allowed_ids_value(allowed_token_ids, self.vocab_size),
+                include_stop_str_in_output=include_stop_str_in_output,
+                skip_special_tokens=skip_special_tokens,
             )
             return Request(request_id, prompt, sampling, slo=slo_value(slo), priority=priority)
         except InvalidRequestError as exc:
             if rename and exc.field in rename:
                 raise InvalidRequestError(rename[exc.field], exc.message) from None
             raise
-
-    def _max_tokens(self, prompt: tuple[int, ...], max_tokens: int | None, default: int | None) -> int:
-        if not prompt:
-            raise InvalidRequestError("prompt", "must not be empty")
-        self._check_ids("prompt", prompt)
-        room = self.max_model_len - len(prompt)
-        if room <= 0:
-            raise InvalidRequestError(
-                "prompt",
-                f"has {len(prompt)} tokens, which leaves no room to generate (max_model_len is {self.max_model_len})",
-            )
-        if max_tokens is None:
-            return room if default is None else min(default, room)
-        if max_tokens <= 0:
-            raise InvalidRequestError("max_tokens", f"must be >= 1, got {max_tokens}")
-        if max_tokens > room:
-            raise InvalidRequestError(
-                "max_tokens",
-                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
-                f"({self.max_model_len}); at most {room} tokens can be generated",
-            )
-        return max_tokens
 
     # ---- output -------------------------------------------------------------------------------
 
@@ -267,8 +257,11 @@ class FrontDoor:
         """
         t0 = time.monotonic() if started_at is None else started_at
         rid = request.request_id
-        detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
-        stops = StopMatcher(request.sampling.stop)
+        sampling = request.sampling
+        detok = IncrementalDetokenizer(
+            self.tokenizer, request.prompt_token_ids, skip_special_tokens=sampling.skip_special_tokens
+        )
+        stops = StopMatcher(sampling.stop, include=sampling.include_stop_str_in_output)
         namer = LogprobNamer(self.token_strings) if request.sampling.logprobs is not None else None
         source = self.backend.generate(request)
         prompt_tokens, generated, done = len(request.prompt_token_ids), 0, False

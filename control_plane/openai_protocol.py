@@ -22,6 +22,20 @@ from tetriserve.control_plane.frontdoor import TextDelta
 from tetriserve.control_plane.logprobs import LogprobEntry, chat_logprobs, completion_logprobs, next_offset
 
 MAX_CHOICES = 32  # ``n``: each choice is a request of its own on the workers
+# vLLM fields that change what is generated but that we do not honour: refused by name, never silently ignored
+UNSUPPORTED = (
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "bad_words",
+    "prompt_logprobs",
+    "logprob_token_ids",
+    "use_beam_search",
+    "tools",
+    "functions",
+)
 
 
 class StreamOptions(BaseModel):
@@ -63,12 +77,26 @@ class _GenerateBody(BaseModel):
         None, description="Multiplicative penalty > 0 for tokens in prompt or output; 1 is none (vLLM extension)."
     )
     min_tokens: int | None = Field(None, description="Generate at least this many tokens before EOS or a stop token.")
+    min_p: float | None = Field(None, description="Minimum probability relative to the top token, in [0, 1] (vLLM).")
+    logit_bias: dict[str, float] | None = Field(
+        None, description="Token id (as a string) to a bias added to its logit, clamped to [-100, 100]."
+    )
+    allowed_token_ids: list[int] | None = Field(None, description="Only these token ids may be sampled (vLLM).")
+    include_stop_str_in_output: bool = Field(False, description="Send the stop string that ended the text (vLLM).")
+    skip_special_tokens: bool = Field(True, description="Leave special tokens out of the text (vLLM).")
     user: str | None = Field(None, description="End-user id; logged only.")
     priority: int = Field(0, description="Higher is more important (tetriserve extension).")
     slo: SLOBody | None = Field(None, description="Latency objectives (tetriserve extension).")
 
     def check_supported(self) -> None:
         """Raise ``InvalidRequestError`` for options we accept syntactically but cannot honour."""
+        extra = self.model_extra or {}
+        for name in UNSUPPORTED:
+            if extra.get(name):
+                raise InvalidRequestError(name, f"{name} is not supported by this server")
+        response_format = extra.get("response_format")
+        if response_format and not (isinstance(response_format, dict) and response_format.get("type") == "text"):
+            raise InvalidRequestError("response_format", "only the `text` response format is supported")
         if not 1 <= self.n <= MAX_CHOICES:
             raise InvalidRequestError("n", f"must be in [1, {MAX_CHOICES}], got {self.n}")
         if self.n > 1 and self.temperature == 0:

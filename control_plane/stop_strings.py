@@ -33,8 +33,11 @@ def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 class StopMatcher:
-    def __init__(self, stops: Sequence[str]) -> None:
+    """``include``: the stop string that ends the text is sent too (vLLM's ``include_stop_str_in_output``)."""
+
+    def __init__(self, stops: Sequence[str], include: bool = False) -> None:
         self.stops = tuple(s for s in stops if s)
+        self._include = include
         self._hold = max((len(s) for s in self.stops), default=1) - 1
         self._held = ""
         self.stopped: str | None = None  # the stop string that ended the text
@@ -48,7 +51,7 @@ class StopMatcher:
         if hits:
             at, self.stopped = min(hits)
             self._held = ""
-            return buffer[:at]
+            return buffer[: at + len(self.stopped)] if self._include else buffer[:at]
         cut = max(0, len(buffer) - self._hold)
         self._held = buffer[cut:]
         return buffer[:cut]

@@ -41,6 +41,9 @@ def to_vllm(
         temperature=spec.temperature,
         top_p=spec.top_p,
         top_k=spec.top_k,  # 0 disables top-k in vLLM as in our spec
+        min_p=spec.min_p,
+        logit_bias=dict(spec.logit_bias) or None,
+        allowed_token_ids=list(spec.allowed_token_ids) or None,
         seed=spec.seed,
         stop_token_ids=list(spec.stop_token_ids),
         ignore_eos=spec.ignore_eos,

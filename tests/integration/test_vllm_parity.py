@@ -25,6 +25,9 @@ COMPLETIONS = [
     {"prompt": "Once upon a time", "max_tokens": 16, "presence_penalty": 1.5, "frequency_penalty": 0.5},
     {"prompt": "Once upon a time", "max_tokens": 16, "repetition_penalty": 1.3, "min_tokens": 4},
     {"prompt": [5, 17, 300, 42, 9], "max_tokens": 8, "logprobs": 5},
+    {"prompt": "Hello there, how", "max_tokens": 8, "logit_bias": {"300": 6.0, "17": 4.0}, "logprobs": 2},
+    {"prompt": "Once upon a time", "max_tokens": 8, "allowed_token_ids": [300, 17, 42, 9, 5], "logprobs": 1},
+    {"prompt": "Once upon a time", "max_tokens": 8, "min_p": 0.05, "skip_special_tokens": False},
 ]
 CHATS = [
     {"messages": [{"role": "user", "content": "Hi, what's up?"}], "max_tokens": 8, "logprobs": True, "top_logprobs": 2},
@@ -111,7 +114,12 @@ def test_stop_strings_and_stop_token_ids_match_plain_vllm(ours: str, reference: 
     base = {**GREEDY, "prompt": "Hello there, how", "max_tokens": 16, "ignore_eos": True}
     full = _post(reference, "/v1/completions", {**base, "logprobs": 0}).json()["choices"][0]
     words = full["logprobs"]["tokens"]
-    for extra in ({"stop": [words[4].strip() or words[4]]}, {"stop_token_ids": [_token_id(reference, words[3])]}):
+    stop = words[4].strip() or words[4]
+    for extra in (
+        {"stop": [stop]},
+        {"stop": [stop], "include_stop_str_in_output": True},
+        {"stop_token_ids": [_token_id(reference, words[3])]},
+    ):
         body = {**base, **extra, "logprobs": 1}
         a, b = _post(ours, "/v1/completions", body).json(), _post(reference, "/v1/completions", body).json()
         assert b["choices"][0]["finish_reason"] == "stop", b

@@ -155,6 +155,15 @@ BAD: list[tuple[str, str, Any, int, str | None]] = [
     ("chat image part", "/v1/chat/completions", {"messages": [IMAGE_MESSAGE]}, 400, "messages[0].content[0].type"),
     ("chat too many tokens", "/v1/chat/completions", {"messages": [HI], "max_completion_tokens": 64}, 400,
      "max_completion_tokens"),
+    ("logit_bias key", "/v1/completions", {"prompt": "hi", "logit_bias": {"x": 1}}, 400, "logit_bias"),
+    ("logit_bias id", "/v1/completions", {"prompt": "hi", "logit_bias": {"999999": 1}}, 400, "logit_bias"),
+    ("allowed_token_ids empty", "/v1/completions", {"prompt": "hi", "allowed_token_ids": []}, 400,
+     "allowed_token_ids"),
+    ("min_p 2", "/v1/completions", {"prompt": "hi", "min_p": 2}, 400, "min_p"),
+    ("guided_json", "/v1/completions", {"prompt": "hi", "guided_json": {"type": "object"}}, 400, "guided_json"),
+    ("json mode", "/v1/chat/completions", {"messages": [HI], "response_format": {"type": "json_object"}}, 400,
+     "response_format"),
+    ("tools", "/v1/chat/completions", {"messages": [HI], "tools": [{"type": "function"}]}, 400, "tools"),
     ("chat n 2 greedy", "/v1/chat/completions", {"messages": [HI], "n": 2, "temperature": 0}, 400, "n"),
     ("chat top_logprobs alone", "/v1/chat/completions", {"messages": [HI], "top_logprobs": 2}, 400, "top_logprobs"),
     ("chat top_logprobs 21", "/v1/chat/completions", {"messages": [HI], "logprobs": True, "top_logprobs": 21}, 400,
@@ -320,3 +329,24 @@ def test_tokenize_errors_name_the_field(http: httpx.Client, path: str, body: dic
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     assert http.post("/tokenize", json={"model": "other", "prompt": "a"}).status_code == 404
+
+
+def test_vllm_sampling_extensions_reach_the_request(backend: FakeBackend, http: httpx.Client) -> None:
+    body = {
+        "prompt": "hello world",
+        "max_tokens": 4,
+        "min_p": 0.1,
+        "logit_bias": {"5": 500, "7": -3},
+        "allowed_token_ids": [5, 7, 9],
+        "response_format": {"type": "text"},
+    }
+    assert http.post("/v1/completions", json=body).status_code == 200
+    sampling = backend.requests[0].sampling
+    assert sampling.min_p == 0.1 and sampling.allowed_token_ids == (5, 7, 9)
+    assert sampling.logit_bias == ((5, 100.0), (7, -3.0))  # clamped to [-100, 100], as vLLM does
+
+
+def test_include_stop_str_in_output(backend: FakeBackend, http: httpx.Client) -> None:
+    body = {"prompt": "hello world, ok", "max_tokens": 8, "stop": [" world"], "include_stop_str_in_output": True}
+    choice = http.post("/v1/completions", json=body).json()["choices"][0]
+    assert choice["text"] == "hello world" and choice["stop_reason"] == " world"
