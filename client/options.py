@@ -30,6 +30,10 @@ class GenerateOptions(TypedDict, total=False):
         min_tokens: generate at least this many tokens before EOS or a stop token.
         presence_penalty / frequency_penalty: in [-2, 2], for tokens already in the output.
         repetition_penalty: > 0, for tokens in the prompt or output (1 is none).
+        logprobs: also return each token's log-probability and the k (0..20) most likely at its position.
+        min_p: minimum probability relative to the most likely token, in [0, 1].
+        logit_bias: token id -> bias added to its logit (clamped to [-100, 100]).
+        allowed_token_ids: only these token ids may be sampled.
         slo_ttft_ms / slo_tbt_ms / slo_jct_ms: latency objectives in milliseconds.
         priority: higher is more important.
         request_id: id for ``abort()``; a random one is generated when absent.
@@ -49,6 +53,10 @@ class GenerateOptions(TypedDict, total=False):
     presence_penalty: float
     frequency_penalty: float
     repetition_penalty: float
+    logprobs: int
+    min_p: float
+    logit_bias: Mapping[int, float]
+    allowed_token_ids: Sequence[int]
     slo_ttft_ms: float
     slo_tbt_ms: float
     slo_jct_ms: float
@@ -69,6 +77,8 @@ _SCALARS = (
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
+    "logprobs",
+    "min_p",
 )
 
 
@@ -102,6 +112,8 @@ def build_generate_request(prompt: str | Sequence[int], options: GenerateOptions
     stop = options.get("stop", ())
     sampling.stop.extend([stop] if isinstance(stop, str) else stop)
     sampling.ignore_eos = bool(options.get("ignore_eos", False))
+    sampling.logit_bias.update({int(k): float(v) for k, v in options.get("logit_bias", {}).items()})
+    sampling.allowed_token_ids.extend(options.get("allowed_token_ids", ()))
     for name in ("ttft_ms", "tbt_ms", "jct_ms"):
         value = raw.get(f"slo_{name}")
         if value is not None:

@@ -26,6 +26,22 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability (None if the server had none) and ``top``, (token id, string,
+    log-probability) of the most likely tokens at its position: the sampled one first, then by rank."""
+
+    token_id: int
+    token: str
+    logprob: float | None
+    top: tuple[tuple[int, str, float], ...] = ()
+
+    @classmethod
+    def from_proto(cls, msg: pb.TokenLogprob) -> TokenLogprob:
+        top = tuple((t.token_id, t.token, t.logprob) for t in msg.top)
+        return cls(msg.token_id, msg.token, msg.logprob if msg.HasField("logprob") else None, top)
+
+
+@dataclass(frozen=True)
 class Chunk:
     """New tokens of one request. The last chunk has ``finish_reason``, ``usage`` and ``e2e_ms``.
 
@@ -41,6 +57,7 @@ class Chunk:
     ttft_ms: float | None = None
     e2e_ms: float | None = None
     metrics: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    logprobs: tuple[TokenLogprob, ...] = ()  # with the ``logprobs`` option: one per token of ``token_ids``
 
     @property
     def finished(self) -> bool:
@@ -57,6 +74,7 @@ class Chunk:
             ttft_ms=msg.ttft_ms if msg.HasField("ttft_ms") else None,
             e2e_ms=msg.e2e_ms if msg.HasField("e2e_ms") else None,
             metrics=MappingProxyType(dict(msg.metrics)),
+            logprobs=tuple(TokenLogprob.from_proto(lp) for lp in msg.logprobs),
         )
 
 
@@ -72,6 +90,7 @@ class Completion:
     ttft_ms: float | None
     e2e_ms: float | None
     metrics: Mapping[str, float]
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class CompletionCollector:
@@ -83,9 +102,11 @@ class CompletionCollector:
         self._text: list[str] = []
         self._last: Chunk | None = None
         self._ttft_ms: float | None = None
+        self._logprobs: list[TokenLogprob] = []
 
     def add(self, chunk: Chunk) -> None:
         self._token_ids.extend(chunk.token_ids)
+        self._logprobs.extend(chunk.logprobs)
         self._text.append(chunk.text)
         if self._ttft_ms is None:
             self._ttft_ms = chunk.ttft_ms
@@ -102,6 +123,7 @@ class CompletionCollector:
             ttft_ms=self._ttft_ms,
             e2e_ms=last.e2e_ms if last else None,
             metrics=last.metrics if last else MappingProxyType({}),
+            logprobs=tuple(self._logprobs),
         )
 
 

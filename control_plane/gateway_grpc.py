@@ -48,8 +48,19 @@ from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
-_OPTIONAL = ("min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty")
-_SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "stop", *_OPTIONAL)
+_OPTIONAL = ("min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "min_p")
+_SAMPLING = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop_token_ids",
+    "stop",
+    "logit_bias",
+    "allowed_token_ids",
+    *_OPTIONAL,
+)
 _SLO = ("ttft_ms", "tbt_ms", "jct_ms")
 _RENAME = {name: f"sampling.{name}" for name in _SAMPLING}
 
@@ -130,6 +141,8 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
             stop_token_ids=tuple(s.stop_token_ids),
             ignore_eos=s.ignore_eos,
             stop=tuple(s.stop),
+            logit_bias=dict(s.logit_bias),
+            allowed_token_ids=tuple(s.allowed_token_ids) or None,
             **{name: getattr(s, name) for name in _OPTIONAL if s.HasField(name)},
             slo={n: getattr(request.slo, n) if request.slo.HasField(n) else None for n in _SLO},
             priority=request.priority,
@@ -196,6 +209,12 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
 
 def _to_response(delta: TextDelta) -> pb.GenerateResponse:
     msg = pb.GenerateResponse(request_id=delta.request_id, token_ids=delta.token_ids, text=delta.text)
+    for entry in delta.logprobs or ():
+        lp = msg.logprobs.add(token_id=entry.token_id, token=entry.token)
+        if entry.logprob is not None:
+            lp.logprob = entry.logprob
+        for token_id, token, logprob in entry.top:
+            lp.top.add(token_id=token_id, token=token, logprob=logprob)
     if delta.ttft_ms is not None:
         msg.ttft_ms = delta.ttft_ms
     if delta.finish_reason is not None:

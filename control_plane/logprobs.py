@@ -38,12 +38,14 @@ _FLOOR = -9999.0
 
 @dataclass(frozen=True, slots=True)
 class LogprobEntry:
-    """One output position: the sampled token's string and log-probability, and ``top``, (string, logprob) of
-    the sampled token and then the alternatives by rank (``logprob`` is None where the engine sent none)."""
+    """One output position: the sampled token, its string and log-probability, and ``top``, (id, string,
+    logprob) of the sampled token and then the alternatives by rank (``logprob`` is None where the engine sent
+    none)."""
 
+    token_id: int
     token: str
     logprob: float | None
-    top: tuple[tuple[str, float], ...] = ()
+    top: tuple[tuple[int, str, float], ...] = ()
 
 
 class TokenStrings:
@@ -103,12 +105,12 @@ class LogprobNamer:
             position = positions[i] if positions is not None and i < len(positions) else None
             context = self._sampled[-_CONTEXT:]
             if position is None:
-                out.append(LogprobEntry(self._named(token_id, context), None))
+                out.append(LogprobEntry(token_id, self._named(token_id, context), None))
             else:
                 pairs = list(zip(position.token_ids, position.logprobs, strict=True))
-                top = tuple((self._named(t, context), lp) for t, lp in pairs)
+                top = tuple((t, self._named(t, context), lp) for t, lp in pairs)
                 sampled = dict(pairs).get(token_id, position.sampled)
-                out.append(LogprobEntry(self._named(token_id, context), sampled, top))
+                out.append(LogprobEntry(token_id, self._named(token_id, context), sampled, top))
             self._sampled.append(token_id)
         return tuple(out)
 
@@ -127,7 +129,7 @@ def completion_logprobs(entries: Sequence[LogprobEntry], top_n: int, text_offset
     for entry in entries:
         offsets.append(text_offset)
         text_offset += len(entry.token)
-        tops.append({tok: _floor(lp) for i, (tok, lp) in enumerate(entry.top) if i <= top_n} if entry.top else None)
+        tops.append({tok: _floor(lp) for i, (_, tok, lp) in enumerate(entry.top) if i <= top_n} if entry.top else None)
     return {
         "text_offset": offsets,
         "token_logprobs": [None if e.logprob is None else _floor(e.logprob) for e in entries],
@@ -153,7 +155,7 @@ def chat_logprobs(entries: Sequence[LogprobEntry], top_n: int) -> dict[str, Any]
         if entry.logprob is not None:
             item["logprob"] = _floor(entry.logprob)
         item["top_logprobs"] = [
-            {"token": tok, "logprob": _floor(lp), "bytes": _bytes(tok)} for tok, lp in entry.top[:top_n]
+            {"token": tok, "logprob": _floor(lp), "bytes": _bytes(tok)} for _, tok, lp in entry.top[:top_n]
         ]
         content.append(item)
     return {"content": content}

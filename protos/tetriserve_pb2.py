@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"tetriserve/protos/tetriserve.proto\x12\rtetriserve.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xbe\x03\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x17\n\nmin_tokens\x18\t \x01(\x05H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\n \x01(\x01H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0b \x01(\x01H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x01H\x08\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\r\n\x0b_min_tokensB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penalty\"g\n\x03SLO\x12\x14\n\x07ttft_ms\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x06tbt_ms\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06jct_ms\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\n\n\x08_ttft_msB\t\n\x07_tbt_msB\t\n\x07_jct_ms\"\xe0\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x17.tetriserve.v1.TokenIdsH\x00\x12/\n\x08sampling\x18\x05 \x01(\x0b\x32\x1d.tetriserve.v1.SamplingParams\x12\x1f\n\x03slo\x18\x06 \x01(\x0b\x32\x12.tetriserve.v1.SLO\x12\x10\n\x08priority\x18\x07 \x01(\x05\x42\x08\n\x06prompt\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"\xcb\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x1a\n\rfinish_reason\x18\x04 \x01(\tH\x00\x88\x01\x01\x12#\n\x05usage\x18\x05 \x01(\x0b\x32\x14.tetriserve.v1.Usage\x12\x14\n\x07ttft_ms\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06\x65\x32\x65_ms\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12=\n\x07metrics\x18\x08 \x03(\x0b\x32,.tetriserve.v1.GenerateResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x10\n\x0e_finish_reasonB\n\n\x08_ttft_msB\t\n\x07_e2e_ms\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x0f\n\rHealthRequest\"0\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\r\n\x05model\x18\x02 \x01(\t\"\x16\n\x14\x43lusterStatusRequest\"\xbf\x02\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x33\n\x04load\x18\x04 \x03(\x0b\x32%.tetriserve.v1.WorkerStatus.LoadEntry\x12\x37\n\x06policy\x18\x05 \x03(\x0b\x32\'.tetriserve.v1.WorkerStatus.PolicyEntry\x12\x13\n\x0bincarnation\x18\x06 \x01(\x05\x12\x10\n\x08restarts\x18\x07 \x01(\x05\x12\x0e\n\x06health\x18\x08 \x01(\t\x1a+\n\tLoadEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a-\n\x0bPolicyEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x87\x01\n\x15\x43lusterStatusResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12,\n\x07workers\x18\x02 \x03(\x0b\x32\x1b.tetriserve.v1.WorkerStatus\x12\x1a\n\x12requests_in_flight\x18\x03 \x01(\x05\x12\x15\n\rdashboard_url\x18\x04 \x01(\t\"\x94\x01\n\x10SetPolicyRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12=\n\x07\x63hanges\x18\x02 \x03(\x0b\x32,.tetriserve.v1.SetPolicyRequest.ChangesEntry\x1a.\n\x0c\x43hangesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x97\x01\n\x0cWorkerPolicy\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x37\n\x06policy\x18\x03 \x03(\x0b\x32\'.tetriserve.v1.WorkerPolicy.PolicyEntry\x1a-\n\x0bPolicyEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x11SetPolicyResponse\x12,\n\x07workers\x18\x01 \x03(\x0b\x32\x1b.tetriserve.v1.WorkerPolicy2\x92\x03\n\nTetriServe\x12M\n\x08Generate\x12\x1e.tetriserve.v1.GenerateRequest\x1a\x1f.tetriserve.v1.GenerateResponse0\x01\x12\x42\n\x05\x41\x62ort\x12\x1b.tetriserve.v1.AbortRequest\x1a\x1c.tetriserve.v1.AbortResponse\x12\x45\n\x06Health\x12\x1c.tetriserve.v1.HealthRequest\x1a\x1d.tetriserve.v1.HealthResponse\x12Z\n\rClusterStatus\x12#.tetriserve.v1.ClusterStatusRequest\x1a$.tetriserve.v1.ClusterStatusResponse\x12N\n\tSetPolicy\x12\x1f.tetriserve.v1.SetPolicyRequest\x1a .tetriserve.v1.SetPolicyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"tetriserve/protos/tetriserve.proto\x12\rtetriserve.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x8f\x05\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x17\n\nmin_tokens\x18\t \x01(\x05H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\n \x01(\x01H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0b \x01(\x01H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x01H\x08\x88\x01\x01\x12\x15\n\x08logprobs\x18\r \x01(\x05H\t\x88\x01\x01\x12\x12\n\x05min_p\x18\x0e \x01(\x01H\n\x88\x01\x01\x12@\n\nlogit_bias\x18\x0f \x03(\x0b\x32,.tetriserve.v1.SamplingParams.LogitBiasEntry\x12\x19\n\x11\x61llowed_token_ids\x18\x10 \x03(\x05\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\r\n\x0b_min_tokensB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\x08\n\x06_min_p\"g\n\x03SLO\x12\x14\n\x07ttft_ms\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x06tbt_ms\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06jct_ms\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\n\n\x08_ttft_msB\t\n\x07_tbt_msB\t\n\x07_jct_ms\"\xe0\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x17.tetriserve.v1.TokenIdsH\x00\x12/\n\x08sampling\x18\x05 \x01(\x0b\x32\x1d.tetriserve.v1.SamplingParams\x12\x1f\n\x03slo\x18\x06 \x01(\x0b\x32\x12.tetriserve.v1.SLO\x12\x10\n\x08priority\x18\x07 \x01(\x05\x42\x08\n\x06prompt\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"\xfa\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x1a\n\rfinish_reason\x18\x04 \x01(\tH\x00\x88\x01\x01\x12#\n\x05usage\x18\x05 \x01(\x0b\x32\x14.tetriserve.v1.Usage\x12\x14\n\x07ttft_ms\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06\x65\x32\x65_ms\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12=\n\x07metrics\x18\x08 \x03(\x0b\x32,.tetriserve.v1.GenerateResponse.MetricsEntry\x12-\n\x08logprobs\x18\t \x03(\x0b\x32\x1b.tetriserve.v1.TokenLogprob\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x10\n\x0e_finish_reasonB\n\n\x08_ttft_msB\t\n\x07_e2e_ms\"y\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x14\n\x07logprob\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12&\n\x03top\x18\x04 \x03(\x0b\x32\x19.tetriserve.v1.TopLogprobB\n\n\x08_logprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x0f\n\rHealthRequest\"0\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\r\n\x05model\x18\x02 \x01(\t\"\x16\n\x14\x43lusterStatusRequest\"\xbf\x02\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x33\n\x04load\x18\x04 \x03(\x0b\x32%.tetriserve.v1.WorkerStatus.LoadEntry\x12\x37\n\x06policy\x18\x05 \x03(\x0b\x32\'.tetriserve.v1.WorkerStatus.PolicyEntry\x12\x13\n\x0bincarnation\x18\x06 \x01(\x05\x12\x10\n\x08restarts\x18\x07 \x01(\x05\x12\x0e\n\x06health\x18\x08 \x01(\t\x1a+\n\tLoadEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a-\n\x0bPolicyEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x87\x01\n\x15\x43lusterStatusResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12,\n\x07workers\x18\x02 \x03(\x0b\x32\x1b.tetriserve.v1.WorkerStatus\x12\x1a\n\x12requests_in_flight\x18\x03 \x01(\x05\x12\x15\n\rdashboard_url\x18\x04 \x01(\t\"\x94\x01\n\x10SetPolicyRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12=\n\x07\x63hanges\x18\x02 \x03(\x0b\x32,.tetriserve.v1.SetPolicyRequest.ChangesEntry\x1a.\n\x0c\x43hangesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x97\x01\n\x0cWorkerPolicy\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x37\n\x06policy\x18\x03 \x03(\x0b\x32\'.tetriserve.v1.WorkerPolicy.PolicyEntry\x1a-\n\x0bPolicyEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x11SetPolicyResponse\x12,\n\x07workers\x18\x01 \x03(\x0b\x32\x1b.tetriserve.v1.WorkerPolicy2\x92\x03\n\nTetriServe\x12M\n\x08Generate\x12\x1e.tetriserve.v1.GenerateRequest\x1a\x1f.tetriserve.v1.GenerateResponse0\x01\x12\x42\n\x05\x41\x62ort\x12\x1b.tetriserve.v1.AbortRequest\x1a\x1c.tetriserve.v1.AbortResponse\x12\x45\n\x06Health\x12\x1c.tetriserve.v1.HealthRequest\x1a\x1d.tetriserve.v1.HealthResponse\x12Z\n\rClusterStatus\x12#.tetriserve.v1.ClusterStatusRequest\x1a$.tetriserve.v1.ClusterStatusResponse\x12N\n\tSetPolicy\x12\x1f.tetriserve.v1.SetPolicyRequest\x1a .tetriserve.v1.SetPolicyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tetriserve.protos.tetriserve_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_GENERATERESPONSE_METRICSENTRY']._loaded_options = None
   _globals['_GENERATERESPONSE_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_WORKERSTATUS_LOADENTRY']._loaded_options = None
@@ -44,45 +46,51 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=53
   _globals['_TOKENIDS']._serialized_end=76
   _globals['_SAMPLINGPARAMS']._serialized_start=79
-  _globals['_SAMPLINGPARAMS']._serialized_end=525
-  _globals['_SLO']._serialized_start=527
-  _globals['_SLO']._serialized_end=630
-  _globals['_GENERATEREQUEST']._serialized_start=633
-  _globals['_GENERATEREQUEST']._serialized_end=857
-  _globals['_USAGE']._serialized_start=859
-  _globals['_USAGE']._serialized_end=916
-  _globals['_GENERATERESPONSE']._serialized_start=919
-  _globals['_GENERATERESPONSE']._serialized_end=1250
-  _globals['_GENERATERESPONSE_METRICSENTRY']._serialized_start=1163
-  _globals['_GENERATERESPONSE_METRICSENTRY']._serialized_end=1209
-  _globals['_ABORTREQUEST']._serialized_start=1252
-  _globals['_ABORTREQUEST']._serialized_end=1286
-  _globals['_ABORTRESPONSE']._serialized_start=1288
-  _globals['_ABORTRESPONSE']._serialized_end=1320
-  _globals['_HEALTHREQUEST']._serialized_start=1322
-  _globals['_HEALTHREQUEST']._serialized_end=1337
-  _globals['_HEALTHRESPONSE']._serialized_start=1339
-  _globals['_HEALTHRESPONSE']._serialized_end=1387
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=1389
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=1411
-  _globals['_WORKERSTATUS']._serialized_start=1414
-  _globals['_WORKERSTATUS']._serialized_end=1733
-  _globals['_WORKERSTATUS_LOADENTRY']._serialized_start=1643
-  _globals['_WORKERSTATUS_LOADENTRY']._serialized_end=1686
-  _globals['_WORKERSTATUS_POLICYENTRY']._serialized_start=1688
-  _globals['_WORKERSTATUS_POLICYENTRY']._serialized_end=1733
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=1736
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=1871
-  _globals['_SETPOLICYREQUEST']._serialized_start=1874
-  _globals['_SETPOLICYREQUEST']._serialized_end=2022
-  _globals['_SETPOLICYREQUEST_CHANGESENTRY']._serialized_start=1976
-  _globals['_SETPOLICYREQUEST_CHANGESENTRY']._serialized_end=2022
-  _globals['_WORKERPOLICY']._serialized_start=2025
-  _globals['_WORKERPOLICY']._serialized_end=2176
-  _globals['_WORKERPOLICY_POLICYENTRY']._serialized_start=1688
-  _globals['_WORKERPOLICY_POLICYENTRY']._serialized_end=1733
-  _globals['_SETPOLICYRESPONSE']._serialized_start=2178
-  _globals['_SETPOLICYRESPONSE']._serialized_end=2243
-  _globals['_TETRISERVE']._serialized_start=2246
-  _globals['_TETRISERVE']._serialized_end=2648
+  _globals['_SAMPLINGPARAMS']._serialized_end=734
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=522
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=570
+  _globals['_SLO']._serialized_start=736
+  _globals['_SLO']._serialized_end=839
+  _globals['_GENERATEREQUEST']._serialized_start=842
+  _globals['_GENERATEREQUEST']._serialized_end=1066
+  _globals['_USAGE']._serialized_start=1068
+  _globals['_USAGE']._serialized_end=1125
+  _globals['_GENERATERESPONSE']._serialized_start=1128
+  _globals['_GENERATERESPONSE']._serialized_end=1506
+  _globals['_GENERATERESPONSE_METRICSENTRY']._serialized_start=1419
+  _globals['_GENERATERESPONSE_METRICSENTRY']._serialized_end=1465
+  _globals['_TOKENLOGPROB']._serialized_start=1508
+  _globals['_TOKENLOGPROB']._serialized_end=1629
+  _globals['_TOPLOGPROB']._serialized_start=1631
+  _globals['_TOPLOGPROB']._serialized_end=1693
+  _globals['_ABORTREQUEST']._serialized_start=1695
+  _globals['_ABORTREQUEST']._serialized_end=1729
+  _globals['_ABORTRESPONSE']._serialized_start=1731
+  _globals['_ABORTRESPONSE']._serialized_end=1763
+  _globals['_HEALTHREQUEST']._serialized_start=1765
+  _globals['_HEALTHREQUEST']._serialized_end=1780
+  _globals['_HEALTHRESPONSE']._serialized_start=1782
+  _globals['_HEALTHRESPONSE']._serialized_end=1830
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=1832
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=1854
+  _globals['_WORKERSTATUS']._serialized_start=1857
+  _globals['_WORKERSTATUS']._serialized_end=2176
+  _globals['_WORKERSTATUS_LOADENTRY']._serialized_start=2086
+  _globals['_WORKERSTATUS_LOADENTRY']._serialized_end=2129
+  _globals['_WORKERSTATUS_POLICYENTRY']._serialized_start=2131
+  _globals['_WORKERSTATUS_POLICYENTRY']._serialized_end=2176
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=2179
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=2314
+  _globals['_SETPOLICYREQUEST']._serialized_start=2317
+  _globals['_SETPOLICYREQUEST']._serialized_end=2465
+  _globals['_SETPOLICYREQUEST_CHANGESENTRY']._serialized_start=2419
+  _globals['_SETPOLICYREQUEST_CHANGESENTRY']._serialized_end=2465
+  _globals['_WORKERPOLICY']._serialized_start=2468
+  _globals['_WORKERPOLICY']._serialized_end=2619
+  _globals['_WORKERPOLICY_POLICYENTRY']._serialized_start=2131
+  _globals['_WORKERPOLICY_POLICYENTRY']._serialized_end=2176
+  _globals['_SETPOLICYRESPONSE']._serialized_start=2621
+  _globals['_SETPOLICYRESPONSE']._serialized_end=2686
+  _globals['_TETRISERVE']._serialized_start=2689
+  _globals['_TETRISERVE']._serialized_end=3091
 # @@protoc_insertion_point(module_scope)

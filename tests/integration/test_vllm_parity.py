@@ -214,3 +214,16 @@ def test_tokenize_and_detokenize_match_plain_vllm(ours: str, reference: str) -> 
             _post(reference, "/detokenize", {"tokens": b["tokens"]}),
         )
         assert a.json()["prompt"] == b.json()["prompt"]
+
+
+def test_grpc_logprobs_match_plain_vllm(frontend: Any, reference: str) -> None:
+    from tetriserve.client import TetriServeClient
+
+    body = {**GREEDY, "prompt": "Hello there, how", "max_tokens": 6, "logprobs": 2}
+    theirs = _post(reference, "/v1/completions", body).json()["choices"][0]
+    with TetriServeClient(frontend.grpc_target, timeout=120) as client:
+        ours = client.complete("Hello there, how", max_tokens=6, temperature=0.0, logprobs=2)
+    assert ours.text == theirs["text"]
+    assert [lp.token for lp in ours.logprobs] == theirs["logprobs"]["tokens"]
+    assert [lp.logprob for lp in ours.logprobs] == pytest.approx(theirs["logprobs"]["token_logprobs"], abs=LOGPROB_TOL)
+    assert [[t for _, t, _ in lp.top] for lp in ours.logprobs] == [list(t) for t in theirs["logprobs"]["top_logprobs"]]

@@ -306,3 +306,23 @@ def test_async_client_end_to_end(env: GrpcEnv, backend: FakeBackend) -> None:
     rid = asyncio.run(scenario())
     wait_until(lambda: rid in backend.abort_calls, what="backend.abort after async cancel")
     assert backend.generate_calls == 6  # 1 + (1 failed + 1) + 1 + 1 + 1; the invalid one never reached it
+
+
+def test_logprobs_and_vllm_sampling_fields_over_grpc(
+    env: GrpcEnv, backend: FakeBackend, client: TetriServeClient
+) -> None:
+    ids = ids_of(env, "hello there")
+    done = client.complete(
+        list(ids), max_tokens=3, logprobs=2, min_p=0.1, logit_bias={5: 300.0}, allowed_token_ids=[5, 6]
+    )
+    sampling = backend.requests[0].sampling
+    assert sampling.logprobs == 2 and sampling.min_p == pytest.approx(0.1)
+    assert sampling.logit_bias == ((5, 100.0),) and sampling.allowed_token_ids == (5, 6)
+    assert [lp.token_id for lp in done.logprobs] == list(done.token_ids) == list(ids[:3])
+    assert [lp.logprob for lp in done.logprobs] == pytest.approx([-1.0, -1.1, -1.2])  # the fake's
+    assert all(lp.top[0][0] == lp.token_id and len(lp.top) == 2 for lp in done.logprobs)
+    assert all(lp.token == env.front.token_strings.one(lp.token_id) for lp in done.logprobs)
+    assert client.complete("hi", max_tokens=2).logprobs == ()
+    with pytest.raises(InvalidArgument) as bad:
+        client.complete("hi", max_tokens=2, logprobs=21)
+    assert bad.value.field == "sampling.logprobs"
