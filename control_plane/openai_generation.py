@@ -136,7 +136,7 @@ class Generation:
             async with aclosing(self._items()) as items:
                 async for index, delta in items:
                     prompt_tokens, completion[index] = delta.prompt_tokens, delta.completion_tokens
-                    yield sse(self.shaper.chunk(delta, include_usage, index))
+                    yield sse(self.shaper.chunk(delta, index))
                     if delta.error is not None:
                         logger.warning("request %s failed in the backend: %s", self.request_id, delta.error)
                         code = "service_unavailable" if delta.unavailable else "backend_error"

@@ -42,7 +42,9 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     include_usage: bool = Field(False, description="Send a last chunk with `usage` and empty `choices`.")
-    continuous_usage_stats: bool = Field(False, description="Accepted for vLLM compatibility; ignored.")
+    continuous_usage_stats: bool = Field(
+        False, description="With `include_usage`: every chunk carries the usage so far (vLLM extension)."
+    )
 
 
 class SLOBody(BaseModel):
@@ -105,6 +107,10 @@ class _GenerateBody(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class CompletionRequest(_GenerateBody):
@@ -264,10 +270,14 @@ class ResponseShaper:
     """Builds the response dicts of one request (completion or chat, whole or chunked; ``index``: the choice).
 
     ``top_logprobs``: the alternatives per position the request asked for with its logprobs (None: no logprobs).
+    Chunks carry no ``usage`` unless ``continuous_usage`` (vLLM's ``continuous_usage_stats``).
     """
 
-    def __init__(self, chat: bool, request_id: str, model: str, top_logprobs: int | None = None) -> None:
+    def __init__(
+        self, chat: bool, request_id: str, model: str, top_logprobs: int | None = None, continuous_usage: bool = False
+    ) -> None:
         self.chat = chat
+        self.continuous_usage = continuous_usage  # every chunk carries its choice's usage so far
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
         self.model = model
         self.created = int(time.time())
@@ -298,7 +308,7 @@ class ResponseShaper:
         choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
         return self._envelope("chat.completion.chunk", [{**choice, "finish_reason": None}])
 
-    def chunk(self, delta: TextDelta, include_usage: bool, index: int = 0) -> dict[str, Any]:
+    def chunk(self, delta: TextDelta, index: int = 0) -> dict[str, Any]:
         choice = self._choice(delta, index, delta.logprobs)
         if self.chat:
             choice["delta"] = {"content": delta.text}
@@ -306,8 +316,8 @@ class ResponseShaper:
         else:
             choice["text"] = delta.text
             body = self._envelope("text_completion", [choice])
-        if include_usage:
-            body["usage"] = None
+        if self.continuous_usage:
+            body["usage"] = usage(delta.prompt_tokens, delta.completion_tokens)
         return body
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

@@ -164,6 +164,7 @@ def test_streams_match_plain_vllm(ours: str, reference: str, path: str) -> None:
         return [t for lp in lps for t in (lp["tokens"] if "tokens" in lp else [c["token"] for c in lp["content"]])]
 
     assert text(a) == text(b) and tokens(a) == tokens(b)
+    assert not any("usage" in e for e in [*a[:-2], *b[:-2]] if e["choices"])  # only the last event has usage
     assert a[-3]["choices"][0]["finish_reason"] == b[-3]["choices"][0]["finish_reason"] == "length"
     if "chat" in path:
         assert a[0]["choices"][0]["delta"] == b[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -227,3 +228,13 @@ def test_grpc_logprobs_match_plain_vllm(frontend: Any, reference: str) -> None:
     assert [lp.token for lp in ours.logprobs] == theirs["logprobs"]["tokens"]
     assert [lp.logprob for lp in ours.logprobs] == pytest.approx(theirs["logprobs"]["token_logprobs"], abs=LOGPROB_TOL)
     assert [[t for _, t, _ in lp.top] for lp in ours.logprobs] == [list(t) for t in theirs["logprobs"]["top_logprobs"]]
+
+
+def test_continuous_usage_stats_match_plain_vllm(ours: str, reference: str) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {**GREEDY, "prompt": "Tell me a story.", "max_tokens": 6, "stream": True, "stream_options": options}
+    a, b = _stream(ours, "/v1/completions", body), _stream(reference, "/v1/completions", body)
+    for events in (a, b):
+        assert all("usage" in e for e in events[:-1])
+    last = [e for e in a[:-1] if e["choices"]][-1]["usage"]
+    assert last == {k: [e for e in b[:-1] if e["choices"]][-1]["usage"][k] for k in last}

@@ -77,6 +77,16 @@ def test_completion_streaming(env: HttpEnv, backend: FakeBackend, http: httpx.Cl
     assert backend.requests[0].request_id == "http-1"
 
 
+def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(backend: FakeBackend, http: httpx.Client) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"prompt": "hello world", "max_tokens": 3, "stream": True, "stream_options": options}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        events = sse_events(r)[:-1]
+    prompt = len(backend.requests[0].prompt_token_ids)
+    assert [e["usage"]["completion_tokens"] for e in events if e["choices"]] == [1, 2, 3]
+    assert events[-1]["usage"] == {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_stop_string_ends_the_text_before_it_and_aborts_the_workers(
     env: HttpEnv, backend: FakeBackend, http: httpx.Client, stream: bool
