@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -14,42 +13,31 @@ pytest.importorskip("grpc")
 
 import grpc
 
-from tests.fakes import FakeBackend, LoopThread, decode_policies_shown, tokenizer_dir
+from tests.fakes import FakeBackend, decode_policies_shown
+from tests.gateway_support import FakeFrontDoors, fake_front_doors
 from tetriserve.client import AsyncTetriServeClient, InvalidArgument, NotFound, TetriServeClient
 from tetriserve.common.config import DecodeConfig
 from tetriserve.control_plane.cli import main
-from tetriserve.control_plane.frontdoor import FrontDoor
-from tetriserve.control_plane.gateway_grpc import start_grpc_server
 from tetriserve.protos import tetriserve_pb2 as pb
 from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 
 DECODE_DEFAULT = decode_policies_shown(DecodeConfig())
 
 
-@dataclass
-class Env:
-    backend: FakeBackend
-    target: str
-
-
 @pytest.fixture(scope="module")
-def env() -> Iterator[Env]:
-    backend = FakeBackend(tokenizer_dir())
-    loop = LoopThread()
-    server, port = loop.run(start_grpc_server(backend, "127.0.0.1", 0, front=FrontDoor(backend)))
-    yield Env(backend, f"127.0.0.1:{port}")
-    loop.run(server.stop(None))
-    loop.stop()
+def env() -> Iterator[FakeFrontDoors]:
+    with fake_front_doors(http=False) as doors:
+        yield doors
 
 
 @pytest.fixture()
-def backend(env: Env) -> FakeBackend:
+def backend(env: FakeFrontDoors) -> FakeBackend:
     env.backend.reset()
     return env.backend
 
 
 @pytest.fixture()
-def client(env: Env) -> Iterator[TetriServeClient]:
+def client(env: FakeFrontDoors) -> Iterator[TetriServeClient]:
     with TetriServeClient(env.target, timeout=10) as c:
         yield c
 
@@ -148,7 +136,7 @@ def test_bad_change_is_invalid_argument_naming_the_field(
     assert reached == [] or field in reached[0][1]  # only a value the worker itself judges reaches it
 
 
-def test_async_client_set_policy(env: Env, backend: FakeBackend) -> None:
+def test_async_client_set_policy(env: FakeFrontDoors, backend: FakeBackend) -> None:
     async def scenario() -> None:
         async with AsyncTetriServeClient(env.target, timeout=10) as c:
             update = await c.set_policy({"queue": "ljf"})
@@ -163,7 +151,7 @@ def test_async_client_set_policy(env: Env, backend: FakeBackend) -> None:
     asyncio.run(scenario())
 
 
-def test_bad_decode_value_is_invalid_argument_with_field_metadata(env: Env, backend: FakeBackend) -> None:
+def test_bad_decode_value_is_invalid_argument_with_field_metadata(env: FakeFrontDoors, backend: FakeBackend) -> None:
     request = pb.SetPolicyRequest(worker_id="decode", changes={"admission_policy": "lifo"})
     with grpc.insecure_channel(env.target) as channel, pytest.raises(grpc.RpcError) as info:
         pb_grpc.TetriServeStub(channel).SetPolicy(request, timeout=10)
@@ -196,13 +184,15 @@ def test_cli_policy_set_needs_a_change(capsys: pytest.CaptureFixture[str]) -> No
     assert "KEY=VALUE" in capsys.readouterr().err
 
 
-def test_cli_key_given_twice_exits_2(backend: FakeBackend, env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_key_given_twice_exits_2(
+    backend: FakeBackend, env: FakeFrontDoors, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["policy", "set", "--target", env.target, "queue=sjf", "queue=ljf"]) == 2
     assert "queue: given twice" in capsys.readouterr().err
     assert backend.policy_changes == []
 
 
-def test_cli_policy_set_and_show(backend: FakeBackend, env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_policy_set_and_show(backend: FakeBackend, env: FakeFrontDoors, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["policy", "set", "--target", env.target, "queue=sjf", "sched_batch=128", "chunking=none"]) == 0
     out = capsys.readouterr().out
     assert "prefill-0" in out and "queue=sjf chunking=none" in out and "sched_batch=128" in out
@@ -219,7 +209,9 @@ def test_cli_policy_set_and_show(backend: FakeBackend, env: Env, capsys: pytest.
     assert "no worker 'nobody'" in capsys.readouterr().err
 
 
-def test_cli_policy_set_and_show_decode(backend: FakeBackend, env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_policy_set_and_show_decode(
+    backend: FakeBackend, env: FakeFrontDoors, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = ["--target", env.target, "--worker", "decode", "admission_policy=cacheopt", "preemption_order=srtf"]
     assert main(["policy", "set", *args]) == 0
     out = capsys.readouterr().out
@@ -257,7 +249,9 @@ def test_cli_policy_set_and_show_decode(backend: FakeBackend, env: Env, capsys: 
     assert backend.decode_config.admission_policy == "cacheopt"
 
 
-def test_cli_policy_set_errors_exit_1(backend: FakeBackend, env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_policy_set_errors_exit_1(
+    backend: FakeBackend, env: FakeFrontDoors, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["policy", "set", "--target", env.target, "--worker", "prefill-7", "queue=sjf"]) == 1
     assert "NOT_FOUND" in capsys.readouterr().err
     assert main(["policy", "set", "--target", env.target, "sched_batch=many"]) == 1
@@ -265,7 +259,7 @@ def test_cli_policy_set_errors_exit_1(backend: FakeBackend, env: Env, capsys: py
 
 
 def test_cli_status_shows_policy_column_and_json(
-    backend: FakeBackend, env: Env, capsys: pytest.CaptureFixture[str]
+    backend: FakeBackend, env: FakeFrontDoors, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["status", "--target", env.target]) == 0
     lines = capsys.readouterr().out.splitlines()

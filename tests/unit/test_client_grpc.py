@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 pytest.importorskip("grpc")
 
-from tests.fakes import FakeBackend, LoopThread, tokenizer_dir, wait_until
+from tests.fakes import FakeBackend, wait_until
+from tests.gateway_support import FakeFrontDoors, fake_front_doors
 from tetriserve.client import (
     NO_RETRY,
     AsyncTetriServeClient,
@@ -24,7 +24,6 @@ from tetriserve.client import (
     Unavailable,
 )
 from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
-from tetriserve.control_plane.frontdoor import FrontDoor
 from tetriserve.control_plane.gateway_grpc import start_grpc_server
 
 FAST_RETRY = RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0.05)
@@ -32,38 +31,25 @@ FAST_RETRY = RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0
 MULTIBYTE = "日本語 🚀 ĳ ok"
 
 
-@dataclass
-class GrpcEnv:
-    backend: FakeBackend
-    front: FrontDoor
-    loop: LoopThread
-    target: str
-
-
 @pytest.fixture(scope="module")
-def env() -> Iterator[GrpcEnv]:
-    backend = FakeBackend(tokenizer_dir())
-    front = FrontDoor(backend)
-    loop = LoopThread()
-    server, port = loop.run(start_grpc_server(backend, "127.0.0.1", 0, front=front))
-    yield GrpcEnv(backend, front, loop, f"127.0.0.1:{port}")
-    loop.run(server.stop(None))
-    loop.stop()
+def env() -> Iterator[FakeFrontDoors]:
+    with fake_front_doors(http=False) as doors:
+        yield doors
 
 
 @pytest.fixture()
-def backend(env: GrpcEnv) -> FakeBackend:
+def backend(env: FakeFrontDoors) -> FakeBackend:
     env.backend.reset()
     return env.backend
 
 
 @pytest.fixture()
-def client(env: GrpcEnv) -> Iterator[TetriServeClient]:
+def client(env: FakeFrontDoors) -> Iterator[TetriServeClient]:
     with TetriServeClient(env.target, retry=FAST_RETRY) as c:
         yield c
 
 
-def ids_of(env: GrpcEnv, text: str) -> list[int]:
+def ids_of(env: FakeFrontDoors, text: str) -> list[int]:
     return list(env.front.tokenize(text))
 
 
@@ -71,7 +57,7 @@ def ids_of(env: GrpcEnv, text: str) -> list[int]:
 
 
 def test_stream_echoes_prompt_text_with_usage_and_timing(
-    env: GrpcEnv, backend: FakeBackend, client: TetriServeClient
+    env: FakeFrontDoors, backend: FakeBackend, client: TetriServeClient
 ) -> None:
     prompt = "hello world, this is a test"
     n = len(ids_of(env, prompt))
@@ -87,7 +73,9 @@ def test_stream_echoes_prompt_text_with_usage_and_timing(
     assert backend.requests[0].sampling.max_tokens == n
 
 
-def test_multibyte_characters_are_never_split(env: GrpcEnv, backend: FakeBackend, client: TetriServeClient) -> None:
+def test_multibyte_characters_are_never_split(
+    env: FakeFrontDoors, backend: FakeBackend, client: TetriServeClient
+) -> None:
     n = len(ids_of(env, MULTIBYTE))
     assert n > len(MULTIBYTE.split()) + 3, "test needs characters spread over several tokens"
     chunks = list(client.generate(MULTIBYTE, max_tokens=n))
@@ -96,7 +84,7 @@ def test_multibyte_characters_are_never_split(env: GrpcEnv, backend: FakeBackend
     assert "".join(c.text for c in chunks) == MULTIBYTE
 
 
-def test_detokenizer_holds_an_incomplete_character(env: GrpcEnv) -> None:
+def test_detokenizer_holds_an_incomplete_character(env: FakeFrontDoors) -> None:
     ids = ids_of(env, "🚀")
     detok = IncrementalDetokenizer(env.front.tokenizer, [])
     assert len(ids) > 1 and detok.add(ids[:-1]) == ""  # held back: were the stream to end here, it is dropped
@@ -106,14 +94,14 @@ def test_detokenizer_holds_an_incomplete_character(env: GrpcEnv) -> None:
 
 
 def test_a_stream_cut_mid_character_drops_the_incomplete_tail_as_vllm_does(
-    env: GrpcEnv, backend: FakeBackend, client: TetriServeClient
+    env: FakeFrontDoors, backend: FakeBackend, client: TetriServeClient
 ) -> None:
     ids = ids_of(env, "ok 🚀")
     chunks = list(client.generate(list(ids), max_tokens=len(ids) - 1))
     assert "".join(c.text for c in chunks) == "ok" and chunks[-1].finish_reason == "length"  # " " + 1st byte: held
 
 
-def test_complete_and_token_id_prompts(env: GrpcEnv, backend: FakeBackend, client: TetriServeClient) -> None:
+def test_complete_and_token_id_prompts(env: FakeFrontDoors, backend: FakeBackend, client: TetriServeClient) -> None:
     result = client.complete([5, 6, 7], max_tokens=5, temperature=0.0, top_k=-1, seed=3, slo_ttft_ms=100.0)
     assert result.token_ids == (5, 6, 7, 5, 6) and result.finish_reason == "length"
     assert result.usage is not None and result.usage.total_tokens == 8
@@ -125,7 +113,7 @@ def test_complete_and_token_id_prompts(env: GrpcEnv, backend: FakeBackend, clien
 
 
 def test_default_max_tokens_is_capped_to_context_left(
-    env: GrpcEnv, backend: FakeBackend, client: TetriServeClient
+    env: FakeFrontDoors, backend: FakeBackend, client: TetriServeClient
 ) -> None:
     prompt = [5] * (backend.max_model_len - 3)
     assert len(client.complete(prompt).token_ids) == 3
@@ -185,7 +173,7 @@ def test_unavailable_is_retried_before_first_token(backend: FakeBackend, client:
     assert backend.generate_calls == 3
 
 
-def test_unavailable_surfaces_when_retries_run_out(env: GrpcEnv, backend: FakeBackend) -> None:
+def test_unavailable_surfaces_when_retries_run_out(env: FakeFrontDoors, backend: FakeBackend) -> None:
     backend.behavior.fail_first_calls = 1
     with TetriServeClient(env.target, retry=NO_RETRY) as c, pytest.raises(Unavailable, match="no prefill worker"):
         c.complete([5], max_tokens=2)
@@ -202,7 +190,7 @@ def test_no_retry_after_first_token(backend: FakeBackend, client: TetriServeClie
     assert backend.generate_calls == 1
 
 
-def test_retry_until_a_late_server_starts(env: GrpcEnv, backend: FakeBackend) -> None:
+def test_retry_until_a_late_server_starts(env: FakeFrontDoors, backend: FakeBackend) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -277,7 +265,7 @@ def test_bad_input_is_invalid_argument_naming_the_field(
 # ---- async client ---------------------------------------------------------------------------------
 
 
-def test_async_client_end_to_end(env: GrpcEnv, backend: FakeBackend) -> None:
+def test_async_client_end_to_end(env: FakeFrontDoors, backend: FakeBackend) -> None:
     async def scenario() -> str:
         async with AsyncTetriServeClient(env.target, retry=FAST_RETRY) as c:
             assert (await c.health()).serving
@@ -309,7 +297,7 @@ def test_async_client_end_to_end(env: GrpcEnv, backend: FakeBackend) -> None:
 
 
 def test_logprobs_and_vllm_sampling_fields_over_grpc(
-    env: GrpcEnv, backend: FakeBackend, client: TetriServeClient
+    env: FakeFrontDoors, backend: FakeBackend, client: TetriServeClient
 ) -> None:
     ids = ids_of(env, "hello there")
     done = client.complete(

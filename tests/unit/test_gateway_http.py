@@ -8,21 +8,21 @@ import httpx
 import pytest
 
 from tests.fakes import FakeBackend, wait_until
-from tests.http_support import HttpEnv, backend, env, http, sse_events
+from tests.gateway_support import FakeFrontDoors, backend, env, http, sse_events
 
 __all__ = ["backend", "env", "http"]  # fixtures
 
 MULTIBYTE = "日本語 🚀 ĳ ok"
 
 
-def n_tokens(env: HttpEnv, text: str) -> int:
+def n_tokens(env: FakeFrontDoors, text: str) -> int:
     return len(env.front.tokenize(text))
 
 
 # ---- happy paths ---------------------------------------------------------------------------------
 
 
-def test_models_and_health(env: HttpEnv, backend: FakeBackend, http: httpx.Client) -> None:
+def test_models_and_health(env: FakeFrontDoors, backend: FakeBackend, http: httpx.Client) -> None:
     card = http.get("/v1/models").json()["data"][0]
     assert (card["id"], card["root"], card["max_model_len"]) == ("tiny-test", env.backend.model_path, 64)
     assert http.get("/health").status_code == 200
@@ -30,7 +30,7 @@ def test_models_and_health(env: HttpEnv, backend: FakeBackend, http: httpx.Clien
     assert http.get("/health").status_code == 503
 
 
-def test_completion_non_streaming_with_usage(env: HttpEnv, backend: FakeBackend, http: httpx.Client) -> None:
+def test_completion_non_streaming_with_usage(env: FakeFrontDoors, backend: FakeBackend, http: httpx.Client) -> None:
     n = n_tokens(env, MULTIBYTE)
     r = http.post("/v1/completions", json={"model": "tiny-test", "prompt": MULTIBYTE, "max_tokens": n})
     assert r.status_code == 200, r.text
@@ -41,7 +41,7 @@ def test_completion_non_streaming_with_usage(env: HttpEnv, backend: FakeBackend,
 
 
 @pytest.mark.parametrize("prompt", [[MULTIBYTE], "ids", "nested-ids"])
-def test_completion_prompt_forms(env: HttpEnv, backend: FakeBackend, http: httpx.Client, prompt: Any) -> None:
+def test_completion_prompt_forms(env: FakeFrontDoors, backend: FakeBackend, http: httpx.Client, prompt: Any) -> None:
     ids = list(env.front.tokenize(MULTIBYTE))
     prompt = {"ids": ids, "nested-ids": [ids]}.get(prompt, prompt) if isinstance(prompt, str) else prompt
     r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": len(ids)})
@@ -55,7 +55,9 @@ def test_completion_default_max_tokens_is_16(backend: FakeBackend, http: httpx.C
 
 
 @pytest.mark.parametrize("include_usage", [True, False])
-def test_completion_streaming(env: HttpEnv, backend: FakeBackend, http: httpx.Client, include_usage: bool) -> None:
+def test_completion_streaming(
+    env: FakeFrontDoors, backend: FakeBackend, http: httpx.Client, include_usage: bool
+) -> None:
     n = n_tokens(env, MULTIBYTE)
     body = {"prompt": MULTIBYTE, "max_tokens": n, "stream": True, "stream_options": {"include_usage": include_usage}}
     with http.stream("POST", "/v1/completions", json=body, headers={"x-request-id": "http-1"}) as r:
@@ -89,7 +91,7 @@ def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(backend: Fa
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_stop_string_ends_the_text_before_it_and_aborts_the_workers(
-    env: HttpEnv, backend: FakeBackend, http: httpx.Client, stream: bool
+    env: FakeFrontDoors, backend: FakeBackend, http: httpx.Client, stream: bool
 ) -> None:
     # the fake echoes the prompt's tokens: the stop string spans several of them and starts mid-token
     n = n_tokens(env, MULTIBYTE)
@@ -107,7 +109,7 @@ def test_stop_string_ends_the_text_before_it_and_aborts_the_workers(
     assert backend.abort_calls == [backend.requests[-1].request_id]
 
 
-def test_chat_completion(env: HttpEnv, backend: FakeBackend, http: httpx.Client) -> None:
+def test_chat_completion(env: FakeFrontDoors, backend: FakeBackend, http: httpx.Client) -> None:
     messages = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "hi"}]},
@@ -230,7 +232,7 @@ def test_a_request_no_worker_could_take_is_503_service_unavailable(backend: Fake
 # ---- disconnects ---------------------------------------------------------------------------------
 
 
-def test_disconnect_mid_stream_aborts(env: HttpEnv, backend: FakeBackend) -> None:
+def test_disconnect_mid_stream_aborts(env: FakeFrontDoors, backend: FakeBackend) -> None:
     backend.behavior.token_delay_s = 0.02
     body = {"prompt": [5, 6], "max_tokens": 60, "stream": True}
     with httpx.Client(base_url=env.url) as c, c.stream("POST", "/v1/completions", json=body) as r:
@@ -240,7 +242,7 @@ def test_disconnect_mid_stream_aborts(env: HttpEnv, backend: FakeBackend) -> Non
     assert backend.abort_calls == [backend.requests[0].request_id] == backend.closed_early
 
 
-def test_disconnect_while_waiting_for_whole_response_aborts(env: HttpEnv, backend: FakeBackend) -> None:
+def test_disconnect_while_waiting_for_whole_response_aborts(env: FakeFrontDoors, backend: FakeBackend) -> None:
     backend.behavior.token_delay_s = 0.05
     with httpx.Client(base_url=env.url, timeout=0.3) as c, pytest.raises(httpx.ReadTimeout):
         c.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 60})
@@ -250,7 +252,7 @@ def test_disconnect_while_waiting_for_whole_response_aborts(env: HttpEnv, backen
 # ---- the official openai client --------------------------------------------------------------------
 
 
-def test_openai_client(env: HttpEnv, backend: FakeBackend) -> None:
+def test_openai_client(env: FakeFrontDoors, backend: FakeBackend) -> None:
     openai = pytest.importorskip("openai")
     n = n_tokens(env, MULTIBYTE)
     with openai.OpenAI(base_url=f"{env.url}/v1", api_key="unused", max_retries=0) as oa:
@@ -278,7 +280,7 @@ def test_openai_client(env: HttpEnv, backend: FakeBackend) -> None:
             oa.completions.create(model="gpt-17", prompt="hi")
 
 
-def test_an_idle_keep_alive_connection_outlives_the_old_5_s_server_timeout(env: HttpEnv) -> None:
+def test_an_idle_keep_alive_connection_outlives_the_old_5_s_server_timeout(env: FakeFrontDoors) -> None:
     """Clients pool connections for up to 60 s (aiohttp, vLLM's benchmark client); a server that closes them
     sooner races the client's next request on that connection (seen as a failed request under load)."""
     import http.client
@@ -300,7 +302,7 @@ def test_an_idle_keep_alive_connection_outlives_the_old_5_s_server_timeout(env: 
 # ---- vLLM's /tokenize and /detokenize ---------------------------------------------------------------
 
 
-def test_tokenize_and_detokenize_round_trip_in_vllms_shape(env: HttpEnv, http: httpx.Client) -> None:
+def test_tokenize_and_detokenize_round_trip_in_vllms_shape(env: FakeFrontDoors, http: httpx.Client) -> None:
     r = http.post("/tokenize", json={"model": "tiny-test", "prompt": MULTIBYTE, "return_token_strs": True})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -315,7 +317,7 @@ def test_tokenize_and_detokenize_round_trip_in_vllms_shape(env: HttpEnv, http: h
 
 
 def test_tokenize_chat_gives_the_prompt_a_chat_completion_runs(
-    env: HttpEnv, backend: FakeBackend, http: httpx.Client
+    env: FakeFrontDoors, backend: FakeBackend, http: httpx.Client
 ) -> None:
     messages = [{"role": "user", "content": "hello there"}]
     tokens = http.post("/tokenize", json={"messages": messages}).json()["tokens"]

@@ -6,50 +6,32 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.fakes import FakeBackend, LoopThread, tokenizer_dir, wait_until
+from tests.fakes import wait_until
+from tests.gateway_support import FakeFrontDoors, fake_front_doors
 from tetriserve.client import ResourceExhausted, TetriServeClient
 from tetriserve.client.retry import NO_RETRY, RetryPolicy
 from tetriserve.common.config import AdmissionConfig
-from tetriserve.control_plane.frontdoor import FrontDoor
-from tetriserve.control_plane.gateway_grpc import start_grpc_server
-from tetriserve.control_plane.gateway_http import start_http_server
 
 LIMIT = 64 << 10
 QUEUE = 2  # requests that may wait to start
 
 
-@dataclass
-class Servers:
-    backend: FakeBackend
-    front: FrontDoor
-    http: str
-    grpc: str
-
-
 @pytest.fixture(scope="module")
-def servers() -> Iterator[Servers]:
-    backend = FakeBackend(tokenizer_dir())
+def servers() -> Iterator[FakeFrontDoors]:
     # a bound of 50 ms: the allowed queue is QUEUE whatever start rate earlier tests left measured
-    front = FrontDoor(backend, limits=AdmissionConfig(min_queue=QUEUE, max_wait_s=0.05))
-    loop = LoopThread()
-    http = loop.run(start_http_server(backend, "127.0.0.1", 0, front=front, max_body_bytes=LIMIT))
-    grpc_server, port = loop.run(start_grpc_server(backend, "127.0.0.1", 0, front=front, max_message_bytes=LIMIT))
-    yield Servers(backend, front, http.url, f"127.0.0.1:{port}")
-    loop.run(http.stop())
-    loop.run(grpc_server.stop(None))
-    loop.stop()
+    with fake_front_doors(limits=AdmissionConfig(min_queue=QUEUE, max_wait_s=0.05), max_body_bytes=LIMIT) as doors:
+        yield doors
 
 
 @pytest.fixture()
-def http(servers: Servers) -> Iterator[httpx.Client]:
+def http(servers: FakeFrontDoors) -> Iterator[httpx.Client]:
     servers.backend.reset()
-    with httpx.Client(base_url=servers.http, timeout=30) as c:
+    with httpx.Client(base_url=servers.url, timeout=30) as c:
         yield c
 
 
@@ -126,20 +108,20 @@ def test_an_assistant_turn_may_have_no_content(http: httpx.Client) -> None:
     assert r.status_code == 200, r.text
 
 
-def test_a_grpc_message_over_the_limit_is_resource_exhausted(servers: Servers) -> None:
-    with TetriServeClient(servers.grpc, retry=NO_RETRY) as client:
+def test_a_grpc_message_over_the_limit_is_resource_exhausted(servers: FakeFrontDoors) -> None:
+    with TetriServeClient(servers.target, retry=NO_RETRY) as client:
         with pytest.raises(ResourceExhausted):
             client.complete(prompt="z" * (2 * LIMIT), max_tokens=2)
         assert client.complete(prompt="hello", max_tokens=2).text is not None
 
 
 def test_requests_past_the_admission_bound_are_refused_at_once_and_served_after(
-    servers: Servers, http: httpx.Client
+    servers: FakeFrontDoors, http: httpx.Client
 ) -> None:
     # the admitted ones wait for their tokens (a stream's headers come within Generation.open's window)
     servers.backend.behavior.token_delay_s = 2.0
     body = {"model": "tiny-test", "prompt": "hello there", "max_tokens": 3, "stream": True}
-    with ExitStack() as held, httpx.Client(base_url=servers.http, timeout=30) as other:
+    with ExitStack() as held, httpx.Client(base_url=servers.url, timeout=30) as other:
         for _ in range(QUEUE):
             r = held.enter_context(other.stream("POST", "/v1/completions", json=body))
             assert r.status_code == 200
@@ -147,7 +129,7 @@ def test_requests_past_the_admission_bound_are_refused_at_once_and_served_after(
         err = error_of(refused, 429)
         assert err["code"] == "overloaded" and "retry" in err["message"]
         assert int(refused.headers["retry-after"]) >= 1
-        with TetriServeClient(servers.grpc, retry=NO_RETRY) as client, pytest.raises(ResourceExhausted) as exhausted:
+        with TetriServeClient(servers.target, retry=NO_RETRY) as client, pytest.raises(ResourceExhausted) as exhausted:
             client.complete(prompt="hello", max_tokens=2)
         assert exhausted.value.retry_after_s is not None and exhausted.value.retry_after_s >= 1
     servers.backend.behavior.token_delay_s = 0.0
@@ -156,15 +138,17 @@ def test_requests_past_the_admission_bound_are_refused_at_once_and_served_after(
     assert servers.front.gate.stats()["refused"] == 2
 
 
-def test_the_sdk_retries_a_refusal_when_asked_after_the_retry_after(servers: Servers, http: httpx.Client) -> None:
+def test_the_sdk_retries_a_refusal_when_asked_after_the_retry_after(
+    servers: FakeFrontDoors, http: httpx.Client
+) -> None:
     servers.backend.behavior.token_delay_s = 2.0
     body = {"model": "tiny-test", "prompt": "hello there", "max_tokens": 3, "stream": True}
     policy = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, retry_refused=True)
-    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=servers.http, timeout=30) as other, ExitStack() as held:
+    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=servers.url, timeout=30) as other, ExitStack() as held:
         for _ in range(QUEUE):
             held.enter_context(other.stream("POST", "/v1/completions", json=body))
         refused = servers.front.gate.refused
-        with TetriServeClient(servers.grpc, retry=policy) as client:
+        with TetriServeClient(servers.target, retry=policy) as client:
             later = pool.submit(client.complete, prompt="hello", max_tokens=2)
             wait_until(lambda: servers.front.gate.refused > refused, what="the first attempt to be refused")
             servers.backend.behavior.token_delay_s = 0.0
@@ -173,7 +157,7 @@ def test_the_sdk_retries_a_refusal_when_asked_after_the_retry_after(servers: Ser
 
 
 def test_a_refusal_at_placement_is_429_or_resource_exhausted_before_any_token(
-    servers: Servers, http: httpx.Client
+    servers: FakeFrontDoors, http: httpx.Client
 ) -> None:
     """Every prefill worker full (the GlobalScheduler's per-worker bound): the backend raises ``Overloaded``
     before its first chunk, and the response has not started: a streamed request gets its 429 too."""
@@ -184,7 +168,7 @@ def test_a_refusal_at_placement_is_429_or_resource_exhausted_before_any_token(
         assert err["code"] == "overloaded" and r.headers["retry-after"] == "7"
     chat = {"messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": True}
     assert error_of(http.post("/v1/chat/completions", json=chat), 429)["code"] == "overloaded"
-    with TetriServeClient(servers.grpc, retry=NO_RETRY) as client, pytest.raises(ResourceExhausted) as exhausted:
+    with TetriServeClient(servers.target, retry=NO_RETRY) as client, pytest.raises(ResourceExhausted) as exhausted:
         client.complete(prompt="hello", max_tokens=2)
     assert exhausted.value.retry_after_s == 7
     servers.backend.behavior.full_retry_after_s = None

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from tests.fakes import FakeBackend, fake_logprobs, tokenizer_dir
-from tests.http_support import HttpEnv, backend, env, http, sse_events
+from tests.gateway_support import FakeFrontDoors, backend, env, http, sse_events
 from tetriserve.common.stream import TokenLogprobs
 from tetriserve.control_plane.frontdoor import load_tokenizer
 from tetriserve.control_plane.logprobs import LogprobNamer, TokenStrings
@@ -17,7 +17,7 @@ __all__ = ["backend", "env", "http"]  # fixtures
 TEXT = "hello world, ok"
 
 
-def test_completion_logprobs_whole(env: HttpEnv, backend: FakeBackend, http: httpx.Client) -> None:
+def test_completion_logprobs_whole(env: FakeFrontDoors, backend: FakeBackend, http: httpx.Client) -> None:
     r = http.post("/v1/completions", json={"prompt": TEXT, "max_tokens": 5, "logprobs": 2})
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
@@ -36,7 +36,9 @@ def test_completion_logprobs_whole(env: HttpEnv, backend: FakeBackend, http: htt
     assert backend.requests[0].sampling.logprobs == 2
 
 
-def test_completion_logprobs_stream_offsets_continue(env: HttpEnv, backend: FakeBackend, http: httpx.Client) -> None:
+def test_completion_logprobs_stream_offsets_continue(
+    env: FakeFrontDoors, backend: FakeBackend, http: httpx.Client
+) -> None:
     body = {"prompt": TEXT, "max_tokens": 4, "logprobs": 0, "stream": True}
     with http.stream("POST", "/v1/completions", json=body) as r:
         events = sse_events(r)[:-1]
@@ -48,7 +50,7 @@ def test_completion_logprobs_stream_offsets_continue(env: HttpEnv, backend: Fake
     assert events[-1]["choices"][0]["stop_reason"] is None and events[-1]["choices"][0]["finish_reason"] == "length"
 
 
-def test_chat_logprobs(env: HttpEnv, backend: FakeBackend, http: httpx.Client) -> None:
+def test_chat_logprobs(env: FakeFrontDoors, backend: FakeBackend, http: httpx.Client) -> None:
     body = {"messages": [{"role": "user", "content": TEXT}], "max_tokens": 3, "logprobs": True, "top_logprobs": 2}
     choice = http.post("/v1/chat/completions", json=body).json()["choices"][0]
     content = choice["logprobs"]["content"]
@@ -108,7 +110,9 @@ def test_n_choices_one_failing_fails_the_response(backend: FakeBackend, http: ht
     assert r.status_code == 500 and r.json()["error"]["code"] == "backend_error"
 
 
-def test_stop_reason_names_the_stop_string_and_token(env: HttpEnv, backend: FakeBackend, http: httpx.Client) -> None:
+def test_stop_reason_names_the_stop_string_and_token(
+    env: FakeFrontDoors, backend: FakeBackend, http: httpx.Client
+) -> None:
     choice = http.post("/v1/completions", json={"prompt": TEXT, "max_tokens": 8, "stop": [" world"]}).json()
     assert choice["choices"][0]["stop_reason"] == " world" and choice["choices"][0]["text"] == "hello"
     stop_id = env.front.tokenize(TEXT)[2]
