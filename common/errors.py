@@ -1,6 +1,14 @@
-"""Error types that front doors map to client-visible codes (HTTP 400 / gRPC INVALID_ARGUMENT)."""
+"""Error types that front doors map to client-visible codes (HTTP 400 / gRPC INVALID_ARGUMENT), and the
+OpenAI error body every HTTP error is sent as."""
 
 from __future__ import annotations
+
+from typing import Any
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape: ``{"error": {message, type, param, code}}``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 class InvalidRequestError(ValueError):

@@ -39,10 +39,10 @@ def min_tokens_value(min_tokens: int | None, max_tokens: int) -> int:
     return min_tokens
 
 
-def logprobs_value(name: str, logprobs: int | None) -> int | None:
+def logprobs_value(logprobs: int | None) -> int | None:
     """How many alternatives per position a request wants with its logprobs (None: no logprobs)."""
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
-        raise InvalidRequestError(name, f"must be in [0, {MAX_LOGPROBS}], got {logprobs}")
+        raise InvalidRequestError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {logprobs}")
     return logprobs
 
 

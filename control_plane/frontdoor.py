@@ -183,7 +183,6 @@ class FrontDoor:
         repetition_penalty: float | None = None,
         stop: str | Sequence[str] | None = None,
         logprobs: int | None = None,
-        logprobs_field: str = "logprobs",
         min_p: float | None = None,
         logit_bias: Mapping[str, float] | Mapping[int, float] | None = None,
         allowed_token_ids: Sequence[int] | None = None,
@@ -198,7 +197,7 @@ class FrontDoor:
         ``max_tokens=None`` means ``default_max_tokens`` capped to the context left
         after the prompt (``default_max_tokens=None``: all the context left).
         Ranges are vLLM's: penalties in [-2, 2], repetition penalty > 0, ``logprobs``
-        (the alternatives per position, None for no logprobs; ``logprobs_field`` names it) in [0, 20],
+        (the alternatives per position, None for no logprobs) in [0, 20],
         ``min_p`` in [0, 1], ``logit_bias`` token ids in the vocabulary (biases clamped to [-100, 100]).
         """
         try:
@@ -222,7 +221,7 @@ class FrontDoor:
                     "repetition_penalty", repetition_penalty, 1.0, 0.0, math.inf, low_open=True
                 ),
                 stop=stop_strings(stop),
-                logprobs=logprobs_value(logprobs_field, logprobs),
+                logprobs=logprobs_value(logprobs),
                 min_p=in_range("min_p", min_p, 0.0, 0.0, 1.0),
                 logit_bias=logit_bias_value(logit_bias, self.vocab_size),
                 allowed_token_ids=allowed_ids_value(allowed_token_ids, self.vocab_size),
@@ -262,7 +261,7 @@ class FrontDoor:
             self.tokenizer, request.prompt_token_ids, skip_special_tokens=sampling.skip_special_tokens
         )
         stops = StopMatcher(sampling.stop, include=sampling.include_stop_str_in_output)
-        namer = LogprobNamer(self.token_strings) if request.sampling.logprobs is not None else None
+        namer = LogprobNamer(self.token_strings) if sampling.logprobs is not None else None
         source = self.backend.generate(request)
         prompt_tokens, generated, done = len(request.prompt_token_ids), 0, False
         ttft_ms: float | None = None

@@ -42,10 +42,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tetriserve.common.errors import InvalidRequestError, UnknownModelError
+from tetriserve.common.errors import InvalidRequestError, UnknownModelError, error_body
 from tetriserve.common.request import Request as ServingRequest
 from tetriserve.control_plane.admission import Draining, Overloaded
 from tetriserve.control_plane.backend import ServingBackend
+from tetriserve.control_plane.field_checks import check_ids
 from tetriserve.control_plane.frontdoor import FrontDoor
 from tetriserve.control_plane.http_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from tetriserve.control_plane.openai_generation import Generation, error_response, fan_out
@@ -55,7 +56,6 @@ from tetriserve.control_plane.openai_protocol import (
     DetokenizeRequest,
     ResponseShaper,
     TokenizeRequest,
-    error_body,
 )
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(400, "; ".join(lines) or "invalid request body", next(iter(messages), None) or None)
 
     @app.exception_handler(StarletteHTTPException)
-    async def httperror_response(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Overloaded)
@@ -193,9 +193,7 @@ def build_app(
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
         front.check_model(body.model)
-        bad = next((t for t in body.tokens if not 0 <= t < front.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequestError("tokens", f"token id {bad} is outside the vocabulary [0, {front.vocab_size})")
+        check_ids("tokens", body.tokens, front.vocab_size)
         return {"prompt": await asyncio.to_thread(front.tokenizer.decode, body.tokens)}
 
     async def run(raw: Request, body: CompletionRequest | ChatCompletionRequest, req: ServingRequest) -> Response:
@@ -237,7 +235,8 @@ def build_app(
         messages = [m.as_template_input(i) for i, m in enumerate(body.messages)]
         ids = await front.encode_chat(messages, add_generation_prompt=body.add_generation_prompt)
         name, limit = body.token_limit
-        req = _build(front, raw, body, ids, limit, default_max_tokens=None, rename={"max_tokens": name})
+        rename = {"max_tokens": name, "logprobs": "top_logprobs"}
+        req = _build(front, raw, body, ids, limit, default_max_tokens=None, rename=rename)
         return await run(raw, body, req)
 
     return app
@@ -269,8 +268,7 @@ def _build(
         frequency_penalty=body.frequency_penalty,
         repetition_penalty=body.repetition_penalty,
         stop=body.stop,
-        logprobs=body.logprobs_asked[1],
-        logprobs_field=body.logprobs_asked[0],
+        logprobs=body.logprobs_asked,
         min_p=body.min_p,
         logit_bias=body.logit_bias,
         allowed_token_ids=body.allowed_token_ids,

@@ -49,6 +49,7 @@ from tetriserve.common.config import AdmissionConfig
 from tetriserve.common.load import PrefillLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import Placement, PlacementRequest, StateEvent
+from tetriserve.control_plane.admission import RETRY_AFTER_MAX_S
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class GlobalScheduler:
     def _refuse(self, rid: str, queues: dict[str, _Queue]) -> Placement:
         self.counts["refused"] += 1
         shortest = min(q.wait_s for q in queues.values())
-        retry_after = max(1, min(60, math.ceil(shortest - self.limits.max_wait_s)))
+        retry_after = max(1, min(RETRY_AFTER_MAX_S, math.ceil(shortest - self.limits.max_wait_s)))
         message = (
             f"overloaded: every prefill worker is full (the shortest queue would take {shortest:.0f} s, the bound "
             f"is {self.limits.max_wait_s:g} s; at most {self.limits.max_queued_per_worker} requests each)"

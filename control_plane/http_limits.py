@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from tetriserve.common.config import DEFAULT_MAX_REQUEST_BODY_MB
+from tetriserve.common.errors import error_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -74,16 +75,8 @@ class BodyLimit:
 
     async def _refuse(self, send: Send, declared: int | None) -> None:
         size = f"{declared} bytes" if declared is not None else "more than that"
-        body = json.dumps(
-            {
-                "error": {
-                    "message": f"request body is {size}; the limit is {self.limit} bytes (max_request_body_mb)",
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": "request_too_large",
-                }
-            }
-        ).encode()
+        message = f"request body is {size}; the limit is {self.limit} bytes (max_request_body_mb)"
+        body = json.dumps(error_body(message, "invalid_request_error", None, "request_too_large")).encode()
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

@@ -138,11 +138,6 @@ def completion_logprobs(entries: Sequence[LogprobEntry], top_n: int, text_offset
     }
 
 
-def next_offset(entries: Sequence[LogprobEntry], text_offset: int) -> int:
-    """Where the next chunk's ``text_offset`` starts (by the tokens reported, not the text sent)."""
-    return text_offset + sum(len(e.token) for e in entries)
-
-
 def _bytes(token: str) -> list[int]:
     return list(token.encode("utf-8", errors="replace"))
 

@@ -25,11 +25,12 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from tetriserve.common.errors import error_body
 from tetriserve.common.request import Request
 from tetriserve.control_plane.admission import Overloaded
 from tetriserve.control_plane.frontdoor import TextDelta
 from tetriserve.control_plane.logprobs import LogprobEntry
-from tetriserve.control_plane.openai_protocol import Choice, ResponseShaper, error_body
+from tetriserve.control_plane.openai_protocol import Choice, ResponseShaper
 
 logger = logging.getLogger(__name__)
 
@@ -156,14 +157,13 @@ class Generation:
     async def whole(self) -> JSONResponse:
         n = len(self.streams)
         texts: list[list[str]] = [[] for _ in range(n)]
-        logprobs: list[list[LogprobEntry] | None] = [None] * n
+        logprobs: list[list[LogprobEntry]] = [[] for _ in range(n)]
         last: list[TextDelta | None] = [None] * n
         async with aclosing(self._items()) as items:
             async for index, delta in items:
                 texts[index].append(delta.text)
+                logprobs[index].extend(delta.logprobs or ())
                 last[index] = delta
-                if delta.logprobs is not None:
-                    logprobs[index] = (logprobs[index] or []) + list(delta.logprobs)
                 if delta.error is not None:
                     break
         choices = []
@@ -174,6 +174,6 @@ class Generation:
                 if end is not None and end.unavailable:
                     return error_response(503, message, None, "service_unavailable")
                 return error_response(500, message, None, "backend_error")
-            entries = logprobs[index]
-            choices.append(Choice("".join(texts[index]), end, None if entries is None else tuple(entries)))
+            entries = tuple(logprobs[index]) if self.shaper.top_logprobs is not None else None
+            choices.append(Choice("".join(texts[index]), end, entries))
         return JSONResponse(self.shaper.whole(choices))

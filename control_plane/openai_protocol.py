@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.common.request import MAX_LOGPROBS
 from tetriserve.control_plane.frontdoor import TextDelta
-from tetriserve.control_plane.logprobs import LogprobEntry, chat_logprobs, completion_logprobs, next_offset
+from tetriserve.control_plane.logprobs import LogprobEntry, chat_logprobs, completion_logprobs
 
 MAX_CHOICES = 32  # ``n``: each choice is a request of its own on the workers
 # vLLM fields that change what is generated but that we do not honour: refused by name, never silently ignored
@@ -137,9 +137,9 @@ class CompletionRequest(_GenerateBody):
             raise InvalidRequestError("suffix", "suffix is not supported")
 
     @property
-    def logprobs_asked(self) -> tuple[str, int | None]:
-        """(field name, alternatives per position) of the logprobs asked for (None: none)."""
-        return "logprobs", self.logprobs
+    def logprobs_asked(self) -> int | None:
+        """Alternatives per position of the logprobs asked for (None: none)."""
+        return self.logprobs
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt of the request (batched prompts are rejected)."""
@@ -215,9 +215,9 @@ class ChatCompletionRequest(_GenerateBody):
             raise InvalidRequestError("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true")
 
     @property
-    def logprobs_asked(self) -> tuple[str, int | None]:
-        """(field name, alternatives per position) of the logprobs asked for (None: none)."""
-        return "top_logprobs", (self.top_logprobs or 0) if self.logprobs else None
+    def logprobs_asked(self) -> int | None:
+        """Alternatives per position of the logprobs asked for (None: none); errors name ``top_logprobs``."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def token_limit(self) -> tuple[str, int | None]:
@@ -262,10 +262,6 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
 class ResponseShaper:
     """Builds the response dicts of one request (completion or chat, whole or chunked; ``index``: the choice).
 
@@ -292,9 +288,10 @@ class ResponseShaper:
             return None
         if self.chat:
             return chat_logprobs(entries, self.top_logprobs)
-        start = self._offsets.get(index, 0)
-        self._offsets[index] = next_offset(entries, start)
-        return completion_logprobs(entries, self.top_logprobs, start)
+        body = completion_logprobs(entries, self.top_logprobs, self._offsets.get(index, 0))
+        if body["tokens"]:  # the next chunk goes on after the tokens reported (text held back may lag them)
+            self._offsets[index] = body["text_offset"][-1] + len(body["tokens"][-1])
+        return body
 
     def _choice(self, delta: TextDelta, index: int, entries: tuple[LogprobEntry, ...] | None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index, "logprobs": self._logprobs(entries, index)}

@@ -41,7 +41,7 @@ class SchedBatchGate:
 
     @property
     def queued_tokens(self) -> int:
-        return sum(v.prompt_len for v, _ in self._raw.values())
+        return sum(self.queued_lens())
 
     def queued_lens(self) -> list[int]:
         """The prompt length of every request waiting for its turn."""

@@ -132,17 +132,17 @@ class PrefillWorker(EngineWorker):
 
     def load(self) -> PrefillLoad:
         self.pace.observe(self.engine.stats().prompt_tokens_computed, time.monotonic())
-        chunk = self.policy.spec.chunk_size
+        lens = self.gate.queued_lens()
         return PrefillLoad(
             self.worker_id,
-            self.gate.queued,
+            len(lens),
             self.engine.in_flight,
-            self.gate.queued_tokens,
+            sum(lens),
             time.time(),
             self.incarnation,
             self.engine.steps,
             self.engine.in_flight > 0,
-            self.pace.queue_wait_s(self.gate.queued_lens(), self.cost, chunk),
+            self.pace.queue_wait_s(lens, self.cost, self.policy.spec.chunk_size),
             self.pace.seconds_per_token,
         )
 
