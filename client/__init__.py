@@ -3,7 +3,7 @@
 ``TetriServeClient`` blocks, ``AsyncTetriServeClient`` uses ``grpc.aio``; both
 stream ``Chunk``s from ``generate()``, collect a ``Completion`` with
 ``complete()``, and offer ``abort()``, ``health()``, ``cluster_status()`` and the
-admin call ``set_policy()``.
+admin calls ``set_policy()``, ``flip()`` and ``scale()``.
 Failures raise subclasses of ``client.errors.TetriServeError``.
 """
 
@@ -11,6 +11,7 @@ from tetriserve.client.async_client import AsyncResponseStream, AsyncTetriServeC
 from tetriserve.client.errors import (
     Cancelled,
     DeadlineExceeded,
+    FailedPrecondition,
     InternalError,
     InvalidArgument,
     NotFound,
@@ -42,6 +43,7 @@ __all__ = [
     "ClusterStatus",
     "Completion",
     "DeadlineExceeded",
+    "FailedPrecondition",
     "GenerateOptions",
     "HealthStatus",
     "InternalError",

@@ -177,6 +177,18 @@ class AsyncTetriServeClient:
         request = build_set_policy_request(changes, worker_id)
         return PolicyUpdate.from_proto(await self._unary(self._get_stub().SetPolicy, request, timeout))
 
+    async def flip(self, worker_id: str, role: str, *, timeout: float | None = None) -> str:
+        """Admin: flip a worker to the other role (see ``TetriServeClient.flip``)."""
+        request = pb.FlipRequest(worker_id=worker_id, role=role)
+        return (await self._unary(self._get_stub().Flip, request, timeout)).message
+
+    async def scale(
+        self, prefill: int | None = None, decode: int | None = None, *, timeout: float | None = None
+    ) -> list[str]:
+        """Admin: add or remove workers (see ``TetriServeClient.scale``)."""
+        request = pb.ScaleRequest(prefill=prefill, decode=decode)
+        return list((await self._unary(self._get_stub().Scale, request, timeout)).actions)
+
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()

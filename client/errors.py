@@ -5,7 +5,8 @@ server's ``details`` and the ``request_id`` when one was involved::
 
     TetriServeError
     ├── InvalidArgument    bad input; ``field`` names it (e.g. "sampling.top_p")
-    ├── NotFound           no such worker (``set_policy``)
+    ├── NotFound           no such worker (``set_policy``, ``flip``)
+    ├── FailedPrecondition an admin order that cannot be carried out now (``flip``, ``scale``); ``details`` says why
     ├── DeadlineExceeded   the ``timeout`` passed before the call finished
     ├── Unavailable        the service could not be reached (retried before the first token)
     ├── Cancelled          the call was cancelled (by the server, or by closing the client)
@@ -59,6 +60,10 @@ class NotFound(TetriServeError):
     """The call named something the server does not have (e.g. an unknown worker id)."""
 
 
+class FailedPrecondition(TetriServeError):
+    """An admin order the service cannot carry out now (e.g. flipping the last worker of a role)."""
+
+
 class DeadlineExceeded(TetriServeError):
     """The call's ``timeout`` expired."""
 
@@ -84,6 +89,7 @@ class InternalError(TetriServeError):
 
 _BY_CODE: dict[grpc.StatusCode, type[TetriServeError]] = {
     grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,

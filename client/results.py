@@ -142,7 +142,10 @@ class WorkerInfo:
     """One worker in ``cluster_status()``; ``policy`` is empty when the worker did not answer in time.
 
     ``state`` is the supervisor's (starting, active, dead, restarting), ``health`` the monitor's by its own
-    clock (serving, starting, stale, stuck, dead); ``incarnation`` counts the worker's lives from 0.
+    clock (serving, starting, stale, stuck, draining, dead); ``incarnation`` counts the worker's lives from 0.
+    ``lifecycle`` is the elastic controller's (starting, active, draining, flipping); ``flips`` counts its role
+    changes, ``last_flip_ms`` the latest from the order to its first request in the new role and
+    ``last_flip_switch_ms`` from the end of its drain (None: no flip yet, or none served since).
     """
 
     worker_id: str
@@ -153,6 +156,10 @@ class WorkerInfo:
     incarnation: int = 0
     restarts: int = 0
     health: str = ""
+    lifecycle: str = ""
+    flips: int = 0
+    last_flip_ms: float | None = None
+    last_flip_switch_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,10 @@ class ClusterStatus:
                 w.incarnation,
                 w.restarts,
                 w.health,
+                w.lifecycle,
+                w.flips,
+                w.last_flip_ms if w.HasField("last_flip_ms") else None,
+                w.last_flip_switch_ms if w.HasField("last_flip_switch_ms") else None,
             )
             for w in msg.workers
         )

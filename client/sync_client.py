@@ -175,6 +175,22 @@ class TetriServeClient:
         request = build_set_policy_request(changes, worker_id)
         return PolicyUpdate.from_proto(self._unary(self._stub.SetPolicy, request, timeout))
 
+    def flip(self, worker_id: str, role: str, *, timeout: float | None = None) -> str:
+        """Admin: flip ``worker_id`` to ``role`` ("prefill" or "decode"). It is drained first (no new requests;
+        what it holds finishes), then serves in its new role; returns once that has started (``cluster_status()``
+        shows the progress: ``lifecycle``, ``flips``). Raises ``NotFound`` for an unknown worker,
+        ``InvalidArgument`` for a bad role and ``FailedPrecondition`` when it cannot be done now (the reason)."""
+        request = pb.FlipRequest(worker_id=worker_id, role=role)
+        return self._unary(self._stub.Flip, request, timeout).message
+
+    def scale(
+        self, prefill: int | None = None, decode: int | None = None, *, timeout: float | None = None
+    ) -> list[str]:
+        """Admin: add or remove workers until each given role has that many (removals drain first); returns
+        what was started, one line each. Raises ``FailedPrecondition`` for a count below the minimum."""
+        request = pb.ScaleRequest(prefill=prefill, decode=decode)
+        return list(self._unary(self._stub.Scale, request, timeout).actions)
+
     def close(self) -> None:
         self._channel.close()
 

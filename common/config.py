@@ -12,6 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tetriserve.common.flip_config import FlipConfig, ScaleConfig
+
 
 class EngineConfig(BaseModel):
     """Settings shared by every vLLM engine of the cluster."""
@@ -279,6 +281,14 @@ class ClusterConfig(BaseModel):
             "and vLLM's benchmark client: 60 s), so the client closes an idle connection first and never sends a "
             "request down one the server is closing at that moment."
         ),
+    )
+    flip: FlipConfig = Field(
+        default_factory=FlipConfig,  # type: ignore[arg-type]
+        description="When workers change role by themselves (flip policies) and what bounds flips and scaling.",
+    )
+    scale: ScaleConfig = Field(
+        default_factory=ScaleConfig,  # type: ignore[arg-type]
+        description="How far the slo flip policy may add workers.",
     )
     admission: AdmissionConfig = Field(
         default_factory=AdmissionConfig,  # type: ignore[arg-type]

@@ -4,7 +4,8 @@ The real backend talks to the Ray ``GlobalScheduler``; tests use an in-process
 fake. Front doors tokenize and validate, then hand a ``common.request.Request``
 to ``generate`` and detokenize the ``StreamChunk`` stream that comes back.
 The admin call ``set_policy`` changes workers' scheduling policies at run time
-(``control_plane.policy_admin`` holds the checks both backends share).
+(``control_plane.policy_admin`` holds the checks both backends share); ``flip``
+and ``scale`` change workers' roles and counts (``control_plane.elastic``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ class WorkerStatus:
     policy: dict[str, str] = field(default_factory=dict)  # empty when the worker did not answer in time
     incarnation: int = 0  # which life of the worker this is (the supervisor counts from 0)
     restarts: int = 0
-    health: str = ""  # the monitor's view by its clock: serving, starting, stale, stuck, dead
+    health: str = ""  # the monitor's view by its clock: serving, starting, stale, stuck, draining, dead
+    lifecycle: str = ""  # the elastic controller's: starting, active, draining, flipping
+    flips: int = 0
+    last_flip_s: float | None = None  # the latest flip, from its decision until it served in the new role
+    last_flip_switch_s: float | None = None  # ... from the end of its drain (TetriInfer's flip time)
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,17 @@ class ServingBackend(Protocol):
 
     async def status(self) -> ClusterStatus:
         """Workers with their states, loads and policies; a worker that does not answer has no policy."""
+        ...
+
+    async def flip(self, worker_id: str, role: str) -> str:
+        """Start flipping ``worker_id`` to ``role`` ("prefill" / "decode"); returns what was started. Raises
+        ``LookupError`` for an unknown worker, ``ValueError`` for an order that cannot be carried out now (the
+        message says why) and ``common.errors.InvalidRequestError`` for a bad role."""
+        ...
+
+    async def scale(self, prefill: int | None, decode: int | None) -> list[str]:
+        """Add or remove workers (removals drain first) until each given role has that many; returns what
+        was started. Raises ``ValueError`` for counts below the configured minimum."""
         ...
 
     async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from tetriserve.control_plane.cli_admin import add_policy_parser, run_policy, run_status
+from tetriserve.control_plane.cli_elastic import add_elastic_parsers, run_flip, run_scale
 from tetriserve.control_plane.cli_predictor import add_predictor_parser, run_predictor
 from tetriserve.control_plane.cli_profile import add_profile_parser, run_profile
 
@@ -54,6 +55,12 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--address": ("ray_address", str, "Ray cluster to join (default: start a local one)"),
     "--migration-limit": ("migration_limit", int, "re-placements/migrations per request after worker failures"),
     "--kv-load-failure-policy": ("kv_load_failure_policy", str, "recompute | fail: a decode engine's lost KV transfer"),
+    "--flip-policy": ("flip.policy", str, "off | tetriinfer | slo: workers change role by themselves"),
+    "--flip-interval": ("flip.interval_s", float, "tetriinfer: seconds a worker stays idle before it flips"),
+    "--flip-threshold": ("flip.load_threshold", float, "tetriinfer: load under which a worker is idle (0-1)"),
+    "--ttft-slo-ms": ("flip.ttft_slo_ms", float, "slo: TTFT objective of requests without their own"),
+    "--tpot-slo-ms": ("flip.tpot_slo_ms", float, "slo: TPOT objective of requests without their own"),
+    "--max-workers": ("scale.max_workers", int, "slo: add workers up to this many in all (0: only flip)"),
 }
 
 
@@ -92,6 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="workers, roles and loads of a running service")
     st.add_argument("--target", default="localhost:50051", help="gRPC address")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+
+    add_elastic_parsers(sub)
 
     m = sub.add_parser("model", help="build models")
     msub = m.add_subparsers(dest="model_command", required=True)
@@ -168,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         "predictor": run_predictor,
         "profile": run_profile,
         "policy": run_policy,
+        "flip": run_flip,
+        "scale": run_scale,
     }
     from tetriserve.client.errors import TetriServeError, Unavailable
 

@@ -1,6 +1,6 @@
 """`tetriserve status` and `tetriserve policy set|show`: a running service's workers and policies, over gRPC.
 
-    tetriserve status      [--target HOST:PORT] [--json]              workers: role, state, policy, load
+    tetriserve status      [--target HOST:PORT] [--json]              workers: role, state, flips, policy, load
     tetriserve policy show [--target HOST:PORT] [--worker ID] [--json] each worker's policies
     tetriserve policy set  [--target HOST:PORT] [--worker ID] [--json] KEY=VALUE ...
         e.g. `tetriserve policy set queue=sjf sched_batch=128 chunking=dynamic`: every prefill worker
@@ -143,6 +143,10 @@ def run_status(args: argparse.Namespace) -> int:
                 "health": w.health,
                 "incarnation": w.incarnation,
                 "restarts": w.restarts,
+                "lifecycle": w.lifecycle,
+                "flips": w.flips,
+                "last_flip_ms": w.last_flip_ms,
+                "last_flip_switch_ms": w.last_flip_switch_ms,
                 "policy": dict(w.policy),
                 "load": dict(w.load),
             }
@@ -159,9 +163,18 @@ def run_status(args: argparse.Namespace) -> int:
     policies = [format_policy(w.policy) for w in st.workers]
     width = max([len("policy"), *map(len, policies)])
     print(f"model {st.model}   in flight {st.requests_in_flight}   dashboard {st.dashboard_url or '-'}")
-    print(f"{'worker':<12} {'role':<8} {'state':<10} {'life':>4} {'restarts':>8} {'policy':<{width}} load")
+    print(
+        f"{'worker':<12} {'role':<8} {'state':<10} {'life':>4} {'restarts':>8} {'flips':>5} {'last_flip':>9} "
+        f"{'policy':<{width}} load"
+    )
     for w, policy in zip(st.workers, policies, strict=True):
         load = " ".join(f"{k}={v:g}" for k, v in sorted(w.load.items()))
         state = w.state if w.health in ("", "serving", w.state) else f"{w.state}/{w.health}"
-        print(f"{w.worker_id:<12} {w.role:<8} {state:<10} {w.incarnation:>4} {w.restarts:>8} {policy:<{width}} {load}")
+        if w.lifecycle in ("draining", "flipping"):
+            state = w.lifecycle
+        last = "-" if w.last_flip_ms is None else f"{w.last_flip_ms / 1e3:.1f}s"
+        print(
+            f"{w.worker_id:<12} {w.role:<8} {state:<10} {w.incarnation:>4} {w.restarts:>8} {w.flips:>5} {last:>9} "
+            f"{policy:<{width}} {load}"
+        )
     return 0

@@ -15,9 +15,10 @@ Liveness is judged here, by this monitor's clock, from the reports (they are
 the workers' heartbeats): a worker is ``starting`` before its first report of
 its current life, ``stale`` once none has arrived for ``stale_after`` periods
 (and at least three heartbeats), ``stuck`` while its engine has work and its
-step counter has not moved for ``stuck_after_s``, ``dead`` once the supervisor says so (``mark_dead``), else
-``serving``. Only ``serving`` workers are broadcast, so placement and dispatch
-never see another. Reports of a previous life are dropped.
+step counter has not moved for ``stuck_after_s``, ``dead`` once the supervisor says so (``mark_dead``),
+``draining`` while the elastic controller drains it (``drain``: to flip it or remove it), else ``serving``.
+Only ``serving`` workers are broadcast, so placement and dispatch never see
+another. Reports of a previous life are dropped.
 
 SCLS slice rebalancing (§4.5, §4.6, §7) runs here too, because the monitor has
 every decode worker's load: each round pairs the most loaded decode worker that
@@ -53,6 +54,7 @@ class _Member:
     received: float = 0.0  # this monitor's clock (monotonic) at the latest report
     moved: float = 0.0  # ... when the engine's step counter last moved (or it had no work)
     dead: bool = False
+    draining: bool = False
     known_decodes: frozenset[tuple[str, int]] = frozenset()  # prefill members: (decode, incarnation) announced
 
 
@@ -99,6 +101,21 @@ class ClusterMonitor:
             return
         self.members[worker_id] = _Member(worker_id, Role(role), handle, address, incarnation)
 
+    def unregister(self, worker_id: str) -> None:
+        """A worker removed for good (scaled in)."""
+        if self.members.pop(worker_id, None) is not None:
+            self.broadcast_once()
+
+    def drain(self, worker_id: str, draining: bool = True) -> bool:
+        """Leave ``worker_id`` out of placement and dispatch (or bring it back); False if it is unknown. Its
+        reports still arrive, so its load shows when the drain is over."""
+        member = self.members.get(worker_id)
+        if member is None:
+            return False
+        member.draining = draining
+        self.broadcast_once()
+        return True
+
     def mark_dead(self, worker_id: str, incarnation: int) -> None:
         """The supervisor saw this life end: leave it out of every broadcast from now on."""
         member = self.members.get(worker_id)
@@ -123,7 +140,9 @@ class ClusterMonitor:
             return "starting"
         if now - m.received > self.stale_s:
             return "stale"
-        return "stuck" if now - m.moved > self.stuck_s else "serving"
+        if now - m.moved > self.stuck_s:
+            return "stuck"
+        return "draining" if m.draining else "serving"
 
     def _serving(self, role: Role) -> list[_Member]:
         now = self.clock()

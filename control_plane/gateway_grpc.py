@@ -18,6 +18,7 @@ request is a failed call — every gRPC client, interceptor and metric sees the
 status, and our SDK raises ``InternalError`` after the tokens already yielded.
 "abort" (the request was aborted via ``Abort``) is a normal finish, status OK.
 
+Flip, Scale (admin) ─▶ backend.flip / backend.scale (control_plane/elastic.py)
 SetPolicy (admin) ─▶ backend.set_policy (worker_id: an id, "decode" = every decode worker, empty = every
 prefill worker): unknown worker ─▶ NOT_FOUND; bad key or value, or a key of the other role ─▶
 INVALID_ARGUMENT "key: message" (+ tetriserve-field=key); a worker that did not answer ─▶ DEADLINE_EXCEEDED.
@@ -181,8 +182,30 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
                 incarnation=w.incarnation,
                 restarts=w.restarts,
                 health=w.health,
+                lifecycle=w.lifecycle,
+                flips=w.flips,
+                last_flip_ms=None if w.last_flip_s is None else w.last_flip_s * 1e3,
+                last_flip_switch_ms=None if w.last_flip_switch_s is None else w.last_flip_switch_s * 1e3,
             )
         return reply
+
+    async def Flip(self, request: pb.FlipRequest, context: grpc.aio.ServicerContext) -> pb.FlipResponse:
+        try:
+            said = await self._front.backend.flip(request.worker_id, request.role)
+        except Exception as exc:
+            await _abort_admin(context, exc, "worker_id")
+        logger.info("flip %s %s: %s", request.worker_id, request.role, said)
+        return pb.FlipResponse(message=said)
+
+    async def Scale(self, request: pb.ScaleRequest, context: grpc.aio.ServicerContext) -> pb.ScaleResponse:
+        prefill = request.prefill if request.HasField("prefill") else None
+        decode = request.decode if request.HasField("decode") else None
+        try:
+            said = await self._front.backend.scale(prefill, decode)
+        except Exception as exc:
+            await _abort_admin(context, exc, "")
+        logger.info("scale prefill=%s decode=%s: %s", prefill, decode, "; ".join(said))
+        return pb.ScaleResponse(actions=said)
 
     async def SetPolicy(self, request: pb.SetPolicyRequest, context: grpc.aio.ServicerContext) -> pb.SetPolicyResponse:
         target = describe_target(request.worker_id)
@@ -205,6 +228,21 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
         for w in workers:
             reply.workers.add(worker_id=w.worker_id, role=w.role, policy=dict(w.policy))
         return reply
+
+
+async def _abort_admin(context: grpc.aio.ServicerContext, exc: Exception, lookup_field: str) -> None:
+    """An admin order's refusal in gRPC's shape: NOT_FOUND (no such worker), INVALID_ARGUMENT (a bad field),
+    FAILED_PRECONDITION (cannot be done now, with the reason); anything else is a bug and propagates."""
+    if isinstance(exc, LookupError):
+        meta = ((FIELD_METADATA_KEY, lookup_field),) if lookup_field else None
+        await context.abort(grpc.StatusCode.NOT_FOUND, str(exc), trailing_metadata=meta)
+    if isinstance(exc, InvalidRequestError):
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, str(exc), trailing_metadata=((FIELD_METADATA_KEY, exc.field),)
+        )
+    if isinstance(exc, ValueError):
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    raise exc
 
 
 def _to_response(delta: TextDelta) -> pb.GenerateResponse:

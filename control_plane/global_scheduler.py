@@ -81,6 +81,11 @@ class GlobalScheduler:
         """A prefill worker's new life (the supervisor re-created it)."""
         self.prefill[worker_id] = handle
 
+    async def remove_prefill(self, worker_id: str) -> None:
+        """A prefill worker removed or flipped to decode: no more placements there."""
+        self.prefill.pop(worker_id, None)
+        self.prefill_loads.pop(worker_id, None)
+
     async def sentinel(self) -> None:
         """Never returns: a call the supervisor keeps open, so this actor's death reaches it at once."""
         await asyncio.Event().wait()

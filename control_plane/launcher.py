@@ -30,6 +30,7 @@ from typing import Any
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.control_plane.cluster_monitor import ClusterMonitor
+from tetriserve.control_plane.flip.window import SloWindow
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
 from tetriserve.decode_worker.worker import DecodeWorker
 from tetriserve.engine.settings import engine_env
@@ -51,6 +52,7 @@ class Cluster:
     owns_ray: bool = False
     started_at: float = field(default_factory=time.time)
     supervision: Any = None  # control_plane.supervision.Supervision while it runs
+    slo: SloWindow | None = None  # finished requests' TTFT / TPOT against their objectives (the slo flip policy)
 
     def shutdown(self) -> None:
         import ray
@@ -158,6 +160,8 @@ def launch(config: ClusterConfig, model_path: str) -> Cluster:
     prefill = {f"prefill-{i}": build.prefill(f"prefill-{i}") for i in range(config.num_prefill)}
     scheduler = build.scheduler(prefill)
     cluster = Cluster(config, model_path, scheduler, monitor, prefill, decode, dashboard, owns)
+    f = config.flip
+    cluster.slo = SloWindow(f.slo_window_s, f.ttft_slo_ms, f.tpot_slo_ms)
     try:
         workers = [("decode", wid, h) for wid, h in decode.items()] + [
             ("prefill", wid, h) for wid, h in prefill.items()

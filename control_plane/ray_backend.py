@@ -46,6 +46,8 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+from tetriserve.common.lifecycle import Lifecycle
+from tetriserve.common.load import Role
 from tetriserve.common.request import Request
 from tetriserve.common.stream import (
     FinishReason,
@@ -56,6 +58,7 @@ from tetriserve.common.stream import (
 )
 from tetriserve.control_plane.admission import Overloaded
 from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
+from tetriserve.control_plane.elastic import Elastic, parse_role
 from tetriserve.control_plane.launcher import Cluster
 from tetriserve.control_plane.policy_admin import Setter, apply_changes, parse_changes, resolve_targets
 from tetriserve.control_plane.token_log import AT_ONCE, TokenLog
@@ -107,6 +110,7 @@ class RayBackend:
         log = TokenLog(rid, "", request.attempt)
         req = streams.requests[rid] = OpenRequest(log)
         avoid: tuple[str, ...] = ()
+        started, first_at = time.monotonic(), None
         try:
             for moves in range(self.migration_limit + 1):
                 attempt = request if moves == 0 else replace(request, attempt=log.attempt + 1, resume=tuple(log.tokens))
@@ -132,6 +136,8 @@ class RayBackend:
                             lost = Lost(item.attempt, item.worker, item.error or "a worker gave up on it")
                         else:
                             for chunk in log.add(item):
+                                if first_at is None and chunk.token_ids:
+                                    first_at = time.monotonic()
                                 yield chunk
                 finally:
                     watch.cancel()
@@ -153,6 +159,7 @@ class RayBackend:
             streams.requests.pop(rid, None)
             if log.worker:
                 self._finished(request, log)
+                self._observe(request, log, started, first_at)
 
     async def _place(self, request: Request, avoid: tuple[str, ...]) -> Placement:
         """Ask the GlobalScheduler where ``request`` goes; while none serves (or the scheduler itself is being
@@ -208,6 +215,17 @@ class RayBackend:
         )
         _forget(self.cluster.scheduler.record.remote([event]))
 
+    def _observe(self, request: Request, log: TokenLog, started: float, first_at: float | None) -> None:
+        """A request that ended normally counts toward SLO attainment (the ``slo`` flip policy's input)."""
+        window = getattr(self.cluster, "slo", None)
+        finish = log.finish
+        if window is None or first_at is None or finish is None or finish.finish_reason not in _NORMAL_ENDS:
+            return
+        now = time.monotonic()
+        n = len(log.tokens)
+        tpot_ms = (now - first_at) * 1e3 / (n - 1) if n > 1 else None
+        window.observe(now, (first_at - started) * 1e3, tpot_ms, request.slo.ttft_ms, request.slo.tbt_ms)
+
     def close(self) -> None:
         """Drop the streams (call from the loop that used the backend)."""
         if self._streams is not None:
@@ -239,20 +257,32 @@ class RayBackend:
         )
         supervision = getattr(self.cluster, "supervision", None)
         slots = {slot.name: slot for slot in supervision.view()} if supervision is not None else {}
+        lives = supervision.elastic.lifecycles() if supervision is not None else {}
+        seen = {m["worker_id"] for m in members}
+        members += [  # added, and not registered with the monitor yet: their engines are loading
+            {"worker_id": w, "role": lc.role.value, "state": "starting", "load": {}}
+            for w, lc in lives.items()
+            if w not in seen and lc.state is Lifecycle.STARTING
+        ]
         workers = []
         for m in members:
-            slot = slots.get(m["worker_id"])
-            state = slot.state.value if slot is not None else m["state"]
+            wid = m["worker_id"]
+            slot, life = slots.get(wid), lives.get(wid)
+            timing = life.last_flip if life is not None else None
             workers.append(
                 WorkerStatus(
-                    m["worker_id"],
+                    wid,
                     m["role"],
-                    state,
+                    slot.state.value if slot is not None else m["state"],
                     m["load"],
-                    policies.get(m["worker_id"], {}),
+                    policies.get(wid, {}),
                     incarnation=slot.incarnation if slot is not None else int(m.get("incarnation", 0)),
                     restarts=slot.restarts if slot is not None else 0,
                     health=m["state"],
+                    lifecycle=life.state.value if life is not None else "",
+                    flips=life.flips if life is not None else 0,
+                    last_flip_s=timing.first_served_s if timing is not None else None,
+                    last_flip_switch_s=timing.switch_s if timing is not None else None,
                 )
             )
         return ClusterStatus(self._model_name, tuple(workers), int(sched["in_flight"]), self.cluster.dashboard_url)
@@ -270,6 +300,20 @@ class RayBackend:
 
         answers = await asyncio.gather(*(one(wid, h) for wid, h in handles.items()))
         return dict(zip(handles, answers, strict=True))
+
+    async def flip(self, worker_id: str, role: str) -> str:
+        return self._elastic().flip(worker_id, parse_role(role), time.monotonic())
+
+    async def scale(self, prefill: int | None, decode: int | None) -> list[str]:
+        counts = {r: n for r, n in ((Role.PREFILL, prefill), (Role.DECODE, decode)) if n is not None}
+        return self._elastic().scale(counts, time.monotonic())
+
+    def _elastic(self) -> Elastic:
+        supervision = getattr(self.cluster, "supervision", None)
+        if supervision is None:
+            raise ValueError("flips and scaling need the supervisor (config: supervise: true)")
+        elastic: Elastic = supervision.elastic
+        return elastic
 
     async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:
         role, targets = resolve_targets(worker_id, self.cluster.prefill, self.cluster.decode)
@@ -299,6 +343,7 @@ async def _report_failure(submitted: Any, req: OpenRequest, worker_id: str) -> N
         req.lose(worker_id, f"prefill worker {worker_id} is unavailable ({type(exc).__name__})")
 
 
+_NORMAL_ENDS = (FinishReason.STOP, FinishReason.LENGTH)
 _FORGOTTEN: set[asyncio.Task[None]] = set()  # fire-and-forget calls still in flight (tasks need a reference)
 
 

@@ -13,6 +13,11 @@ front doors) ticks every ``TICK_S``::
                GlobalScheduler.set_prefill, the cluster's handle replaced (front doors reopen their streams)
                scheduler / monitor: rewired into the monitor and every worker
 
+Scaling and flips (``elastic.py``) go through here too, on the same thread:
+``add_worker`` builds a new name's first life the way a restart builds the next,
+``reassign`` restarts a drained worker in its other role, ``remove_worker`` kills
+a drained worker for good and takes it out of the monitor and the GlobalScheduler.
+
 The bookkeeping and its decisions are ``supervisor.py`` (pure, unit-tested);
 this file only talks to Ray.
 """
@@ -24,6 +29,9 @@ import threading
 import time
 from typing import Any
 
+from tetriserve.common.lifecycle import Lifecycle
+from tetriserve.control_plane.elastic import Elastic
+from tetriserve.control_plane.flip import policy_from_config
 from tetriserve.control_plane.supervisor import ActorState, Slot, Supervisor
 
 logger = logging.getLogger(__name__)
@@ -50,6 +58,14 @@ class Supervision:
         self._sentinels: dict[Any, tuple[str, int]] = {}  # ref -> (name, incarnation)
         self._armed: set[tuple[str, int]] = set()
         self._pending: dict[str, tuple[int, Any, Any, float]] = {}  # name -> (incarnation, handle, ref, since)
+        cfg = cluster.config
+        self.elastic = Elastic(
+            cfg.flip,
+            cfg.scale,
+            self,
+            policy_from_config(cfg.flip, base_workers=cfg.num_prefill + cfg.num_decode),
+            cluster.slo,
+        )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="supervision", daemon=True)
         self._thread.start()
@@ -72,7 +88,9 @@ class Supervision:
     def _tick(self, now: float) -> None:
         self._arm()
         self._reap(now)
-        self._check_health(now)
+        members = self._check_health(now)
+        if members is not None:
+            self.elastic.tick(members, now)
         for slot in self.sup.due(now):
             self._rebuild(slot, now)
         self._check_pending(now)
@@ -83,6 +101,45 @@ class Supervision:
         if name == MONITOR:
             return self.cluster.monitor
         return self.cluster.prefill.get(name) or self.cluster.decode.get(name)
+
+    # -- scaling and flips: the elastic controller's actuator (called on this thread, from its tick) -----------
+    def drain(self, worker_id: str, draining: bool) -> None:
+        _quietly(lambda: self.cluster.monitor.drain.remote(worker_id, draining))
+
+    def add_worker(self, name: str, role: str, now: float) -> None:
+        self.sup.add(name, role, now)
+
+    def reassign(self, name: str, role: str, now: float) -> None:
+        """Restart the drained worker ``name`` in ``role`` (a flip that reloads the engine)."""
+        import ray
+
+        handle = self.handle(name)
+        self.sup.reassign(name, role, now)
+        self._forget(name)
+        if handle is not None:
+            _quietly(lambda: ray.kill(handle, no_restart=True))
+
+    def remove_worker(self, name: str) -> None:
+        """Kill the drained worker ``name`` for good."""
+        import ray
+
+        handle = self.handle(name)
+        self.sup.remove(name)
+        self._forget(name)
+        self.addresses.pop(name, None)
+        _quietly(lambda: self.cluster.monitor.unregister.remote(name))
+        if handle is not None:
+            _quietly(lambda: ray.kill(handle, no_restart=True))
+
+    def _forget(self, name: str) -> None:
+        """Take ``name`` out of the cluster's worker tables (front doors stop streaming from it) and out of
+        placement."""
+        c = self.cluster
+        if name in c.prefill:
+            _quietly(lambda: c.scheduler.remove_prefill.remote(name))
+        # new dicts, not mutated ones: the front doors' event loop reads these tables from another thread
+        c.prefill = {k: v for k, v in c.prefill.items() if k != name}
+        c.decode = {k: v for k, v in c.decode.items() if k != name}
 
     def _arm(self) -> None:
         """One open ``sentinel`` call per live actor."""
@@ -115,9 +172,12 @@ class Supervision:
         if name not in (SCHEDULER, MONITOR):
             _quietly(lambda: self.cluster.monitor.mark_dead.remote(name, incarnation))
 
-    def _check_health(self, now: float) -> None:
+    def _check_health(self, now: float) -> list[dict[str, Any]] | None:
+        """Ping the control actors and judge the workers by the monitor's snapshot (returned; None if the
+        monitor did not answer)."""
         import ray
 
+        members = None
         for name, call in ((SCHEDULER, "status"), (MONITOR, "snapshot")):
             slot = self.sup.slots[name]
             try:
@@ -128,9 +188,11 @@ class Supervision:
             if self.sup.health(name, slot.incarnation, state, now):
                 self._kill(name, f"no answer for {self.sup.dead_after_s:.0f} s")
             if name == MONITOR and answer is not None:
+                members = answer
                 for member in answer:
                     if self.sup.health(member["worker_id"], member["incarnation"], member["state"], now):
                         self._kill(member["worker_id"], f"{member['state']} for {self.sup.dead_after_s:.0f} s")
+        return members
 
     def _kill(self, name: str, why: str) -> None:
         import ray
@@ -176,6 +238,9 @@ class Supervision:
                     self.sup.start_failed(name, inc, now, "start timed out")
                 continue
             del self._pending[name]
+            if name not in self.sup.slots:  # removed while it started
+                _quietly(lambda h=handle: ray.kill(h, no_restart=True))
+                continue
             try:
                 result = ray.get(ref)
             except Exception as exc:
@@ -198,14 +263,21 @@ class Supervision:
                 if slot.role in ("prefill", "decode") and slot.state in (ActorState.ACTIVE, ActorState.STARTING):
                     args = (slot.name, slot.role, self.handle(slot.name), self.addresses[slot.name], slot.incarnation)
                     _quietly(lambda a=args: handle.register.remote(*a))
+            for wid, life in self.elastic.lifecycles().items():  # a new monitor knows nothing of drains
+                if life.state is Lifecycle.DRAINING:
+                    _quietly(lambda w=wid: handle.drain.remote(w, True))
             self._rewire()
         else:
             role = self.sup.slots[name].role
-            (c.prefill if role == "prefill" else c.decode)[name] = handle
+            if role == "prefill":  # (a flip by restart changes a worker's table)
+                c.decode = {k: v for k, v in c.decode.items() if k != name}
+                c.prefill = {**c.prefill, name: handle}
+                _quietly(lambda: c.scheduler.set_prefill.remote(name, handle))
+            else:
+                self._forget(name)
+                c.decode = {**c.decode, name: handle}
             self.addresses[name] = str(result)
             _quietly(lambda: c.monitor.register.remote(name, role, handle, str(result), inc))
-            if role == "prefill":
-                _quietly(lambda: c.scheduler.set_prefill.remote(name, handle))
         logger.warning("supervision: %s is back (incarnation %d)", name, inc)
 
     def _rewire(self) -> None:

@@ -9,6 +9,12 @@ ClusterMonitor say and carries out what it decides::
     RESTARTING ──started()──▶ STARTING ──health "serving"──▶ ACTIVE
     RESTARTING ──start_failed()──▶ DEAD (next try after twice the backoff, at most ``max_backoff_s``)
 
+    add(name, role) ──▶ DEAD, due at once, ``planned``      (a worker added by scaling: its life 0 is built)
+    reassign(name, role) ──▶ DEAD, due at once, ``planned`` (a drained worker flipped by a restart in its new role)
+    remove(name) ──▶ gone: never re-created                 (a drained worker removed by scaling)
+
+A ``planned`` life does not count as a restart.
+
 Every report names the incarnation it is about; one about a previous life is
 ignored, so a late death notice never kills the new life. The backoff resets
 once a life has been ACTIVE for ``stable_after_s``.
@@ -41,6 +47,7 @@ class Slot:
     reason: str = ""  # why it last died
     backoff_s: float = 0.0
     unhealthy_since: float | None = None  # first of an unbroken run of bad health reports
+    planned: bool = False  # the next life was ordered (added, reassigned), not a recovery
 
 
 class Supervisor:
@@ -84,7 +91,7 @@ class Supervisor:
         slot = self._current(name, incarnation)
         if slot is None or slot.state in (ActorState.DEAD, ActorState.RESTARTING):
             return False
-        if state == "serving":
+        if state in ("serving", "draining"):
             if slot.state is ActorState.STARTING:
                 self._set(slot, now, ActorState.ACTIVE)
             elif slot.unhealthy_since is not None:
@@ -109,8 +116,9 @@ class Supervisor:
                         now,
                         ActorState.RESTARTING,
                         incarnation=slot.incarnation + 1,
-                        restarts=slot.restarts + 1,
+                        restarts=slot.restarts + (0 if slot.planned else 1),
                         backoff_s=next_backoff,
+                        planned=False,
                     )
                 )
         return out
@@ -121,6 +129,26 @@ class Supervisor:
         if slot is not None and slot.state is ActorState.RESTARTING:
             immediate = slot.role in ("scheduler", "monitor")
             self._set(slot, now, ActorState.ACTIVE if immediate else ActorState.STARTING)
+
+    def add(self, name: str, role: str, now: float) -> None:
+        """A new actor: its first life (incarnation 0) is due at once."""
+        if name in self.slots:
+            raise ValueError(f"{name} exists already")
+        self.slots[name] = Slot(name, role, -1, 0, ActorState.DEAD, now, "added", planned=True)
+
+    def reassign(self, name: str, role: str, now: float) -> Slot:
+        """End ``name``'s current life by order and build the next one in ``role`` at once (the adapter kills
+        the old life; its death notice names an incarnation already over, so it changes nothing)."""
+        slot = self.slots.get(name)
+        if slot is None:
+            raise ValueError(f"no actor named {name}")
+        return self._set(
+            slot, now, ActorState.DEAD, role=role, reason=f"reassigned to {role}", backoff_s=0.0, planned=True
+        )
+
+    def remove(self, name: str) -> Slot | None:
+        """Forget ``name``: it is never re-created (the adapter kills it)."""
+        return self.slots.pop(name, None)
 
     def start_failed(self, name: str, incarnation: int, now: float, reason: str) -> None:
         slot = self._current(name, incarnation)

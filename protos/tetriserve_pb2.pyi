@@ -171,7 +171,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "role", "state", "load", "policy", "incarnation", "restarts", "health")
+    __slots__ = ("worker_id", "role", "state", "load", "policy", "incarnation", "restarts", "health", "lifecycle", "flips", "last_flip_ms", "last_flip_switch_ms")
     class LoadEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,10 @@ class WorkerStatus(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
+    LIFECYCLE_FIELD_NUMBER: _ClassVar[int]
+    FLIPS_FIELD_NUMBER: _ClassVar[int]
+    LAST_FLIP_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_FLIP_SWITCH_MS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     state: str
@@ -202,7 +206,11 @@ class WorkerStatus(_message.Message):
     incarnation: int
     restarts: int
     health: str
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., load: _Optional[_Mapping[str, float]] = ..., policy: _Optional[_Mapping[str, str]] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., health: _Optional[str] = ...) -> None: ...
+    lifecycle: str
+    flips: int
+    last_flip_ms: float
+    last_flip_switch_ms: float
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., load: _Optional[_Mapping[str, float]] = ..., policy: _Optional[_Mapping[str, str]] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., health: _Optional[str] = ..., lifecycle: _Optional[str] = ..., flips: _Optional[int] = ..., last_flip_ms: _Optional[float] = ..., last_flip_switch_ms: _Optional[float] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
     __slots__ = ("model", "workers", "requests_in_flight", "dashboard_url")
@@ -215,6 +223,34 @@ class ClusterStatusResponse(_message.Message):
     requests_in_flight: int
     dashboard_url: str
     def __init__(self, model: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., requests_in_flight: _Optional[int] = ..., dashboard_url: _Optional[str] = ...) -> None: ...
+
+class FlipRequest(_message.Message):
+    __slots__ = ("worker_id", "role")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    role: str
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
+
+class FlipResponse(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    def __init__(self, message: _Optional[str] = ...) -> None: ...
+
+class ScaleRequest(_message.Message):
+    __slots__ = ("prefill", "decode")
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
+    prefill: int
+    decode: int
+    def __init__(self, prefill: _Optional[int] = ..., decode: _Optional[int] = ...) -> None: ...
+
+class ScaleResponse(_message.Message):
+    __slots__ = ("actions",)
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    actions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, actions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SetPolicyRequest(_message.Message):
     __slots__ = ("worker_id", "changes")

@@ -60,6 +60,16 @@ class TetriServeStub:
                 request_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.SetPolicyRequest.SerializeToString,
                 response_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.SetPolicyResponse.FromString,
                 _registered_method=True)
+        self.Flip = channel.unary_unary(
+                '/tetriserve.v1.TetriServe/Flip',
+                request_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.FlipRequest.SerializeToString,
+                response_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.FlipResponse.FromString,
+                _registered_method=True)
+        self.Scale = channel.unary_unary(
+                '/tetriserve.v1.TetriServe/Scale',
+                request_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.ScaleRequest.SerializeToString,
+                response_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.ScaleResponse.FromString,
+                _registered_method=True)
 
 
 class TetriServeServicer:
@@ -104,6 +114,27 @@ class TetriServeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Flip(self, request, context):
+        """Admin: flip a worker to the other role (TetriInfer §3.5). It is drained
+        first (no new requests; what it holds finishes), then serves in its new
+        role; the call returns once that has started, ClusterStatus shows the
+        progress. An unknown worker ends the call with NOT_FOUND, a bad role with
+        INVALID_ARGUMENT, an order that cannot be carried out now (the last worker
+        of its role, a worker busy with another order or not serving) with
+        FAILED_PRECONDITION and the reason.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Scale(self, request, context):
+        """Admin: add or remove workers until each given role has that many
+        (removals drain first). Counts below the minimum: FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TetriServeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +162,16 @@ def add_TetriServeServicer_to_server(servicer, server):
                     servicer.SetPolicy,
                     request_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.SetPolicyRequest.FromString,
                     response_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.SetPolicyResponse.SerializeToString,
+            ),
+            'Flip': grpc.unary_unary_rpc_method_handler(
+                    servicer.Flip,
+                    request_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.FlipRequest.FromString,
+                    response_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.FlipResponse.SerializeToString,
+            ),
+            'Scale': grpc.unary_unary_rpc_method_handler(
+                    servicer.Scale,
+                    request_deserializer=tetriserve_dot_protos_dot_tetriserve__pb2.ScaleRequest.FromString,
+                    response_serializer=tetriserve_dot_protos_dot_tetriserve__pb2.ScaleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +310,60 @@ class TetriServe:
             '/tetriserve.v1.TetriServe/SetPolicy',
             tetriserve_dot_protos_dot_tetriserve__pb2.SetPolicyRequest.SerializeToString,
             tetriserve_dot_protos_dot_tetriserve__pb2.SetPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Flip(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tetriserve.v1.TetriServe/Flip',
+            tetriserve_dot_protos_dot_tetriserve__pb2.FlipRequest.SerializeToString,
+            tetriserve_dot_protos_dot_tetriserve__pb2.FlipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Scale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tetriserve.v1.TetriServe/Scale',
+            tetriserve_dot_protos_dot_tetriserve__pb2.ScaleRequest.SerializeToString,
+            tetriserve_dot_protos_dot_tetriserve__pb2.ScaleResponse.FromString,
             options,
             channel_credentials,
             insecure,

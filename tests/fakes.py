@@ -27,11 +27,14 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from tests.elastic_support import SimulatedCluster
 from tetriserve.common.config import DecodeConfig
+from tetriserve.common.load import Role
 from tetriserve.common.request import Request
 from tetriserve.common.stream import StreamChunk, TokenLogprobs
 from tetriserve.control_plane.admission import Overloaded
 from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
+from tetriserve.control_plane.elastic import parse_role
 from tetriserve.control_plane.policy_admin import apply_changes, parse_changes, resolve_targets
 from tetriserve.decode_worker.policy import decode_policies
 from tetriserve.decode_worker.preemption.stats import PreemptionStats
@@ -130,6 +133,7 @@ class FakeBackend:
     policy_changes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # what each worker received
     decode_config: DecodeConfig = field(default_factory=DecodeConfig)  # type: ignore[arg-type]  # decode-0's
     _abort_events: dict[str, asyncio.Event] = field(default_factory=dict)
+    cluster: SimulatedCluster = field(default_factory=lambda: _simulated())
 
     def reset(self) -> None:
         self.behavior = FakeBehavior()
@@ -140,6 +144,7 @@ class FakeBackend:
         self.policies = default_policies()
         self.policy_changes.clear()
         self.decode_config = DecodeConfig()
+        self.cluster = _simulated()
 
     async def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
         self.generate_calls += 1
@@ -198,11 +203,35 @@ class FakeBackend:
         return self.behavior.healthy
 
     async def status(self) -> ClusterStatus:
-        workers = (
-            WorkerStatus("prefill-0", "prefill", "running", {"queued": 1.0}, dict(self.policies["prefill-0"])),
-            WorkerStatus("decode-0", "decode", "running", {"free_kv_blocks": 42.0}, dict(self.policies["decode-0"])),
-        )
-        return ClusterStatus(self.model_name, workers, len(self._abort_events), "http://127.0.0.1:8265")
+        self.cluster.tick()
+        lives = self.cluster.elastic.lifecycles()
+        workers = []
+        for wid, m in self.cluster.members.items():
+            life = lives[wid]
+            timing = life.last_flip
+            workers.append(
+                WorkerStatus(
+                    wid,
+                    m["role"],
+                    "running",
+                    dict(m["load"]),
+                    dict(self.policies.get(wid, {})),
+                    incarnation=m["incarnation"],
+                    health=m["state"],
+                    lifecycle=life.state.value,
+                    flips=life.flips,
+                    last_flip_s=None if timing is None else timing.first_served_s,
+                    last_flip_switch_s=None if timing is None else timing.switch_s,
+                )
+            )
+        return ClusterStatus(self.model_name, tuple(workers), len(self._abort_events), "http://127.0.0.1:8265")
+
+    async def flip(self, worker_id: str, role: str) -> str:
+        return self.cluster.elastic.flip(worker_id, parse_role(role), time.monotonic())
+
+    async def scale(self, prefill: int | None, decode: int | None) -> list[str]:
+        counts = {r: n for r, n in ((Role.PREFILL, prefill), (Role.DECODE, decode)) if n is not None}
+        return self.cluster.elastic.scale(counts, time.monotonic())
 
     async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:
         role, targets = resolve_targets(worker_id, {"prefill-0": "prefill-0"}, {"decode-0": "decode-0"})
@@ -228,6 +257,11 @@ class FakeBackend:
             raise ValueError(f"prefill.sched_batch must be >= 1, got {changes['sched_batch']}")
         self.policies[worker_id].update({k: str(v) for k, v in changes.items()})
         return dict(self.policies[worker_id])
+
+
+def _simulated() -> SimulatedCluster:
+    loads = {"prefill-0": {"queued": 1.0}, "decode-0": {"free_kv_blocks": 42.0}}
+    return SimulatedCluster({"prefill-0": "prefill", "decode-0": "decode"}, loads)
 
 
 class LoopThread:

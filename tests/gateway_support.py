@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.fakes import FakeBackend, LoopThread, tokenizer_dir
+from tetriserve.client import TetriServeClient
 from tetriserve.common.config import AdmissionConfig
 from tetriserve.control_plane.frontdoor import FrontDoor
 from tetriserve.control_plane.gateway_grpc import start_grpc_server
@@ -63,7 +64,8 @@ def fake_front_doors(
 
 @pytest.fixture(scope="module")
 def env() -> Iterator[FakeFrontDoors]:
-    with fake_front_doors(grpc=False) as doors:
+    """Both front doors over one ``FakeBackend``, for a test module."""
+    with fake_front_doors() as doors:
         yield doors
 
 
@@ -71,6 +73,12 @@ def env() -> Iterator[FakeFrontDoors]:
 def backend(env: FakeFrontDoors) -> FakeBackend:
     env.backend.reset()
     return env.backend
+
+
+@pytest.fixture()
+def client(env: FakeFrontDoors) -> Iterator[TetriServeClient]:
+    with TetriServeClient(env.target, timeout=10) as c:
+        yield c
 
 
 @pytest.fixture()

@@ -49,6 +49,9 @@ def test_nothing_generic_is_installed_at_the_top_level(wheels: dict[str, Path]) 
         names = z.namelist()
     assert "tetriserve/control_plane/cli.py" in names and "tetriserve/__init__.py" not in names  # a namespace
     assert not any(n.startswith(("tetriserve/client/", "tetriserve/protos/")) for n in names)  # the SDK's
+    for top in set(GENERIC) - {"client", "protos"}:  # every subpackage (setuptools lists them by name)
+        for init in (ROOT / top).rglob("__init__.py"):
+            assert f"tetriserve/{init.relative_to(ROOT).as_posix()}" in names, init
     # and in this environment, from a directory that is not the checkout, only the namespace imports
     probe = f"import importlib.util as u; print([m for m in {GENERIC!r} if u.find_spec(m)])"
     found = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, cwd="/")

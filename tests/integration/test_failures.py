@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import own_cluster
+from tests.integration.streams import Progress, run_streams, same_tokens
 from tetriserve.common.request import Request, SamplingSpec
 
 NAMESPACE = "tetriserve-test-failures"
@@ -48,39 +49,14 @@ def undisturbed(cluster: Any) -> dict[str, tuple[int, ...]]:
 def _run(cluster: Any, tag: str, kill: Callable[[], None] | None = None, after: int = 4) -> dict[str, tuple[int, ...]]:
     """Every prompt at once (ids ``<prompt>-<tag>``); ``kill()`` once every stream has ``after`` tokens
     (``after=0``: once the first token of any stream has come); ``kill`` runs on a thread of its own."""
-    from tetriserve.control_plane.ray_backend import RayBackend
 
-    backend = RayBackend(cluster, "tiny-llama")
-    progress: dict[str, int] = {}
+    def ready(progress: Progress) -> bool:
+        if after == 0:
+            return max(progress.values(), default=0) > 0
+        return len(progress) == len(PROMPTS) and min(progress.values()) >= after
 
-    async def one(rid: str, ids: tuple[int, ...]) -> tuple[int, ...]:
-        out: list[int] = []
-        async for chunk in backend.generate(Request(f"{rid}-{tag}", ids, SAMPLING)):
-            assert chunk.finish_reason in (None, "length"), chunk.error
-            out.extend(chunk.token_ids)
-            progress[rid] = len(out)
-        return tuple(out)
-
-    async def killer() -> None:
-        if kill is None:
-            return
-        while not (max(progress.values(), default=0) > 0 if after == 0 else min_progress() >= after):
-            await asyncio.sleep(0.005)
-        await asyncio.to_thread(kill)
-
-    def min_progress() -> int:
-        return min(progress.values()) if len(progress) == len(PROMPTS) else 0
-
-    async def run_all() -> dict[str, tuple[int, ...]]:
-        try:
-            *results, _ = await asyncio.wait_for(
-                asyncio.gather(*(one(rid, ids) for rid, ids in PROMPTS.items()), killer()), 300
-            )
-        finally:
-            backend.close()
-        return dict(zip(PROMPTS, results, strict=True))
-
-    return asyncio.run(run_all())
+    action = None if kill is None else (lambda _backend: asyncio.to_thread(kill))
+    return run_streams(cluster, PROMPTS, SAMPLING, tag, action, ready)
 
 
 def _kill(name: str) -> Callable[[], None]:
@@ -153,13 +129,8 @@ def _no_kv_left(cluster: Any) -> None:
         time.sleep(0.2)
 
 
-def _same(got: dict[str, tuple[int, ...]], want: dict[str, tuple[int, ...]]) -> None:
-    bad = [rid for rid in want if got[rid] != want[rid]]
-    assert not bad, f"{len(bad)} differ, e.g. {bad[0]}: {got[bad[0]]} vs {want[bad[0]]}"
-
-
 def test_a_decode_worker_killed_under_streams_loses_nothing(cluster: Any, undisturbed: Any) -> None:
-    _same(_run(cluster, "kd", _kill("decode-0"), after=8), undisturbed)
+    same_tokens(_run(cluster, "kd", _kill("decode-0"), after=8), undisturbed)
     _served_within(cluster, 30)
     _back_within(cluster, "decode-0", 120)
     _no_kv_left(cluster)
@@ -167,7 +138,7 @@ def test_a_decode_worker_killed_under_streams_loses_nothing(cluster: Any, undist
 
 def test_a_decode_worker_whose_process_is_sigkilled_under_streams_loses_nothing(cluster: Any, undisturbed: Any) -> None:
     _back_within(cluster, "decode-0", 120)  # the previous test's victim
-    _same(_run(cluster, "ks9", _sigkill("decode-1"), after=8), undisturbed)
+    same_tokens(_run(cluster, "ks9", _sigkill("decode-1"), after=8), undisturbed)
     _served_within(cluster, 30)
     _back_within(cluster, "decode-1", 120)
     _no_kv_left(cluster)
@@ -177,7 +148,7 @@ def test_a_prefill_worker_killed_with_requests_queued_and_mid_handoff_loses_noth
     cluster: Any, undisturbed: Any
 ) -> None:
     _back_within(cluster, "decode-1", 120)  # the previous test's victim
-    _same(_run(cluster, "kp", _kill("prefill-0"), after=0), undisturbed)
+    same_tokens(_run(cluster, "kp", _kill("prefill-0"), after=0), undisturbed)
     _served_within(cluster, 30)
     _back_within(cluster, "prefill-0", 120)
     _no_kv_left(cluster)
@@ -207,7 +178,7 @@ def test_a_prefill_worker_killed_with_its_requests_all_mid_handoff_loses_nothing
         _decode_accepting(cluster, True)
 
     try:
-        _same(_run(cluster, "kh", kill_then_reopen, after=1), undisturbed)
+        same_tokens(_run(cluster, "kh", kill_then_reopen, after=1), undisturbed)
     finally:
         _decode_accepting(cluster, True)
     _served_within(cluster, 30)
@@ -216,14 +187,14 @@ def test_a_prefill_worker_killed_with_its_requests_all_mid_handoff_loses_nothing
 
 
 def test_the_global_scheduler_killed_under_streams_leaves_them_untouched(cluster: Any, undisturbed: Any) -> None:
-    _same(_run(cluster, "ks", _kill("global-scheduler"), after=8), undisturbed)
+    same_tokens(_run(cluster, "ks", _kill("global-scheduler"), after=8), undisturbed)
     _served_within(cluster, 30)
     _back_within(cluster, "global-scheduler", 120)
     _no_kv_left(cluster)
 
 
 def test_the_cluster_monitor_killed_under_streams_leaves_them_untouched(cluster: Any, undisturbed: Any) -> None:
-    _same(_run(cluster, "km", _kill("cluster-monitor"), after=8), undisturbed)
+    same_tokens(_run(cluster, "km", _kill("cluster-monitor"), after=8), undisturbed)
     _back_within(cluster, "cluster-monitor", 120)
     _served_within(cluster, 30)  # placement and dispatch see the workers again through the new monitor
     _no_kv_left(cluster)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,32 +13,16 @@ pytest.importorskip("grpc")
 import grpc
 
 from tests.fakes import FakeBackend, decode_policies_shown
-from tests.gateway_support import FakeFrontDoors, fake_front_doors
+from tests.gateway_support import FakeFrontDoors, backend, client, env
 from tetriserve.client import AsyncTetriServeClient, InvalidArgument, NotFound, TetriServeClient
 from tetriserve.common.config import DecodeConfig
 from tetriserve.control_plane.cli import main
 from tetriserve.protos import tetriserve_pb2 as pb
 from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 
+__all__ = ["backend", "client", "env"]  # fixtures
+
 DECODE_DEFAULT = decode_policies_shown(DecodeConfig())
-
-
-@pytest.fixture(scope="module")
-def env() -> Iterator[FakeFrontDoors]:
-    with fake_front_doors(http=False) as doors:
-        yield doors
-
-
-@pytest.fixture()
-def backend(env: FakeFrontDoors) -> FakeBackend:
-    env.backend.reset()
-    return env.backend
-
-
-@pytest.fixture()
-def client(env: FakeFrontDoors) -> Iterator[TetriServeClient]:
-    with TetriServeClient(env.target, timeout=10) as c:
-        yield c
 
 
 # ---- SDK round trip ------------------------------------------------------------------------------
@@ -264,7 +247,7 @@ def test_cli_status_shows_policy_column_and_json(
     assert main(["status", "--target", env.target]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = lines[1].split()
-    assert header == ["worker", "role", "state", "life", "restarts", "policy", "load"]
+    assert header == ["worker", "role", "state", "life", "restarts", "flips", "last_flip", "policy", "load"]
     prefill = next(line for line in lines if line.startswith("prefill-0"))
     assert "queue=fcfs" in prefill and "queued=1" in prefill
     decode = next(line for line in lines if line.startswith("decode-0"))
@@ -276,3 +259,4 @@ def test_cli_status_shows_policy_column_and_json(
     assert workers["decode-0"]["policy"] == DECODE_DEFAULT
     assert workers["decode-0"]["load"]["free_kv_blocks"] == 42.0
     assert workers["decode-0"]["incarnation"] == 0 and workers["decode-0"]["restarts"] == 0
+    assert workers["decode-0"]["flips"] == 0 and workers["decode-0"]["last_flip_ms"] is None

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("grpc")
 
 from tests.fakes import FakeBackend, wait_until
-from tests.gateway_support import FakeFrontDoors, fake_front_doors
+from tests.gateway_support import FakeFrontDoors, backend, env
 from tetriserve.client import (
     NO_RETRY,
     AsyncTetriServeClient,
@@ -26,21 +26,11 @@ from tetriserve.client import (
 from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
 from tetriserve.control_plane.gateway_grpc import start_grpc_server
 
+__all__ = ["backend", "env"]  # fixtures
+
 FAST_RETRY = RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0.05)
 # Characters outside the test tokenizer's training text: each is split over several byte tokens.
 MULTIBYTE = "日本語 🚀 ĳ ok"
-
-
-@pytest.fixture(scope="module")
-def env() -> Iterator[FakeFrontDoors]:
-    with fake_front_doors(http=False) as doors:
-        yield doors
-
-
-@pytest.fixture()
-def backend(env: FakeFrontDoors) -> FakeBackend:
-    env.backend.reset()
-    return env.backend
 
 
 @pytest.fixture()

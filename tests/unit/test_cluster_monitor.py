@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.actor_fakes import FakeHandle
-from tetriserve.common.load import DecodeLoad, PrefillLoad
+from tetriserve.common.load import DecodeLoad, PrefillLoad, Role
 from tetriserve.control_plane.cluster_monitor import ClusterMonitor
 
 
@@ -169,3 +169,17 @@ def test_a_worker_is_stale_only_after_three_missed_heartbeats() -> None:
     assert _states(mon)["decode-0"] == "serving"
     clock.t += 0.2
     assert _states(mon)["decode-0"] == "stale"
+
+
+def test_a_draining_worker_reports_on_but_leaves_placement_and_dispatch_and_removal_forgets_it() -> None:
+    mon, _, _, _ = _monitor()
+    for wid in ("decode-0", "decode-1"):
+        mon.report(_decode_load(wid))
+    assert mon.drain("decode-1") and not mon.drain("decode-9")
+    mon.report(_decode_load("decode-1", steps=3))  # its reports still count (its load shows the drain's end)
+    assert _states(mon)["decode-1"] == "draining"
+    assert [m.worker_id for m in mon._serving(Role.DECODE)] == ["decode-0"]  # the dispatchers' view
+    assert mon.drain("decode-1", False)
+    assert _states(mon)["decode-1"] == "serving"
+    mon.unregister("decode-1")
+    assert "decode-1" not in _states(mon)

@@ -315,6 +315,10 @@ def test_placement_is_least_loaded_refuses_duplicates_and_the_table_follows_even
         # a has left its prefill worker, b has not: the next request goes to a's
         await gs.place(PlacementRequest("c", 10, 8, now))
         assert gs.table["c"].prefill_worker == a.prefill_worker
+        # a prefill worker removed (or flipped to decode) gets no more placements
+        await gs.remove_prefill(b.prefill_worker or "")
+        for rid in ("d", "e"):
+            assert (await gs.place(PlacementRequest(rid, 10, 8, now))).prefill_worker == a.prefill_worker
 
     asyncio.run(main())
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tetriserve.control_plane.supervisor import ActorState, Supervisor
 
 
@@ -64,3 +66,33 @@ def test_a_life_that_dies_young_waits_longer_each_time_and_a_failed_start_counts
     sup.health("decode-0", 3, "serving", 4.0)
     sup.died("decode-0", 3, 100.0, "after a long stable life")  # stable: at once again
     assert [s.incarnation for s in sup.due(100.0)] == [4]
+
+
+def test_an_added_worker_is_built_at_once_as_life_0_and_is_no_restart() -> None:
+    sup = _sup()
+    sup.add("decode-1", "decode", now=5.0)
+    (slot,) = sup.due(5.0)
+    assert (slot.name, slot.incarnation, slot.restarts, slot.state) == ("decode-1", 0, 0, ActorState.RESTARTING)
+    sup.started("decode-1", 0, 6.0)
+    sup.health("decode-1", 0, "serving", 7.0)
+    assert sup.slots["decode-1"].state is ActorState.ACTIVE
+    with pytest.raises(ValueError, match="exists already"):
+        sup.add("decode-1", "decode", now=8.0)
+
+
+def test_a_reassigned_worker_restarts_in_its_new_role_and_its_old_life_s_death_is_no_news() -> None:
+    sup = _sup()
+    sup.reassign("decode-0", "prefill", now=10.0)
+    assert not sup.died("decode-0", 0, 10.1, "killed for the flip")  # its sentinel fails: already handled
+    (slot,) = sup.due(10.1)
+    assert (slot.role, slot.incarnation, slot.restarts) == ("prefill", 1, 0)  # planned: not a restart
+    sup.started("decode-0", 1, 20.0)
+    sup.health("decode-0", 1, "draining", 21.0)  # a draining worker is alive
+    assert sup.slots["decode-0"].state is ActorState.ACTIVE
+
+
+def test_a_removed_worker_is_never_re_created() -> None:
+    sup = _sup()
+    assert sup.remove("decode-0") is not None
+    assert not sup.died("decode-0", 0, 1.0, "killed for good")
+    assert sup.due(100.0) == [] and "decode-0" not in sup.slots

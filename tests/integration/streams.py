@@ -1,0 +1,57 @@
+"""Greedy streams of many prompts at once through a ``RayBackend``, with something done to the cluster midway."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tetriserve.common.request import Request, SamplingSpec
+
+Progress = dict[str, int]  # prompt -> tokens received so far
+
+
+def run_streams(
+    cluster: Any,
+    prompts: dict[str, tuple[int, ...]],
+    sampling: SamplingSpec,
+    tag: str,
+    action: Callable[[Any], Awaitable[Any]] | None = None,
+    ready: Callable[[Progress], bool] | None = None,
+) -> dict[str, tuple[int, ...]]:
+    """Every prompt at once (request ids ``<prompt>-<tag>``); ``action(backend)`` runs once ``ready(progress)``
+    (default: every stream has 8 tokens). Every stream must end with ``length``; returns each one's tokens."""
+    from tetriserve.control_plane.ray_backend import RayBackend
+
+    backend = RayBackend(cluster, "tiny-llama")
+    progress: Progress = {}
+    is_ready = ready or (lambda p: len(p) == len(prompts) and min(p.values()) >= 8)
+
+    async def one(rid: str, ids: tuple[int, ...]) -> tuple[int, ...]:
+        out: list[int] = []
+        async for chunk in backend.generate(Request(f"{rid}-{tag}", ids, sampling)):
+            assert chunk.finish_reason in (None, "length"), chunk.error
+            out.extend(chunk.token_ids)
+            progress[rid] = len(out)
+        return tuple(out)
+
+    async def act() -> None:
+        if action is None:
+            return
+        while not is_ready(progress):
+            await asyncio.sleep(0.005)
+        await action(backend)
+
+    async def run_all() -> dict[str, tuple[int, ...]]:
+        try:
+            *results, _ = await asyncio.wait_for(asyncio.gather(*(one(r, p) for r, p in prompts.items()), act()), 300)
+        finally:
+            backend.close()
+        return dict(zip(prompts, results, strict=True))
+
+    return asyncio.run(run_all())
+
+
+def same_tokens(got: dict[str, tuple[int, ...]], want: dict[str, tuple[int, ...]]) -> None:
+    bad = [rid for rid in want if got[rid] != want[rid]]
+    assert not bad, f"{len(bad)} differ, e.g. {bad[0]}: {got[bad[0]]} vs {want[bad[0]]}"
