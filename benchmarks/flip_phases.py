@@ -4,9 +4,9 @@
 
 One workload (``common/workload.py``, ShareGPT prompts and answer lengths, Poisson arrivals, every request with
 the same SLO): prefill-heavy (HPLD: prompts > 512 tokens, outputs ≤ 128), then decode-heavy (LPHD: prompts
-≤ 512, outputs > 128), then mixed. Each configuration starts a fresh `tetriserve serve` with 1 prefill + 2
-decode workers, warms it, replays the workload over gRPC (outputs forced to their lengths with
-``ignore_eos``) and polls `status` every 0.5 s for each worker's role, lifecycle and queue. Writes
+≤ 512, outputs > 128), then mixed. Each configuration starts a fresh `tetriserve serve` with the same
+workers (default 2 prefill + 1 decode), warms it, replays the workload over gRPC (outputs forced to their
+lengths with ``ignore_eos``) and polls `status` every 0.5 s for each worker's role, lifecycle and queue. Writes
 ``benchmarks/results/flip_phases.{md,json,png}``: TTFT, TPOT, JCT and goodput under the SLO per configuration
 and phase, every flip with its durations, and a timeline of roles and queues.
 """
@@ -126,7 +126,8 @@ def serve_and_run(name: str, flags: list[str], workload: Any, args: argparse.Nam
     from tetriserve.client import TetriServeClient
 
     cmd = [sys.executable, "-m", "tetriserve.control_plane.cli", "serve", "--grpc-port", GRPC.rsplit(":", 1)[1],
-           "--http-port", "8160", "--kv-cache-gb", "2", "--num-prefill", "1", "--num-decode", "2",
+           "--http-port", "8160", "--kv-cache-gb", "2", "--num-prefill", str(args.num_prefill),
+           "--num-decode", str(args.num_decode),
            "--predictor", "baseline", *flags]  # fmt: skip
     with open(WORK / f"flip_phases_{name}.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -222,12 +223,14 @@ def flips(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds-per-phase", type=float, default=45.0)
-    ap.add_argument("--prefill-rate", type=float, default=6.0, help="req/s of the prefill-heavy phase")
-    ap.add_argument("--decode-rate", type=float, default=2.0, help="req/s of the decode-heavy phase")
-    ap.add_argument("--mixed-rate", type=float, default=3.0, help="req/s of the mixed phase")
+    ap.add_argument("--num-prefill", type=int, default=2, help="prefill workers at the start")
+    ap.add_argument("--num-decode", type=int, default=1, help="decode workers at the start")
+    ap.add_argument("--prefill-rate", type=float, default=10.0, help="req/s of the prefill-heavy phase")
+    ap.add_argument("--decode-rate", type=float, default=3.0, help="req/s of the decode-heavy phase")
+    ap.add_argument("--mixed-rate", type=float, default=4.0, help="req/s of the mixed phase")
     ap.add_argument("--max-output", type=int, default=512, help="cap on a request's output tokens")
-    ap.add_argument("--ttft-slo-ms", type=float, default=1000.0)
-    ap.add_argument("--tpot-slo-ms", type=float, default=100.0)
+    ap.add_argument("--ttft-slo-ms", type=float, default=500.0)
+    ap.add_argument("--tpot-slo-ms", type=float, default=20.0)
     ap.add_argument("--scan", type=int, default=30000, help="ShareGPT records read for the pool")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))

@@ -38,9 +38,10 @@ def write_report(report: dict[str, Any], md: Path, png: Path) -> None:
         f"req/s, Poisson; ShareGPT prompts, answer lengths capped at {a['max_output']} tokens, forced with "
         f"`ignore_eos`); classes {report['workload']['classes']}; SLO per request: TTFT ≤ {a['ttft_slo_ms']:g} ms "
         f"and TPOT ≤ {a['tpot_slo_ms']:g} ms (goodput: requests meeting both per second).  ",
-        "Each configuration: a fresh `tetriserve serve` with 1 prefill + 2 decode workers (3 engines on this "
-        "machine's 2 cores), 8 warm-up requests, then the workload over gRPC. A flip restarts the worker in its "
-        "new role (the engine is loaded again).",
+        f"Each configuration: a fresh `tetriserve serve` with {a['num_prefill']} prefill + {a['num_decode']} "
+        "decode workers (all engines on this machine's 2 cores), 8 warm-up requests, then the workload over gRPC. "
+        "A flip restarts the worker in its new role (the engine is loaded again); `tetriinfer` flips after 10 s "
+        "idle (the paper: 60 s; the phases here are shorter), `slo` with its defaults (cooldown 30 s, 20 samples).",
         "",
     ]
     for phase in ["all", *report["workload"]["phases"]]:
