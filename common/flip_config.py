@@ -44,6 +44,9 @@ class FlipConfig(BaseModel):
     min_samples: int = Field(20, ge=1, description="slo: fewest finished requests in the window to act on.")
     cooldown_s: float = Field(30.0, ge=0, description="slo: least time between two orders.")
     idle_s: float = Field(120.0, ge=0, description="slo: a worker idle this long may be removed (autoscaling).")
+    donor_max_load: float = Field(
+        0.5, gt=0, le=1, description="slo: a worker is flipped away only while its load is under this (spare)."
+    )
     drain_timeout_s: float = Field(
         120.0,
         gt=0,

@@ -58,6 +58,7 @@ def policy_from_config(cfg: FlipConfig, base_workers: int = 0) -> FlipPolicy:
             base_workers=base_workers,
             idle_threshold=cfg.load_threshold,
             idle_s=cfg.idle_s,
+            donor_max_load=cfg.donor_max_load,
         )
         return SloFlip(params)
     return NoFlip()

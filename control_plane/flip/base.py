@@ -42,7 +42,7 @@ class WorkerView:
 @dataclass(frozen=True)
 class Attainment:
     """Share of the requests finished in the sliding window that met their TTFT / TPOT objective (None: no
-    objective set or no sample)."""
+    objective set or no sample); ``samples``: the requests with an objective."""
 
     ttft: float | None = None
     tpot: float | None = None

@@ -10,8 +10,8 @@ disaggregated servers (NVIDIA Dynamo's planner sizes the prefill and decode pool
         fewer than ``min_samples`` requests in the window: no decision on attainment
         the side X with the larger positive deficit needs capacity, unless it already has ``max_<X>`` workers:
             live workers < max_workers              ─▶ add a worker of X
-            else the other side Y meets its target
-                 and keeps ≥ ``min_<Y>`` without one ─▶ flip Y's least loaded ACTIVE worker to X
+            else the other side Y meets its target, keeps ≥ ``min_<Y>`` without one,
+                 and its least loaded ACTIVE worker is under ``donor_max_load`` ─▶ flip that worker to X
         no deficit, autoscaling on (max_workers > 0) and more live workers than ``base_workers``:
             a worker idle (load < ``idle_threshold``) for ``idle_s`` whose side keeps ≥ ``min_<side>`` ─▶ remove it
 """
@@ -45,6 +45,7 @@ class SloParams:
     base_workers: int = 0  # never removes below this many live workers
     idle_threshold: float = 0.10
     idle_s: float = 120.0
+    donor_max_load: float = 0.5  # a worker busier than this is not spare capacity, whatever its side's SLO
 
     def __post_init__(self) -> None:
         for name in ("ttft_target", "tpot_target"):
@@ -57,6 +58,8 @@ class SloParams:
             high = getattr(self, f"max_{role}")
             if high is not None and high < getattr(self, f"min_{role}"):
                 raise ValueError(f"flip.max_{role} ({high}) is below flip.min_{role}")
+        if not 0 < self.donor_max_load <= 1:
+            raise ValueError(f"flip.donor_max_load must be in (0, 1], got {self.donor_max_load}")
         if self.cooldown_s < 0 or self.idle_s < 0 or self.min_samples < 1:
             raise ValueError("flip.cooldown_s and flip.idle_s must be >= 0 and flip.min_samples >= 1")
 
@@ -112,6 +115,8 @@ class SloFlip:
         if deficit[donor] > 0 or snapshot.count(donor) - 1 < low or not donors:
             return []
         chosen = min(donors, key=lambda w: (w.load, w.worker_id))
+        if chosen.load >= self.params.donor_max_load:
+            return []
         return [FlipOrder(chosen.worker_id, needy, f"{why}; {donor.value} meets its objective")]
 
     def _scale_in(self, snapshot: ClusterSnapshot) -> list[Order]:

@@ -56,8 +56,9 @@ class SloWindow:
             done = list(self._done)
         ttft = [f.ttft_met for f in done if f.ttft_met is not None]
         tpot = [f.tpot_met for f in done if f.tpot_met is not None]
+        judged = sum(1 for f in done if f.ttft_met is not None or f.tpot_met is not None)  # no objective: no sample
         return Attainment(
             sum(ttft) / len(ttft) if ttft else None,
             sum(tpot) / len(tpot) if tpot else None,
-            len(done),
+            judged,
         )

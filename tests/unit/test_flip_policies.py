@@ -177,3 +177,22 @@ def test_slo_removes_a_long_idle_worker_above_the_base_count() -> None:
     for t in (0, 100):
         kept = no_autoscale.decide(snap(t, *cluster, ttft=1.0, tpot=1.0, samples=50, max_workers=0))
     assert kept == []
+
+
+def test_slo_takes_no_worker_its_side_is_using() -> None:
+    busy = (w("p0", P, 1.0), w("d0", D, 0.9), w("d1", D, 0.7))  # decode meets TPOT, but both workers work
+    assert SloFlip(SloParams(min_samples=1)).decide(snap(0, *busy, ttft=0.2, tpot=1.0, samples=50)) == []
+    with pytest.raises(ValueError, match="donor_max_load"):
+        SloParams(donor_max_load=0)
+
+
+def test_the_slo_window_counts_only_requests_with_an_objective() -> None:
+    from tetriserve.control_plane.flip.window import SloWindow
+
+    window = SloWindow(60.0, tpot_slo_ms=20.0)
+    window.observe(0.0, ttft_ms=100.0, tpot_ms=None)  # one output token: no TPOT to judge, no TTFT objective
+    window.observe(1.0, ttft_ms=900.0, tpot_ms=10.0, ttft_slo_ms=500.0)  # its own TTFT objective, missed
+    window.observe(2.0, ttft_ms=100.0, tpot_ms=30.0)
+    got = window.attainment(now=3.0)
+    assert (got.ttft, got.tpot, got.samples) == (0.0, 0.5, 2)
+    assert window.attainment(now=61.5).samples == 1  # the first two have left the window
