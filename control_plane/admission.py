@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tetriserve.common.config import AdmissionConfig
+from tetriserve.common.admission_config import AdmissionConfig
 
 RATE_TAU_S = 30.0  # busy seconds over which the start rate is averaged
 RETRY_AFTER_MAX_S = 60

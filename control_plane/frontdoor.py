@@ -40,7 +40,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tetriserve.common.config import AdmissionConfig
+from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.errors import InvalidRequestError, UnknownModelError
 from tetriserve.common.request import SLO, Request, SamplingSpec
 from tetriserve.common.stream import FinishReason, StreamChunk

@@ -45,7 +45,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from tetriserve.common.config import AdmissionConfig
+from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.load import PrefillLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import Placement, PlacementRequest, StateEvent

@@ -14,7 +14,7 @@ import pytest
 
 from tests.fakes import FakeBackend, LoopThread, tokenizer_dir
 from tetriserve.client import TetriServeClient
-from tetriserve.common.config import AdmissionConfig
+from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.control_plane.frontdoor import FrontDoor
 from tetriserve.control_plane.gateway_grpc import start_grpc_server
 from tetriserve.control_plane.gateway_http import start_http_server

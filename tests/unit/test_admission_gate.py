@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tetriserve.common.config import AdmissionConfig
+from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.control_plane.admission import AdmissionGate, Draining, Overloaded
 
 

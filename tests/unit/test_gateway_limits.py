@@ -15,7 +15,7 @@ from tests.fakes import wait_until
 from tests.gateway_support import FakeFrontDoors, fake_front_doors
 from tetriserve.client import ResourceExhausted, TetriServeClient
 from tetriserve.client.retry import NO_RETRY, RetryPolicy
-from tetriserve.common.config import AdmissionConfig
+from tetriserve.common.admission_config import AdmissionConfig
 
 LIMIT = 64 << 10
 QUEUE = 2  # requests that may wait to start

@@ -369,7 +369,8 @@ def test_config_field_validation_names_the_field(overrides: dict[str, object], l
 
 
 def test_every_config_field_has_a_description() -> None:
-    from tetriserve.common.config import AdmissionConfig, DecodeConfig, EngineConfig, PrefillConfig
+    from tetriserve.common.admission_config import AdmissionConfig
+    from tetriserve.common.config import DecodeConfig, EngineConfig, PrefillConfig
     from tetriserve.common.flip_config import FlipConfig, ScaleConfig
 
     for model in (ClusterConfig, EngineConfig, PrefillConfig, DecodeConfig, AdmissionConfig, FlipConfig, ScaleConfig):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tetriserve.common.config import AdmissionConfig
+from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.load import PrefillLoad, same_load
 from tetriserve.common.stream import PlacementRequest
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
