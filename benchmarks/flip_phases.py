@@ -176,6 +176,7 @@ def summarize(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             vals = sorted(r[key] for r in ok if r[key] is not None)
             return vals[int(0.9 * (len(vals) - 1))] if vals else None
 
+        # not common.workload.attained: a request with one output token has no time per output token to miss
         met = [
             r
             for r in ok

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from tetriserve.common.lifecycle import LifecycleView
 from tetriserve.common.request import Request
 from tetriserve.common.stream import StreamChunk
 
@@ -32,6 +33,19 @@ class WorkerStatus:
     flips: int = 0
     last_flip_s: float | None = None  # the latest flip, from its decision until it served in the new role
     last_flip_switch_s: float | None = None  # ... from the end of its drain (TetriInfer's flip time)
+
+
+def lifecycle_fields(life: LifecycleView | None) -> dict[str, Any]:
+    """``WorkerStatus``'s lifecycle keywords from the elastic controller's view of a worker (None: none)."""
+    if life is None:
+        return {}
+    timing = life.last_flip
+    return {
+        "lifecycle": life.state.value,
+        "flips": life.flips,
+        "last_flip_s": timing.first_served_s if timing is not None else None,
+        "last_flip_switch_s": timing.switch_s if timing is not None else None,
+    }
 
 
 @dataclass(frozen=True)

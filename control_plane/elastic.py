@@ -277,10 +277,6 @@ class Elastic:
         with self._lock:
             return {wid: lc.view() for wid, lc in self._lifecycles.items()}
 
-    def loads(self) -> dict[str, float]:
-        with self._lock:
-            return {wid: v for wid, (v, _) in self._load.items()}
-
     # -- helpers ---------------------------------------------------------------------------------------
     def _ready(self, worker_id: str) -> WorkerLifecycle:
         lc = self._lifecycles.get(worker_id)
@@ -328,6 +324,11 @@ class Elastic:
             k += 1
         self._used.add(f"{role.value}-{k}")
         return f"{role.value}-{k}"
+
+
+def role_counts(prefill: int | None, decode: int | None) -> dict[Role, int]:
+    """A ``scale`` order's counts (None: leave that role as it is)."""
+    return {r: n for r, n in ((Role.PREFILL, prefill), (Role.DECODE, decode)) if n is not None}
 
 
 def parse_role(value: str) -> Role:

@@ -47,7 +47,6 @@ from dataclasses import replace
 from typing import Any
 
 from tetriserve.common.lifecycle import Lifecycle
-from tetriserve.common.load import Role
 from tetriserve.common.request import Request
 from tetriserve.common.stream import (
     FinishReason,
@@ -57,8 +56,8 @@ from tetriserve.common.stream import (
     StreamChunk,
 )
 from tetriserve.control_plane.admission import Overloaded
-from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
-from tetriserve.control_plane.elastic import Elastic, parse_role
+from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus, lifecycle_fields
+from tetriserve.control_plane.elastic import Elastic, parse_role, role_counts
 from tetriserve.control_plane.launcher import Cluster
 from tetriserve.control_plane.policy_admin import Setter, apply_changes, parse_changes, resolve_targets
 from tetriserve.control_plane.token_log import AT_ONCE, TokenLog
@@ -267,8 +266,7 @@ class RayBackend:
         workers = []
         for m in members:
             wid = m["worker_id"]
-            slot, life = slots.get(wid), lives.get(wid)
-            timing = life.last_flip if life is not None else None
+            slot = slots.get(wid)
             workers.append(
                 WorkerStatus(
                     wid,
@@ -279,10 +277,7 @@ class RayBackend:
                     incarnation=slot.incarnation if slot is not None else int(m.get("incarnation", 0)),
                     restarts=slot.restarts if slot is not None else 0,
                     health=m["state"],
-                    lifecycle=life.state.value if life is not None else "",
-                    flips=life.flips if life is not None else 0,
-                    last_flip_s=timing.first_served_s if timing is not None else None,
-                    last_flip_switch_s=timing.switch_s if timing is not None else None,
+                    **lifecycle_fields(lives.get(wid)),
                 )
             )
         return ClusterStatus(self._model_name, tuple(workers), int(sched["in_flight"]), self.cluster.dashboard_url)
@@ -305,8 +300,7 @@ class RayBackend:
         return self._elastic().flip(worker_id, parse_role(role), time.monotonic())
 
     async def scale(self, prefill: int | None, decode: int | None) -> list[str]:
-        counts = {r: n for r, n in ((Role.PREFILL, prefill), (Role.DECODE, decode)) if n is not None}
-        return self._elastic().scale(counts, time.monotonic())
+        return self._elastic().scale(role_counts(prefill, decode), time.monotonic())
 
     def _elastic(self) -> Elastic:
         supervision = getattr(self.cluster, "supervision", None)

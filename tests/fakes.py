@@ -29,12 +29,11 @@ from typing import Any, TypeVar
 
 from tests.elastic_support import SimulatedCluster
 from tetriserve.common.config import DecodeConfig
-from tetriserve.common.load import Role
 from tetriserve.common.request import Request
 from tetriserve.common.stream import StreamChunk, TokenLogprobs
 from tetriserve.control_plane.admission import Overloaded
-from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus
-from tetriserve.control_plane.elastic import parse_role
+from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus, lifecycle_fields
+from tetriserve.control_plane.elastic import parse_role, role_counts
 from tetriserve.control_plane.policy_admin import apply_changes, parse_changes, resolve_targets
 from tetriserve.decode_worker.policy import decode_policies
 from tetriserve.decode_worker.preemption.stats import PreemptionStats
@@ -207,8 +206,6 @@ class FakeBackend:
         lives = self.cluster.elastic.lifecycles()
         workers = []
         for wid, m in self.cluster.members.items():
-            life = lives[wid]
-            timing = life.last_flip
             workers.append(
                 WorkerStatus(
                     wid,
@@ -218,10 +215,7 @@ class FakeBackend:
                     dict(self.policies.get(wid, {})),
                     incarnation=m["incarnation"],
                     health=m["state"],
-                    lifecycle=life.state.value,
-                    flips=life.flips,
-                    last_flip_s=None if timing is None else timing.first_served_s,
-                    last_flip_switch_s=None if timing is None else timing.switch_s,
+                    **lifecycle_fields(lives[wid]),
                 )
             )
         return ClusterStatus(self.model_name, tuple(workers), len(self._abort_events), "http://127.0.0.1:8265")
@@ -230,8 +224,7 @@ class FakeBackend:
         return self.cluster.elastic.flip(worker_id, parse_role(role), time.monotonic())
 
     async def scale(self, prefill: int | None, decode: int | None) -> list[str]:
-        counts = {r: n for r, n in ((Role.PREFILL, prefill), (Role.DECODE, decode)) if n is not None}
-        return self.cluster.elastic.scale(counts, time.monotonic())
+        return self.cluster.elastic.scale(role_counts(prefill, decode), time.monotonic())
 
     async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:
         role, targets = resolve_targets(worker_id, {"prefill-0": "prefill-0"}, {"decode-0": "decode-0"})
