@@ -32,30 +32,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_bench_report import RESULTS, WORK
-from vllm_bench_serve import prepare, stop, tetriserve_cmd, wait_ready
+from vllm_bench_serve import prepare, stop, tetriserve_cmd, vllm_cmd, wait_ready
 
 NAMESPACE = "tetriserve"
 PORTS = {"tetriserve": 8100, "vllm": 8101}
-
-
-def vllm_cmd(model: str) -> list[str]:
-    """The plain server exactly as ``vllm_bench_serve.py`` starts it."""
-    return [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model,
-        "--served-model-name",
-        "tiny-llama",
-        "--max-model-len",
-        "2048",
-        "--block-size",
-        "32",
-        "--port",
-        str(PORTS["vllm"]),
-        "--disable-uvicorn-access-log",
-    ]
 
 
 def prompt_ids(n_tokens: int, salt: int) -> list[int]:
@@ -207,7 +187,9 @@ def main() -> int:
     model, _, env = prepare()
     results = {
         "tetriserve": run_system("tetriserve", tetriserve_cmd(), env, args),
-        "vllm": run_system("vllm", vllm_cmd(model), dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2"), args),
+        "vllm": run_system(
+            "vllm", vllm_cmd(model, PORTS["vllm"]), dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2"), args
+        ),
     }
     write_report(results, args)
     return 0

@@ -150,6 +150,26 @@ def tetriserve_cmd(*extra: str) -> list[str]:
     ]
 
 
+def vllm_cmd(model: str, port: int) -> list[str]:
+    """A plain vLLM OpenAI server on ``port``, same model, context and block size as tetriserve's engines."""
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--served-model-name",
+        "tiny-llama",
+        "--max-model-len",
+        "2048",
+        "--block-size",
+        "32",
+        "--port",
+        str(port),
+        "--disable-uvicorn-access-log",
+    ]
+
+
 def serve_and_bench(
     name: str,
     cmd: list[str],
@@ -223,26 +243,7 @@ def main() -> int:
             8100,
             env,
         ),
-        "vllm": (
-            [
-                sys.executable,
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                model,
-                "--served-model-name",
-                "tiny-llama",
-                "--max-model-len",
-                "2048",
-                "--block-size",
-                "32",
-                "--port",
-                "8101",
-                "--disable-uvicorn-access-log",
-            ],
-            8101,
-            dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2"),
-        ),
+        "vllm": (vllm_cmd(model, 8101), 8101, dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2")),
     }
     results: dict[str, dict[str, list[dict[str, float]]]] = {n: {s: [] for s in args.scenarios} for n in args.systems}
     # scenario by scenario, the two systems back to back (the first one alternating), so that the two runs of a
