@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_bench_report import RESULTS, WORK
-from vllm_bench_serve import prepare, stop, tetriserve_cmd, vllm_cmd, wait_ready
+from vllm_bench_serve import prepare, stop, tetriserve_cmd, vllm_server, wait_ready
 
 NAMESPACE = "tetriserve"
 PORTS = {"tetriserve": 8100, "vllm": 8101}
@@ -44,7 +44,8 @@ def prompt_ids(n_tokens: int, salt: int) -> list[int]:
 
 
 def stream_one(port: int, prompt: list[int], max_tokens: int) -> dict[str, float]:
-    """One streamed completion; the arrival time of every chunk that carries text, as gaps in ms."""
+    """One streamed completion, timed by the arrival of every chunk: TTFT, the first gap, the median of the rest,
+    the chunk count and the end-to-end time per output token (ms)."""
     body = {
         "model": "tiny-llama",
         "prompt": prompt,
@@ -187,9 +188,7 @@ def main() -> int:
     model, _, env = prepare()
     results = {
         "tetriserve": run_system("tetriserve", tetriserve_cmd(), env, args),
-        "vllm": run_system(
-            "vllm", vllm_cmd(model, PORTS["vllm"]), dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2"), args
-        ),
+        "vllm": run_system("vllm", *vllm_server(model, PORTS["vllm"], env), args),
     }
     write_report(results, args)
     return 0

@@ -150,9 +150,10 @@ def tetriserve_cmd(*extra: str) -> list[str]:
     ]
 
 
-def vllm_cmd(model: str, port: int) -> list[str]:
-    """A plain vLLM OpenAI server on ``port``, same model, context and block size as tetriserve's engines."""
-    return [
+def vllm_server(model: str, port: int, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """A plain vLLM OpenAI server on ``port`` (command, environment): same model, context and block size as
+    tetriserve's engines, its KV cache sized like theirs."""
+    cmd = [
         sys.executable,
         "-m",
         "vllm.entrypoints.openai.api_server",
@@ -168,6 +169,7 @@ def vllm_cmd(model: str, port: int) -> list[str]:
         str(port),
         "--disable-uvicorn-access-log",
     ]
+    return cmd, dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2")
 
 
 def serve_and_bench(
@@ -237,13 +239,14 @@ def main() -> int:
         write_report(results, args)
         return 0
     model, dataset, env = prepare()
+    vllm_cmd, vllm_env = vllm_server(model, 8101, env)
     systems = {
         "tetriserve": (
             tetriserve_cmd(*shlex.split(args.tetriserve_flags)),
             8100,
             env,
         ),
-        "vllm": (vllm_cmd(model, 8101), 8101, dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2")),
+        "vllm": (vllm_cmd, 8101, vllm_env),
     }
     results: dict[str, dict[str, list[dict[str, float]]]] = {n: {s: [] for s in args.scenarios} for n in args.systems}
     # scenario by scenario, the two systems back to back (the first one alternating), so that the two runs of a
