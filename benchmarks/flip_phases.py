@@ -113,6 +113,7 @@ async def poll(timeline: list[dict[str, Any]], done: asyncio.Event) -> None:
                         "flips": w.flips,
                         "last_flip_ms": w.last_flip_ms,
                         "last_flip_switch_ms": w.last_flip_switch_ms,
+                        "last_flip_engine_ms": w.last_flip_engine_ms,
                     }
                     for w in st.workers
                 }
@@ -217,6 +218,7 @@ def flips(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 out.append(entry)
             if entry is not None and entry["n"] == w["flips"]:
                 entry["switch_ms"] = w["last_flip_switch_ms"]
+                entry["engine_swap_ms"] = w.get("last_flip_engine_ms")
                 entry["decision_to_served_ms"] = w["last_flip_ms"]
     return out
 

@@ -145,7 +145,8 @@ class WorkerInfo:
     clock (serving, starting, stale, stuck, draining, dead); ``incarnation`` counts the worker's lives from 0.
     ``lifecycle`` is the elastic controller's (starting, active, draining, flipping); ``flips`` counts its role
     changes, ``last_flip_ms`` the latest from the order to its first request in the new role and
-    ``last_flip_switch_ms`` from the end of its drain (None: no flip yet, or none served since).
+    ``last_flip_switch_ms`` from the end of its drain (None: no flip yet, or none served since);
+    ``last_flip_engine_ms`` is the role swap on its engine alone, as the worker timed it.
     """
 
     worker_id: str
@@ -160,6 +161,7 @@ class WorkerInfo:
     flips: int = 0
     last_flip_ms: float | None = None
     last_flip_switch_ms: float | None = None
+    last_flip_engine_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,7 @@ class ClusterStatus:
                 w.flips,
                 w.last_flip_ms if w.HasField("last_flip_ms") else None,
                 w.last_flip_switch_ms if w.HasField("last_flip_switch_ms") else None,
+                w.last_flip_engine_ms if w.HasField("last_flip_engine_ms") else None,
             )
             for w in msg.workers
         )

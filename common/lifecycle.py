@@ -9,11 +9,13 @@
 Placement and dispatch see only ``ACTIVE`` workers: a draining worker takes no
 new request and its own finish or hand over. A flip swaps the role with the
 engine it has (no weight reload); TetriInfer measures 5–7 ms for that switch,
-excluding the drain. Each flip records three durations, all from the monitor's
-clock:
+excluding the drain. Each flip records three durations from the monitor's clock,
+and the worker's own timing of the swap on its engine (``engine_switch_s``, the
+paper's flip time):
 
     drain_s         the decision (``drain``) to the drain's end (``flipping``)
-    switch_s        the drain's end to the worker serving in its new role (``activate``): the paper's flip time
+    switch_s        the drain's end to the worker serving in its new role (``activate``), as the control plane
+                    sees it (its ticks and the worker's first report in the new role included)
     first_served_s  the decision to the first request served in the new role (``served``)
 
 The object is plain bookkeeping, no I/O: the flip controller keeps one per
@@ -23,7 +25,7 @@ worker and ``view()`` freezes it for ``status`` and the dashboard.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tetriserve.common.load import Role
 
@@ -45,6 +47,7 @@ class FlipTiming:
     drain_s: float
     switch_s: float
     first_served_s: float | None = None
+    engine_switch_s: float | None = None  # the role swap on the engine, timed by the worker (a flip in place)
 
 
 @dataclass(frozen=True)
@@ -87,12 +90,13 @@ class WorkerLifecycle:
             allowed = " or ".join(s.value for s in states)
             raise ValueError(f"{self.worker_id}: cannot {action} while {self.state.value} (only when {allowed})")
 
-    def activate(self, now: float) -> None:
-        """Serving: after start-up, or in the new role at the end of a flip."""
+    def activate(self, now: float, engine_switch_s: float | None = None) -> None:
+        """Serving: after start-up, or in the new role at the end of a flip (``engine_switch_s``: how long the
+        worker's own role swap took, if it timed one)."""
         self._expect("activate", Lifecycle.STARTING, Lifecycle.FLIPPING)
         if self.state is Lifecycle.FLIPPING and self.target_role is not None:  # flipping() checked the target
             drain_s, switch_s = self._drained_at - self._decided_at, now - self._drained_at
-            self.last_flip = FlipTiming(self.role, self.target_role, drain_s, switch_s)
+            self.last_flip = FlipTiming(self.role, self.target_role, drain_s, switch_s, None, engine_switch_s)
             self.role, self.target_role = self.target_role, None
             self.flips += 1
             self._awaiting_first = True
@@ -117,8 +121,8 @@ class WorkerLifecycle:
         self._drained_at = now
 
     def cancel(self) -> None:
-        """Give up a drain (the flip was called off): serve in the old role again."""
-        self._expect("cancel a drain", Lifecycle.DRAINING)
+        """Give up a drain or a flip that failed: serve in the old role again."""
+        self._expect("cancel a drain", Lifecycle.DRAINING, Lifecycle.FLIPPING)
         self.state = Lifecycle.ACTIVE
         self.target_role = None
         self.removing = False
@@ -127,7 +131,7 @@ class WorkerLifecycle:
         """A request was served; the first one after a flip completes its timing."""
         if self._awaiting_first and self.last_flip is not None:
             t = self.last_flip
-            self.last_flip = FlipTiming(t.from_role, t.to_role, t.drain_s, t.switch_s, now - self._decided_at)
+            self.last_flip = replace(t, first_served_s=now - self._decided_at)
             self._awaiting_first = False
 
     def die(self) -> None:

@@ -32,7 +32,8 @@ class WorkerStatus:
     lifecycle: str = ""  # the elastic controller's: starting, active, draining, flipping
     flips: int = 0
     last_flip_s: float | None = None  # the latest flip, from its decision until it served in the new role
-    last_flip_switch_s: float | None = None  # ... from the end of its drain (TetriInfer's flip time)
+    last_flip_switch_s: float | None = None  # ... from the end of its drain, as the control plane saw it
+    last_flip_engine_s: float | None = None  # ... the role swap on its engine, timed by the worker (the paper's)
 
 
 def lifecycle_fields(life: LifecycleView | None) -> dict[str, Any]:
@@ -45,6 +46,7 @@ def lifecycle_fields(life: LifecycleView | None) -> dict[str, Any]:
         "flips": life.flips,
         "last_flip_s": timing.first_served_s if timing is not None else None,
         "last_flip_switch_s": timing.switch_s if timing is not None else None,
+        "last_flip_engine_s": timing.engine_switch_s if timing is not None else None,
     }
 
 

@@ -127,6 +127,8 @@ class ClusterMonitor:
         member = self.members.get(load.worker_id)
         if member is None or member.incarnation != load.incarnation or member.dead:
             return  # unknown, or a previous life's last words
+        if isinstance(load, PrefillLoad) is not (member.role is Role.PREFILL):
+            return  # flipped in place, not yet registered in its new role
         now = self.clock()
         if member.load is None or not load.busy or load.steps != member.load.steps:
             member.moved = now

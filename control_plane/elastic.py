@@ -3,7 +3,7 @@
     operator (admin gRPC Flip / Scale; `tetriserve flip`, `tetriserve scale`) ─┐
     flip policy (control_plane/flip, every ``flip.check_interval_s``) ─────────┴─▶ operations, one per worker:
 
-    flip W to R   ACTIVE ─drain─▶ DRAINING ─(idle, or drain_timeout_s)─▶ FLIPPING: W restarts as R ─(serving)─▶ ACTIVE
+    flip W to R   ACTIVE ─drain─▶ DRAINING ─(idle, or drain_timeout_s)─▶ FLIPPING: W swaps role ─(serving)─▶ ACTIVE
     remove W      ACTIVE ─drain─▶ DRAINING ─(idle, or drain_timeout_s)─▶ killed and forgotten
     add R         a new name R-k ─▶ STARTING (its engine loads) ─(serving)─▶ ACTIVE
 
@@ -15,10 +15,11 @@ least ``MIN_DRAIN_S`` passed, for a dispatch decided just before the drain to
 land), or after ``flip.drain_timeout_s``: the requests still on the worker then
 are migrated by their front doors with the tokens they have (the failure path).
 
-A flip today restarts the worker's actor in its new role under the same name:
-the engine is loaded again (seconds on the tiny model, tens on real ones)
-instead of only its role being switched (TetriInfer's 5–7 ms). Every flip's
-drain, switch and first-request times are kept (``common/lifecycle.py``).
+A flip keeps the worker's actor and engine: the worker swaps its role in place
+(``control_plane/worker_actor.py``; TetriInfer's 5–7 ms switch), after ending
+with ``retry`` errors whatever a timed-out drain left on it. Every flip's drain,
+switch, engine-switch and first-request times are kept (``common/lifecycle.py``);
+a flip the worker could not carry out puts it back in its old role.
 
 Pure bookkeeping: the cluster's members come in as the monitor's snapshot
 (``tick``), and what must happen goes out through an ``Actuator``
@@ -53,7 +54,7 @@ DECISIONS_KEPT = 100
 class Actuator(Protocol):
     def drain(self, worker_id: str, draining: bool) -> None: ...
     def add_worker(self, name: str, role: str, now: float) -> None: ...
-    def reassign(self, name: str, role: str, now: float) -> None: ...
+    def flip(self, name: str, role: str, now: float) -> None: ...
     def remove_worker(self, name: str) -> None: ...
 
 
@@ -80,8 +81,8 @@ class _Operation:
     order: str
     source: str
     started: float
-    incarnation: int = -1  # flip: the drained life (the new one has a higher number)
     idle_since: float | None = None
+    engine_switch_s: float | None = None  # flip: the worker's own timing of its role swap
 
 
 class Elastic:
@@ -202,23 +203,38 @@ class Elastic:
                 self._load.pop(op.worker_id, None)
                 self._decide(op, why, f"removed after {now - op.started:.1f} s", now)
                 return
-            op.incarnation = int(m["incarnation"]) if m is not None else op.incarnation
             lc.flipping(now)
-            self.actuator.reassign(op.worker_id, op.role.value, now)
-            self._decide(op, why, f"restarting as {op.role.value}", now)
-        elif (
-            m is not None
-            and m["state"] == "serving"
-            and Role(m["role"]) is op.role
-            and m["incarnation"] > op.incarnation
-        ):
-            lc.activate(now)
+            self.actuator.flip(op.worker_id, op.role.value, now)
+            self._decide(op, why, f"switching to {op.role.value}", now)
+        elif m is not None and m["state"] == "serving" and Role(m["role"]) is op.role:
+            lc.activate(now, op.engine_switch_s)
             del self._ops[op.worker_id]
             timing = lc.last_flip
             done = f"done in {now - op.started:.1f} s"
             if timing is not None and op.kind == "flip":
-                done += f" (drain {timing.drain_s:.1f} s, switch {timing.switch_s:.1f} s)"
+                done += f" (drain {timing.drain_s:.1f} s, switch {timing.switch_s:.2f} s"
+                if timing.engine_switch_s is not None:
+                    done += f", on the engine {timing.engine_switch_s * 1e3:.1f} ms"
+                done += ")"
             self._decide(op, "serving", done, now)
+
+    def flipped(self, worker_id: str, engine_switch_s: float) -> None:
+        """The worker has swapped its role (its first report in the new role completes the flip)."""
+        with self._lock:
+            op = self._ops.get(worker_id)
+            if op is not None and op.kind == "flip":
+                op.engine_switch_s = engine_switch_s
+
+    def flip_failed(self, worker_id: str, now: float, reason: str) -> None:
+        """The worker could not swap its role and serves in its old one: back to ACTIVE, placeable again."""
+        with self._lock:
+            op, lc = self._ops.get(worker_id), self._lifecycles.get(worker_id)
+            if op is None or op.kind != "flip" or lc is None or lc.state is not Lifecycle.FLIPPING:
+                return
+            lc.cancel()
+            del self._ops[worker_id]
+            self.actuator.drain(worker_id, False)
+            self._decide(op, reason, "failed: serving in its old role", now)
 
     def _consult_policy(self, now: float) -> None:
         snapshot = ClusterSnapshot(

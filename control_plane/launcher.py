@@ -1,8 +1,9 @@
 """The one place that builds the cluster's Ray actors and wires them together.
 
     ray.init (local, or --address) ─▶ ClusterMonitor  "cluster-monitor"
-                                    ─▶ DecodeWorker    "decode-0..N"    (engines start in parallel)
-                                    ─▶ PrefillWorker   "prefill-0..M"   (+ its length predictor, factory.py)
+                                    ─▶ Worker          "decode-0..N"    (engines start in parallel)
+                                    ─▶ Worker          "prefill-0..M"   (+ its length predictor, factory.py)
+                                       one engine each, in the role its name says until a flip (worker_actor.py)
                                     ─▶ GlobalScheduler "global-scheduler"
     then: workers register with the monitor, start their 100 ms load reports (and state
     events to the GlobalScheduler), and the monitor starts broadcasting. Front doors
@@ -32,10 +33,9 @@ from tetriserve.common.config import ClusterConfig
 from tetriserve.control_plane.cluster_monitor import ClusterMonitor
 from tetriserve.control_plane.flip.window import SloWindow
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
-from tetriserve.decode_worker.worker import DecodeWorker
+from tetriserve.control_plane.worker_actor import Worker
 from tetriserve.engine.settings import engine_env
 from tetriserve.length_predictor.factory import build_predictor
-from tetriserve.prefill_worker.worker import PrefillWorker
 
 logger = logging.getLogger(__name__)
 
@@ -132,21 +132,19 @@ class ActorBuilder:
         )
 
     def decode(self, worker_id: str, incarnation: int = 0) -> Any:
-        import ray
-
-        return (
-            ray.remote(DecodeWorker)
-            .options(name=worker_id, **self.engine_opts)
-            .remote(worker_id, self.config, self.model_path, incarnation)
-        )
+        return self.worker(worker_id, "decode", incarnation)
 
     def prefill(self, worker_id: str, incarnation: int = 0) -> Any:
+        return self.worker(worker_id, "prefill", incarnation)
+
+    def worker(self, worker_id: str, role: str, incarnation: int = 0) -> Any:
+        """A worker actor starting in ``role`` (it can flip to the other with the engine it has)."""
         import ray
 
         return (
-            ray.remote(PrefillWorker)
+            ray.remote(Worker)
             .options(name=worker_id, **self.engine_opts)
-            .remote(worker_id, self.config, self.model_path, self.predictor, incarnation)
+            .remote(worker_id, self.config, self.model_path, self.predictor, role, incarnation)
         )
 
 

@@ -15,8 +15,10 @@ front doors) ticks every ``TICK_S``::
 
 Scaling and flips (``elastic.py``) go through here too, on the same thread:
 ``add_worker`` builds a new name's first life the way a restart builds the next,
-``reassign`` restarts a drained worker in its other role, ``remove_worker`` kills
-a drained worker for good and takes it out of the monitor and the GlobalScheduler.
+``flip`` has a drained worker swap its role in place (``Worker.flip``; once it
+has, the worker moves between the cluster's tables and is registered with the
+monitor in its new role), ``remove_worker`` kills a drained worker for good and
+takes it out of the monitor and the GlobalScheduler.
 
 The bookkeeping and its decisions are ``supervisor.py`` (pure, unit-tested);
 this file only talks to Ray.
@@ -58,6 +60,7 @@ class Supervision:
         self._sentinels: dict[Any, tuple[str, int]] = {}  # ref -> (name, incarnation)
         self._armed: set[tuple[str, int]] = set()
         self._pending: dict[str, tuple[int, Any, Any, float]] = {}  # name -> (incarnation, handle, ref, since)
+        self._flips: dict[str, tuple[str, str, Any]] = {}  # name -> (old role, new role, ref of its flip call)
         cfg = cluster.config
         self.elastic = Elastic(
             cfg.flip,
@@ -94,6 +97,7 @@ class Supervision:
         for slot in self.sup.due(now):
             self._rebuild(slot, now)
         self._check_pending(now)
+        self._check_flips(now)
 
     def handle(self, name: str) -> Any:
         if name == SCHEDULER:
@@ -109,15 +113,41 @@ class Supervision:
     def add_worker(self, name: str, role: str, now: float) -> None:
         self.sup.add(name, role, now)
 
-    def reassign(self, name: str, role: str, now: float) -> None:
-        """Restart the drained worker ``name`` in ``role`` (a flip that reloads the engine)."""
+    def flip(self, name: str, role: str, now: float) -> None:
+        """Have the drained worker ``name`` serve ``role`` with the engine it has."""
+        handle = self.handle(name)
+        old = self.sup.slots[name].role
+        self.sup.relabel(name, role)  # should it die now, its next life is built in the new role
+        try:
+            self._flips[name] = (old, role, handle.flip.remote(role, self.cluster.config.flip.drain_timeout_s))
+        except Exception as exc:
+            self.sup.relabel(name, old)
+            self.elastic.flip_failed(name, now, f"flip call failed: {exc}")
+
+    def _check_flips(self, now: float) -> None:
         import ray
 
-        handle = self.handle(name)
-        self.sup.reassign(name, role, now)
-        self._forget(name)
-        if handle is not None:
-            _quietly(lambda: ray.kill(handle, no_restart=True))
+        for name, (old, role, ref) in list(self._flips.items()):
+            if not ray.wait([ref], timeout=0)[0]:
+                continue
+            del self._flips[name]
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayActorError:  # it died: its sentinel says so, its next life serves ``role``
+                continue
+            except Exception as exc:  # alive in its old role (still busy, a bug): the flip is off
+                logger.warning("supervision: %s did not flip to %s: %s", name, role, exc)
+                if name in self.sup.slots:
+                    self.sup.relabel(name, old)
+                self.elastic.flip_failed(name, now, f"{type(exc).__name__}: {exc}")
+                continue
+            slot = self.sup.slots.get(name)
+            if slot is None:  # removed meanwhile
+                continue
+            self._place(name, role, self.handle(name), slot.incarnation)
+            _quietly(lambda n=name: self.handle(n).start.remote(self.cluster.monitor, self.cluster.scheduler))
+            self.elastic.flipped(name, result.switch_ms / 1e3)
+            logger.warning("supervision: %s serves %s now (%s)", name, role, result)
 
     def remove_worker(self, name: str) -> None:
         """Kill the drained worker ``name`` for good."""
@@ -268,17 +298,22 @@ class Supervision:
                     _quietly(lambda w=wid: handle.drain.remote(w, True))
             self._rewire()
         else:
-            role = self.sup.slots[name].role
-            if role == "prefill":  # (a flip by restart changes a worker's table)
-                c.decode = {k: v for k, v in c.decode.items() if k != name}
-                c.prefill = {**c.prefill, name: handle}
-                _quietly(lambda: c.scheduler.set_prefill.remote(name, handle))
-            else:
-                self._forget(name)
-                c.decode = {**c.decode, name: handle}
             self.addresses[name] = str(result)
-            _quietly(lambda: c.monitor.register.remote(name, role, handle, str(result), inc))
+            self._place(name, self.sup.slots[name].role, handle, inc)
         logger.warning("supervision: %s is back (incarnation %d)", name, inc)
+
+    def _place(self, name: str, role: str, handle: Any, inc: int) -> None:
+        """Put worker ``name`` in its role's table (out of the other's: its life may have been built in the
+        other role, or flipped) and register it with the monitor in that role."""
+        c = self.cluster
+        if role == "prefill":
+            c.decode = {k: v for k, v in c.decode.items() if k != name}
+            c.prefill = {**c.prefill, name: handle}
+            _quietly(lambda: c.scheduler.set_prefill.remote(name, handle))
+        else:
+            self._forget(name)
+            c.decode = {**c.decode, name: handle}
+        _quietly(lambda: c.monitor.register.remote(name, role, handle, self.addresses[name], inc))
 
     def _rewire(self) -> None:
         """Point the monitor and every worker (those still starting too) at the current control actors."""

@@ -10,10 +10,10 @@ ClusterMonitor say and carries out what it decides::
     RESTARTING ──start_failed()──▶ DEAD (next try after twice the backoff, at most ``max_backoff_s``)
 
     add(name, role) ──▶ DEAD, due at once, ``planned``      (a worker added by scaling: its life 0 is built)
-    reassign(name, role) ──▶ DEAD, due at once, ``planned`` (a drained worker flipped by a restart in its new role)
+    relabel(name, role) ──▶ same state, same life, new role    (a drained worker flipped in place)
     remove(name) ──▶ gone: never re-created                 (a drained worker removed by scaling)
 
-A ``planned`` life does not count as a restart.
+An added worker's first life (``planned``) does not count as a restart.
 
 Every report names the incarnation it is about; one about a previous life is
 ignored, so a late death notice never kills the new life. The backoff resets
@@ -47,7 +47,7 @@ class Slot:
     reason: str = ""  # why it last died
     backoff_s: float = 0.0
     unhealthy_since: float | None = None  # first of an unbroken run of bad health reports
-    planned: bool = False  # the next life was ordered (added, reassigned), not a recovery
+    planned: bool = False  # the next life was ordered (added), not a recovery
 
 
 class Supervisor:
@@ -136,15 +136,13 @@ class Supervisor:
             raise ValueError(f"{name} exists already")
         self.slots[name] = Slot(name, role, -1, 0, ActorState.DEAD, now, "added", planned=True)
 
-    def reassign(self, name: str, role: str, now: float) -> Slot:
-        """End ``name``'s current life by order and build the next one in ``role`` at once (the adapter kills
-        the old life; its death notice names an incarnation already over, so it changes nothing)."""
+    def relabel(self, name: str, role: str) -> Slot:
+        """``name`` now plays ``role`` in the life it has (a flip in place); a later life is built in it."""
         slot = self.slots.get(name)
         if slot is None:
             raise ValueError(f"no actor named {name}")
-        return self._set(
-            slot, now, ActorState.DEAD, role=role, reason=f"reassigned to {role}", backoff_s=0.0, planned=True
-        )
+        self.slots[name] = replace(slot, role=role)
+        return self.slots[name]
 
     def remove(self, name: str) -> Slot | None:
         """Forget ``name``: it is never re-created (the adapter kills it)."""

@@ -43,6 +43,7 @@ from tetriserve.decode_worker.admission import AdmissionPolicy, make_admission_p
 from tetriserve.decode_worker.preemption import PreemptionOrder, PreemptionStrategy, make_preemption_order
 from tetriserve.decode_worker.preemption.stats import PreemptionStats
 from tetriserve.decode_worker.views import DecodeReqView, DecodeSnapshot, DecodeState
+from tetriserve.transport.instructions import KVMode, instruction_of
 
 STEP_SMOOTHING = 0.2
 
@@ -50,6 +51,21 @@ STEP_SMOOTHING = 0.2
 class TetriDecodeScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._take_role()
+
+    @classmethod
+    def assume(cls, scheduler: Scheduler) -> TetriDecodeScheduler:
+        """Make the engine's scheduler, whatever role it played, this one, with the engine's whole step budget
+        (a flip, TetriInfer §3.5; on the engine thread, with the engine idle). vLLM's own state — queues, KV
+        cache manager, connector — is untouched; the role's state starts afresh."""
+        scheduler.__class__ = cls
+        assert isinstance(scheduler, cls)
+        config = scheduler.scheduler_config
+        scheduler.max_num_scheduled_tokens = config.max_num_scheduled_tokens or config.max_num_batched_tokens
+        scheduler._take_role()
+        return scheduler
+
+    def _take_role(self) -> None:
         self.admission: AdmissionPolicy = make_admission_policy("greedy")
         self.victim_order: PreemptionOrder = make_preemption_order("vllm")
         self.strategy = PreemptionStrategy("recompute")
@@ -145,6 +161,15 @@ class TetriDecodeScheduler(Scheduler):
             req.max_tokens = produced
             self.connector.park_running(req, list(self.kv_cache_manager.get_block_ids(req.request_id)[0]), key)
             del self._moving[rid]
+
+    def _get_local_prefix_cache_hit(self, request: Any) -> Any:
+        """A request whose KV arrives through the connector loads all of it from there: the engine keeps prefix
+        caching on for its prefill role (one engine, either role), and a local hit must not stand in for part
+        of a transfer the connector loads whole."""
+        kv = instruction_of(request.kv_transfer_params)
+        if kv is not None and kv.mode is KVMode.RECV:
+            return self.kv_cache_manager.empty_kv_cache_blocks, 0, 0, False
+        return super()._get_local_prefix_cache_hit(request)
 
     def _must_pass(self, req: Any) -> bool:
         """A request whose KV has yet to be pulled through the connector (it needs its blocks first)."""

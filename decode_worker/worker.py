@@ -1,12 +1,13 @@
-"""DecodeWorker: one decode instance (TetriInfer §3.4), run as a named Ray actor.
+"""DecodeWorker: one decode instance (TetriInfer §3.4), the decode role of a worker actor
+(``control_plane/worker_actor.py``, which can flip it to prefill with the same engine).
 
-    submit(req, generated, front door) ─▶ vLLM engine (prompt + tokens so far, KV expected from the connector)
+    take(req, generated, front door) ─▶ vLLM engine (prompt + tokens so far, KV expected from the connector)
                                   │ request waits in WAITING_FOR_REMOTE_KVS until its KV has landed,
                                   │ then only the first token's KV is computed; continuous batching
                                   ▼
     engine deltas (one batch per step) ─▶ the front door's stream from this worker (``subscribe``)
 
-``submit`` returns at once. Each request's tokens go straight to the front door
+``take`` returns at once. Each request's tokens go straight to the front door
 that owns it, through that front door's one multiplexed stream from this worker
 (``common.outbox``): one message per engine step for all its requests. The
 engine is stepped by its own loop (``engine.loop``); this actor sends it
@@ -45,13 +46,10 @@ from tetriserve.decode_worker.moves import Move, SliceMover
 from tetriserve.decode_worker.policy import decode_policies
 from tetriserve.decode_worker.slices import Order
 from tetriserve.engine.loop import Delta
-from tetriserve.engine.settings import EngineRole, build_engine_args
-from tetriserve.engine.worker_base import EngineWorker
+from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.transport.instructions import KVInstruction, KVMode
 
 logger = logging.getLogger(__name__)
-
-SCHEDULER_CLS = "tetriserve.decode_worker.vllm_scheduler.TetriDecodeScheduler"
 
 
 @dataclass
@@ -86,30 +84,26 @@ def decode_policy_settings(cfg: DecodeConfig) -> dict[str, str]:
 
 
 class DecodeWorker(EngineWorker):
-    def __init__(self, worker_id: str, config: ClusterConfig, model_path: str, incarnation: int = 0) -> None:
-        from tetriserve.engine.cores import claim_cores
-        from tetriserve.engine.loop import EngineLoop
-
-        super().__init__(worker_id, config, incarnation)
-        args = build_engine_args(
-            config.engine,
-            model_path,
-            EngineRole.DECODE,
-            endpoint=worker_id,
-            transport=config.transport,
-            kv_deadline_s=config.kv_transfer_timeout_s,
-            scheduler_cls=SCHEDULER_CLS,
-            kv_load_failure_policy=config.kv_load_failure_policy,
-        )
-        self.engine = EngineLoop(
-            args,
-            worker_id,
-            snapshot_fn=lambda s: s.snapshot(),
-            niceness=config.engine.decode_niceness,
-            cores=claim_cores(config.engine.threads_per_engine, borrows=config.engine.borrow_idle_cores),
-        )
+    def __init__(
+        self,
+        worker_id: str,
+        config: ClusterConfig,
+        model_path: str,
+        incarnation: int = 0,
+        predecessor: EngineWorker | None = None,
+    ) -> None:
+        """``predecessor``: the prefill role this worker played until a flip; its engine decodes now."""
+        super().__init__(worker_id, config, incarnation, predecessor)
+        if predecessor is None:
+            self.engine = build_worker_engine(config, model_path, worker_id)
         self._decode_cfg = config.decode
-        self.engine.call_now(self._installer(config.decode))
+        engine = config.engine
+        self.engine.take_role(
+            self._installer(config.decode, assume=True),
+            lambda s: s.snapshot(),
+            niceness=engine.decode_niceness,
+            borrows=engine.borrow_idle_cores,
+        )
         self.accepting = True
         self.running: dict[str, Running] = {}
         self.mover = SliceMover(self)
@@ -156,19 +150,23 @@ class DecodeWorker(EngineWorker):
         return self.policies()
 
     @staticmethod
-    def _installer(cfg: DecodeConfig) -> Any:
+    def _installer(cfg: DecodeConfig, assume: bool = False) -> Any:
         """Build ``cfg``'s policies now (a ValueError changes nothing); the returned function installs them
-        in the engine's scheduler, on the engine thread."""
+        in the engine's scheduler, on the engine thread (``assume``: making it the decode role's first)."""
         policies = decode_policies(cfg)
 
         def install(scheduler: Any) -> None:
+            if assume:
+                from tetriserve.decode_worker.vllm_scheduler import TetriDecodeScheduler
+
+                scheduler = TetriDecodeScheduler.assume(scheduler)
             scheduler.configure(*policies)
             scheduler.slice_iters = cfg.slice_iters
 
         return install
 
     # -- the request path -------------------------------------------------------------
-    async def submit(
+    async def take(
         self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, subscriber: str
     ) -> bool:
         """Start decoding ``req`` after ``generated`` (the prefill's token; before it, for a migrated request, the
@@ -247,6 +245,8 @@ class DecodeWorker(EngineWorker):
     def _on_delta(self, run: Running, delta: Delta) -> None:
         """One engine step's output for ``run`` (on the actor's event loop)."""
         rid = run.request.request_id
+        if self.running.get(rid) is not run:  # evicted, or replaced by a later attempt: not this stream's now
+            return
         index = len(run.generated)
         run.generated.extend(delta.token_ids)
         if delta.token_ids and not run.decoding:
@@ -320,6 +320,21 @@ class DecodeWorker(EngineWorker):
             self._publish(run, (), FinishReason.ABORT, index=len(run.generated))
         self.engine.abort(run.request.kv_key)
         return True
+
+    # -- flips ---------------------------------------------------------------------------
+    def idle(self) -> bool:
+        return not self.running and self.engine.in_flight == 0
+
+    def evict(self, error: str) -> int:
+        held = list(self.running.values())
+        for run in held:
+            if run.task is not None:
+                run.task.cancel()
+            if run.kv_key is not None:
+                self.endpoint.discard(run.kv_key)
+            self.engine.abort(run.request.kv_key)
+            self._publish(run, (), FinishReason.ERROR, error, index=len(run.generated), retry=True)  # off the books
+        return len(held)
 
     def _subscriber_gone(self, subscriber: str) -> None:
         for rid in [rid for rid, run in self.running.items() if run.subscriber == subscriber]:

@@ -134,6 +134,13 @@ class CoreShare:
         self.meter: CpuMeter | None = CpuMeter() if borrows and CpuMeter.available() else None
         self.release = weakref.finalize(self, _release, board, slot, os.getpid())  # idempotent; also on GC
 
+    def set_borrows(self, borrows: bool) -> None:
+        """Become (or stop being) a borrower: the engine's worker changed role."""
+        if borrows != self.borrows:
+            self.borrows = borrows
+            self.board._set(self.slot, _BORROWS, int(borrows))
+            self.meter = CpuMeter() if borrows and CpuMeter.available() else None
+
     def stepping(self, on: bool) -> None:
         if on != self._stepping:
             self._stepping = on

@@ -178,6 +178,27 @@ class EngineLoop:
         """``call`` for synchronous callers that are not on the engine's event loop (start-up, tests)."""
         return self._schedule(fn).result(timeout_s)
 
+    def take_role(
+        self, install: Callable[[Any], Any], snapshot_fn: Callable[[Any], Any], niceness: int, borrows: bool
+    ) -> None:
+        """Give the engine to a worker role (at start, and at a flip, with the engine idle): on the engine
+        thread, between steps, ``install(scheduler)`` makes the scheduler the role's, and the thread takes the
+        role's niceness; the role's ``snapshot_fn`` and core borrowing apply from the next step."""
+
+        def switch(scheduler: Any) -> None:
+            install(scheduler)
+            self._snapshot_fn = snapshot_fn
+            if niceness != self._niceness:
+                if lower_thread_priority(niceness):
+                    self._niceness = niceness
+                else:
+                    logger.warning("engine %s: could not set niceness %d", self.name, niceness)
+            if self._cores is not None:
+                self._cores.set_borrows(borrows)
+            self._publish()
+
+        self.call_now(switch)
+
     def _schedule(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future[Any]:
         result: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._commands.put(CallScheduler(fn, result))

@@ -65,8 +65,11 @@ def build_engine_args(
     scheduler_cls: str | None = None,
     kv_load_failure_policy: Literal["recompute", "fail"] = "recompute",
 ) -> EngineArgs:
-    """EngineArgs for one engine. A prefill engine computes at most ``chunk_size`` tokens per step (its
-    ``scheduler_cls`` may set a smaller budget each step)."""
+    """EngineArgs for one engine. A prefill and a decode engine are the same engine, so that a worker can flip
+    between the roles without reloading it (TetriInfer §3.5): its KV connector can both park and receive
+    (``kv_both``), prefix caching is on (the decode role never lets a local hit stand in for KV that arrives) and
+    its step budget fits a whole prompt; the prefill role caps each step at ``chunk_size`` in its scheduler.
+    ``role`` only tells a worker's engine from a colocated one (no connector)."""
     from vllm import EngineArgs
     from vllm.config import KVTransferConfig
 
@@ -75,7 +78,7 @@ def build_engine_args(
         kv_config = KVTransferConfig(
             kv_connector=CONNECTOR_CLASS,
             kv_connector_module_path=CONNECTOR_MODULE,
-            kv_role="kv_producer" if role is EngineRole.PREFILL else "kv_consumer",
+            kv_role="kv_both",
             kv_load_failure_policy=kv_load_failure_policy,
             kv_connector_extra_config={"endpoint": endpoint, "backend": transport, "deadline_s": kv_deadline_s},
         )
@@ -89,7 +92,7 @@ def build_engine_args(
         extra["kv_cache_memory_bytes"] = int(cfg.kv_cache_gb * (1 << 30))
     else:
         extra["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-    batched = chunk_size if role is EngineRole.PREFILL and chunk_size else max(cfg.max_model_len, chunk_size or 0)
+    batched = max(cfg.max_model_len, chunk_size or 0)
     return EngineArgs(
         model=model,
         served_model_name=cfg.served_model_name,
@@ -99,8 +102,7 @@ def build_engine_args(
         max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=batched,
         enable_chunked_prefill=True,
-        # decode engines must not satisfy a prompt from a local prefix hit: its blocks arrive from the prefill side
-        enable_prefix_caching=role is not EngineRole.DECODE,
+        enable_prefix_caching=True,
         enforce_eager=cfg.enforce_eager,
         seed=cfg.seed,
         async_scheduling=False,

@@ -10,10 +10,12 @@ subscribe(front door)     ─▶ that front door's one stream of token chunks fr
 sentinel()                ─▶ never returns: the supervisor holds one call open and hears of this actor's death
 stats()                   ─▶ the engine's own counters, the KV connector's, the transport's, the policies in force
 
-A worker is one life (``incarnation``) of a named role: the supervisor
+A worker is one life (``incarnation``) of a named actor: the supervisor
 (``control_plane/supervisor.py``) re-creates it under the same name with the
 next incarnation when it dies; everything it sends carries that number so the
-others can drop what a previous life sent.
+others can drop what a previous life sent. Within a life the actor may change
+role (a flip): the next role is built from the last (``predecessor``) and takes
+over its engine, endpoint, streams and wiring.
 """
 
 from __future__ import annotations
@@ -39,19 +41,28 @@ HANDED_MEMORY = 4096  # requests handed on to another worker, remembered to forw
 class EngineWorker:
     """Base of the worker actors; subclasses build ``self.engine`` and implement ``load`` and ``policies``."""
 
-    def __init__(self, worker_id: str, config: ClusterConfig, incarnation: int = 0) -> None:
+    def __init__(
+        self, worker_id: str, config: ClusterConfig, incarnation: int = 0, predecessor: EngineWorker | None = None
+    ) -> None:
+        """``predecessor``: the role this worker played until a flip; its engine, endpoint, streams and wiring
+        carry over (it must be ``retire``d first)."""
         from tetriserve.transport import endpoints
 
         self.worker_id = worker_id
         self.incarnation = incarnation
         self.config = config
-        self.endpoint = endpoints.get_or_create(worker_id, config.transport, f"{config.host}:0")
-        self.engine: Any = None
-        self.streams = StreamHub()
-        self._events: list[StateEvent] = []
-        self._handed: OrderedDict[str, Any] = OrderedDict()  # request id -> handle of the worker it went on to
-        self._monitor: Any = None
-        self._scheduler: Any = None
+        if predecessor is not None:
+            self.endpoint, self.engine, self.streams = predecessor.endpoint, predecessor.engine, predecessor.streams
+            self._events, self._handed = predecessor._events, predecessor._handed
+            self._monitor, self._scheduler = predecessor._monitor, predecessor._scheduler
+        else:
+            self.endpoint = endpoints.get_or_create(worker_id, config.transport, f"{config.host}:0")
+            self.engine: Any = None
+            self.streams = StreamHub()
+            self._events: list[StateEvent] = []
+            self._handed: OrderedDict[str, Any] = OrderedDict()  # request id -> handle of the worker it went on to
+            self._monitor: Any = None
+            self._scheduler: Any = None
         self._report_task: asyncio.Task[None] | None = None
         self._reported: PrefillLoad | DecodeLoad | None = None  # the last load sent to the monitor
         self._reported_at = 0.0
@@ -65,6 +76,32 @@ class EngineWorker:
         if self._report_task is None or self._report_task.done():
             self._report_task = asyncio.create_task(self._report_loop())
         return self.endpoint.address
+
+    def idle(self) -> bool:
+        """Nothing held: no request, no KV on its way out (a flip waits for this)."""
+        raise NotImplementedError
+
+    def evict(self, error: str) -> int:
+        """End every request held here with a ``retry`` error, so the front doors migrate them with the tokens
+        they have (a flip whose drain timed out); returns how many."""
+        raise NotImplementedError
+
+    def abort(self, request_id: str, attempt: int | None = None) -> bool:
+        raise NotImplementedError
+
+    async def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
+        raise NotImplementedError
+
+    def retire(self) -> None:
+        """Stop this role's background work before a flip hands the engine to the other role."""
+        if self._report_task is not None:
+            self._report_task.cancel()
+            self._report_task = None
+
+    async def resume(self) -> None:
+        """Start reports with the wiring taken over from the predecessor (after a flip)."""
+        if self._monitor is not None:
+            await self.start(self._monitor, self._scheduler)
 
     async def sentinel(self) -> None:
         """Never returns: a call the supervisor keeps open, so this actor's death reaches it at once."""
@@ -94,15 +131,8 @@ class EngineWorker:
     async def subscribe(self, subscriber: str, address: str) -> AsyncIterator[Heartbeat]:
         """A front door's one stream from this worker: the chunks of every request it sent here go to its socket
         at ``address``; this call stays open, yielding heartbeats, for as long as the front door listens."""
-
-        def beat() -> Heartbeat:
-            return Heartbeat(self.worker_id, self.incarnation, self.holding(subscriber))
-
-        try:
-            async for heartbeat in self.streams.serve(subscriber, address, beat):
-                yield heartbeat
-        finally:
-            self._subscriber_gone(subscriber)
+        async for heartbeat in serve_subscriber(lambda: self, subscriber, address):
+            yield heartbeat
 
     def publish(
         self,
@@ -200,3 +230,39 @@ class EngineWorker:
             return
         self._monitor.report.remote(load)
         self._reported, self._reported_at = load, now
+
+
+async def serve_subscriber(
+    worker: Callable[[], EngineWorker], subscriber: str, address: str
+) -> AsyncIterator[Heartbeat]:
+    """``subscribe``'s body; ``worker()`` is the role serving now (a flip changes it while the stream runs)."""
+
+    def beat() -> Heartbeat:
+        w = worker()
+        return Heartbeat(w.worker_id, w.incarnation, w.holding(subscriber))
+
+    try:
+        async for heartbeat in worker().streams.serve(subscriber, address, beat):
+            yield heartbeat
+    finally:
+        worker()._subscriber_gone(subscriber)
+
+
+def build_worker_engine(config: ClusterConfig, model_path: str, worker_id: str) -> Any:
+    """A worker's engine: one build serves either role, the worker's role takes it (``EngineLoop.take_role``)
+    and a flip hands it to the other role without reloading it. Until then its scheduler is vLLM's own."""
+    from tetriserve.engine.cores import claim_cores
+    from tetriserve.engine.loop import EngineLoop
+    from tetriserve.engine.settings import EngineRole, build_engine_args
+
+    args = build_engine_args(
+        config.engine,
+        model_path,
+        EngineRole.PREFILL,
+        chunk_size=config.prefill.batch_ceiling(config.engine.max_model_len),
+        endpoint=worker_id,
+        transport=config.transport,
+        kv_deadline_s=config.kv_transfer_timeout_s,
+        kv_load_failure_policy=config.kv_load_failure_policy,
+    )
+    return EngineLoop(args, worker_id, cores=claim_cores(config.engine.threads_per_engine, borrows=False))

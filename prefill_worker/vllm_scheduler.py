@@ -51,7 +51,20 @@ class _Pending:
 class TetriPrefillScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.ceiling = self.max_num_scheduled_tokens
+        self._take_role(self.max_num_scheduled_tokens)
+
+    @classmethod
+    def assume(cls, scheduler: Scheduler, ceiling: int) -> TetriPrefillScheduler:
+        """Make the engine's scheduler, whatever role it played, this one, with at most ``ceiling`` tokens a
+        step (a flip, TetriInfer §3.5; on the engine thread, with the engine idle). vLLM's own state —
+        queues, KV cache manager, connector — is untouched; the role's state starts afresh."""
+        scheduler.__class__ = cls
+        assert isinstance(scheduler, cls)
+        scheduler._take_role(ceiling)
+        return scheduler
+
+    def _take_role(self, ceiling: int) -> None:
+        self.ceiling = self.max_num_scheduled_tokens = ceiling
         self.policy: PrefillPolicy = build_prefill_policy(PrefillPolicySpec(chunk_size=self.ceiling), None)
         self.log = IterationLog()
         self._queued_since: dict[str, float] = {}

@@ -1,4 +1,5 @@
-"""PrefillWorker: one prefill instance (TetriInfer §3.3), run as a named Ray actor.
+"""PrefillWorker: one prefill instance (TetriInfer §3.3), the prefill role of a worker actor
+(``control_plane/worker_actor.py``, which can flip it to decode with the same engine).
 
     submit(req, front door) ─▶ raw queue ─policy, PrefillSchedBatch at a time─▶ scheduled
                      │ length predictor (trained heads or baseline; in a thread, parallel mode)
@@ -8,7 +9,7 @@
                   the KV connector parks the prompt's KV in this worker's endpoint
                      │ first token ─▶ the front door's stream from this worker, at once (TTFT)
                      ▼
-                  KV sent to the chosen decode worker ─▶ decode.submit(prompt + first token)
+                  KV sent to the chosen decode worker ─▶ decode.take(prompt + first token)
                      ─▶ a ``moved_to`` marker on the front door's stream: the rest comes from there
 
 Tokens go straight to the front door that submitted the request (DESIGN.md
@@ -34,8 +35,7 @@ from tetriserve.common.load import DecodeLoad, PrefillLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, TokenLogprobs
 from tetriserve.engine.loop import Delta
-from tetriserve.engine.settings import EngineRole, build_engine_args
-from tetriserve.engine.worker_base import EngineWorker
+from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate
 from tetriserve.prefill_worker.dispatch import DispatchParams, make_dispatch_policy
 from tetriserve.prefill_worker.dispatch.base import account
@@ -44,8 +44,6 @@ from tetriserve.prefill_worker.policy import build_prefill_policy, load_cost, sp
 from tetriserve.prefill_worker.predictions import PredictionQueue
 from tetriserve.prefill_worker.views import ReqView
 from tetriserve.transport.instructions import KVInstruction, KVMode
-
-SCHEDULER_CLS = "tetriserve.prefill_worker.vllm_scheduler.TetriPrefillScheduler"
 
 logger = logging.getLogger(__name__)
 
@@ -58,33 +56,19 @@ class PrefillWorker(EngineWorker):
         model_path: str,
         predictor: LengthPredictor,
         incarnation: int = 0,
+        predecessor: EngineWorker | None = None,
     ) -> None:
-        from tetriserve.engine.cores import claim_cores
+        """``predecessor``: the decode role this worker played until a flip; its engine serves prefill now."""
         from tetriserve.engine.hardware import detect_hardware
-        from tetriserve.engine.loop import EngineLoop
 
-        super().__init__(worker_id, config, incarnation)
+        super().__init__(worker_id, config, incarnation, predecessor)
         self.cost = load_cost(config.prefill, model_path, detect_hardware())
         self.pace = PrefillPace()
         self.policy = build_prefill_policy(spec_from_config(config.prefill), self.cost)
         self.ceiling = config.prefill.batch_ceiling(config.engine.max_model_len)
-        args = build_engine_args(
-            config.engine,
-            model_path,
-            EngineRole.PREFILL,
-            chunk_size=self.ceiling,
-            endpoint=worker_id,
-            transport=config.transport,
-            kv_deadline_s=config.kv_transfer_timeout_s,
-            scheduler_cls=SCHEDULER_CLS,
-        )
-        self.engine = EngineLoop(
-            args,
-            worker_id,
-            snapshot_fn=lambda s: s.log.stats(),
-            cores=claim_cores(config.engine.threads_per_engine, borrows=False),  # posts when it steps
-        )
-        self.engine.call_now(lambda s: s.configure(self.policy))
+        if predecessor is None:
+            self.engine = build_worker_engine(config, model_path, worker_id)
+        self.engine.take_role(self._installer(), lambda s: s.log.stats(), niceness=0, borrows=False)
         self.gate = SchedBatchGate(self.policy.queue, self.policy.spec.sched_batch)
         self.predictor = predictor
         self.predictions = PredictionQueue(predictor, niceness=config.prefill.predictor_niceness)
@@ -101,6 +85,12 @@ class PrefillWorker(EngineWorker):
         self._sends: dict[str, tuple[Any, str]] = {}  # KV key -> (its send's handle, the decode worker)
         self._send_watch: asyncio.Task[None] | None = None
         self._refining: set[asyncio.Task[None]] = set()  # late predictions on their way to decode workers
+
+    def _installer(self) -> Any:
+        from tetriserve.prefill_worker.vllm_scheduler import TetriPrefillScheduler
+
+        ceiling, policy = self.ceiling, self.policy
+        return lambda scheduler: TetriPrefillScheduler.assume(scheduler, ceiling).configure(policy)
 
     # -- wiring --------------------------------------------------------------------
     async def start(self, monitor: Any, scheduler: Any = None) -> str:
@@ -269,7 +259,7 @@ class PrefillWorker(EngineWorker):
         if error is None and decode_id is not None:
             decode = self._decode(decode_id)
             try:
-                taken = await decode.submit.remote(req, generated, view.estimate, subscriber)
+                taken = await decode.take.remote(req, generated, view.estimate, subscriber)
             except Exception as exc:  # the decode worker died between the broadcast and now
                 taken, error = False, f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
                 known = self.decode_loads.get(decode_id)
@@ -379,6 +369,25 @@ class PrefillWorker(EngineWorker):
         if len(self._aborted) > 10_000:  # ids of requests that had long finished: forget the oldest
             del self._aborted[next(iter(self._aborted))]
         return True
+
+    # -- flips ---------------------------------------------------------------------------
+    def idle(self) -> bool:
+        return not self._tasks and not self._sends and self.engine.in_flight == 0
+
+    def evict(self, error: str) -> int:
+        held = list(self._tasks.items())
+        for rid, (req, sub, task) in held:
+            task.cancel()
+            self.endpoint.discard(req.kv_key)
+            self.publish(sub, req, (), FinishReason.ERROR, error, index=len(req.resume), retry=True)
+            del self._tasks[rid]
+        return len(held)
+
+    def retire(self) -> None:
+        super().retire()
+        if self._send_watch is not None:
+            self._send_watch.cancel()
+        self.predictions.close()
 
     def _subscriber_gone(self, subscriber: str) -> None:
         for rid, (req, sub, _) in list(self._tasks.items()):

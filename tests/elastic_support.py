@@ -1,7 +1,7 @@
 """A simulated cluster for the elastic controller: members that do at once what the actuator orders.
 
 ``SimulatedCluster`` is the ``Actuator`` of a real ``Elastic``: a drained worker reports ``draining`` and
-idle, a reassigned one comes back serving in its new role with the next incarnation, an added one serves
+idle, a flipped one serves in its new role at once (same life), an added one serves
 at once, a removed one is gone. ``tick(now)`` hands the members to the controller, as the supervision
 thread does with the monitor's snapshot.
 """
@@ -44,10 +44,9 @@ class SimulatedCluster:
         self.calls.append(("add", name, role))
         self.members[name] = {"worker_id": name, "role": role, "state": "serving", "incarnation": 0, "load": {}}
 
-    def reassign(self, name: str, role: str, now: float) -> None:
-        self.calls.append(("reassign", name, role))
-        m = self.members[name]
-        m.update(role=role, state="serving", incarnation=m["incarnation"] + 1)
+    def flip(self, name: str, role: str, now: float) -> None:
+        self.calls.append(("flip", name, role))
+        self.members[name].update(role=role, state="serving")
 
     def remove_worker(self, name: str) -> None:
         self.calls.append(("remove", name))

@@ -83,7 +83,7 @@ def test_a_decode_worker_flipped_to_prefill_under_streams_loses_nothing(cluster:
     assert said == ["draining decode-1 to flip it to prefill"]
     st = _until(cluster, lambda st: _serving(st).get("decode-1") == "prefill", 180, "serving as prefill")
     flipped = next(w for w in st.workers if w.worker_id == "decode-1")
-    assert flipped.flips == 1 and flipped.incarnation == 1 and flipped.restarts == 0
+    assert flipped.flips == 1 and flipped.incarnation == 0 and flipped.restarts == 0  # same life, same engine
     assert _serving(st) == {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "prefill"}
     same_tokens(_run(cluster, "after-flip"), undisturbed)  # both prefill workers serve now
     decisions = [d.order for d in cluster.supervision.elastic.decisions]

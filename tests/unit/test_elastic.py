@@ -26,8 +26,8 @@ class FakeActuator:
     def add_worker(self, name: str, role: str, now: float) -> None:
         self.calls.append(("add", name, role))
 
-    def reassign(self, name: str, role: str, now: float) -> None:
-        self.calls.append(("reassign", name, role))
+    def flip(self, name: str, role: str, now: float) -> None:
+        self.calls.append(("flip", name, role))
 
     def remove_worker(self, name: str) -> None:
         self.calls.append(("remove", name))
@@ -51,7 +51,7 @@ def controller(policy: str = "off", **flip: Any) -> tuple[Elastic, FakeActuator]
     return Elastic(cfg, ScaleConfig(), act, policy_from_config(cfg)), act
 
 
-def test_a_flip_drains_waits_for_the_requests_then_restarts_in_the_new_role() -> None:
+def test_a_flip_drains_waits_for_the_requests_then_switches_the_role_in_place() -> None:
     el, act = controller()
     el.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", D, running=2)], now=0.0)
     assert el.flip("decode-1", P, now=1.0) == "draining decode-1 to flip it to prefill"
@@ -64,19 +64,39 @@ def test_a_flip_drains_waits_for_the_requests_then_restarts_in_the_new_role() ->
     idle = [member("prefill-0", P), member("decode-0", D), member("decode-1", D, "draining")]
     el.tick(idle, now=11.0)
     el.tick(idle, now=11.6)
-    assert act.calls[-1] == ("reassign", "decode-1", "prefill")
+    assert act.calls[-1] == ("flip", "decode-1", "prefill")
     assert el.lifecycles()["decode-1"].state is Lifecycle.FLIPPING
-    el.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", D, "dead")], now=12.0)
-    el.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", P, "starting", inc=1)], now=13.0)
+    el.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", D, "draining")], now=12.0)
+    el.flipped("decode-1", 0.004)  # the worker swapped its role; the monitor has not heard yet
+    el.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", P, "starting")], now=13.0)
     assert el.lifecycles()["decode-1"].state is Lifecycle.FLIPPING
-    el.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", P, inc=1)], now=14.0)
+    el.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", P)], now=14.0)
     view = el.lifecycles()["decode-1"]
     assert (view.role, view.state, view.flips) == (P, Lifecycle.ACTIVE, 1)
     assert view.last_flip is not None and view.last_flip.drain_s == pytest.approx(10.6)
     assert view.last_flip.switch_s == pytest.approx(2.4)
-    el.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", P, inc=1, running=1)], now=15.0)
+    assert view.last_flip.engine_switch_s == pytest.approx(0.004)
+    el.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", P, running=1)], now=15.0)
     assert el.lifecycles()["decode-1"].last_flip.first_served_s == pytest.approx(14.0)
-    assert [d.outcome.split(" ")[0] for d in el.decisions] == ["started", "restarting", "done"]
+    assert [d.outcome.split(" ")[0] for d in el.decisions] == ["started", "switching", "done"]
+    assert "on the engine 4.0 ms" in el.decisions[-1].outcome
+
+
+def test_a_flip_the_worker_cannot_carry_out_leaves_it_serving_in_its_old_role() -> None:
+    el, act = controller()
+    el.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", D)], now=0.0)
+    el.flip("decode-1", P, now=0.0)
+    idle = [member("prefill-0", P), member("decode-0", D), member("decode-1", D, "draining")]
+    el.tick(idle, now=1.0)
+    el.tick(idle, now=1.6)
+    assert el.lifecycles()["decode-1"].state is Lifecycle.FLIPPING
+    el.flip_failed("decode-1", 2.0, "TimeoutError: still busy")
+    view = el.lifecycles()["decode-1"]
+    assert (view.role, view.state, view.flips) == (D, Lifecycle.ACTIVE, 0)
+    assert act.calls[-1] == ("drain", "decode-1", False)  # placeable again
+    assert el.decisions[-1].outcome.startswith("failed")
+    el.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", D)], now=2.5)
+    assert el.flip("decode-1", P, now=3.0)  # and may be flipped again
 
 
 def test_a_drain_waits_at_least_the_settling_time_and_gives_up_at_the_timeout() -> None:
@@ -88,14 +108,14 @@ def test_a_drain_waits_at_least_the_settling_time_and_gives_up_at_the_timeout() 
     el.tick(idle, now=0.7)
     assert act.calls[-1][0] == "drain"  # idle for 0.6 s, but a dispatch may still be landing
     el.tick(idle, now=MIN_DRAIN_S)
-    assert act.calls[-1] == ("reassign", "decode-1", "prefill")
+    assert act.calls[-1] == ("flip", "decode-1", "prefill")
     stuck, act2 = controller(drain_timeout_s=30)
     stuck.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", D, running=3)], now=0.0)
     stuck.flip("decode-1", P, now=0.0)
     stuck.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", D, "draining", running=3)], now=29.0)
     assert act2.calls[-1][0] == "drain"
     stuck.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", D, "draining", running=3)], now=30.0)
-    assert act2.calls[-1] == ("reassign", "decode-1", "prefill")
+    assert act2.calls[-1] == ("flip", "decode-1", "prefill")
     assert "timed out" in stuck.decisions[-1].reason
 
 

@@ -33,8 +33,8 @@ def test_scale_then_flip_through_the_sdk_and_status_shows_the_roles(
         time.sleep(0.1)
         by_id = {w.worker_id: w for w in client.cluster_status().workers}
     flipped = by_id["decode-1"]
-    assert flipped.flips == 1 and flipped.incarnation == 1 and flipped.last_flip_switch_ms is not None
-    assert [c[0] for c in backend.cluster.calls] == ["add", "drain", "reassign"]
+    assert flipped.flips == 1 and flipped.incarnation == 0 and flipped.last_flip_switch_ms is not None
+    assert [c[0] for c in backend.cluster.calls] == ["add", "drain", "flip"]
 
 
 def test_refusals_come_back_in_grpc_shape(backend: FakeBackend, client: TetriServeClient) -> None:

@@ -80,15 +80,15 @@ def test_an_added_worker_is_built_at_once_as_life_0_and_is_no_restart() -> None:
         sup.add("decode-1", "decode", now=8.0)
 
 
-def test_a_reassigned_worker_restarts_in_its_new_role_and_its_old_life_s_death_is_no_news() -> None:
+def test_a_flipped_worker_keeps_its_life_and_a_later_life_is_built_in_its_new_role() -> None:
     sup = _sup()
-    sup.reassign("decode-0", "prefill", now=10.0)
-    assert not sup.died("decode-0", 0, 10.1, "killed for the flip")  # its sentinel fails: already handled
-    (slot,) = sup.due(10.1)
-    assert (slot.role, slot.incarnation, slot.restarts) == ("prefill", 1, 0)  # planned: not a restart
-    sup.started("decode-0", 1, 20.0)
-    sup.health("decode-0", 1, "draining", 21.0)  # a draining worker is alive
-    assert sup.slots["decode-0"].state is ActorState.ACTIVE
+    slot = sup.relabel("decode-0", "prefill")
+    assert (slot.role, slot.incarnation, slot.restarts, slot.state) == ("prefill", 0, 0, ActorState.ACTIVE)
+    assert sup.died("decode-0", 0, 10.0, "killed")
+    (slot,) = sup.due(20.0)
+    assert (slot.role, slot.incarnation, slot.restarts) == ("prefill", 1, 1)
+    with pytest.raises(ValueError, match="no actor"):
+        sup.relabel("decode-9", "prefill")
 
 
 def test_a_removed_worker_is_never_re_created() -> None:
