@@ -4,9 +4,10 @@ until the first request served in the new role (issue #15; TetriInfer §3.5 meas
     python benchmarks/flip_time.py --flips 10
 
 A fresh `tetriserve serve` (1 prefill + 2 decode workers, tiny model) driven the way an operator does, over
-gRPC with the SDK: ``flip decode-1`` to the other role, wait until `status` shows it active in that role, send
-``--requests`` completions at once so the worker serves one, read its flip timings from `status`; then flip it
-back, ``--flips`` times in all. The cluster is otherwise idle, so the drain ends as soon as it may (1 s).
+gRPC with the SDK: ``flip decode-1`` to the other role, wait until `status` shows it active in that role,
+send ``--requests`` completions at once (again, until the worker has served one), read its flip timings from
+`status`; then flip it back, ``--flips`` times in all. The cluster is otherwise idle, so the drain ends as
+soon as it may (1 s).
 Writes ``benchmarks/results/flip_time.{md,json}``.
 """
 
@@ -46,10 +47,15 @@ def one_flip(client: Any, role: str, requests: int) -> dict[str, Any]:
     client.flip(WORKER, role)
     wait_until(client, lambda w: w.role == role and w.lifecycle == "active", 120, f"serving {role}")
     active_s = time.monotonic() - t0
-    with ThreadPoolExecutor(requests) as pool:  # enough that the flipped worker serves one of them
-        list(pool.map(lambda i: client.complete(f"flip {i} " * (8 + i), max_tokens=16, ignore_eos=True),
-                      range(requests)))  # fmt: skip
-    w = wait_until(client, lambda w: w.last_flip_ms is not None, 30, "served in its new role")
+    for _ in range(20):  # batches until the flipped worker has served one (placement may not pick it at once)
+        with ThreadPoolExecutor(requests) as pool:
+            list(pool.map(lambda i: client.complete(f"flip {i} " * (8 + i), max_tokens=16, ignore_eos=True),
+                          range(requests)))  # fmt: skip
+        time.sleep(0.3)  # a controller tick
+        w = next(w for w in client.cluster_status().workers if w.worker_id == WORKER)
+        if w.last_flip_ms is not None:
+            break
+    assert w.last_flip_ms is not None, f"not served in its new role: {w}"
     assert w.flips == before.flips + 1 and w.incarnation == before.incarnation, w  # the same life: no restart
     return {
         "to": role,

@@ -94,12 +94,23 @@ class ClusterMonitor:
         """Never returns: a call the supervisor keeps open, so this actor's death reaches it at once."""
         await asyncio.Event().wait()
 
-    def register(self, worker_id: str, role: str, handle: Any, address: str, incarnation: int = 0) -> None:
-        """Add a worker, or its new life (which replaces the old one: new handle, new KV address)."""
+    def register(
+        self,
+        worker_id: str,
+        role: str,
+        handle: Any,
+        address: str,
+        incarnation: int = 0,
+        load: PrefillLoad | DecodeLoad | None = None,
+    ) -> None:
+        """Add a worker, or its new life (which replaces the old one: new handle, new KV address), or the role
+        it has flipped to (``load``: its first in that role, so it serves at once)."""
         old = self.members.get(worker_id)
         if old is not None and old.incarnation > incarnation:
             return
         self.members[worker_id] = _Member(worker_id, Role(role), handle, address, incarnation)
+        if load is not None:
+            self.report(load)
 
     def unregister(self, worker_id: str) -> None:
         """A worker removed for good (scaled in)."""

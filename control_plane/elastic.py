@@ -101,6 +101,7 @@ class Elastic:
         self._ops: dict[str, _Operation] = {}
         self._members: dict[str, Mapping[str, Any]] = {}
         self._load: dict[str, tuple[float, float]] = {}  # worker -> (smoothed load, when)
+        self._steps: dict[str, float] = {}  # worker -> its engine's step count in the last snapshot
         self._checked = -math.inf
         self._used: set[str] = set()  # every worker name seen
         self._removed: set[str] = set()  # workers removed (a snapshot taken before may still list one)
@@ -177,7 +178,10 @@ class Elastic:
                 self._smooth(wid, m, now)
                 if lc.state is Lifecycle.STARTING and wid not in self._ops and m["state"] == "serving":
                     lc.activate(now)
-                if lc.state is Lifecycle.ACTIVE and _busy(m):
+                steps = float((m.get("load") or {}).get("steps", 0))
+                stepped = steps > self._steps.get(wid, steps)  # served something since the last snapshot
+                self._steps[wid] = steps
+                if lc.state is Lifecycle.ACTIVE and (_busy(m) or stepped):
                     lc.served(now)
             for op in list(self._ops.values()):
                 self._advance(op, now)
@@ -201,6 +205,7 @@ class Elastic:
                 lc.die()
                 del self._lifecycles[op.worker_id], self._ops[op.worker_id]
                 self._load.pop(op.worker_id, None)
+                self._steps.pop(op.worker_id, None)
                 self._decide(op, why, f"removed after {now - op.started:.1f} s", now)
                 return
             lc.flipping(now)

@@ -91,13 +91,13 @@ class Supervision:
     def _tick(self, now: float) -> None:
         self._arm()
         self._reap(now)
+        self._check_flips(now)  # before the health check: a flipped worker then shows in its new role this tick
         members = self._check_health(now)
         if members is not None:
             self.elastic.tick(members, now)
         for slot in self.sup.due(now):
             self._rebuild(slot, now)
         self._check_pending(now)
-        self._check_flips(now)
 
     def handle(self, name: str) -> Any:
         if name == SCHEDULER:
@@ -144,7 +144,7 @@ class Supervision:
             slot = self.sup.slots.get(name)
             if slot is None:  # removed meanwhile
                 continue
-            self._place(name, role, self.handle(name), slot.incarnation)
+            self._place(name, role, self.handle(name), slot.incarnation, result.load)
             _quietly(lambda n=name: self.handle(n).start.remote(self.cluster.monitor, self.cluster.scheduler))
             self.elastic.flipped(name, result.switch_ms / 1e3)
             logger.warning("supervision: %s serves %s now (%s)", name, role, result)
@@ -302,9 +302,9 @@ class Supervision:
             self._place(name, self.sup.slots[name].role, handle, inc)
         logger.warning("supervision: %s is back (incarnation %d)", name, inc)
 
-    def _place(self, name: str, role: str, handle: Any, inc: int) -> None:
+    def _place(self, name: str, role: str, handle: Any, inc: int, load: Any = None) -> None:
         """Put worker ``name`` in its role's table (out of the other's: its life may have been built in the
-        other role, or flipped) and register it with the monitor in that role."""
+        other role, or flipped) and register it with the monitor in that role (``load``: its first there)."""
         c = self.cluster
         if role == "prefill":
             c.decode = {k: v for k, v in c.decode.items() if k != name}
@@ -313,7 +313,7 @@ class Supervision:
         else:
             self._forget(name)
             c.decode = {**c.decode, name: handle}
-        _quietly(lambda: c.monitor.register.remote(name, role, handle, self.addresses[name], inc))
+        _quietly(lambda: c.monitor.register.remote(name, role, handle, self.addresses[name], inc, load))
 
     def _rewire(self) -> None:
         """Point the monitor and every worker (those still starting too) at the current control actors."""

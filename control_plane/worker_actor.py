@@ -34,7 +34,7 @@ from typing import Any
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.length import LengthEstimate, LengthPredictor
-from tetriserve.common.load import DecodeLoad, Role
+from tetriserve.common.load import DecodeLoad, PrefillLoad, Role
 from tetriserve.common.request import Request
 from tetriserve.common.stream import FinishReason, Heartbeat
 from tetriserve.decode_worker.slices import Order
@@ -56,6 +56,7 @@ class FlipResult:
     switch_ms: float
     wait_ms: float
     evicted: int
+    load: PrefillLoad | DecodeLoad  # the first in the new role, for the monitor's registration
 
 
 class Worker:
@@ -119,7 +120,7 @@ class Worker:
         self.flips += 1
         t2 = time.perf_counter()
         await new.resume()
-        result = FlipResult(target.value, (t2 - t1) * 1000, (t1 - t0) * 1000, evicted)
+        result = FlipResult(target.value, (t2 - t1) * 1000, (t1 - t0) * 1000, evicted, new.load())
         logger.info("worker %s: now %s (%s)", self.worker_id, target.value, result)
         return result
 

@@ -83,6 +83,22 @@ def test_reports_of_a_previous_life_are_dropped_and_a_new_life_is_announced_agai
     assert [m["incarnation"] for m in mon.snapshot() if m["worker_id"] == "decode-0"] == [1]
 
 
+def test_a_worker_flipped_in_place_serves_in_its_new_role_once_registered_with_its_first_load() -> None:
+    mon, prefill, _, _ = _monitor()
+    mon.report(_decode_load("decode-1"))
+    mon.report(PrefillLoad("decode-1", 0, 0, 0, 0.0))  # flipped, not yet registered in its new role: dropped
+    assert [m["role"] for m in mon.snapshot() if m["worker_id"] == "decode-1"] == ["decode"]
+    mon.register("decode-1", "prefill", FakeHandle(_Prefill()), "d:1", load=PrefillLoad("decode-1", 0, 0, 0, 0.0))
+    (flipped,) = [m for m in mon.snapshot() if m["worker_id"] == "decode-1"]
+    assert (flipped["role"], flipped["state"], flipped["incarnation"]) == ("prefill", "serving", 0)
+    mon.report(_decode_load("decode-1"))  # a late report of the old role
+    assert [m["role"] for m in mon.snapshot() if m["worker_id"] == "decode-1"] == ["prefill"]
+    mon.report(_decode_load("decode-0"))
+    mon.report(PrefillLoad("prefill-0", 0, 0, 0, 0.0))
+    mon.broadcast_once()
+    assert [ld.worker_id for ld in prefill.called("update_decode_view")[-1][0]] == ["decode-0"]  # decode-1 gone
+
+
 def test_directory_travels_once_loads_every_time_and_stale_workers_are_left_out() -> None:
     mon, prefill, sched, clock = _monitor()
     mon.report(_decode_load("decode-1"))

@@ -82,6 +82,24 @@ def test_a_flip_drains_waits_for_the_requests_then_switches_the_role_in_place() 
     assert "on the engine 4.0 ms" in el.decisions[-1].outcome
 
 
+def test_a_request_served_between_two_snapshots_counts_as_the_first_in_the_new_role() -> None:
+    el, _ = controller()
+
+    def snap(role: Role, state: str = "serving", steps: int = 0) -> list[dict[str, Any]]:
+        flipped = member("decode-1", role, state)
+        flipped["load"]["steps"] = steps
+        return [member("prefill-0", P), member("decode-0", D), flipped]
+
+    el.tick(snap(D, steps=40), now=0.0)
+    el.flip("decode-1", P, now=0.0)
+    for t in (1.0, 1.6):
+        el.tick(snap(D, "draining", steps=40), now=t)
+    el.tick(snap(P, steps=40), now=2.0)  # serving in its new role, nothing served yet
+    assert el.lifecycles()["decode-1"].last_flip.first_served_s is None
+    el.tick(snap(P, steps=43), now=2.5)  # never seen busy, but its engine stepped: a short request came and went
+    assert el.lifecycles()["decode-1"].last_flip.first_served_s == pytest.approx(2.5)
+
+
 def test_a_flip_the_worker_cannot_carry_out_leaves_it_serving_in_its_old_role() -> None:
     el, act = controller()
     el.tick([member("prefill-0", P), member("decode-0", D), member("decode-1", D)], now=0.0)
