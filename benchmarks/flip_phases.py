@@ -20,6 +20,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -123,45 +125,53 @@ async def poll(timeline: list[dict[str, Any]], done: asyncio.Event) -> None:
             await asyncio.sleep(0.5)
 
 
-def serve_and_run(name: str, flags: list[str], workload: Any, args: argparse.Namespace) -> dict[str, Any]:
+@contextmanager
+def serving(cmd: list[str], target: str, log_path: Path) -> Iterator[None]:
+    """A `tetriserve serve` (``cmd``) answering health over gRPC at ``target``, warmed up (compiled graphs,
+    caches); stopped on the way out."""
     from tetriserve.client import TetriServeClient
 
-    cmd = [sys.executable, "-m", "tetriserve.control_plane.cli", "serve", "--grpc-port", GRPC.rsplit(":", 1)[1],
-           "--http-port", "8160", "--kv-cache-gb", "2", "--num-prefill", str(args.num_prefill),
-           "--num-decode", str(args.num_decode),
-           "--predictor", "baseline", *flags]  # fmt: skip
-    with open(WORK / f"flip_phases_{name}.log", "w") as log:
+    with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + 600
             while True:
-                assert proc.poll() is None, f"{name}: server exited, see {log.name}"
+                assert proc.poll() is None, f"server exited, see {log.name}"
                 try:
-                    with TetriServeClient(GRPC, timeout=5) as c:
+                    with TetriServeClient(target, timeout=5) as c:
                         if c.health().serving:
                             break
                 except Exception:
                     pass
-                assert time.monotonic() < deadline, f"{name}: not serving after 600 s"
+                assert time.monotonic() < deadline, f"not serving after 600 s, see {log.name}"
                 time.sleep(1)
-            with TetriServeClient(GRPC, timeout=120) as c:  # warm-up: compiled graphs, caches
+            with TetriServeClient(target, timeout=120) as c:
                 for i in range(8):
                     c.complete("warm up " * (20 * i + 1), max_tokens=32, ignore_eos=True)
-
-            async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-                timeline: list[dict[str, Any]] = []
-                done = asyncio.Event()
-                poller = asyncio.create_task(poll(timeline, done))
-                results = await replay(workload, args)
-                await asyncio.sleep(2)
-                done.set()
-                await poller
-                return results, timeline
-
-            print(f"== {name}: {len(workload.requests)} requests", flush=True)
-            results, timeline = asyncio.run(run())
+            yield
         finally:
             stop(proc)
+
+
+def serve_and_run(name: str, flags: list[str], workload: Any, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "tetriserve.control_plane.cli", "serve", "--grpc-port", GRPC.rsplit(":", 1)[1],
+           "--http-port", "8160", "--kv-cache-gb", "2", "--num-prefill", str(args.num_prefill),
+           "--num-decode", str(args.num_decode),
+           "--predictor", "baseline", *flags]  # fmt: skip
+    with serving(cmd, GRPC, WORK / f"flip_phases_{name}.log"):
+
+        async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            timeline: list[dict[str, Any]] = []
+            done = asyncio.Event()
+            poller = asyncio.create_task(poll(timeline, done))
+            results = await replay(workload, args)
+            await asyncio.sleep(2)
+            done.set()
+            await poller
+            return results, timeline
+
+        print(f"== {name}: {len(workload.requests)} requests", flush=True)
+        results, timeline = asyncio.run(run())
     return {"flags": flags, "results": results, "timeline": timeline}
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_bench_report import RESULTS, ROOT, WORK
-from vllm_bench_serve import stop
+from flip_phases import serving
+from vllm_bench_report import RESULTS, WORK
 
 GRPC = "127.0.0.1:50171"
 WORKER = "decode-1"
@@ -71,31 +70,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     cmd = [sys.executable, "-m", "tetriserve.control_plane.cli", "serve", "--grpc-port", GRPC.rsplit(":", 1)[1],
            "--http-port", "8170", "--num-prefill", "1", "--num-decode", "2", "--predictor", "baseline"]  # fmt: skip
-    with open(WORK / "flip_time_serve.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 600
-            while True:
-                assert proc.poll() is None, f"server exited, see {log.name}"
-                try:
-                    with TetriServeClient(GRPC, timeout=5) as c:
-                        if c.health().serving:
-                            break
-                except Exception:
-                    pass
-                assert time.monotonic() < deadline, "not serving after 600 s"
-                time.sleep(1)
-            with TetriServeClient(GRPC, timeout=120) as c:
-                for i in range(8):  # warm-up: compiled graphs, caches
-                    c.complete("warm up " * (20 * i + 1), max_tokens=32, ignore_eos=True)
-                flips = []
-                for k in range(args.flips):
-                    role = "prefill" if k % 2 == 0 else "decode"
-                    flips.append(one_flip(c, role, args.requests))
-                    print(f"flip {k + 1}: {flips[-1]}", flush=True)
-                return flips
-        finally:
-            stop(proc)
+    with serving(cmd, GRPC, WORK / "flip_time_serve.log"), TetriServeClient(GRPC, timeout=120) as c:
+        flips = []
+        for k in range(args.flips):
+            role = "prefill" if k % 2 == 0 else "decode"
+            flips.append(one_flip(c, role, args.requests))
+            print(f"flip {k + 1}: {flips[-1]}", flush=True)
+        return flips
 
 
 def report(flips: list[dict[str, Any]], command: str) -> str:

@@ -1,7 +1,7 @@
 """The pause after the first token: where the prefill→decode handoff spends its time, beside plain vLLM (#12).
 
 A disaggregated request's first token comes from the prefill worker and its second from the decode worker;
-between them lie the dispatch, the KV transfer, the ``submit`` call and the decode engine's first step. A
+between them lie the dispatch, the KV transfer, the ``take`` call and the decode engine's first step. A
 colocated vLLM server has one engine step there. This measures both systems in one run, same model, same
 prompts, one streamed completion at a time (``--requests`` per prompt length, ``ignore_eos``, ``--max-tokens``,
 temperature 1):
@@ -9,7 +9,7 @@ temperature 1):
 client side, per request     TTFT; the first inter-token gap (first → second token); the median of the rest
 tetriserve, per request      from the GlobalScheduler's request table (each worker's state events, one clock):
                              first token out (prefill: ``TRANSFERRING``) → the decode worker has taken it
-                             (``DECODE_QUEUED``, stamped by the prefill worker once ``submit`` has returned)
+                             (``DECODE_QUEUED``, stamped by the prefill worker once ``take`` has returned)
                              and → the decode engine's first token (``DECODING``, stamped by the decode worker)
 
     python benchmarks/handoff_gap.py --requests 30 --prompt-tokens 64 512 1536 --max-tokens 256
@@ -158,7 +158,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         "",
         "## tetriserve: the handoff from its state events (ms after the first token left the prefill worker)",
         "",
-        "| prompt tokens | requests | decode worker has taken it (`submit` returned) | decode engine's first token |",
+        "| prompt tokens | requests | decode worker has taken it (`take` returned) | decode engine's first token |",
         "| ---: | ---: | ---: | ---: |",
     ]
     for length in args.prompt_tokens:

@@ -20,6 +20,10 @@ has, the worker moves between the cluster's tables and is registered with the
 monitor in its new role), ``remove_worker`` kills a drained worker for good and
 takes it out of the monitor and the GlobalScheduler.
 
+Once a second the same thread publishes each worker's role, lifecycle and
+flips as Ray metrics (``worker_gauges.py``), which is how the Ray dashboard
+shows them.
+
 The bookkeeping and its decisions are ``supervisor.py`` (pure, unit-tested);
 this file only talks to Ray.
 """
@@ -35,11 +39,13 @@ from tetriserve.common.lifecycle import Lifecycle
 from tetriserve.control_plane.elastic import Elastic
 from tetriserve.control_plane.flip import policy_from_config
 from tetriserve.control_plane.supervisor import ActorState, Slot, Supervisor
+from tetriserve.control_plane.worker_gauges import RayGauges, gauge_values
 
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.25
 PING_TIMEOUT_S = 2.0
+GAUGE_INTERVAL_S = 1.0
 START_TIMEOUT_S = 600.0  # a worker's engine start (model load, profiling) may take minutes on real models
 
 SCHEDULER = "global-scheduler"
@@ -61,6 +67,8 @@ class Supervision:
         self._armed: set[tuple[str, int]] = set()
         self._pending: dict[str, tuple[int, Any, Any, float]] = {}  # name -> (incarnation, handle, ref, since)
         self._flips: dict[str, tuple[str, str, Any]] = {}  # name -> (old role, new role, ref of its flip call)
+        self._gauges: RayGauges | None = RayGauges()  # the workers' roles and flips for the Ray dashboard
+        self._gauged = -float("inf")
         cfg = cluster.config
         self.elastic = Elastic(
             cfg.flip,
@@ -98,6 +106,14 @@ class Supervision:
         for slot in self.sup.due(now):
             self._rebuild(slot, now)
         self._check_pending(now)
+        if now - self._gauged >= GAUGE_INTERVAL_S and self._gauges is not None:
+            self._gauged = now
+            lives = {slot.name: slot.incarnation for slot in self.sup.view()}
+            try:
+                self._gauges.publish(gauge_values(self.elastic.lifecycles(), lives))
+            except Exception:  # no metrics agent: the dashboard goes without, the service does not
+                logger.exception("supervision: worker gauges are off")
+                self._gauges = None
 
     def handle(self, name: str) -> Any:
         if name == SCHEDULER:

@@ -252,9 +252,9 @@ def claim_cores(threads: int, borrows: bool) -> CoreShare | None:
         return None
 
 
-def lower_thread_priority(niceness: int) -> bool:
+def set_thread_niceness(niceness: int) -> bool:
     """Give the calling thread, and only it, ``niceness`` (Linux niceness is per thread; the rest of the
-    process keeps its own). False where the OS refuses."""
+    process keeps its own). False where the OS refuses (a lower niceness than the thread has needs CAP_SYS_NICE)."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
     except (OSError, AttributeError):

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tetriserve.common.stream import TokenLogprobs
-from tetriserve.engine.cores import CoreShare, lower_thread_priority, set_engine_threads
+from tetriserve.engine.cores import CoreShare, set_engine_threads, set_thread_niceness
 from tetriserve.engine.stats import EngineStats, StatsCollector, stat_logger_factory
 
 logger = logging.getLogger(__name__)
@@ -124,6 +124,7 @@ class EngineLoop:
         self._outputs: dict[str, _Output] = {}  # engine thread's view of live requests
         self._live = 0  # actor's count of requests added and not finished
         self.steps = 0  # engine steps taken (the liveness heartbeat's proof that the engine moves)
+        self.busy_s = 0.0  # seconds spent inside engine steps (a prefill worker's pace is measured by it)
         self._stale = False
         self._published = 0.0
         self.snapshot = EngineSnapshot(self.collector.snapshot(), self._extra())
@@ -189,7 +190,7 @@ class EngineLoop:
             install(scheduler)
             self._snapshot_fn = snapshot_fn
             if niceness != self._niceness:
-                if lower_thread_priority(niceness):
+                if set_thread_niceness(niceness):
                     self._niceness = niceness
                 else:
                     logger.warning("engine %s: could not set niceness %d", self.name, niceness)
@@ -210,7 +211,7 @@ class EngineLoop:
 
     # -- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
-        if self._niceness and not lower_thread_priority(self._niceness):
+        if self._niceness and not set_thread_niceness(self._niceness):
             logger.warning("engine %s: could not set niceness %d", self.name, self._niceness)
         while True:  # daemon thread: lives as long as the worker process
             if self.engine.has_unfinished_requests():
@@ -234,12 +235,15 @@ class EngineLoop:
                 set_engine_threads(threads)
                 self._threads = threads
         self.steps += 1
+        started = time.perf_counter()
         try:
             outputs = self.engine.step()
         except Exception as exc:  # engine bug: fail what is in flight, keep serving
             logger.exception("engine %s: step failed", self.name)
             self._fail_all(f"engine step failed: {exc}")
             return
+        finally:
+            self.busy_s += time.perf_counter() - started
         self._stale = True
         batch = [d for d in (self._delta(out) for out in outputs) if d is not None]
         if time.monotonic() - self._published >= SNAPSHOT_INTERVAL_S:

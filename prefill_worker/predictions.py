@@ -37,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
-from tetriserve.engine.cores import lower_thread_priority
+from tetriserve.engine.cores import set_thread_niceness
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class PredictionQueue:
 
     # -- the predictor thread ------------------------------------------------------------
     def _run(self) -> None:
-        if self.niceness and not lower_thread_priority(self.niceness):
+        if self.niceness and not set_thread_niceness(self.niceness):
             logger.warning("could not set the length predictor's niceness %d", self.niceness)
         while True:
             with self._cond:

@@ -121,7 +121,7 @@ class PrefillWorker(EngineWorker):
         self.predictor.observe(prompt_len, output_len)
 
     def load(self) -> PrefillLoad:
-        self.pace.observe(self.engine.stats().prompt_tokens_computed, time.monotonic())
+        self.pace.observe(self.engine.stats().prompt_tokens_computed, self.engine.busy_s)
         lens = self.gate.queued_lens()
         return PrefillLoad(
             self.worker_id,

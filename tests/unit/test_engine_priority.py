@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from tetriserve.common.config import ClusterConfig
-from tetriserve.engine.cores import lower_thread_priority
+from tetriserve.engine.cores import set_thread_niceness
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux behaviour")
@@ -18,7 +18,7 @@ def test_lowering_an_engine_threads_priority_leaves_the_rest_of_the_process_alon
     seen: dict[str, int] = {}
 
     def engine_thread() -> None:
-        assert lower_thread_priority(before + 5)
+        assert set_thread_niceness(before + 5)
         seen["engine"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     t = threading.Thread(target=engine_thread)

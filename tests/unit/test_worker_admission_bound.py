@@ -16,15 +16,15 @@ from tetriserve.control_plane.global_scheduler import GlobalScheduler
 from tetriserve.prefill_worker.pace import PrefillPace
 
 
-def test_pace_is_measured_from_computed_prompt_tokens_and_prices_the_queue() -> None:
+def test_pace_is_measured_from_computed_prompt_tokens_and_stepping_time_and_prices_the_queue() -> None:
     pace = PrefillPace()
-    pace.observe(0, 10.0)
+    pace.observe(0, 10.0)  # the engine's seconds spent stepping so far, not the clock
     assert pace.seconds_per_token == 0.0 and pace.queue_wait_s([100], None, None) == 0.0  # not measured yet
-    pace.observe(1000, 11.0)  # 1000 tokens/s
+    pace.observe(1000, 11.0)  # 1000 tokens in 1 s of steps
     assert pace.seconds_per_token == pytest.approx(1e-3)
-    pace.observe(1000, 12.0)  # idle interval: no sample
+    pace.observe(1000, 11.0)  # an idle interval: no steps, no sample
     assert pace.seconds_per_token == pytest.approx(1e-3)
-    pace.observe(1500, 13.0)  # 500 tokens/s: the EWMA moves toward it
+    pace.observe(1500, 12.0)  # 500 tokens in 1 s of steps: the EWMA moves toward it
     assert 1e-3 < pace.seconds_per_token < 2e-3
     assert pace.queue_wait_s([100, 300], None, None) == pytest.approx(400 * pace.seconds_per_token)
 
