@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.flip_config import FlipConfig, ScaleConfig
+from tetriserve.common.transport_config import TransportConfig
 
 
 class EngineConfig(BaseModel):
@@ -296,7 +297,10 @@ class ClusterConfig(BaseModel):
             "worker is stale after three heartbeats (or 30 report periods, whichever is longer) without one."
         ),
     )
-    transport: Literal["tcp"] = Field("tcp", description="KV transfer backend.")
+    transport: TransportConfig = Field(
+        default_factory=TransportConfig,  # type: ignore[arg-type]
+        description="Which backend moves KV between workers (a bare backend name is accepted: `transport: shm`).",
+    )
     kv_transfer_timeout_s: float = Field(30.0, gt=0, description="Deadline for one request's KV transfer.")
     slice_lambda: float = Field(
         0.5, gt=0, le=1, description="SCLS eq. 12 λ: slice rebalancing rounds come every max(λ·least load, Γ) s."

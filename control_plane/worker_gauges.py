@@ -2,15 +2,15 @@
 
 The supervision thread publishes, once a second, one set of gauges per worker
 through Ray's metrics API (``ray.util.metrics``); Ray exports them with its own
-metrics on every node's metrics port, where the dashboard's Metrics view (its
-Prometheus and Grafana) and any Prometheus read them:
+metrics on every node's metrics port, prefixed ``ray_``, where the dashboard's
+Metrics view (its Prometheus and Grafana) and any Prometheus read them:
 
-    tetriserve_worker_role{worker, role}              1 for the role it plays, 0 for the other
-    tetriserve_worker_lifecycle{worker, state}        1 for its state (starting, active, draining, flipping)
-    tetriserve_worker_flips{worker}                   role changes so far
-    tetriserve_worker_last_flip_ms{worker, span}      the latest flip: drain, switch, swap (on the engine,
+    ray_tetriserve_worker_role{worker, role}          1 for the role it plays, 0 for the other
+    ray_tetriserve_worker_lifecycle{worker, state}    1 for its state (starting, active, draining, flipping)
+    ray_tetriserve_worker_flips{worker}               role changes so far
+    ray_tetriserve_worker_last_flip_ms{worker, span}  the latest flip: drain, switch, swap (on the engine,
                                                       TetriInfer's 5–7 ms), order_to_served
-    tetriserve_worker_lives{worker}                   its incarnation (0 until the supervisor re-creates it)
+    ray_tetriserve_worker_lives{worker}               its incarnation (0 until the supervisor re-creates it)
 
 ``gauge_values`` is pure (tested without Ray); ``RayGauges`` only writes them.
 """

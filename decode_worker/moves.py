@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tetriserve.decode_worker.slices import Order, SliceMoves, pick_movers
+from tetriserve.transport.api import Received
 
 if TYPE_CHECKING:
     from tetriserve.decode_worker.worker import DecodeWorker, Running
@@ -98,7 +99,7 @@ class SliceMover:
             w.endpoint.hold(move.key, buffers)
         resume(run, move.key if buffers is not None else None)
 
-    async def _sent(self, move: Move, buffers: list[bytearray]) -> bool:
+    async def _sent(self, move: Move, buffers: list[Received]) -> bool:
         """Send the parked KV to the destination and wait until it has landed there (False: it failed)."""
         from tetriserve.transport.api import TransferState
 

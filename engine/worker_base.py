@@ -32,6 +32,7 @@ from tetriserve.common.load import DecodeLoad, PrefillLoad, same_load
 from tetriserve.common.outbox import StreamHub
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, Heartbeat, StateEvent, StreamChunk, TokenLogprobs
+from tetriserve.transport.api import Received
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class EngineWorker:
             self._events, self._handed = predecessor._events, predecessor._handed
             self._monitor, self._scheduler = predecessor._monitor, predecessor._scheduler
         else:
-            self.endpoint = endpoints.get_or_create(worker_id, config.transport, f"{config.host}:0")
+            self.endpoint = endpoints.get_or_create(worker_id, config.transport.endpoint_kind, f"{config.host}:0")
             self.engine: Any = None
             self.streams = StreamHub()
             self._events: list[StateEvent] = []
@@ -202,7 +203,7 @@ class EngineWorker:
             handle.abort.remote(request_id, attempt)
         return handle is not None
 
-    async def parked_kv(self, key: str, give_up: Callable[[], bool] = lambda: False) -> list[bytearray] | None:
+    async def parked_kv(self, key: str, give_up: Callable[[], bool] = lambda: False) -> list[Received] | None:
         """The KV the engine parked in this endpoint under ``key`` (in the step that computed it), or None
         once ``give_up()`` or the transfer deadline has passed."""
         deadline = time.monotonic() + self.config.kv_transfer_timeout_s
@@ -261,7 +262,7 @@ def build_worker_engine(config: ClusterConfig, model_path: str, worker_id: str) 
         EngineRole.PREFILL,
         chunk_size=config.prefill.batch_ceiling(config.engine.max_model_len),
         endpoint=worker_id,
-        transport=config.transport,
+        transport=config.transport.endpoint_kind,
         kv_deadline_s=config.kv_transfer_timeout_s,
         kv_load_failure_policy=config.kv_load_failure_policy,
     )

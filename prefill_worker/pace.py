@@ -10,7 +10,7 @@ goes only to a prefill worker whose queue it would wait behind for at most
                    intervals in which it computed prompts. Stepping time, not wall time: a worker that was
                    idle for most of an interval is not slow. Read by wall time, a lightly loaded worker's
                    burst was priced at 39–44 s of queue and refused while the prompts' TTFT stayed under
-                   0.2 s (benchmarks/results/flip_phases.json, the run before this fix)
+                   0.2 s (benchmarks/results/flip_phases.json as of commit 5a74509, the run before this fix)
 
 Pure (no Ray, no vLLM): the worker feeds it its engine's counters.
 """

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 Buffer = bytes | bytearray | memoryview
+# what ``recv`` returns: writable, one-dimensional unsigned bytes; a memoryview where the backend hands over
+# memory it mapped rather than copied (shm), so a consumer may read it in place (torch.frombuffer) or write it
+Received = bytearray | memoryview
 
 
 class TransferState(enum.Enum):
@@ -81,7 +84,7 @@ class Transport(Protocol):
 
     def send(self, dst: str, key: str, buffers: Sequence[Buffer], deadline_s: float) -> TransferHandle: ...
 
-    def recv(self, key: str) -> list[bytearray] | None: ...
+    def recv(self, key: str) -> list[Received] | None: ...
 
     def landed(self, key: str) -> bool:
         """Whether every byte of ``key`` is here (``recv`` would return it), without taking it."""

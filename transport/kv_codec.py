@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tetriserve.transport.api import Received
+
 _DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.uint8)}
 
 
@@ -69,7 +71,7 @@ def pack(
 
 
 def unpack_into(
-    layers: Mapping[str, torch.Tensor], dim: int, block_ids: Sequence[int], buffers: Sequence[bytearray]
+    layers: Mapping[str, torch.Tensor], dim: int, block_ids: Sequence[int], buffers: Sequence[Received]
 ) -> int:
     """Copy received blocks into ``block_ids``; returns the number of tokens restored."""
     header = json.loads(bytes(buffers[0]))

@@ -6,10 +6,12 @@ from collections.abc import Callable
 
 from tetriserve.transport.api import Transport
 from tetriserve.transport.inproc import InProcTransport
+from tetriserve.transport.shm import ShmTransport
 from tetriserve.transport.tcp import TcpTransport
 
 BACKENDS: dict[str, Callable[[str], Transport]] = {
     "tcp": lambda listen: TcpTransport(listen),
+    "shm": lambda listen: ShmTransport(listen),
     "inproc": lambda listen: InProcTransport(listen),
 }
 

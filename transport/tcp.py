@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from tetriserve.transport.api import Buffer, TransferHandle
 from tetriserve.transport.store import StoreBackedEndpoint
@@ -103,25 +104,46 @@ class TcpTransport(StoreBackedEndpoint):
     def _send_attempts(
         self, dst: str, key: str, views: list[memoryview], deadline: float, handle: TransferHandle
     ) -> None:
-        header = json.dumps({"key": key, "sizes": [v.nbytes for v in views]}).encode()
-        for attempt in (0, 1):  # a pooled connection may have gone stale: retry once on a fresh one
-            sock = None
-            try:
-                sock = self._checkout(dst, deadline, fresh=attempt > 0)
-                sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                sock.sendall(_HDR.pack(_MAGIC, len(header)) + header)
-                for v in views:
-                    sock.sendall(v)
-                ack = _recv_exact(sock, 1)
-                self._checkin(dst, sock)
-                self._finish(handle, None if ack == b"\x01" else f"receiver dropped {key} (discarded)")
-                return
-            except (OSError, ConnectionError) as exc:
-                if sock is not None:
-                    sock.close()
-                if attempt == 1 or time.monotonic() >= deadline:
-                    self._finish(handle, f"send {key} to {dst} failed: {exc}")
+        extra, body = self._frame(dst, key, views)
+        fields = {"key": key, "sizes": [v.nbytes for v in views], **extra}
+        header = json.dumps(fields).encode()
+        stored = False
+        try:
+            for attempt in (0, 1):  # a pooled connection may have gone stale: retry once on a fresh one
+                sock = None
+                try:
+                    sock = self._checkout(dst, deadline, fresh=attempt > 0)
+                    sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                    sock.sendall(_HDR.pack(_MAGIC, len(header)) + header)
+                    for v in body:
+                        sock.sendall(v)
+                    stored = _recv_exact(sock, 1) == b"\x01"
+                    self._checkin(dst, sock)
+                    self._finish(handle, None if stored else f"receiver dropped {key} (discarded)")
                     return
+                except (OSError, ConnectionError) as exc:
+                    if sock is not None:
+                        sock.close()
+                    if attempt == 1 or time.monotonic() >= deadline:
+                        self._finish(handle, f"send {key} to {dst} failed: {exc}")
+                        return
+        finally:
+            self._frame_done(fields, stored)
+
+    # -- what a subclass may carry differently (the shm backend: the bytes go through shared memory) ------
+    def _frame(self, dst: str, key: str, views: list[memoryview]) -> tuple[dict[str, object], list[memoryview]]:
+        """Extra header fields for ``key``'s frame to ``dst``, and the bytes that follow the header."""
+        return {}, views
+
+    def _frame_done(self, header: dict[str, object], stored: bool) -> None:
+        """The frame with ``header`` is done with (``stored``: the receiver acknowledged keeping it)."""
+
+    def _connect_to(self, dst: str) -> tuple[str, int]:
+        return parse_address(dst)
+
+    def _payload(self, conn: socket.socket, header: dict[str, object], sizes: list[int]) -> list[Any]:
+        """The buffers of a frame whose header has been read."""
+        return [_recv_exact(conn, n) for n in sizes]
 
     def _checkout(self, dst: str, deadline: float, fresh: bool) -> socket.socket:
         if not fresh:
@@ -132,7 +154,7 @@ class TcpTransport(StoreBackedEndpoint):
                     return idle.get_nowait()
                 except queue.Empty:
                     pass
-        sock = socket.create_connection(parse_address(dst), timeout=max(deadline - time.monotonic(), 0.001))
+        sock = socket.create_connection(self._connect_to(dst), timeout=max(deadline - time.monotonic(), 0.001))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
@@ -176,7 +198,7 @@ class TcpTransport(StoreBackedEndpoint):
             try:
                 header = json.loads(_recv_exact(conn, hlen))
                 key = str(header["key"])
-                buffers = [_recv_exact(conn, int(n)) for n in header["sizes"]]
+                buffers = self._payload(conn, header, [int(n) for n in header["sizes"]])
                 if self._closed.is_set():
                     return
                 stored = self._store.put(key, buffers)

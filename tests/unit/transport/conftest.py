@@ -1,4 +1,4 @@
-"""Fixtures shared by the transport tests: a closing factory of either backend, sender/receiver pairs."""
+"""Fixtures shared by the transport tests: a closing factory of every backend, sender/receiver pairs."""
 
 from __future__ import annotations
 
@@ -11,16 +11,25 @@ import pytest
 from tests.transport_support import unique
 from tetriserve.transport.api import Transport
 from tetriserve.transport.inproc import InProcTransport
+from tetriserve.transport.shm import ShmTransport
 from tetriserve.transport.tcp import TcpTransport
+
+SOCKET_BACKENDS = ("tcp", "shm")  # addressed by host:port; the receiver acknowledges every frame
 
 
 @pytest.fixture
 def make() -> Iterator[Callable[..., Any]]:
-    """Factory of transports of either backend; everything it made is closed at teardown."""
+    """Factory of transports of every backend; everything it made is closed at teardown."""
     opened: list[Transport] = []
 
     def _make(kind: str, **kwargs: Any) -> Any:
-        t: Transport = TcpTransport(**kwargs) if kind == "tcp" else InProcTransport(unique(), **kwargs)
+        t: Transport
+        if kind == "tcp":
+            t = TcpTransport(**kwargs)
+        elif kind == "shm":
+            t = ShmTransport(**kwargs)
+        else:
+            t = InProcTransport(unique(), **kwargs)
         opened.append(t)
         return t
 
@@ -29,7 +38,7 @@ def make() -> Iterator[Callable[..., Any]]:
         t.close()
 
 
-@pytest.fixture(params=["tcp", "inproc"])
+@pytest.fixture(params=["tcp", "shm", "inproc"])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

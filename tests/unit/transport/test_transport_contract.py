@@ -1,6 +1,6 @@
-"""Tests for the two-sided transport contract (TCP and in-process backends) and the receive store.
+"""Tests for the two-sided transport contract (TCP, shared-memory and in-process backends) and the receive store.
 
-Both backends are driven through the same contract (parametrized ``pair``, see
+Every backend is driven through the same contract (parametrized ``pair``, see
 ``conftest.py``). Nothing sleeps to wait for state: ``_poll`` retries with a deadline.
 """
 
@@ -19,6 +19,7 @@ import pytest
 
 from tests.transport_support import poll as _poll
 from tests.transport_support import recv_within as _recv
+from tests.unit.transport.conftest import SOCKET_BACKENDS
 from tetriserve.transport import store as store_mod
 from tetriserve.transport.api import TransferState
 from tetriserve.transport.store import ReceiveStore
@@ -49,7 +50,9 @@ def test_round_trip_mixed_buffers(pair: tuple[Any, Any]) -> None:
 
     assert handle.wait(10.0) is TransferState.DONE, handle.error
     assert handle.error is None and handle.finished is not None and handle.finished >= handle.started
-    assert [type(b) for b in got] == [bytearray] * len(buffers)
+    views = [memoryview(b) for b in got]  # the contract: writable, one-dimensional unsigned bytes, in order
+    assert all(isinstance(b, bytearray | memoryview) for b in got)
+    assert all(not v.readonly and v.ndim == 1 and v.format == "B" for v in views)
     assert [bytes(b) for b in got] == expected
     assert np.array_equal(np.frombuffer(got[4], dtype=np.float32).reshape(512, 1024), array)
 
@@ -95,7 +98,7 @@ def test_discard_before_arrival_drops_the_late_data(pair: tuple[Any, Any], kind:
     assert rx.recv("late") is None
     assert rx.stats().transfers_received == 0
     assert rx.stats().bytes_received == 0
-    if kind == "tcp":  # the receiver acknowledges the drop; the sender learns of it
+    if kind in SOCKET_BACKENDS:  # the receiver acknowledges the drop; the sender learns of it
         assert state is TransferState.FAILED
         assert handle.error is not None and "discarded" in handle.error and "late" in handle.error
 
@@ -165,7 +168,7 @@ def test_stats_counters(pair: tuple[Any, Any], kind: str, dead_port: str) -> Non
     assert (s.bytes_received, s.transfers_received) == (0, 0)
     assert (r.bytes_sent, r.transfers_sent) == (0, 0)
 
-    nowhere = dead_port if kind == "tcp" else "inproc://nobody-home"
+    nowhere = dead_port if kind in SOCKET_BACKENDS else "inproc://nobody-home"
     assert tx.send(nowhere, "lost", [b"x"], 1.0).wait(5.0) is TransferState.FAILED
     after = tx.stats()
     assert (after.bytes_sent, after.transfers_sent, after.transfers_failed) == (total, 3, 1)

@@ -1,0 +1,197 @@
+"""GB/s of each KV transport backend beside the raw ceiling of the same path, in one run (issue #16).
+
+    python benchmarks/transport_throughput.py --sizes-mib 1 4 16 64 256 --repeats 5
+
+For each size, one endpoint sends one buffer of that size to another, in a separate process (as between two
+workers), and the time runs from ``send`` until the receiver's ``recv`` has it (the sender's handle is DONE
+only once the receiver acknowledged it). Ceilings, measured in the same run:
+
+    shm   one ``torch`` tensor copy of the same size into a buffer allocated for it (the shm backend's one copy
+          lands in a segment made for the transfer), and into a buffer reused every time (memory bandwidth)
+    tcp   the same bytes through a plain loopback socket between the same two processes (sendall/recv_into)
+
+Writes ``benchmarks/results/transport_throughput.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_bench_report import RESULTS
+
+MIB = 1 << 20
+
+
+def _receiver(kind: str, conn: Any) -> None:
+    """The receiving process: an endpoint (or a plain socket) that takes what arrives and says when."""
+    if kind == "socket":
+        server = socket.create_server(("127.0.0.1", 0))
+        conn.send(f"127.0.0.1:{server.getsockname()[1]}")
+        peer, _ = server.accept()
+        buf = bytearray(max(conn.recv()) * MIB)
+        view = memoryview(buf)
+        while True:
+            n = int.from_bytes(peer.recv(8, socket.MSG_WAITALL), "big")
+            if n == 0:
+                return
+            got = 0
+            while got < n:
+                got += peer.recv_into(view[got:n], n - got)
+            peer.sendall(b"\x01")
+    from tetriserve.transport.registry import make_transport
+
+    endpoint = make_transport(kind, "127.0.0.1:0")
+    conn.send(endpoint.address)
+    while True:
+        key = conn.recv()
+        if key is None:
+            endpoint.close()
+            return
+        while (bufs := endpoint.recv(key)) is None:
+            time.sleep(0.0002)
+        conn.send(time.perf_counter())
+        del bufs
+
+
+def _backend(kind: str, sizes: list[int], repeats: int) -> dict[int, list[float]]:
+    from tetriserve.transport.api import TransferState
+    from tetriserve.transport.registry import make_transport
+
+    parent, child = mp.Pipe()
+    proc = mp.get_context("spawn").Process(target=_receiver, args=(kind, child), daemon=True)
+    proc.start()
+    address = parent.recv()
+    sender = make_transport(kind, "127.0.0.1:0")
+    out: dict[int, list[float]] = {}
+    try:
+        for size in sizes:
+            payload = bytearray(size * MIB)
+            for r in range(repeats + 1):  # the first of each size warms the path
+                key = f"{size}-{r}"
+                parent.send(key)
+                t0 = time.perf_counter()
+                handle = sender.send(address, key, [payload], 120.0)
+                assert handle.wait(120.0) is TransferState.DONE, handle.error
+                landed = parent.recv()
+                if r:
+                    out.setdefault(size, []).append(size * MIB / (landed - t0) / 1e9)
+    finally:
+        parent.send(None)
+        proc.join(10)
+        sender.close()
+    return out
+
+
+def _socket(sizes: list[int], repeats: int) -> dict[int, list[float]]:
+    parent, child = mp.Pipe()
+    proc = mp.get_context("spawn").Process(target=_receiver, args=("socket", child), daemon=True)
+    proc.start()
+    host, port = parent.recv().split(":")
+    parent.send(sizes)
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    out: dict[int, list[float]] = {}
+    try:
+        for size in sizes:
+            payload = bytearray(size * MIB)
+            for r in range(repeats + 1):
+                t0 = time.perf_counter()
+                sock.sendall((size * MIB).to_bytes(8, "big"))
+                sock.sendall(payload)
+                sock.recv(1)
+                if r:
+                    out.setdefault(size, []).append(size * MIB / (time.perf_counter() - t0) / 1e9)
+    finally:
+        sock.sendall((0).to_bytes(8, "big"))
+        proc.join(10)
+        sock.close()
+    return out
+
+
+def _copies(sizes: list[int], repeats: int) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    import torch
+
+    fresh: dict[int, list[float]] = {}
+    reused: dict[int, list[float]] = {}
+    for size in sizes:
+        src = torch.ones(size * MIB, dtype=torch.uint8)
+        dst = torch.empty_like(src)
+        for r in range(repeats + 1):
+            t0 = time.perf_counter()
+            torch.empty_like(src).copy_(src)
+            t1 = time.perf_counter()
+            dst.copy_(src)
+            t2 = time.perf_counter()
+            if r:
+                fresh.setdefault(size, []).append(size * MIB / (t1 - t0) / 1e9)
+                reused.setdefault(size, []).append(size * MIB / (t2 - t1) / 1e9)
+    return fresh, reused
+
+
+def report(data: dict[str, Any]) -> str:
+    sizes = data["sizes_mib"]
+    med = {name: {int(k): statistics.median(v) for k, v in runs.items()} for name, runs in data["gbps"].items()}
+    lines = [
+        "# KV transport throughput beside the raw path",
+        "",
+        f"Command: `{data['command']}`  ",
+        "One buffer per transfer from one process to another on this machine (2 cores); GB/s from `send` until "
+        "the receiving process's `recv` had it, median of the repeats after one warm-up per size. Ceilings in "
+        "the same run: a torch tensor copy of the same size (into a buffer allocated for it, as the shm backend "
+        "copies into a segment made for the transfer; and into a reused buffer: memory bandwidth) and a plain "
+        "loopback socket between two processes.",
+        "",
+        "| MiB | shm | torch copy, fresh buffer | shm / that | torch copy, reused buffer | shm / that | tcp | "
+        "loopback socket | tcp / that |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for s in sizes:
+        shm, fresh, reused = med["shm"][s], med["copy_fresh"][s], med["copy_reused"][s]
+        tcp, sock = med["tcp"][s], med["socket"][s]
+        lines.append(
+            f"| {s} | {shm:.2f} | {fresh:.2f} | {shm / fresh:.2f} | {reused:.2f} | {shm / reused:.2f} | "
+            f"{tcp:.2f} | {sock:.2f} | {tcp / sock:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
+    args = ap.parse_args()
+    out = RESULTS / "transport_throughput.json"
+    if args.report_only:
+        data = json.loads(out.read_text())
+    else:
+        sizes, n = args.sizes_mib, args.repeats
+        fresh, reused = _copies(sizes, n)
+        data = {
+            "command": "python benchmarks/transport_throughput.py " + " ".join(sys.argv[1:]),
+            "sizes_mib": sizes,
+            "gbps": {
+                "shm": _backend("shm", sizes, n),
+                "tcp": _backend("tcp", sizes, n),
+                "socket": _socket(sizes, n),
+                "copy_fresh": fresh,
+                "copy_reused": reused,
+            },
+        }
+        out.write_text(json.dumps(data, indent=1))
+    (RESULTS / "transport_throughput.md").write_text(report(data))
+    print((RESULTS / "transport_throughput.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
