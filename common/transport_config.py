@@ -17,9 +17,8 @@ class TransportConfig(BaseModel):
     backend: Backend = Field(
         "auto",
         description=(
-            "tcp: bytes over sockets. shm: through shared-memory segments between processes of one host (peers "
-            "on other hosts get them over TCP). auto: tcp for now; shm once it outpaces tcp on one host "
-            "(benchmarks/results/transport_throughput.md)."
+            "tcp: bytes over sockets. shm: through reused shared-memory slabs between processes of one host "
+            "(peers on other hosts get them over TCP). auto: shm, which is tcp to another host."
         ),
     )
 
@@ -30,7 +29,7 @@ class TransportConfig(BaseModel):
 
     @property
     def endpoint_kind(self) -> str:
-        """The registry name of the endpoint a worker opens. ``auto`` is tcp until the shared-memory path beats
-        it: a segment made per transfer costs its page allocation on both sides, which on this machine makes
-        shm slower than loopback TCP (benchmarks/results/transport_throughput.md)."""
-        return "tcp" if self.backend == "auto" else self.backend
+        """The registry name of the endpoint a worker opens: ``auto`` is an shm endpoint, which sends to a peer
+        on another host over TCP by itself (benchmarks/results/transport_throughput.md: shm is the faster
+        path within a host)."""
+        return "shm" if self.backend == "auto" else self.backend

@@ -1,44 +1,64 @@
-"""Shared-memory backend: KV bytes cross between processes of one host through /dev/shm (issue #16).
+"""Shared-memory backend: KV bytes cross between processes of one host through registered memory (issue #16).
 
-A TCP endpoint carries only a small frame per transfer; the bytes go through a
-POSIX shared-memory segment, written once by the sender and mapped, not
-copied, by the receiver::
+Each sender keeps a pool of slabs, anonymous shared-memory segments (``memfd``)
+mapped once and reused, so the only per-transfer cost is one copy into pages
+that are already there::
 
-    sender                                        receiver
-    segment = /dev/shm/tetriserve-kv-<id>         (listening as the TCP backend does)
-    copy buffers into it (one memcpy)
-    frame {key, sizes, shm: name} ──TCP──▶        map the segment, unlink its name, store views of it
-                                     ◀── ack ──   (the memory goes when the last view is dropped)
-    unmap; on any failure unlink the name
+    sender                                                    receiver
+    take a free slab that fits, copy the buffers in
+    frame {key, sizes, slab} ─UNIX socket─▶ (the slab's fd rides along the first time on a connection)
+                                                              map the slab once per connection, store views of
+                                                              it: no copy; when the last view of a transfer is
+                                                              dropped, the slab is released
+                             ◀── ack: stored?, the slabs released since the last ack
+    a released slab is free for the next transfer
 
-Only the sender ever holds an unmapped name, and it unlinks the name on every
-failure, so a dead receiver strands nothing in /dev/shm; a dead sender's
-segment is unlinked by the receiver the moment it maps it. A peer on another
-host (its address names another host id) gets the bytes inline over TCP, as
-the ``tcp`` backend sends them, so ``shm`` also serves a cluster that spans
-hosts. Addresses look like ``shm://<host id>@host:port``; the host id tells
-processes that share /dev/shm (same boot, same IPC namespace) apart from the
-rest. Linux only.
+Slabs have no name anywhere: memory goes when the last process that maps it
+lets go, so a dead peer strands nothing (a sender whose connection breaks
+abandons the slabs lent over it; the receiver's views keep them alive as long
+as it needs them). A transfer larger than what is free in the pool
+(``pool_bytes``) gets a slab of its own, dropped after it. A peer on another
+host, or one the UNIX socket cannot reach, gets the bytes inline over TCP as the
+``tcp`` backend sends them, so ``shm`` also serves a cluster that spans hosts.
+
+Addresses look like ``shm://<host id>@host:port``: the host id tells processes
+that share memory (same boot, same IPC namespace) from the rest; the UNIX
+socket is the abstract name derived from it and the port. Linux only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import logging
 import mmap
 import os
-import secrets
+import queue
 import socket
+import struct
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from tetriserve.transport.api import TransferHandle
 from tetriserve.transport.tcp import TcpTransport, parse_address
 
-SHM_DIR = Path("/dev/shm")
-PREFIX = "tetriserve-kv-"
+logger = logging.getLogger(__name__)
+
+MIN_SLAB = 1 << 20
+_LEN = struct.Struct("!I")  # header length, then the JSON header
+_ACK = struct.Struct("!BI")  # stored?, how many released slab ids (u32 each) follow
 
 
 def host_id() -> str:
-    """Processes with the same id share /dev/shm: same boot of the same kernel, same IPC namespace."""
+    """Processes with the same id can share memory: same boot of the same kernel, same IPC namespace."""
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     ipc = os.stat("/proc/self/ns/ipc").st_ino
     return hashlib.sha1(f"{boot}:{ipc}".encode()).hexdigest()[:12]
@@ -51,67 +71,250 @@ def split_address(address: str) -> tuple[str | None, str]:
     return (hid if sep else None), hostport
 
 
+def _unix_name(hid: str, port: int) -> str:
+    return f"\0tetriserve-kv-{hid}-{port}"
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("peer closed the connection")
+        got += k
+    return buf
+
+
+class _Slab:
+    def __init__(self, slab_id: int, size: int, pooled: bool) -> None:
+        self.id, self.size, self.pooled = slab_id, size, pooled
+        self.fd = os.memfd_create(f"tetriserve-kv-{slab_id}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            self.map = mmap.mmap(self.fd, size)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.fd)
+
+
+@dataclass
+class _Conn:
+    """A same-host connection from this sender: which of its slabs the receiver has mapped, and holds."""
+
+    sock: socket.socket
+    mapped: set[int] = field(default_factory=set)
+    lent: set[int] = field(default_factory=set)
+
+
 class ShmTransport(TcpTransport):
-    def __init__(self, listen: str = "127.0.0.1:0", ttl_s: float = 300.0, send_threads: int = 4) -> None:
+    def __init__(
+        self, listen: str = "127.0.0.1:0", ttl_s: float = 300.0, send_threads: int = 4, pool_bytes: int = 1 << 30
+    ) -> None:
         super().__init__(listen, ttl_s, send_threads)
         self._host_id = host_id()
+        self._pool_bytes = pool_bytes
+        self._slab_lock = threading.Lock()
+        self._slabs: dict[int, _Slab] = {}  # pooled slabs, free or lent
+        self._free: list[_Slab] = []
+        self._next_slab = 0
+        self._shared: dict[str, queue.SimpleQueue[_Conn]] = {}
+        self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._unix.bind(_unix_name(self._host_id, parse_address(super().address)[1]))
+        self._unix.listen()
+        threading.Thread(target=self._accept_shared, name="kv-shm-listen", daemon=True).start()
 
     @property
     def address(self) -> str:
         return f"shm://{self._host_id}@{super().address}"
 
-    # -- sending -----------------------------------------------------------------
-    def _frame(self, dst: str, key: str, views: list[memoryview]) -> tuple[dict[str, object], list[memoryview]]:
-        hid, _ = split_address(dst)
-        total = sum(v.nbytes for v in views)
-        if hid != self._host_id or total == 0:
-            return super()._frame(dst, key, views)  # another host (or nothing to map): the bytes go inline
-        name = PREFIX + secrets.token_hex(8)
-        fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, total)
-            with mmap.mmap(fd, total) as segment:
-                offset = 0
-                for v in views:
-                    segment[offset : offset + v.nbytes] = v
-                    offset += v.nbytes
-        except BaseException:
-            os.close(fd)
-            _unlink(name)
-            raise
-        os.close(fd)
-        return {"shm": name}, []
-
-    def _frame_done(self, header: dict[str, object], ok: bool) -> None:
-        name = header.get("shm")
-        if isinstance(name, str) and not ok:  # the receiver never took it: nobody else will unlink it
-            _unlink(name)
-
     def _connect_to(self, dst: str) -> tuple[str, int]:
         return parse_address(split_address(dst)[1])
 
-    # -- receiving ---------------------------------------------------------------
-    def _payload(self, conn: socket.socket, header: dict[str, object], sizes: list[int]) -> list[memoryview]:
-        name = header.get("shm")
-        if not isinstance(name, str):
-            return super()._payload(conn, header, sizes)
-        if not name.startswith(PREFIX) or "/" in name:
-            raise ValueError(f"bad shared-memory segment name {name!r}")
-        path = SHM_DIR / name
-        fd = os.open(path, os.O_RDWR)
+    # -- sending ---------------------------------------------------------------------
+    def _send_attempts(
+        self, dst: str, key: str, views: list[memoryview], deadline: float, handle: TransferHandle
+    ) -> None:
+        hid, hostport = split_address(dst)
+        total = sum(v.nbytes for v in views)
+        conn = None
+        if hid == self._host_id and total > 0:
+            with contextlib.suppress(OSError):
+                conn = self._checkout_shared(dst, parse_address(hostport)[1], deadline)
+        if conn is None:  # another host, nothing to map, or no shared path: the bytes go inline over TCP
+            super()._send_attempts(dst, key, views, deadline, handle)
+            return
+        slab = self._take_slab(total)
         try:
-            segment = mmap.mmap(fd, sum(sizes))
+            offset = 0
+            for v in views:
+                slab.map[offset : offset + v.nbytes] = v
+                offset += v.nbytes
+            header = json.dumps({"key": key, "sizes": [v.nbytes for v in views], "slab": slab.id,
+                                 "size": slab.size, "pooled": slab.pooled}).encode()  # fmt: skip
+            conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            data = [_LEN.pack(len(header)) + header]
+            if slab.id in conn.mapped and slab.pooled:
+                conn.sock.sendall(data[0])
+            else:
+                socket.send_fds(conn.sock, data, [slab.fd])
+                conn.mapped.add(slab.id)
+            stored, count = _ACK.unpack(_recv_exact(conn.sock, _ACK.size))
+            released = struct.unpack(f"!{count}I", _recv_exact(conn.sock, 4 * count)) if count else ()
+        except (OSError, ConnectionError) as exc:
+            conn.sock.close()
+            self._abandon([*conn.lent, slab.id] if slab.pooled else [], slab)  # the receiver may still hold them
+            self._finish(handle, f"send {key} to {dst} failed: {exc}")
+            return
+        if stored and slab.pooled:
+            conn.lent.add(slab.id)
+        else:
+            self._give_back(slab)  # dropped by the receiver (no view of it there), or a one-off now mapped there
+        for sid in released:
+            conn.lent.discard(sid)
+            self._give_back(self._slabs.get(sid))
+        self._shared.setdefault(dst, queue.SimpleQueue()).put(conn)
+        self._finish(handle, None if stored else f"receiver dropped {key} (discarded)")
+
+    def _checkout_shared(self, dst: str, port: int, deadline: float) -> _Conn:
+        with contextlib.suppress(queue.Empty, KeyError):
+            return self._shared[dst].get_nowait()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        try:
+            sock.connect(_unix_name(self._host_id, port))
+        except OSError:
+            sock.close()
+            raise
+        return _Conn(sock)
+
+    def _take_slab(self, nbytes: int) -> _Slab:
+        """The smallest free pooled slab that fits, a new pooled one while the pool has room, else a one-off."""
+        size = max(MIN_SLAB, 1 << (nbytes - 1).bit_length())
+        with self._slab_lock:
+            fits = [s for s in self._free if s.size >= nbytes]
+            if fits:
+                slab = min(fits, key=lambda s: s.size)
+                self._free.remove(slab)
+                return slab
+            self._next_slab += 1
+            pooled = sum(s.size for s in self._slabs.values()) + size <= self._pool_bytes
+            slab = _Slab(self._next_slab, size, pooled)
+            if pooled:
+                self._slabs[slab.id] = slab
+            return slab
+
+    def _give_back(self, slab: _Slab | None) -> None:
+        if slab is None:
+            return
+        if not slab.pooled:
+            slab.close()
+            return
+        with self._slab_lock:
+            if slab.id in self._slabs and slab not in self._free:
+                self._free.append(slab)
+
+    def _abandon(self, slab_ids: Sequence[int], current: _Slab) -> None:
+        """Forget slabs a broken connection's receiver may still hold: never reused, this side unmapped."""
+        with self._slab_lock:
+            for sid in slab_ids:
+                slab = self._slabs.pop(sid, None)
+                if slab is not None:
+                    with contextlib.suppress(ValueError):
+                        self._free.remove(slab)
+                    slab.close()
+        if not current.pooled:
+            current.close()
+
+    # -- receiving -------------------------------------------------------------------
+    def _accept_shared(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._unix.accept()
+            except OSError:
+                return
+            with self._conns_lock:
+                if self._closed.is_set():
+                    conn.close()
+                    return
+                self._conns.add(conn)
+            threading.Thread(target=self._serve_shared, args=(conn,), name="kv-shm-recv", daemon=True).start()
+
+    def _serve_shared(self, conn: socket.socket) -> None:
+        maps: dict[int, mmap.mmap] = {}  # this sender's pooled slabs, mapped once
+        released: deque[int] = deque()  # appended by finalizers, in whatever thread drops a transfer's last view
+        try:
+            while not self._closed.is_set():
+                try:
+                    head, fds, _, _ = socket.recv_fds(conn, _LEN.size, 1)
+                    if not head:
+                        return
+                    head = bytes(head) + bytes(_recv_exact(conn, _LEN.size - len(head)))
+                    header = json.loads(_recv_exact(conn, _LEN.unpack(head)[0]))
+                except (OSError, ConnectionError, ValueError):
+                    return
+                key = str(header["key"])
+                try:
+                    mapping = self._map(header, fds, maps)
+                    stored = self._land(key, mapping, [int(n) for n in header["sizes"]], header, released)
+                    ids = [released.popleft() for _ in range(len(released))]
+                    conn.sendall(_ACK.pack(int(stored), len(ids)) + struct.pack(f"!{len(ids)}I", *ids))
+                except (OSError, ConnectionError, ValueError, KeyError) as exc:
+                    logger.warning("shm transport: receive of %s failed: %s", key, exc)
+                    if not self._store.has(key):
+                        self._store.fail(key, f"transfer of {key} broke off: {exc}")
+                    return
         finally:
-            os.close(fd)
-            _unlink(name)  # mapped (or failed): the name is not needed any more
-        whole = memoryview(segment)
+            with self._conns_lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    @staticmethod
+    def _map(header: dict[str, object], fds: list[int], maps: dict[int, mmap.mmap]) -> mmap.mmap:
+        slab, size = int(header["slab"]), int(header["size"])  # type: ignore[call-overload]
+        if fds:
+            try:
+                mapping = mmap.mmap(fds[0], size)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            if header["pooled"]:
+                maps[slab] = mapping
+            return mapping
+        return maps[slab]
+
+    def _land(
+        self, key: str, mapping: mmap.mmap, sizes: list[int], header: dict[str, object], released: deque[int]
+    ) -> bool:
+        base = np.frombuffer(mapping, dtype=np.uint8, count=sum(sizes))
         views, offset = [], 0
         for n in sizes:
-            views.append(whole[offset : offset + n])
+            views.append(memoryview(base[offset : offset + n]))
             offset += n
-        return views
+        token = weakref.finalize(base, released.append, int(header["slab"])) if header["pooled"] else None  # type: ignore[call-overload]
+        del base
+        stored = self._store.put(key, views)
+        if not stored and token is not None:
+            token.detach()  # the sender frees it on this ack; no release must follow
+        return stored
 
-
-def _unlink(name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        (SHM_DIR / name).unlink()
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._unix.shutdown(socket.SHUT_RDWR)
+        self._unix.close()
+        super().close()
+        for pool in self._shared.values():
+            while True:
+                try:
+                    pool.get_nowait().sock.close()
+                except queue.Empty:
+                    break
+        with self._slab_lock:
+            slabs, self._slabs, self._free = list(self._slabs.values()), {}, []
+        for slab in slabs:
+            with contextlib.suppress(BufferError):
+                slab.close()

@@ -24,9 +24,12 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import numpy as np
 
 from tetriserve.transport.api import Buffer, TransferHandle
 from tetriserve.transport.store import StoreBackedEndpoint
@@ -40,14 +43,58 @@ _MAX_HEADER = 1 << 20
 
 def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
+    _recv_into(sock, memoryview(buf))
+    return buf
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    got, n = 0, view.nbytes
     while got < n:
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise ConnectionError("peer closed the connection")
         got += k
-    return buf
+
+
+class ReceivePool:
+    """Landing buffers reused once every view of the transfer they held is dropped: a transfer lands in pages
+    that are already there instead of a fresh allocation the kernel must fault in (at 64 MiB and more that
+    costs more than the copy). Up to ``pool_bytes`` are kept; a small transfer gets plain bytearrays."""
+
+    MIN_POOLED = 1 << 20
+
+    def __init__(self, pool_bytes: int = 1 << 30) -> None:
+        self._lock = threading.Lock()
+        self._free: dict[int, list[bytearray]] = {}
+        self._pool_bytes = pool_bytes
+        self._held = 0  # bytes of pooled buffers, free or in use
+
+    def views(self, sizes: list[int]) -> list[Any]:
+        """Writable buffers of ``sizes`` bytes, to receive one transfer into."""
+        total = sum(sizes)
+        if total < self.MIN_POOLED:
+            return [bytearray(n) for n in sizes]
+        size = 1 << (total - 1).bit_length()
+        with self._lock:
+            free = self._free.get(size)
+            buf = free.pop() if free else None
+            pooled = buf is not None or self._held + size <= self._pool_bytes
+            if buf is None and pooled:
+                self._held += size
+        if buf is None:
+            buf = bytearray(size)
+        base = np.frombuffer(buf, dtype=np.uint8, count=total)
+        if pooled:
+            weakref.finalize(base, self._give_back, size, buf)
+        views, offset = [], 0
+        for n in sizes:
+            views.append(memoryview(base[offset : offset + n]))
+            offset += n
+        return views
+
+    def _give_back(self, size: int, buf: bytearray) -> None:
+        with self._lock:
+            self._free.setdefault(size, []).append(buf)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -72,6 +119,7 @@ class TcpTransport(StoreBackedEndpoint):
         self._pool: dict[str, queue.SimpleQueue[socket.socket]] = {}
         self._pool_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=send_threads, thread_name_prefix="kv-send")
+        self._landing = ReceivePool()
         threading.Thread(target=self._accept_loop, name=f"kv-listen-{port}", daemon=True).start()
         logger.info("tcp transport listening on %s", self._address)
 
@@ -104,46 +152,29 @@ class TcpTransport(StoreBackedEndpoint):
     def _send_attempts(
         self, dst: str, key: str, views: list[memoryview], deadline: float, handle: TransferHandle
     ) -> None:
-        extra, body = self._frame(dst, key, views)
-        fields = {"key": key, "sizes": [v.nbytes for v in views], **extra}
-        header = json.dumps(fields).encode()
-        stored = False
-        try:
-            for attempt in (0, 1):  # a pooled connection may have gone stale: retry once on a fresh one
-                sock = None
-                try:
-                    sock = self._checkout(dst, deadline, fresh=attempt > 0)
-                    sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                    sock.sendall(_HDR.pack(_MAGIC, len(header)) + header)
-                    for v in body:
-                        sock.sendall(v)
-                    stored = _recv_exact(sock, 1) == b"\x01"
-                    self._checkin(dst, sock)
-                    self._finish(handle, None if stored else f"receiver dropped {key} (discarded)")
+        header = json.dumps({"key": key, "sizes": [v.nbytes for v in views]}).encode()
+        for attempt in (0, 1):  # a pooled connection may have gone stale: retry once on a fresh one
+            sock = None
+            try:
+                sock = self._checkout(dst, deadline, fresh=attempt > 0)
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                sock.sendall(_HDR.pack(_MAGIC, len(header)) + header)
+                for v in views:
+                    sock.sendall(v)
+                ack = _recv_exact(sock, 1)
+                self._checkin(dst, sock)
+                self._finish(handle, None if ack == b"\x01" else f"receiver dropped {key} (discarded)")
+                return
+            except (OSError, ConnectionError) as exc:
+                if sock is not None:
+                    sock.close()
+                if attempt == 1 or time.monotonic() >= deadline:
+                    self._finish(handle, f"send {key} to {dst} failed: {exc}")
                     return
-                except (OSError, ConnectionError) as exc:
-                    if sock is not None:
-                        sock.close()
-                    if attempt == 1 or time.monotonic() >= deadline:
-                        self._finish(handle, f"send {key} to {dst} failed: {exc}")
-                        return
-        finally:
-            self._frame_done(fields, stored)
-
-    # -- what a subclass may carry differently (the shm backend: the bytes go through shared memory) ------
-    def _frame(self, dst: str, key: str, views: list[memoryview]) -> tuple[dict[str, object], list[memoryview]]:
-        """Extra header fields for ``key``'s frame to ``dst``, and the bytes that follow the header."""
-        return {}, views
-
-    def _frame_done(self, header: dict[str, object], stored: bool) -> None:
-        """The frame with ``header`` is done with (``stored``: the receiver acknowledged keeping it)."""
 
     def _connect_to(self, dst: str) -> tuple[str, int]:
+        """Where ``dst`` listens for TCP (the shm backend's addresses carry a host id before it)."""
         return parse_address(dst)
-
-    def _payload(self, conn: socket.socket, header: dict[str, object], sizes: list[int]) -> list[Any]:
-        """The buffers of a frame whose header has been read."""
-        return [_recv_exact(conn, n) for n in sizes]
 
     def _checkout(self, dst: str, deadline: float, fresh: bool) -> socket.socket:
         if not fresh:
@@ -198,7 +229,9 @@ class TcpTransport(StoreBackedEndpoint):
             try:
                 header = json.loads(_recv_exact(conn, hlen))
                 key = str(header["key"])
-                buffers = self._payload(conn, header, [int(n) for n in header["sizes"]])
+                buffers = self._landing.views([int(n) for n in header["sizes"]])
+                for buf in buffers:
+                    _recv_into(conn, memoryview(buf))
                 if self._closed.is_set():
                     return
                 stored = self._store.put(key, buffers)

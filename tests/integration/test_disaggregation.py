@@ -94,6 +94,7 @@ def test_disaggregated_equals_colocated(cluster: Any, colocated: Any, prompts: d
 
     disaggregated = _disaggregated(cluster, prompts, SAMPLING, "plain")
     _assert_same(disaggregated, ray.get(colocated.generate_many.remote(dict(prompts), SAMPLING), timeout=600))
+    assert all(a.startswith("shm://") for a in cluster.supervision.addresses.values())  # the default: shm
     assert all(len(v) == SAMPLING.max_tokens for v in disaggregated.values())
 
     after_d, after_p = _engine_stats(decode), _engine_stats(prefill)

@@ -1,36 +1,55 @@
-"""The shared-memory backend: bytes through /dev/shm between processes of one host, inline to other hosts,
-and nothing stranded in /dev/shm whatever happens to the peer (issue #16)."""
+"""The shared-memory backend (issue #16): bytes through reused, registered slabs between processes of one host,
+mapped not copied by the receiver, a slab reused only once every view of its transfer is gone; inline over TCP
+to other hosts."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from tests.transport_support import recv_within as _recv
 from tetriserve.transport.api import TransferState
-from tetriserve.transport.shm import PREFIX, SHM_DIR, host_id, split_address
-
-pytestmark = pytest.mark.skipif(not SHM_DIR.is_dir(), reason="no /dev/shm")
+from tetriserve.transport.shm import host_id, split_address
 
 
-def _segments() -> set[str]:
-    return {p.name for p in SHM_DIR.glob(PREFIX + "*")}
+def _send(tx: Any, rx: Any, key: str, buffers: list[bytes]) -> Any:
+    handle = tx.send(rx.address, key, buffers, 5.0)
+    assert handle.wait(5.0) is TransferState.DONE, handle.error
+    return _recv(rx, key)
 
 
-def test_same_host_bytes_go_through_a_segment_the_receiver_maps_and_nothing_is_left(make: Callable[..., Any]) -> None:
+def test_same_host_bytes_land_in_a_mapped_slab_without_a_copy(make: Callable[..., Any]) -> None:
     tx, rx = make("shm"), make("shm")
-    before = _segments()
     assert rx.address.startswith(f"shm://{host_id()}@127.0.0.1:")
     big = bytes(range(256)) * 8192  # 2 MiB
-    assert tx.send(rx.address, "k", [big, b"", b"tail"], 5.0).wait(5.0) is TransferState.DONE
-    got = _recv(rx, "k")
+    got = _send(tx, rx, "k", [big, b"", b"tail"])
     assert [bytes(b) for b in got] == [big, b"", b"tail"]
-    assert all(isinstance(b, memoryview) for b in got)  # mapped, not copied
-    got[0][:4] = b"edit"  # writable: the KV unpack reads it with torch.frombuffer
-    assert _segments() == before  # the receiver unlinked the name on mapping it
+    assert all(isinstance(b, memoryview) and not b.readonly for b in got)  # writable views of the slab
+    got[0][:4] = b"edit"  # the KV unpack reads (and may write) them in place
     assert rx.stats().bytes_received == len(big) + 4
+
+
+def test_a_slab_comes_back_only_once_every_view_of_its_transfer_is_dropped(make: Callable[..., Any]) -> None:
+    tx, rx = make("shm"), make("shm")
+    kept = _send(tx, rx, "kept", [b"a" * 300_000])  # held on to: its slab stays lent
+    for i in range(4):
+        got = _send(tx, rx, f"k{i}", [bytes([i]) * 300_000])
+        assert bytes(got[0]) == bytes([i]) * 300_000
+        del got
+        gc.collect()
+    assert bytes(kept[0]) == b"a" * 300_000  # never overwritten by a later transfer
+    assert len(tx._slabs) == 3  # kept's; one in use while the last was released; no more: the rest were reused
+    del kept
+    gc.collect()
+    _send(tx, rx, "after", [b"z" * 10])  # this ack brings the releases back
+    assert len(tx._free) == len(tx._slabs) - 1
+
+
+def test_past_the_pool_a_transfer_gets_a_slab_of_its_own(make: Callable[..., Any]) -> None:
+    tx, rx = make("shm", pool_bytes=0), make("shm")
+    got = _send(tx, rx, "big", [b"q" * 3_000_000])
+    assert bytes(got[0]) == b"q" * 3_000_000 and not tx._slabs
 
 
 def test_a_peer_on_another_host_gets_the_bytes_inline(make: Callable[..., Any]) -> None:
@@ -43,15 +62,13 @@ def test_a_peer_on_another_host_gets_the_bytes_inline(make: Callable[..., Any]) 
     assert tx.send(hostport, "plain", [b"to a tcp address"], 5.0).wait(5.0) is TransferState.DONE  # a tcp peer
 
 
-def test_no_segment_is_stranded_when_the_receiver_is_gone_or_drops_the_key(
+def test_a_dropped_key_frees_its_slab_at_once_and_a_gone_receiver_fails_the_send(
     make: Callable[..., Any], dead_port: str
 ) -> None:
     tx, rx = make("shm"), make("shm")
-    before = _segments()
-    gone = f"shm://{host_id()}@{dead_port}"
-    handle = tx.send(gone, "lost", [b"x" * 100_000], 1.0)
-    assert handle.wait(5.0) is TransferState.FAILED
     assert rx.discard("late") is False
     dropped = tx.send(rx.address, "late", [b"y" * 100_000], 5.0)
     assert dropped.wait(5.0) is TransferState.FAILED and "discarded" in (dropped.error or "")
-    assert _segments() == before
+    assert len(tx._free) == len(tx._slabs) == 1  # nothing of it is held there
+    gone = tx.send(f"shm://{host_id()}@{dead_port}", "lost", [b"x" * 100_000], 1.0)
+    assert gone.wait(5.0) is TransferState.FAILED

@@ -191,8 +191,10 @@ def _receiver_thread_waits_for_a_frame() -> bool:
     frames = sys._current_frames()
     for thread in threading.enumerate():
         frame = frames.get(thread.ident) if thread.ident is not None else None
-        if thread.name == "kv-recv" and frame is not None and frame.f_code.co_name == "_recv_exact":
-            return True
+        while thread.name == "kv-recv" and frame is not None:  # blocked reading a frame's header
+            if frame.f_code.co_name == "_recv_exact":
+                return True
+            frame = frame.f_back
     return False
 
 
