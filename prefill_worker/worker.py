@@ -60,6 +60,7 @@ class PrefillWorker(EngineWorker):
     ) -> None:
         """``predecessor``: the decode role this worker played until a flip; its engine serves prefill now."""
         from tetriserve.engine.hardware import detect_hardware
+        from tetriserve.prefill_worker.vllm_scheduler import TetriPrefillScheduler
 
         super().__init__(worker_id, config, incarnation, predecessor)
         self.cost = load_cost(config.prefill, model_path, detect_hardware())
@@ -68,7 +69,9 @@ class PrefillWorker(EngineWorker):
         self.ceiling = config.prefill.batch_ceiling(config.engine.max_model_len)
         if predecessor is None:
             self.engine = build_worker_engine(config, model_path, worker_id)
-        self.engine.take_role(self._installer(), lambda s: s.log.stats(), niceness=0, borrows=False)
+        ceiling, policy = self.ceiling, self.policy
+        install = lambda s: TetriPrefillScheduler.assume(s, ceiling).configure(policy)  # noqa: E731
+        self.engine.take_role(install, lambda s: s.log.stats(), niceness=0, borrows=False)
         self.gate = SchedBatchGate(self.policy.queue, self.policy.spec.sched_batch)
         self.predictor = predictor
         self.predictions = PredictionQueue(predictor, niceness=config.prefill.predictor_niceness)
@@ -85,12 +88,6 @@ class PrefillWorker(EngineWorker):
         self._sends: dict[str, tuple[Any, str]] = {}  # KV key -> (its send's handle, the decode worker)
         self._send_watch: asyncio.Task[None] | None = None
         self._refining: set[asyncio.Task[None]] = set()  # late predictions on their way to decode workers
-
-    def _installer(self) -> Any:
-        from tetriserve.prefill_worker.vllm_scheduler import TetriPrefillScheduler
-
-        ceiling, policy = self.ceiling, self.policy
-        return lambda scheduler: TetriPrefillScheduler.assume(scheduler, ceiling).configure(policy)
 
     # -- wiring --------------------------------------------------------------------
     async def start(self, monitor: Any, scheduler: Any = None) -> str:
@@ -257,7 +254,7 @@ class PrefillWorker(EngineWorker):
             self.publish(subscriber, req, (), FinishReason.ABORT, index=index)
             return None
         if error is None and decode_id is not None:
-            decode = self._decode(decode_id)
+            decode = self._decode_handles[decode_id]
             try:
                 taken = await decode.take.remote(req, generated, view.estimate, subscriber)
             except Exception as exc:  # the decode worker died between the broadcast and now
@@ -393,9 +390,6 @@ class PrefillWorker(EngineWorker):
         for rid, (req, sub, _) in list(self._tasks.items()):
             if sub == subscriber:
                 self.abort(rid, req.attempt)
-
-    def _decode(self, worker_id: str) -> Any:
-        return self._decode_handles[worker_id]
 
 
 def _actor_died(exc: BaseException) -> bool:

@@ -126,7 +126,8 @@ class ShmTransport(TcpTransport):
         self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._unix.bind(_unix_name(self._host_id, parse_address(super().address)[1]))
         self._unix.listen()
-        threading.Thread(target=self._accept_shared, name="kv-shm-listen", daemon=True).start()
+        args = (self._unix, self._serve_shared, "kv-shm-recv")
+        threading.Thread(target=self._accept_loop, args=args, name="kv-shm-listen", daemon=True).start()
 
     @property
     def address(self) -> str:
@@ -201,12 +202,41 @@ class ShmTransport(TcpTransport):
                 slab = min(fits, key=lambda s: s.size)
                 self._free.remove(slab)
                 return slab
+            full = sum(s.size for s in self._slabs.values()) + size > self._pool_bytes
+        if full:
+            self._reap_gone_receivers()  # slabs lent to a receiver that died will never come back: reclaim them
+        with self._slab_lock:
             self._next_slab += 1
             pooled = sum(s.size for s in self._slabs.values()) + size <= self._pool_bytes
             slab = _Slab(self._next_slab, size, pooled)
             if pooled:
                 self._slabs[slab.id] = slab
             return slab
+
+    def _reap_gone_receivers(self) -> None:
+        """Close idle connections whose receiver has hung up, abandoning the slabs lent over them."""
+        for dst, pool in list(self._shared.items()):
+            alive: list[_Conn] = []
+            while True:
+                try:
+                    conn = pool.get_nowait()
+                except queue.Empty:
+                    break
+                try:
+                    gone = conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                except BlockingIOError:
+                    gone = False
+                except OSError:
+                    gone = True
+                if gone:
+                    conn.sock.close()
+                    self._abandon(list(conn.lent))
+                else:
+                    alive.append(conn)
+            for conn in alive:
+                pool.put(conn)
+            if not alive:
+                self._shared.pop(dst, None)
 
     def _give_back(self, slab: _Slab | None) -> None:
         if slab is None:
@@ -218,8 +248,9 @@ class ShmTransport(TcpTransport):
             if slab.id in self._slabs and slab not in self._free:
                 self._free.append(slab)
 
-    def _abandon(self, slab_ids: Sequence[int], current: _Slab) -> None:
-        """Forget slabs a broken connection's receiver may still hold: never reused, this side unmapped."""
+    def _abandon(self, slab_ids: Sequence[int], current: _Slab | None = None) -> None:
+        """Forget slabs a broken connection's receiver may still hold: never reused, this side unmapped (the
+        memory goes once the receiver, if it lives, drops its views)."""
         with self._slab_lock:
             for sid in slab_ids:
                 slab = self._slabs.pop(sid, None)
@@ -227,51 +258,33 @@ class ShmTransport(TcpTransport):
                     with contextlib.suppress(ValueError):
                         self._free.remove(slab)
                     slab.close()
-        if not current.pooled:
+        if current is not None and not current.pooled:
             current.close()
 
     # -- receiving -------------------------------------------------------------------
-    def _accept_shared(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self._unix.accept()
-            except OSError:
-                return
-            with self._conns_lock:
-                if self._closed.is_set():
-                    conn.close()
-                    return
-                self._conns.add(conn)
-            threading.Thread(target=self._serve_shared, args=(conn,), name="kv-shm-recv", daemon=True).start()
-
     def _serve_shared(self, conn: socket.socket) -> None:
         maps: dict[int, mmap.mmap] = {}  # this sender's pooled slabs, mapped once
         released: deque[int] = deque()  # appended by finalizers, in whatever thread drops a transfer's last view
-        try:
-            while not self._closed.is_set():
-                try:
-                    head, fds, _, _ = socket.recv_fds(conn, _LEN.size, 1)
-                    if not head:
-                        return
-                    head = bytes(head) + bytes(_recv_exact(conn, _LEN.size - len(head)))
-                    header = json.loads(_recv_exact(conn, _LEN.unpack(head)[0]))
-                except (OSError, ConnectionError, ValueError):
+        while not self._closed.is_set():
+            try:
+                head, fds, _, _ = socket.recv_fds(conn, _LEN.size, 1)
+                if not head:
                     return
-                key = str(header["key"])
-                try:
-                    mapping = self._map(header, fds, maps)
-                    stored = self._land(key, mapping, [int(n) for n in header["sizes"]], header, released)
-                    ids = [released.popleft() for _ in range(len(released))]
-                    conn.sendall(_ACK.pack(int(stored), len(ids)) + struct.pack(f"!{len(ids)}I", *ids))
-                except (OSError, ConnectionError, ValueError, KeyError) as exc:
-                    logger.warning("shm transport: receive of %s failed: %s", key, exc)
-                    if not self._store.has(key):
-                        self._store.fail(key, f"transfer of {key} broke off: {exc}")
-                    return
-        finally:
-            with self._conns_lock:
-                self._conns.discard(conn)
-            conn.close()
+                head = bytes(head) + bytes(_recv_exact(conn, _LEN.size - len(head)))
+                header = json.loads(_recv_exact(conn, _LEN.unpack(head)[0]))
+            except (OSError, ConnectionError, ValueError):
+                return
+            key = str(header["key"])
+            try:
+                mapping = self._map(header, fds, maps)
+                stored = self._land(key, mapping, [int(n) for n in header["sizes"]], header, released)
+                ids = [released.popleft() for _ in range(len(released))]
+                conn.sendall(_ACK.pack(int(stored), len(ids)) + struct.pack(f"!{len(ids)}I", *ids))
+            except (OSError, ConnectionError, ValueError, KeyError) as exc:
+                logger.warning("shm transport: receive of %s failed: %s", key, exc)
+                if not self._store.has(key):
+                    self._store.fail(key, f"transfer of {key} broke off: {exc}")
+                return
 
     @staticmethod
     def _map(header: dict[str, object], fds: list[int], maps: dict[int, mmap.mmap]) -> mmap.mmap:

@@ -25,7 +25,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -120,7 +120,8 @@ class TcpTransport(StoreBackedEndpoint):
         self._pool_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=send_threads, thread_name_prefix="kv-send")
         self._landing = ReceivePool()
-        threading.Thread(target=self._accept_loop, name=f"kv-listen-{port}", daemon=True).start()
+        args = (self._server, self._serve_frames, "kv-recv")
+        threading.Thread(target=self._accept_loop, args=args, name=f"kv-listen-{port}", daemon=True).start()
         logger.info("tcp transport listening on %s", self._address)
 
     @property
@@ -194,29 +195,30 @@ class TcpTransport(StoreBackedEndpoint):
             self._pool.setdefault(dst, queue.SimpleQueue()).put(sock)
 
     # -- receiving -------------------------------------------------------------
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, server: socket.socket, serve: Callable[[socket.socket], None], name: str) -> None:
+        """Accept on ``server`` until closed; each connection is served by ``serve`` on a thread of its own."""
         while not self._closed.is_set():
             try:
-                conn, _ = self._server.accept()
+                conn, _ = server.accept()
             except OSError:
                 return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._conns_lock:
                 if self._closed.is_set():
                     conn.close()
                     return
                 self._conns.add(conn)
-            threading.Thread(target=self._serve_conn, args=(conn,), name="kv-recv", daemon=True).start()
+            threading.Thread(target=self._serve_conn, args=(conn, serve), name=name, daemon=True).start()
 
-    def _serve_conn(self, conn: socket.socket) -> None:
+    def _serve_conn(self, conn: socket.socket, serve: Callable[[socket.socket], None]) -> None:
         try:
-            self._serve_frames(conn)
+            serve(conn)
         finally:
             with self._conns_lock:
                 self._conns.discard(conn)
             conn.close()
 
     def _serve_frames(self, conn: socket.socket) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         while not self._closed.is_set():
             try:
                 magic, hlen = _HDR.unpack(_recv_exact(conn, _HDR.size))

@@ -72,3 +72,16 @@ def test_a_dropped_key_frees_its_slab_at_once_and_a_gone_receiver_fails_the_send
     assert len(tx._free) == len(tx._slabs) == 1  # nothing of it is held there
     gone = tx.send(f"shm://{host_id()}@{dead_port}", "lost", [b"x" * 100_000], 1.0)
     assert gone.wait(5.0) is TransferState.FAILED
+
+
+def test_slabs_lent_to_a_receiver_that_went_away_are_reclaimed_when_the_pool_runs_out(
+    make: Callable[..., Any],
+) -> None:
+    tx, gone, rx = make("shm", pool_bytes=2 << 20), make("shm"), make("shm")
+    held = [_send(tx, gone, f"k{i}", [b"h" * 500_000]) for i in range(2)]  # both 1 MiB slabs lent there
+    assert len(tx._slabs) == 2 and not tx._free
+    gone.close()  # its process ended, say: those slabs will never be released
+    got = _send(tx, rx, "next", [b"n" * 500_000])
+    assert bytes(got[0]) == b"n" * 500_000
+    assert len(tx._slabs) == 1 and next(iter(tx._slabs.values())).pooled  # a pooled slab again, not a one-off
+    assert all(bytes(h[0]) == b"h" * 500_000 for h in held)  # what the old receiver held was never touched
