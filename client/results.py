@@ -146,7 +146,8 @@ class WorkerInfo:
     ``lifecycle`` is the elastic controller's (starting, active, draining, flipping); ``flips`` counts its role
     changes, ``last_flip_ms`` the latest from the order to its first request in the new role and
     ``last_flip_switch_ms`` from the end of its drain (None: no flip yet, or none served since);
-    ``last_flip_engine_ms`` is the role swap on its engine alone, as the worker timed it.
+    ``last_flip_engine_ms`` is the role swap on its engine alone, as the worker timed it. ``transport`` is the
+    KV transport its endpoint runs (shm, tcp).
     """
 
     worker_id: str
@@ -162,6 +163,7 @@ class WorkerInfo:
     last_flip_ms: float | None = None
     last_flip_switch_ms: float | None = None
     last_flip_engine_ms: float | None = None
+    transport: str = ""
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,7 @@ class ClusterStatus:
                 w.last_flip_ms if w.HasField("last_flip_ms") else None,
                 w.last_flip_switch_ms if w.HasField("last_flip_switch_ms") else None,
                 w.last_flip_engine_ms if w.HasField("last_flip_engine_ms") else None,
+                w.transport,
             )
             for w in msg.workers
         )

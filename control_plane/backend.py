@@ -34,6 +34,7 @@ class WorkerStatus:
     last_flip_s: float | None = None  # the latest flip, from its decision until it served in the new role
     last_flip_switch_s: float | None = None  # ... from the end of its drain, as the control plane saw it
     last_flip_engine_s: float | None = None  # ... the role swap on its engine, timed by the worker (the paper's)
+    transport: str = ""  # the KV transport its endpoint runs (shm, tcp)
 
 
 def lifecycle_fields(life: LifecycleView | None) -> dict[str, Any]:

@@ -148,6 +148,7 @@ def run_status(args: argparse.Namespace) -> int:
                 "last_flip_ms": w.last_flip_ms,
                 "last_flip_switch_ms": w.last_flip_switch_ms,
                 "last_flip_engine_ms": w.last_flip_engine_ms,
+                "transport": w.transport,
                 "policy": dict(w.policy),
                 "load": dict(w.load),
             }
@@ -166,7 +167,7 @@ def run_status(args: argparse.Namespace) -> int:
     print(f"model {st.model}   in flight {st.requests_in_flight}   dashboard {st.dashboard_url or '-'}")
     print(
         f"{'worker':<12} {'role':<8} {'state':<10} {'life':>4} {'restarts':>8} {'flips':>5} {'last_flip':>9} "
-        f"{'swap':>8} {'policy':<{width}} load"
+        f"{'swap':>8} {'kv':<4} {'policy':<{width}} load"
     )
     for w, policy in zip(st.workers, policies, strict=True):
         load = " ".join(f"{k}={v:g}" for k, v in sorted(w.load.items()))
@@ -177,7 +178,7 @@ def run_status(args: argparse.Namespace) -> int:
         swap = "-" if w.last_flip_engine_ms is None else f"{w.last_flip_engine_ms:.1f}ms"
         print(
             f"{w.worker_id:<12} {w.role:<8} {state:<10} {w.incarnation:>4} {w.restarts:>8} {w.flips:>5} {last:>9} "
-            f"{swap:>8} "
+            f"{swap:>8} {w.transport or '-':<4} "
             f"{policy:<{width}} {load}"
         )
     return 0

@@ -187,6 +187,7 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
                 last_flip_ms=None if w.last_flip_s is None else w.last_flip_s * 1e3,
                 last_flip_switch_ms=None if w.last_flip_switch_s is None else w.last_flip_switch_s * 1e3,
                 last_flip_engine_ms=None if w.last_flip_engine_s is None else w.last_flip_engine_s * 1e3,
+                transport=w.transport,
             )
         return reply
 

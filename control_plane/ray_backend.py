@@ -62,6 +62,7 @@ from tetriserve.control_plane.launcher import Cluster
 from tetriserve.control_plane.policy_admin import Setter, apply_changes, parse_changes, resolve_targets
 from tetriserve.control_plane.token_log import AT_ONCE, TokenLog
 from tetriserve.control_plane.worker_streams import Lost, OpenRequest, WorkerStreams, stream_host
+from tetriserve.transport.registry import backend_of
 
 logger = logging.getLogger(__name__)
 
@@ -277,6 +278,7 @@ class RayBackend:
                     incarnation=slot.incarnation if slot is not None else int(m.get("incarnation", 0)),
                     restarts=slot.restarts if slot is not None else 0,
                     health=m["state"],
+                    transport=backend_of(m["address"]) if m.get("address") else "",
                     **lifecycle_fields(lives.get(wid)),
                 )
             )

@@ -171,7 +171,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "role", "state", "load", "policy", "incarnation", "restarts", "health", "lifecycle", "flips", "last_flip_ms", "last_flip_switch_ms", "last_flip_engine_ms")
+    __slots__ = ("worker_id", "role", "state", "load", "policy", "incarnation", "restarts", "health", "lifecycle", "flips", "last_flip_ms", "last_flip_switch_ms", "last_flip_engine_ms", "transport")
     class LoadEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +199,7 @@ class WorkerStatus(_message.Message):
     LAST_FLIP_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_FLIP_SWITCH_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_FLIP_ENGINE_MS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     state: str
@@ -212,7 +213,8 @@ class WorkerStatus(_message.Message):
     last_flip_ms: float
     last_flip_switch_ms: float
     last_flip_engine_ms: float
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., load: _Optional[_Mapping[str, float]] = ..., policy: _Optional[_Mapping[str, str]] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., health: _Optional[str] = ..., lifecycle: _Optional[str] = ..., flips: _Optional[int] = ..., last_flip_ms: _Optional[float] = ..., last_flip_switch_ms: _Optional[float] = ..., last_flip_engine_ms: _Optional[float] = ...) -> None: ...
+    transport: str
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., load: _Optional[_Mapping[str, float]] = ..., policy: _Optional[_Mapping[str, str]] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., health: _Optional[str] = ..., lifecycle: _Optional[str] = ..., flips: _Optional[int] = ..., last_flip_ms: _Optional[float] = ..., last_flip_switch_ms: _Optional[float] = ..., last_flip_engine_ms: _Optional[float] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
     __slots__ = ("model", "workers", "requests_in_flight", "dashboard_url")

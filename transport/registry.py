@@ -16,6 +16,12 @@ BACKENDS: dict[str, Callable[[str], Transport]] = {
 }
 
 
+def backend_of(address: str) -> str:
+    """The backend an endpoint's address belongs to (``status`` names it per worker)."""
+    scheme, sep, _ = address.partition("://")
+    return scheme if sep else "tcp"
+
+
 def make_transport(name: str, listen: str) -> Transport:
     try:
         factory = BACKENDS[name]

@@ -85,6 +85,7 @@ def test_a_decode_worker_flipped_to_prefill_under_streams_loses_nothing(cluster:
     flipped = next(w for w in st.workers if w.worker_id == "decode-1")
     assert flipped.flips == 1 and flipped.incarnation == 0 and flipped.restarts == 0  # same life, same engine
     assert _serving(st) == {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "prefill"}
+    assert {w.transport for w in st.workers} == {"shm"}  # status names each worker's KV transport (the default)
     same_tokens(_run(cluster, "after-flip"), undisturbed)  # both prefill workers serve now
     decisions = [d.order for d in cluster.supervision.elastic.decisions]
     assert decisions == ["flip decode-1 prefill"] * 3

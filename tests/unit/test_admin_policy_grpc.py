@@ -247,7 +247,8 @@ def test_cli_status_shows_policy_column_and_json(
     assert main(["status", "--target", env.target]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = lines[1].split()
-    assert header == ["worker", "role", "state", "life", "restarts", "flips", "last_flip", "swap", "policy", "load"]
+    columns = ["worker", "role", "state", "life", "restarts", "flips", "last_flip", "swap", "kv", "policy", "load"]
+    assert header == columns
     prefill = next(line for line in lines if line.startswith("prefill-0"))
     assert "queue=fcfs" in prefill and "queued=1" in prefill
     decode = next(line for line in lines if line.startswith("decode-0"))
