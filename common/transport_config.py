@@ -9,6 +9,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Backend = Literal["auto", "tcp", "shm"]
 
 
+class LinkEmulation(BaseModel):
+    """A slower link than this machine's, emulated over the real backend (``transport/emulate.py``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gbps: float = Field(gt=0, description="Link bandwidth, Gb/s: a transfer occupies the link n·8/gbps seconds.")
+    latency_us: float = Field(0.0, ge=0, description="One-way latency added to every transfer, µs.")
+
+
 class TransportConfig(BaseModel):
     """``transport: {backend: shm}`` in the config file (a bare ``transport: shm`` is read the same way)."""
 
@@ -20,6 +29,10 @@ class TransportConfig(BaseModel):
             "tcp: bytes over sockets. shm: through reused shared-memory slabs between processes of one host "
             "(peers on other hosts get them over TCP). auto: shm, which is tcp to another host."
         ),
+    )
+
+    emulate: LinkEmulation | None = Field(
+        None, description="Shape every worker's sends to a slower link (studies of other interconnects); off: none."
     )
 
     @model_validator(mode="before")

@@ -55,6 +55,8 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--address": ("ray_address", str, "Ray cluster to join (default: start a local one)"),
     "--migration-limit": ("migration_limit", int, "re-placements/migrations per request after worker failures"),
     "--transport": ("transport.backend", str, "KV transfer backend: auto | tcp | shm"),
+    "--emulate-gbps": ("transport.emulate.gbps", float, "shape KV sends to a link of this many Gb/s"),
+    "--emulate-latency-us": ("transport.emulate.latency_us", float, "... with this one-way latency, µs"),
     "--kv-load-failure-policy": ("kv_load_failure_policy", str, "recompute | fail: a decode engine's lost KV transfer"),
     "--flip-policy": ("flip.policy", str, "off | tetriinfer | slo: workers change role by themselves"),
     "--flip-interval": ("flip.interval_s", float, "tetriinfer: seconds a worker stays idle before it flips"),

@@ -57,7 +57,13 @@ class EngineWorker:
             self._events, self._handed = predecessor._events, predecessor._handed
             self._monitor, self._scheduler = predecessor._monitor, predecessor._scheduler
         else:
-            self.endpoint = endpoints.get_or_create(worker_id, config.transport.endpoint_kind, f"{config.host}:0")
+            link = config.transport.emulate
+            self.endpoint = endpoints.get_or_create(
+                worker_id,
+                config.transport.endpoint_kind,
+                f"{config.host}:0",
+                (link.gbps, link.latency_us) if link is not None else None,
+            )
             self.engine: Any = None
             self.streams = StreamHub()
             self._events: list[StateEvent] = []

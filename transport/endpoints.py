@@ -17,11 +17,18 @@ _ENDPOINTS: dict[str, Transport] = {}
 _LOCK = threading.Lock()
 
 
-def get_or_create(name: str, backend: str = "tcp", listen: str = "127.0.0.1:0") -> Transport:
+def get_or_create(
+    name: str, backend: str = "tcp", listen: str = "127.0.0.1:0", emulate: tuple[float, float] | None = None
+) -> Transport:
+    """``emulate``: (Gb/s, latency µs) of a slower link to shape this endpoint's sends to."""
     with _LOCK:
         endpoint = _ENDPOINTS.get(name)
         if endpoint is None:
             endpoint = make_transport(backend, listen)
+            if emulate is not None:
+                from tetriserve.transport.emulate import EmulatedLink
+
+                endpoint = EmulatedLink(endpoint, *emulate)
             _ENDPOINTS[name] = endpoint
         return endpoint
 
