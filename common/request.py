@@ -208,6 +208,16 @@ class Request:
             del self.events[pos + 1 :]
             self.finish_reason = detail or state.name.removeprefix("FINISHED_").lower()
 
+    def observe_late(self, state: RequestState, at: float, detail: str = "") -> None:
+        """A transition reported after the request finished that happened before it did (workers report in
+        batches, the front door's finish may come first): put it in its place in the history."""
+        if state.finished or not self.state.finished or at > self.events[-1].at:
+            return
+        pos = len(self.events) - 1
+        while pos > 1 and self.events[pos - 1].at > at:
+            pos -= 1
+        self.events.insert(pos, RequestEvent(state, at, detail))
+
     def first_time(self, state: RequestState) -> float | None:
         """Timestamp of the first entry into ``state``, or ``None``."""
         return next((e.at for e in self.events if e.state == state), None)

@@ -41,7 +41,7 @@ import asyncio
 import logging
 import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,8 @@ class GlobalScheduler:
         self.table: dict[str, Request] = {}
         self.prompt_tokens: dict[str, int] = {}
         self.finished: deque[Request] = deque(maxlen=history)
+        self._finished_ids: OrderedDict[str, Request] = OrderedDict()  # the same, by id (late reports land there)
+        self._history = history
         self.prefill_loads: dict[str, PrefillLoad] = {}
         self.counts = {"admitted": 0, "finished": 0, "aborted": 0, "errors": 0, "moved": 0, "refused": 0}
 
@@ -153,7 +155,10 @@ class GlobalScheduler:
         """Apply a batch of state events (from a worker's report, or a front door's finish)."""
         for ev in sorted(events, key=lambda e: e.at):
             req = self.table.get(ev.request_id)
-            if req is None:  # finished already, or never placed here
+            if req is None:  # finished already (a worker's report can come after the front door's finish), or unknown
+                done = self._finished_ids.get(ev.request_id)
+                if done is not None and ev.attempt == done.attempt and not ev.state.finished:
+                    done.observe_late(ev.state, ev.at, ev.detail)
                 continue
             if ev.state.finished and ev.attempt != req.attempt:  # the end of an attempt that was replaced
                 continue
@@ -170,6 +175,9 @@ class GlobalScheduler:
         self.table.pop(req.request_id, None)
         prompt_tokens = self.prompt_tokens.pop(req.request_id, 0)
         self.finished.append(req)
+        self._finished_ids[req.request_id] = req
+        while len(self._finished_ids) > self._history:
+            self._finished_ids.popitem(last=False)
         if ev.state is RequestState.FINISHED_ABORTED:
             self.counts["aborted"] += 1
         elif ev.state is RequestState.FINISHED_ERROR:

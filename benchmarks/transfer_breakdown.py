@@ -1,0 +1,141 @@
+"""Where a request's time goes until its first decoded token, per KV transport and emulated link (issue #16).
+
+    python benchmarks/transfer_breakdown.py --requests 20 --prompt-tokens 1536
+
+Each configuration on a fresh `tetriserve serve` (defaults: 1 prefill + 1 decode, tiny model): `tcp`, `shm`,
+and `shm` shaped to 100, 10 and 1 Gb/s links (``transport.emulate``, 10 µs latency). One streamed completion
+at a time (``--prompt-tokens``, ``--max-tokens``, ``ignore_eos``, different prompts so nothing is a prefix-cache
+hit); the GlobalScheduler's table (every worker's state events, one clock) splits each request:
+
+    queue        arrival → its prompt enters the prefill engine (PREFILLING)
+    prefill      → the first token out (TRANSFERRING): the client's TTFT ends about here
+    handoff      → the decode worker has the request (DECODE_QUEUED): dispatch, the KV send, the ``take`` call
+    first decode → the decode engine's first token (DECODING): the KV load and that engine's first step
+
+Writes ``benchmarks/results/transfer_breakdown.{md,json}``; the KV bytes per request come from the decode
+worker's connector counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from handoff_gap import NAMESPACE, prompt_ids, stream_one
+from vllm_bench_report import RESULTS, WORK
+from vllm_bench_serve import prepare, stop, tetriserve_cmd, wait_ready
+
+PORT = 8100
+CONFIGS = {
+    "tcp": ["--transport", "tcp"],
+    "shm": ["--transport", "shm"],
+    "shm @ 100 Gb/s": ["--transport", "shm", "--emulate-gbps", "100", "--emulate-latency-us", "10"],
+    "shm @ 10 Gb/s": ["--transport", "shm", "--emulate-gbps", "10", "--emulate-latency-us", "10"],
+    "shm @ 1 Gb/s": ["--transport", "shm", "--emulate-gbps", "1", "--emulate-latency-us", "10"],
+}
+SPANS = ("queue", "prefill", "handoff", "first_decode")
+
+
+def breakdown(n: int) -> tuple[list[dict[str, float]], float]:
+    """The last ``n`` finished requests' spans (ms) from the GlobalScheduler's table, and the KV bytes the
+    decode worker has loaded per request."""
+    import ray
+
+    from tetriserve.common.request import RequestState as S
+
+    ray.init(address="auto", namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
+    try:
+        table = ray.get(ray.get_actor("global-scheduler", namespace=NAMESPACE).recent.remote(n))
+        kv = ray.get(ray.get_actor("decode-0", namespace=NAMESPACE).stats.remote())["kv"]
+    finally:
+        ray.shutdown()
+    rows = []
+    for req in table:
+        at = [req.arrival_time, *(req.first_time(s) for s in (S.PREFILLING, S.TRANSFERRING, S.DECODE_QUEUED))]
+        at.append(req.first_time(S.DECODING))
+        if any(t is None for t in at):
+            continue
+        rows.append({span: (b - a) * 1e3 for span, a, b in zip(SPANS, at[:-1], at[1:], strict=True)})
+    return rows, kv.bytes_loaded / max(kv.requests_loaded, 1)
+
+
+def run_config(name: str, flags: list[str], env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    log_name = WORK / f"server_breakdown_{name.replace(' ', '').replace('/', '')}.log"
+    with open(log_name, "w") as log:
+        proc = subprocess.Popen(tetriserve_cmd(*flags), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        try:
+            wait_ready(f"http://127.0.0.1:{PORT}", proc)
+            for i in range(3):  # warm-up, not measured
+                stream_one(PORT, prompt_ids(256, -1 - i), 16)
+            client = [
+                stream_one(PORT, prompt_ids(args.prompt_tokens, 1000 + i), args.max_tokens)
+                for i in range(args.requests)
+            ]
+            spans, kv_bytes = breakdown(args.requests)
+            print(f"[{name}] {len(spans)} requests, {kv_bytes / 1e6:.2f} MB of KV each", flush=True)
+            return {"client": client, "spans": spans, "kv_bytes_per_request": kv_bytes}
+        finally:
+            stop(proc)
+
+
+def report(data: dict[str, Any]) -> str:
+    def med(rows: list[dict[str, float]], key: str) -> str:
+        return f"{statistics.median(r[key] for r in rows):.2f}" if rows else "-"
+
+    lines = [
+        "# Time to the first decoded token, split by the request table, per KV transport",
+        "",
+        f"Command: `{data['command']}`  ",
+        "Each configuration on a fresh `tetriserve serve` (1 prefill + 1 decode, tiny random-weight Llama, this "
+        "machine's 2 cores), warmed with 3 requests; then one streamed completion at a time. Medians, ms. "
+        "Queue: arrival → prefill engine; prefill: → first token out; handoff: → the decode worker has the "
+        "request (dispatch, KV send, the `take` call); first decode: → the decode engine's first token (KV load, "
+        "its first step). Emulated links (`transport.emulate`) add 10 µs of latency.",
+        "",
+        "| transport | KV per request MB | queue | prefill | handoff | first decode | client TTFT | "
+        "client first → second token |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, run in data["configs"].items():
+        spans, client = run["spans"], run["client"]
+        lines.append(
+            f"| {name} | {run['kv_bytes_per_request'] / 1e6:.2f} | "
+            + " | ".join(med(spans, s) for s in SPANS)
+            + f" | {med(client, 'ttft_ms')} | {med(client, 'first_gap_ms')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=20)
+    ap.add_argument("--prompt-tokens", type=int, default=1536)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
+    args = ap.parse_args()
+    out = RESULTS / "transfer_breakdown.json"
+    if args.report_only:
+        data = json.loads(out.read_text())
+    else:
+        WORK.mkdir(parents=True, exist_ok=True)
+        _, _, env = prepare()
+        data = {
+            "command": "python benchmarks/transfer_breakdown.py " + " ".join(sys.argv[1:]),
+            "configs": {name: run_config(name, CONFIGS[name], env, args) for name in args.configs},
+        }
+        out.write_text(json.dumps(data, indent=1))
+    (RESULTS / "transfer_breakdown.md").write_text(report(data))
+    print((RESULTS / "transfer_breakdown.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
