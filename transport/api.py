@@ -74,6 +74,12 @@ class TransportStats:
     transfers_received: int = 0
     transfers_failed: int = 0
     expired: int = 0
+    seconds_sending: float = 0.0  # summed over sends that completed, from ``send`` to the receiver's acknowledgement
+
+    @property
+    def send_gbps(self) -> float:
+        """The average rate of the completed sends, GB/s (0 before any)."""
+        return self.bytes_sent / self.seconds_sending / 1e9 if self.seconds_sending > 0 else 0.0
 
 
 class Transport(Protocol):

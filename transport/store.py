@@ -105,18 +105,20 @@ class StoreBackedEndpoint:
         self._bytes_sent = 0
         self._sent = 0
         self._failed = 0
+        self._send_s = 0.0
 
     def _finish(self, handle: TransferHandle, error: str | None) -> None:
         """Complete a send exactly once and count its outcome."""
         with self._stats_lock:
             if handle.state is not TransferState.PENDING:
                 return
+            handle.complete(error)
             if error is None:
                 self._sent += 1
                 self._bytes_sent += handle.nbytes
+                self._send_s += (handle.finished or handle.started) - handle.started
             else:
                 self._failed += 1
-            handle.complete(error)
 
     def recv(self, key: str) -> list[Any] | None:
         return self._store.take(key)
@@ -140,5 +142,11 @@ class StoreBackedEndpoint:
         s = self._store
         with self._stats_lock:
             return TransportStats(
-                self._bytes_sent, s.bytes_received, self._sent, s.transfers_received, self._failed, s.expired
+                self._bytes_sent,
+                s.bytes_received,
+                self._sent,
+                s.transfers_received,
+                self._failed,
+                s.expired,
+                self._send_s,
             )

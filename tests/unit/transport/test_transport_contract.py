@@ -167,6 +167,8 @@ def test_stats_counters(pair: tuple[Any, Any], kind: str, dead_port: str) -> Non
     assert (r.bytes_received, r.transfers_received, r.expired) == (total, 3, 0)
     assert (s.bytes_received, s.transfers_received) == (0, 0)
     assert (r.bytes_sent, r.transfers_sent) == (0, 0)
+    assert s.seconds_sending > 0 and s.send_gbps == pytest.approx(total / s.seconds_sending / 1e9)  # for GB/s
+    assert r.seconds_sending == 0 and r.send_gbps == 0
 
     nowhere = dead_port if kind in SOCKET_BACKENDS else "inproc://nobody-home"
     assert tx.send(nowhere, "lost", [b"x"], 1.0).wait(5.0) is TransferState.FAILED
