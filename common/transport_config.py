@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Backend = Literal["auto", "tcp", "shm"]
+Backend = Literal["auto", "tcp", "shm", "mock"]
 
 
 class LinkEmulation(BaseModel):
@@ -27,7 +27,8 @@ class TransportConfig(BaseModel):
         "auto",
         description=(
             "tcp: bytes over sockets. shm: through reused shared-memory slabs between processes of one host "
-            "(peers on other hosts get them over TCP). auto: shm, which is tcp to another host."
+            "(peers on other hosts get them over TCP). auto: shm, which is tcp to another host. mock: TetriInfer's "
+            "transfer mock, metadata only over the emulated link (needs emulate; zero KV: timing studies only)."
         ),
     )
 
@@ -39,6 +40,12 @@ class TransportConfig(BaseModel):
     @classmethod
     def _bare_backend(cls, data: Any) -> Any:
         return {"backend": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _mock_needs_a_link(self) -> TransportConfig:
+        if self.backend == "mock" and self.emulate is None:
+            raise ValueError("transport.backend mock needs transport.emulate (the link whose time it waits)")
+        return self
 
     @property
     def endpoint_kind(self) -> str:

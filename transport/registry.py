@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from tetriserve.transport.api import Transport
 from tetriserve.transport.inproc import InProcTransport
+from tetriserve.transport.mock import MockTransport
 from tetriserve.transport.shm import ShmTransport
 from tetriserve.transport.tcp import TcpTransport
 
@@ -13,6 +14,7 @@ BACKENDS: dict[str, Callable[[str], Transport]] = {
     "tcp": lambda listen: TcpTransport(listen),
     "shm": lambda listen: ShmTransport(listen),
     "inproc": lambda listen: InProcTransport(listen),
+    "mock": lambda listen: MockTransport(listen),
 }
 
 

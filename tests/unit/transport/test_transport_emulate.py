@@ -58,3 +58,24 @@ def test_the_config_takes_a_link_to_emulate_and_refuses_a_bad_one() -> None:
     assert ClusterConfig.load(overrides={"transport": "tcp"}).transport.emulate is None
     with pytest.raises(ValidationError, match="gbps"):
         ClusterConfig.load(overrides={"transport.emulate.gbps": 0})
+
+
+def test_the_mock_sends_only_the_metadata_and_the_receiver_gets_zero_kv_of_the_right_size() -> None:
+    from tetriserve.transport.mock import MockTransport
+
+    tx, rx = EmulatedLink(MockTransport(), gbps=0.1), MockTransport()  # 1 MB at 0.1 Gb/s: 80 ms
+    try:
+        t0 = time.monotonic()
+        handle = tx.send(rx.address, "k", [b'{"layers": []}', b"\x07" * 600_000, b"\x07" * 400_000], 5.0)
+        assert handle.wait(5.0) is TransferState.DONE, handle.error
+        assert time.monotonic() - t0 >= 0.08 - 0.005  # the link's time for the full size
+        got = _recv(rx, "k")
+        assert bytes(got[0]) == b'{"layers": []}' and [len(b) for b in got[1:]] == [600_000, 400_000]
+        assert not any(got[1]) and tx.stats().bytes_sent < 100  # zeros: only the metadata travelled
+        rx.hold("parked", [b"h", b"real"])
+        assert rx.recv("parked") == [b"h", b"real"]  # held KV is the real KV
+    finally:
+        tx.close()
+        rx.close()
+    with pytest.raises(ValidationError, match=r"needs transport\.emulate"):
+        ClusterConfig.load(overrides={"transport.backend": "mock"})
