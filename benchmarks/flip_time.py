@@ -14,7 +14,6 @@ Writes ``benchmarks/results/flip_time.{md,json}``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flip_phases import serving
-from vllm_bench_report import RESULTS, WORK
+from vllm_bench_report import WORK, measure_or_reload
 
 GRPC = "127.0.0.1:50171"
 WORKER = "decode-1"
@@ -79,7 +78,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         return flips
 
 
-def report(flips: list[dict[str, Any]], command: str) -> str:
+def report(data: dict[str, Any]) -> str:
+    flips, command = data["flips"], data["command"]
+
     def med(key: str, rows: list[dict[str, Any]]) -> str:
         vals = [r[key] for r in rows if r[key] is not None]
         return f"{statistics.median(vals):.1f}" if vals else "-"
@@ -117,16 +118,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=6, help="completions sent after each flip")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
     args = ap.parse_args()
-    out = RESULTS / "flip_time.json"
-    if args.report_only:
-        saved = json.loads(out.read_text())
-    else:
-        WORK.mkdir(parents=True, exist_ok=True)
-        saved = {"command": "python benchmarks/flip_time.py " + " ".join(sys.argv[1:]), "flips": run(args)}
-        out.write_text(json.dumps(saved, indent=1))
-    (RESULTS / "flip_time.md").write_text(report(saved["flips"], saved["command"]))
-    print((RESULTS / "flip_time.md").read_text())
-    return 0
+    return measure_or_reload("flip_time", args.report_only, lambda: {"flips": run(args)}, report)
 
 
 if __name__ == "__main__":

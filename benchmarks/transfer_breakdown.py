@@ -19,7 +19,6 @@ worker's connector counters.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from handoff_gap import NAMESPACE, prompt_ids, stream_one
-from vllm_bench_report import RESULTS, WORK
+from vllm_bench_report import WORK, measure_or_reload
 from vllm_bench_serve import prepare, stop, tetriserve_cmd, wait_ready
 
 PORT = 8100
@@ -121,20 +120,12 @@ def main() -> int:
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
     args = ap.parse_args()
-    out = RESULTS / "transfer_breakdown.json"
-    if args.report_only:
-        data = json.loads(out.read_text())
-    else:
-        WORK.mkdir(parents=True, exist_ok=True)
+
+    def measure() -> dict[str, Any]:
         _, _, env = prepare()
-        data = {
-            "command": "python benchmarks/transfer_breakdown.py " + " ".join(sys.argv[1:]),
-            "configs": {name: run_config(name, CONFIGS[name], env, args) for name in args.configs},
-        }
-        out.write_text(json.dumps(data, indent=1))
-    (RESULTS / "transfer_breakdown.md").write_text(report(data))
-    print((RESULTS / "transfer_breakdown.md").read_text())
-    return 0
+        return {"configs": {name: run_config(name, CONFIGS[name], env, args) for name in args.configs}}
+
+    return measure_or_reload("transfer_breakdown", args.report_only, measure, report)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Writes ``benchmarks/results/transport_throughput.{md,json}``.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import socket
 import statistics
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_bench_report import RESULTS
+from vllm_bench_report import measure_or_reload
 
 MIB = 1 << 20
 
@@ -171,27 +170,14 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
     args = ap.parse_args()
-    out = RESULTS / "transport_throughput.json"
-    if args.report_only:
-        data = json.loads(out.read_text())
-    else:
+
+    def measure() -> dict[str, Any]:
         sizes, n = args.sizes_mib, args.repeats
         fresh, reused = _copies(sizes, n)
-        data = {
-            "command": "python benchmarks/transport_throughput.py " + " ".join(sys.argv[1:]),
-            "sizes_mib": sizes,
-            "gbps": {
-                "shm": _backend("shm", sizes, n),
-                "tcp": _backend("tcp", sizes, n),
-                "socket": _socket(sizes, n),
-                "copy_fresh": fresh,
-                "copy_reused": reused,
-            },
-        }
-        out.write_text(json.dumps(data, indent=1))
-    (RESULTS / "transport_throughput.md").write_text(report(data))
-    print((RESULTS / "transport_throughput.md").read_text())
-    return 0
+        gbps = {"shm": _backend("shm", sizes, n), "tcp": _backend("tcp", sizes, n), "socket": _socket(sizes, n)}
+        return {"sizes_mib": sizes, "gbps": {**gbps, "copy_fresh": fresh, "copy_reused": reused}}
+
+    return measure_or_reload("transport_throughput", args.report_only, measure, report)
 
 
 if __name__ == "__main__":

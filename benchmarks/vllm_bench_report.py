@@ -12,6 +12,8 @@ import argparse
 import json
 import os
 import statistics
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +177,21 @@ def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: ar
         lines.append(f"| {band} | {n} | {t_ms:.0f} | {v_ms:.0f} | {t_ms / v_ms:.2f} |")
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def measure_or_reload(
+    name: str, report_only: bool, measure: Callable[[], dict[str, Any]], report: Callable[[dict[str, Any]], str]
+) -> int:
+    """Run ``measure`` and save its result with the command that made it (``benchmarks/results/<name>.json``), or
+    with ``report_only`` read the saved one; then write and print the report ``<name>.md``."""
+    out = RESULTS / f"{name}.json"
+    if report_only:
+        data = json.loads(out.read_text())
+    else:
+        WORK.mkdir(parents=True, exist_ok=True)
+        data = {"command": f"python benchmarks/{name}.py " + " ".join(sys.argv[1:]), **measure()}
+        out.write_text(json.dumps(data, indent=1))
+    md = report(data)
+    (RESULTS / f"{name}.md").write_text(md)
+    print(md)
+    return 0
