@@ -160,8 +160,7 @@ class Supervision:
             slot = self.sup.slots.get(name)
             if slot is None:  # removed meanwhile
                 continue
-            self._place(name, role, self.handle(name), slot.incarnation, result.load)
-            _quietly(lambda n=name: self.handle(n).start.remote(self.cluster.monitor, self.cluster.scheduler))
+            self._place(name, role, self.handle(name), slot.incarnation, result.load)  # serving at once, with it
             self.elastic.flipped(name, result.switch_ms / 1e3)
             logger.warning("supervision: %s serves %s now (%s)", name, role, result)
 

@@ -155,6 +155,7 @@ class Worker:
         return self.role.abort(request_id, attempt)
 
     def discard(self, key: str) -> None:
+        """Drop KV pushed for a request that will not decode here (finished at prefill, aborted)."""
         self.role.endpoint.discard(key)
 
     # -- prefill ---------------------------------------------------------------------------
@@ -170,6 +171,7 @@ class Worker:
             self.role.update_decode_view(loads, addresses, handles)
 
     def observe(self, prompt_len: int, output_len: int) -> None:
+        """A finished request's lengths, for the length predictor (whatever role the worker plays now)."""
         self.predictor.observe(prompt_len, output_len)
 
     # -- decode ----------------------------------------------------------------------------
@@ -187,6 +189,7 @@ class Worker:
         return isinstance(self.role, DecodeWorker) and await self.role.refine(request_id, attempt, estimate)
 
     def kv_failed(self, key: str, error: str) -> None:
+        """The prefill worker's send of ``key`` failed: the engine's load of it fails now, not at its deadline."""
         self.role.endpoint.fail(key, error)
 
     async def rebalance(self, order: Order, address: str, handle: Any) -> list[str]:

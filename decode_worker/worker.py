@@ -20,7 +20,7 @@ A request is known by its id and placement ``attempt``: a later attempt of a
 request still here (the front door migrated it after a failure) replaces the
 earlier one, and an abort naming an attempt touches only that one. Its engine
 request and KV key are ``Request.kv_key``, one per attempt. A KV transfer the
-prefill worker reports failed (``kv_failed``) fails that load at once; the
+prefill worker reports failed (the actor's ``kv_failed``) fails that load at once; the
 engine then recomputes the prompt or fails the attempt, per
 ``kv_load_failure_policy``.
 """
@@ -199,10 +199,6 @@ class DecodeWorker(EngineWorker):
         retagged: bool = await self.engine.call(lambda s: s.retag(request_id, estimate.after(run.base - 1)))
         return retagged
 
-    def kv_failed(self, key: str, error: str) -> None:
-        """The prefill worker's send of ``key`` failed: the engine's load of it fails now, not at its deadline."""
-        self.endpoint.fail(key, error)
-
     async def adopt(
         self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, key: str, subscriber: str
     ) -> bool:
@@ -339,7 +335,3 @@ class DecodeWorker(EngineWorker):
     def _subscriber_gone(self, subscriber: str) -> None:
         for rid in [rid for rid, run in self.running.items() if run.subscriber == subscriber]:
             self.abort(rid)
-
-    def discard(self, key: str) -> None:
-        """Drop KV pushed for a request that will not decode here (finished at prefill, aborted)."""
-        self.endpoint.discard(key)

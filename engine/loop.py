@@ -105,10 +105,9 @@ class EngineLoop:
         self,
         engine_args: Any,
         name: str,
-        snapshot_fn: Callable[[Any], Any] | None = None,
-        niceness: int = 0,
         cores: CoreShare | None = None,
     ) -> None:
+        """A worker's role gives the engine its ``snapshot_fn`` and niceness (``take_role``)."""
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self.name = name
@@ -116,8 +115,8 @@ class EngineLoop:
         self.engine = LLMEngine.from_engine_args(engine_args, stat_loggers=[stat_logger_factory(self.collector)])
         cache = self.engine.vllm_config.cache_config
         self.collector.set_capacity(cache.num_gpu_blocks or 0, cache.block_size)
-        self._snapshot_fn = snapshot_fn
-        self._niceness = niceness
+        self._snapshot_fn: Callable[[Any], Any] | None = None
+        self._niceness = 0  # the engine thread's, as take_role last set it
         self._cores = cores
         self._threads = cores.own if cores is not None else 0  # what the engine thread steps with now
         self._commands: queue.Queue[Command] = queue.Queue()
@@ -211,8 +210,6 @@ class EngineLoop:
 
     # -- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
-        if self._niceness and not set_thread_niceness(self._niceness):
-            logger.warning("engine %s: could not set niceness %d", self.name, self._niceness)
         while True:  # daemon thread: lives as long as the worker process
             if self.engine.has_unfinished_requests():
                 self._drain(block=False)

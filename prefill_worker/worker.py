@@ -114,9 +114,6 @@ class PrefillWorker(EngineWorker):
             return False
         return dead is not None
 
-    def observe(self, prompt_len: int, output_len: int) -> None:
-        self.predictor.observe(prompt_len, output_len)
-
     def load(self) -> PrefillLoad:
         self.pace.observe(self.engine.stats().prompt_tokens_computed, self.engine.busy_s)
         lens = self.gate.queued_lens()

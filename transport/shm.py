@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from tetriserve.transport.api import TransferHandle
-from tetriserve.transport.tcp import TcpTransport, parse_address
+from tetriserve.transport.tcp import TcpTransport, _recv_exact, parse_address, split_views
 
 logger = logging.getLogger(__name__)
 
@@ -73,17 +73,6 @@ def split_address(address: str) -> tuple[str | None, str]:
 
 def _unix_name(hid: str, port: int) -> str:
     return f"\0tetriserve-kv-{hid}-{port}"
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionError("peer closed the connection")
-        got += k
-    return buf
 
 
 class _Slab:
@@ -158,11 +147,11 @@ class ShmTransport(TcpTransport):
             header = json.dumps({"key": key, "sizes": [v.nbytes for v in views], "slab": slab.id,
                                  "size": slab.size, "pooled": slab.pooled}).encode()  # fmt: skip
             conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            data = [_LEN.pack(len(header)) + header]
-            if slab.id in conn.mapped and slab.pooled:
-                conn.sock.sendall(data[0])
-            else:
-                socket.send_fds(conn.sock, data, [slab.fd])
+            frame = _LEN.pack(len(header)) + header
+            if slab.id in conn.mapped:
+                conn.sock.sendall(frame)
+            else:  # the receiver maps it once per connection (a one-off slab, every time: its id is new)
+                socket.send_fds(conn.sock, [frame], [slab.fd])
                 conn.mapped.add(slab.id)
             stored, count = _ACK.unpack(_recv_exact(conn.sock, _ACK.size))
             released = struct.unpack(f"!{count}I", _recv_exact(conn.sock, 4 * count)) if count else ()
@@ -304,10 +293,7 @@ class ShmTransport(TcpTransport):
         self, key: str, mapping: mmap.mmap, sizes: list[int], header: dict[str, object], released: deque[int]
     ) -> bool:
         base = np.frombuffer(mapping, dtype=np.uint8, count=sum(sizes))
-        views, offset = [], 0
-        for n in sizes:
-            views.append(memoryview(base[offset : offset + n]))
-            offset += n
+        views = split_views(base, sizes)
         token = weakref.finalize(base, released.append, int(header["slab"])) if header["pooled"] else None  # type: ignore[call-overload]
         del base
         stored = self._store.put(key, views)

@@ -56,6 +56,16 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
+def split_views(base: np.ndarray, sizes: list[int]) -> list[memoryview]:
+    """Writable views of ``base`` one after another, ``sizes`` bytes each; while any lives, ``base`` does (a
+    ``weakref.finalize`` on it runs once the last view of the transfer is gone)."""
+    views, offset = [], 0
+    for n in sizes:
+        views.append(memoryview(base[offset : offset + n]))
+        offset += n
+    return views
+
+
 class ReceivePool:
     """Landing buffers reused once every view of the transfer they held is dropped: a transfer lands in pages
     that are already there instead of a fresh allocation the kernel must fault in (at 64 MiB and more that
@@ -86,11 +96,7 @@ class ReceivePool:
         base = np.frombuffer(buf, dtype=np.uint8, count=total)
         if pooled:
             weakref.finalize(base, self._give_back, size, buf)
-        views, offset = [], 0
-        for n in sizes:
-            views.append(memoryview(base[offset : offset + n]))
-            offset += n
-        return views
+        return split_views(base, sizes)
 
     def _give_back(self, size: int, buf: bytearray) -> None:
         with self._lock:
