@@ -1,4 +1,4 @@
-"""The `tetriserve` command: serve | generate | status | policy | model tiny | predictor train|eval|export|label."""
+"""The `tetriserve` command: serve | frontdoor | generate | status | policy | model tiny | predictor ...."""
 
 from __future__ import annotations
 
@@ -89,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
         help="skip torch.compile / CUDA graphs (faster start, slower steps)",
     )
 
+    fd = sub.add_parser("frontdoor", help="one more pair of front doors (gRPC + HTTP) for a running service")
+    fd.add_argument("--address", default="auto", help="the service's Ray cluster (default: the one on this host)")
+    fd.add_argument("--namespace", default="tetriserve", help="the service's Ray namespace (its config's `namespace`)")
+    fd.add_argument("--host", default="127.0.0.1", help="address this front door binds to")
+    fd.add_argument("--grpc-port", type=int, default=50051, help="gRPC port (0: any free one)")
+    fd.add_argument("--http-port", type=int, default=8000, help="OpenAI-compatible HTTP port (0: any free one)")
+    fd.add_argument("--model", default=None, help="model directory here, for the tokenizer (default: the service's)")
+
     g = sub.add_parser("generate", help="stream a completion from a running service (gRPC)")
     g.add_argument("prompt")
     g.add_argument("--target", default="localhost:50051", help="gRPC address")
@@ -125,6 +133,15 @@ def _serve(args: argparse.Namespace) -> int:
     overrides["engine.enforce_eager"] = args.enforce_eager
     overrides["engine.borrow_idle_cores"] = args.borrow_idle_cores
     serve(ClusterConfig.load(args.config, overrides))
+    return 0
+
+
+def _frontdoor(args: argparse.Namespace) -> int:
+    from tetriserve.common.config import ClusterConfig
+    from tetriserve.control_plane.serve import frontdoor
+
+    own = {"ray_address": args.address, "host": args.host, "grpc_port": args.grpc_port, "http_port": args.http_port}
+    frontdoor(ClusterConfig.load(overrides=own), args.namespace, args.model)
     return 0
 
 
@@ -174,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     handlers = {
         "serve": _serve,
+        "frontdoor": _frontdoor,
         "generate": _generate,
         "status": run_status,
         "model": _model,

@@ -31,6 +31,8 @@ from typing import Any
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.control_plane.cluster_monitor import ClusterMonitor
+from tetriserve.control_plane.control_plane import SupervisionState
+from tetriserve.control_plane.elastic import Elastic, parse_role, role_counts
 from tetriserve.control_plane.flip.window import SloWindow
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
 from tetriserve.control_plane.worker_actor import Worker
@@ -54,7 +56,7 @@ class Cluster:
     supervision: Any = None  # control_plane.supervision.Supervision while it runs
     slo: SloWindow | None = None  # finished requests' TTFT / TPOT against their objectives (the slo flip policy)
 
-    def shutdown(self) -> None:
+    def shutdown(self, leave_ray: bool = False) -> None:
         import ray
 
         if self.supervision is not None:  # first: it would re-create what is killed below
@@ -65,8 +67,59 @@ class Cluster:
                 ray.kill(handle)
             except Exception:  # already gone
                 logger.debug("actor already gone", exc_info=True)
-        if self.owns_ray:
+        if self.owns_ray and not leave_ray:
             ray.shutdown()
+
+    # -- what front doors ask of the control plane (the ControlPlane actor answers the same for a detached one) --
+    def supervision_state(self) -> SupervisionState:
+        sup = self.supervision
+        if sup is None:
+            return SupervisionState({}, {})
+        return SupervisionState({slot.name: slot for slot in sup.view()}, sup.elastic.lifecycles())
+
+    def flip(self, worker_id: str, role: str) -> str:
+        return self._elastic().flip(worker_id, parse_role(role), time.monotonic())
+
+    def scale(self, prefill: int | None, decode: int | None) -> list[str]:
+        return self._elastic().scale(role_counts(prefill, decode), time.monotonic())
+
+    def observe_slo(
+        self, ttft_ms: float, tpot_ms: float | None, ttft_slo_ms: float | None, tbt_slo_ms: float | None
+    ) -> None:
+        """A request that ended normally, for SLO attainment (the ``slo`` flip policy's input)."""
+        if self.slo is not None:
+            self.slo.observe(time.monotonic(), ttft_ms, tpot_ms, ttft_slo_ms, tbt_slo_ms)
+
+    def control(self) -> LocalControl:
+        return LocalControl(self)
+
+    def _elastic(self) -> Elastic:
+        if self.supervision is None:
+            raise ValueError("flips and scaling need the supervisor (config: supervise: true)")
+        elastic: Elastic = self.supervision.elastic
+        return elastic
+
+
+class LocalControl:
+    """A cluster of this process's own, with the calls a front door makes of a control plane (as ``RemoteCluster``
+    makes them of the ControlPlane actor)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    async def supervision_state(self) -> SupervisionState:
+        return self.cluster.supervision_state()
+
+    async def flip(self, worker_id: str, role: str) -> str:
+        return self.cluster.flip(worker_id, role)
+
+    async def scale(self, prefill: int | None, decode: int | None) -> list[str]:
+        return self.cluster.scale(prefill, decode)
+
+    def observe_slo(
+        self, ttft_ms: float, tpot_ms: float | None, ttft_slo_ms: float | None, tbt_slo_ms: float | None
+    ) -> None:
+        self.cluster.observe_slo(ttft_ms, tpot_ms, ttft_slo_ms, tbt_slo_ms)
 
 
 def init_ray(config: ClusterConfig) -> tuple[bool, str]:

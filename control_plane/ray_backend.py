@@ -57,8 +57,6 @@ from tetriserve.common.stream import (
 )
 from tetriserve.control_plane.admission import Overloaded
 from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus, lifecycle_fields
-from tetriserve.control_plane.elastic import Elastic, parse_role, role_counts
-from tetriserve.control_plane.launcher import Cluster
 from tetriserve.control_plane.policy_admin import Setter, apply_changes, parse_changes, resolve_targets
 from tetriserve.control_plane.token_log import AT_ONCE, TokenLog
 from tetriserve.control_plane.worker_streams import Lost, OpenRequest, WorkerStreams, stream_host
@@ -72,7 +70,8 @@ PLACE_TIMEOUT_S = 5.0  # one ``place`` call (the GlobalScheduler may be restarti
 
 
 class RayBackend:
-    def __init__(self, cluster: Cluster, model_name: str) -> None:
+    def __init__(self, cluster: Any, model_name: str) -> None:
+        # a launched ``Cluster`` of this process's own, or a ``RemoteCluster`` (the detached control plane's)
         self.cluster = cluster
         self._model_name = model_name
         self._streams: WorkerStreams | None = None
@@ -217,14 +216,20 @@ class RayBackend:
 
     def _observe(self, request: Request, log: TokenLog, started: float, first_at: float | None) -> None:
         """A request that ended normally counts toward SLO attainment (the ``slo`` flip policy's input)."""
-        window = getattr(self.cluster, "slo", None)
+        control = self._control()
         finish = log.finish
-        if window is None or first_at is None or finish is None or finish.finish_reason not in _NORMAL_ENDS:
+        if control is None or first_at is None or finish is None or finish.finish_reason not in _NORMAL_ENDS:
             return
         now = time.monotonic()
         n = len(log.tokens)
         tpot_ms = (now - first_at) * 1e3 / (n - 1) if n > 1 else None
-        window.observe(now, (first_at - started) * 1e3, tpot_ms, request.slo.ttft_ms, request.slo.tbt_ms)
+        control.observe_slo((first_at - started) * 1e3, tpot_ms, request.slo.ttft_ms, request.slo.tbt_ms)
+
+    def _control(self) -> Any:
+        """The control plane's calls (a launched ``Cluster``'s own, or the ControlPlane actor's through a
+        ``RemoteCluster``); None for a cluster without them (tests' fakes)."""
+        control = getattr(self.cluster, "control", None)
+        return control() if callable(control) else None
 
     def close(self) -> None:
         """Drop the streams (call from the loop that used the backend)."""
@@ -255,9 +260,9 @@ class RayBackend:
         members, sched, policies = await asyncio.gather(
             self.cluster.monitor.snapshot.remote(), self.cluster.scheduler.status.remote(), self._policies()
         )
-        supervision = getattr(self.cluster, "supervision", None)
-        slots = {slot.name: slot for slot in supervision.view()} if supervision is not None else {}
-        lives = supervision.elastic.lifecycles() if supervision is not None else {}
+        control = self._control()
+        state = await control.supervision_state() if control is not None else None
+        slots, lives = (state.slots, state.lives) if state is not None else ({}, {})
         seen = {m["worker_id"] for m in members}
         members += [  # added, and not registered with the monitor yet: their engines are loading
             {"worker_id": w, "role": lc.role.value, "state": "starting", "load": {}}
@@ -299,17 +304,16 @@ class RayBackend:
         return dict(zip(handles, answers, strict=True))
 
     async def flip(self, worker_id: str, role: str) -> str:
-        return self._elastic().flip(worker_id, parse_role(role), time.monotonic())
+        return str(await self._elastic().flip(worker_id, role))
 
     async def scale(self, prefill: int | None, decode: int | None) -> list[str]:
-        return self._elastic().scale(role_counts(prefill, decode), time.monotonic())
+        return list(await self._elastic().scale(prefill, decode))
 
-    def _elastic(self) -> Elastic:
-        supervision = getattr(self.cluster, "supervision", None)
-        if supervision is None:
+    def _elastic(self) -> Any:
+        control = self._control()
+        if control is None:
             raise ValueError("flips and scaling need the supervisor (config: supervise: true)")
-        elastic: Elastic = supervision.elastic
-        return elastic
+        return control
 
     async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:
         role, targets = resolve_targets(worker_id, self.cluster.prefill, self.cluster.decode)

@@ -1,4 +1,11 @@
-"""`tetriserve serve`: build/resolve the model, launch the cluster, run both front doors until a signal.
+"""`tetriserve serve`: build/resolve the model, start the control plane, run both front doors until a signal;
+`tetriserve frontdoor`: one more pair of front doors for a running service.
+
+``serve`` starts Ray (or joins ``--address``) and the detached ControlPlane
+actor, which launches and supervises the workers (``control_plane.py``); its own
+front doors reach the cluster through the control plane like any other
+(``remote_cluster.py``). ``frontdoor`` joins the Ray cluster of a running
+service and does the same; it leaves the cluster as it is when it stops.
 
 The first SIGTERM / SIGINT drains: the front doors admit nothing new (``/ready``
 answers 503, new requests 503 / UNAVAILABLE) and admitted requests run to their
@@ -21,10 +28,12 @@ from tetriserve.common.config import ClusterConfig
 
 if TYPE_CHECKING:
     from tetriserve.control_plane.frontdoor import FrontDoor
+    from tetriserve.control_plane.remote_cluster import RemoteCluster
 
 logger = logging.getLogger(__name__)
 
 DRAIN_REPORT_S = 5.0  # how often a drain says how many requests it waits for
+START_TIMEOUT_S = 900.0  # the cluster's start: engines load and profile in parallel
 
 
 @dataclass(frozen=True)
@@ -120,17 +129,98 @@ async def run_front_doors(
 
 
 def serve(config: ClusterConfig) -> None:
-    from tetriserve.control_plane.launcher import launch
+    """Start Ray (or join ``config.ray_address``), the detached control plane with its workers, and one pair of
+    front doors; on a signal, drain and stop the whole service."""
+    from tetriserve.control_plane.control_plane import start_control_plane, stop_control_plane
+    from tetriserve.control_plane.launcher import init_ray
     from tetriserve.control_plane.ray_backend import RayBackend
+    from tetriserve.control_plane.remote_cluster import RemoteCluster
 
     t0 = time.monotonic()
     model_path, name = resolve_model(config)
     print(f"tetriserve: model {name} ({model_path})", flush=True)
     check_prefill_policy(config, model_path)
     check_decode_policy(config)
+    owns_ray, dashboard = init_ray(config)
     print(f"tetriserve: starting {config.num_prefill} prefill + {config.num_decode} decode workers ...", flush=True)
-    cluster = launch(config, model_path)
-    backend = RayBackend(cluster, name)
+    handle = start_control_plane(config, model_path, name, dashboard)
+    cluster = None
+    try:
+        cluster = RemoteCluster.join(handle, START_TIMEOUT_S)
+        print(f"tetriserve: {join_hint(config.namespace)}", flush=True)
+        run_until_signal(config, RayBackend(cluster, name), t0, dashboard, "the service")
+    finally:
+        print("tetriserve: shutting down", flush=True)
+        if cluster is not None:
+            cluster.close()
+        stop_control_plane(handle)
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def join_hint(namespace: str) -> str:
+    import ray
+
+    gcs = ray.get_runtime_context().gcs_address
+    return f"Ray cluster {gcs}; more front doors: tetriserve frontdoor --address {gcs} --namespace {namespace}"
+
+
+def frontdoor(config: ClusterConfig, namespace: str, model: str | None = None) -> None:
+    """Join a running service's Ray cluster (``config.ray_address``) as one more pair of front doors, bound to
+    ``config.host`` / ports; on a signal, drain this front door's requests and leave (the cluster stays)."""
+    use_ray_token_if_present()  # before Ray is imported: it reads its auth mode once
+    import ray
+
+    from tetriserve.control_plane.control_plane import find_control_plane
+    from tetriserve.control_plane.ray_backend import RayBackend
+    from tetriserve.control_plane.remote_cluster import RemoteCluster
+
+    t0 = time.monotonic()
+    ray.init(address=config.ray_address or "auto", namespace=namespace, logging_level=logging.WARNING)
+    cluster = RemoteCluster.join(find_control_plane(namespace), START_TIMEOUT_S)
+    try:
+        served = cluster.config
+        # the cluster's settings (admission, timeouts, ...), with this front door's own address
+        own = {"host": config.host, "grpc_port": config.grpc_port, "http_port": config.http_port}
+        config = served.model_copy(update=own)
+        cluster.model_path = _local_model(cluster, model)
+        print(f"tetriserve: front door joining the service in namespace {namespace!r}", flush=True)
+        run_until_signal(config, RayBackend(cluster, cluster.served_name), t0, cluster.dashboard_url, "this front door")
+    finally:
+        print("tetriserve: front door leaving (the service keeps running)", flush=True)
+        cluster.close()
+        ray.shutdown()
+
+
+def use_ray_token_if_present() -> None:
+    """Ray 2.60 starts local clusters with token authentication, but only a cluster found by ``auto`` turns it on
+    for the joining process; with an explicit address, do the same when a token is at hand (Ray's own places:
+    ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``). ``RAY_AUTH_MODE`` set by hand wins."""
+    import os
+
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")).expanduser()
+    if os.environ.get("RAY_AUTH_TOKEN") or path.is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def _local_model(cluster: RemoteCluster, model: str | None) -> str:
+    """Where this process reads the tokenizer: ``--model``, the cluster's model path if this host has it, or the
+    tiny model built here (the default model is built the same everywhere)."""
+    path = Path(model or cluster.model_path).expanduser()
+    if (path / "config.json").is_file():
+        return str(path)
+    config = cluster.config
+    if model is None and config.engine.model is None:
+        return resolve_model(config)[0]
+    raise ValueError(f"--model: {path} is not a model directory on this host (the front door needs its tokenizer)")
+
+
+def run_until_signal(config: ClusterConfig, backend: object, t0: float, dashboard: str, what: str) -> None:
+    """Serve both front doors until SIGINT / SIGTERM (the first drains, a second cuts the drain short)."""
 
     async def main() -> None:
         stop, hurry = asyncio.Event(), asyncio.Event()
@@ -142,21 +232,18 @@ def serve(config: ClusterConfig) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
         ready: asyncio.Future[Endpoints] = loop.create_future()
-        task = asyncio.create_task(run_front_doors(config, backend, stop, ready, cluster.dashboard_url, hurry))
+        task = asyncio.create_task(run_front_doors(config, backend, stop, ready, dashboard, hurry))
         await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
         if not ready.done():
             task.result()  # the front doors failed to start: raise why
         ep = ready.result()
+        name = getattr(backend, "model_name", "")
         print(f"tetriserve: ready in {time.monotonic() - t0:.1f} s", flush=True)
         print(f"  gRPC            {ep.grpc}", flush=True)
         print(f"  OpenAI HTTP     {ep.http}/v1  (model '{name}')", flush=True)
         print(f"  Ray dashboard   {ep.dashboard or 'not running'}", flush=True)
         grace = config.drain_grace_s
-        print(f"  Ctrl-C stops the service (SIGTERM too), draining up to {grace:g} s; twice: at once.", flush=True)
+        print(f"  Ctrl-C stops {what} (SIGTERM too), draining up to {grace:g} s; twice: at once.", flush=True)
         await task
 
-    try:
-        asyncio.run(main())
-    finally:
-        print("tetriserve: shutting down", flush=True)
-        cluster.shutdown()
+    asyncio.run(main())

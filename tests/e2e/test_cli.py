@@ -158,6 +158,45 @@ def test_vllm_benchmark_client(service: Service, tmp_path: Path) -> None:
     assert result["completed"] == 12 and result.get("failed", 0) == 0, errors
 
 
+def test_a_second_front_door_joins_serves_and_leaves_without_taking_the_service_along(service: Service) -> None:
+    """`tetriserve frontdoor` joins the running service (the address serve prints); both front doors serve; SIGTERM
+    to the second one ends it alone: the first and the workers go on serving."""
+    import httpx
+
+    hint = next(line for line in service.output if "tetriserve frontdoor --address" in line)
+    joined = hint.split("tetriserve frontdoor ", 1)[1].split()
+    cmd = [*CLI, "frontdoor", *joined, "--grpc-port", "0", "--http-port", "0"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    http = ""
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not http:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if m := re.match(r"\s+OpenAI HTTP\s+(\S+)/v1", line):
+                http = m.group(1)
+        assert http and http != service.http, "".join(lines[-30:])
+        threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+        body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 6, "ignore_eos": True, "temperature": 0}
+        with httpx.Client(timeout=120) as client:
+            texts = [client.post(f"{url}/v1/completions", json=body).json() for url in (http, service.http)]
+            assert [t["usage"]["completion_tokens"] for t in texts] == [6, 6], texts
+            assert texts[0]["choices"][0]["text"] == texts[1]["choices"][0]["text"]  # greedy: the same engines
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0, "".join(lines[-30:])
+            after = client.post(f"{service.http}/v1/completions", json=body)
+            assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 6
+        assert "the service keeps running" in "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_sigterm_under_load_drains_loses_no_admitted_request_and_exits_cleanly(service: Service) -> None:
     """Kubernetes' way to stop a pod: SIGTERM to the main process only. Streams admitted before it run to their
     end; /ready turns 503 at once while /health stays 200; a new request is turned away with 503 draining."""

@@ -1,0 +1,117 @@
+"""A front door's side of a detached control plane (``control_plane.py``): the cluster as ``RayBackend`` sees it.
+
+``RemoteCluster`` has the attributes ``RayBackend`` reads of a launched
+``Cluster`` (config, model path, the workers', GlobalScheduler's and monitor's
+handles) and the calls it makes of one (``control()``: status extras, flip,
+scale, SLO observations), answered by the ControlPlane actor. The handles are
+refreshed from ``ControlPlane.view`` every ``VIEW_S`` on a daemon thread, so a
+worker the supervisor re-created (or added) reaches this front door's streams
+within that time. The front door leaving (``close``) leaves the cluster as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from tetriserve.control_plane.control_plane import ClusterInfo, ClusterView, SupervisionState
+
+logger = logging.getLogger(__name__)
+
+VIEW_S = 0.5  # how often the handles are refreshed
+CALL_TIMEOUT_S = 30.0
+
+
+class RemoteCluster:
+    def __init__(self, handle: Any, info: ClusterInfo, view: ClusterView) -> None:
+        self.handle = handle
+        self.config = info.config
+        self.model_path = info.model_path
+        self.served_name = info.served_name
+        self.dashboard_url = info.dashboard_url
+        self._apply(view)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._refresh, name="control-plane-view", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def join(cls, handle: Any, timeout_s: float) -> RemoteCluster:
+        """Wait (up to ``timeout_s``) until the control plane's cluster serves, then take its view."""
+        import ray
+
+        try:
+            ready = ray.get(handle.ready.remote(timeout_s), timeout=timeout_s + CALL_TIMEOUT_S)
+        except Exception as exc:  # the control plane's own reason the cluster did not start, not Ray's wrapper
+            raise _cause(exc) from None
+        if not ready:
+            raise TimeoutError(f"the cluster did not start within {timeout_s:.0f} s")
+        info, view = ray.get([handle.info.remote(), handle.view.remote()], timeout=CALL_TIMEOUT_S)
+        if view is None:
+            raise RuntimeError("the control plane answered ready without a cluster")
+        return cls(handle, info, view)
+
+    def _apply(self, view: ClusterView) -> None:
+        # each attribute is replaced whole: readers on other threads see the old dict or the new one. A handle
+        # of the same actor is kept as the very object it was: streams reopen when a worker's handle changes
+        prefill, decode = getattr(self, "prefill", {}), getattr(self, "decode", {})
+        self.prefill = {w: _same(prefill.get(w), h) for w, h in view.prefill.items()}
+        self.decode = {w: _same(decode.get(w), h) for w, h in view.decode.items()}
+        self.scheduler = _same(getattr(self, "scheduler", None), view.scheduler)
+        self.monitor = _same(getattr(self, "monitor", None), view.monitor)
+
+    def _refresh(self) -> None:
+        import ray
+
+        while not self._stop.wait(VIEW_S):
+            try:
+                view = ray.get(self.handle.view.remote(), timeout=CALL_TIMEOUT_S)
+            except Exception as exc:  # restarting: keep the handles we have until it answers again
+                logger.warning("control plane: no view (%s); keeping the last one", type(exc).__name__)
+                continue
+            if view is not None:
+                self._apply(view)
+
+    def close(self) -> None:
+        """This front door leaves; the cluster stays."""
+        self._stop.set()
+
+    # -- the calls RayBackend makes of the control plane ---------------------------------------------------------
+    def control(self) -> RemoteCluster:
+        return self
+
+    async def supervision_state(self) -> SupervisionState:
+        state: SupervisionState = await _call(self.handle.supervision_state.remote())
+        return state
+
+    async def flip(self, worker_id: str, role: str) -> str:
+        return str(await _call(self.handle.flip.remote(worker_id, role)))
+
+    async def scale(self, prefill: int | None, decode: int | None) -> list[str]:
+        return list(await _call(self.handle.scale.remote(prefill, decode)))
+
+    def observe_slo(
+        self, ttft_ms: float, tpot_ms: float | None, ttft_slo_ms: float | None, tbt_slo_ms: float | None
+    ) -> None:
+        self.handle.observe_slo.remote(ttft_ms, tpot_ms, ttft_slo_ms, tbt_slo_ms)  # fire and forget
+
+
+async def _call(ref: Any) -> Any:
+    """Await an actor call; raise the control plane's own exception (an unknown worker, a refused flip), not
+    Ray's wrapper around it."""
+    import asyncio
+
+    try:
+        return await asyncio.wait_for(ref, CALL_TIMEOUT_S)
+    except Exception as exc:
+        raise _cause(exc) from None
+
+
+def _same(old: Any, new: Any) -> Any:
+    """``old`` if it is a handle of the same actor as ``new`` (Ray handles compare by actor id), else ``new``."""
+    return old if old is not None and old == new else new
+
+
+def _cause(exc: Exception) -> Exception:
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, Exception) else exc
