@@ -91,11 +91,29 @@ def test_values_schema_is_draft7_and_accepts_the_value_sets() -> None:
         {"apiKey": {"existingSecret": "keys", "value": "k"}},  # both
         {"autoscaling": {"enabled": True, "options": {"upscalingMode": "Eager"}}},
         {"head": {"resources": {"requests": {"cpu": "two"}}}},
+        # the template's own checks, past the schema
+        {"workerGroups": [{"name": "cpu", "minReplicas": 3, "maxReplicas": 1}]},
+        {"workerGroups": [{"name": "cpu", "replicas": 5, "minReplicas": 0, "maxReplicas": 4}]},
+        {"workerGroups": [{"name": "l4", "minReplicas": 0, "maxReplicas": 1}] * 2},
+        {"serviceMonitor": {"enabled": True, "bearerTokenFromApiKey": True}},  # no key to send
     ],
 )
-def test_values_schema_rejects_bad_values(values: dict[str, Any]) -> None:
+def test_bad_values_are_refused(values: dict[str, Any]) -> None:
     with pytest.raises(HelmError):
         hs.render(values)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"workerGroups": []},  # every engine on the head
+        {"workerGroups": [{"name": "cpu", "minReplicas": 2, "maxReplicas": 3}]},  # replicas: minReplicas
+    ],
+)
+def test_edge_value_sets_render_valid_rayclusters(values: dict[str, Any]) -> None:
+    (cluster,) = hs.of_kind(hs.manifests(hs.render(values)), "RayCluster")
+    jsonschema.Draft7Validator(hs.raycluster_schema()).validate(cluster)
+    assert [g["replicas"] for g in cluster["spec"]["workerGroupSpecs"]] == [2] * len(values["workerGroups"])
 
 
 def test_head_starts_ray_then_serves_in_the_foreground() -> None:
