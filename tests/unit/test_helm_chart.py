@@ -121,7 +121,7 @@ def test_head_starts_ray_then_serves_in_the_foreground() -> None:
     assert cluster["apiVersion"] == "ray.io/v1"
     assert cluster["metadata"]["annotations"]["ray.io/overwrite-container-cmd"] == "true"
     shell, flag, script, argv0 = head["command"]
-    assert (shell, flag, argv0) == ("/bin/bash", "-lc", "tetriserve-head")
+    assert (shell, flag, argv0) == ("/bin/bash", "-c", "tetriserve-head")
     lines = [line.strip() for line in script.splitlines() if line.strip() and not line.strip().startswith("#")]
     assert lines[-2] == "${KUBERAY_GEN_RAY_START_CMD/ --block / }"  # Ray in the background
     assert lines[-1] == 'exec tetriserve serve "$@"'  # SIGTERM reaches serve: it drains
