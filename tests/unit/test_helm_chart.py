@@ -248,3 +248,32 @@ def test_vendored_crd_is_kuberay_1_7_0_for_a_clean_checkout(monkeypatch: pytest.
     """Without ../shared (CI's clean checkout) the vendored copy is used, and it is the released file."""
     monkeypatch.setattr(hs, "SHARED_CRD", tmp_path / "absent.yaml")
     assert hashlib.sha256(hs.crd_bytes()).hexdigest() == hs.CRD_SHA256
+
+
+def test_pod_commands_run_ray_then_tetriserve(tmp_path: Path) -> None:
+    """The head's and a worker's commands, run by bash with stand-ins for `ray` and `tetriserve` that log their
+    argv: Ray starts without --block, then `tetriserve serve` gets the chart's flags."""
+    log = tmp_path / "calls"
+    for tool in ("ray", "tetriserve"):
+        stub = tmp_path / tool
+        stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> {log}\n')
+        stub.chmod(0o755)
+    cluster, head = _head(hs.render({}))
+    generated = "ray start --head  --block  --dashboard-host=127.0.0.1  --metrics-export-port=8080 "
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "KUBERAY_GEN_RAY_START_CMD": generated}
+    subprocess.run([*head["command"], *head["args"]], env=env, check=True)
+    ray, serve = log.read_text().splitlines()
+    assert ray.split() == ["ray", "start", "--head", "--dashboard-host=127.0.0.1", "--metrics-export-port=8080"]
+    assert serve == "tetriserve serve " + shlex.join(head["args"])
+    log.unlink()
+    worker = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    env["KUBERAY_GEN_RAY_START_CMD"] = (
+        "ray start  --address=demo-tetriserve-head-svc.serving.svc.cluster.local:6379  --block "
+    )
+    subprocess.run(worker["command"], env=env, check=True)
+    assert log.read_text().split() == [
+        "ray",
+        "start",
+        "--address=demo-tetriserve-head-svc.serving.svc.cluster.local:6379",
+        "--block",
+    ]
