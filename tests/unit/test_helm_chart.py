@@ -192,15 +192,17 @@ def test_services_select_every_front_door_and_not_the_dashboard() -> None:
         assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
 
 
-def test_extra_front_doors_join_through_ray_client_with_the_keys() -> None:
+def test_extra_front_doors_join_as_ray_nodes_with_the_keys() -> None:
     docs = hs.manifests(hs.render(hs.VALUE_SETS["frontdoors-monitoring"]))
     (deployment,) = hs.of_kind(docs, "Deployment")
     assert deployment["spec"]["replicas"] == 3
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    argv = [*container["command"], *container["args"]]
-    assert shlex.join(argv[:8]) == (
-        "tetriserve frontdoor --address ray://demo-tetriserve-head-svc:10001 --grpc-port 50051 --http-port 8000"
-    )
+    bash, dash_c, script, _entry = container["command"]
+    assert (bash, dash_c) == ("bash", "-c")
+    # a Ray node of its own (Ray client cannot carry streaming calls) that offers no resources to actors
+    assert script.startswith("ray start --address=demo-tetriserve-head-svc:6379 --num-cpus=0 --num-gpus=0")
+    assert script.endswith('exec tetriserve "$@"')
+    assert shlex.join(container["args"][:7]) == "frontdoor --address auto --grpc-port 50051 --http-port 8000"
     env = {e["name"]: e for e in container["env"]}
     assert env["TETRISERVE_API_KEY"]["valueFrom"]["secretKeyRef"] == {
         "name": "demo-tetriserve-api-key",
