@@ -53,9 +53,7 @@ def fake_front_doors(
         url = http_handle.url
     if grpc:
         grpc_server, port = loop.run(
-            start_grpc_server(
-                backend, "127.0.0.1", 0, front=front, max_message_bytes=max_body_bytes, security=security
-            )
+            start_grpc_server(backend, "127.0.0.1", 0, front=front, max_message_bytes=max_body_bytes, security=security)
         )
         target = f"127.0.0.1:{port}"
     try:

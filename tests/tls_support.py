@@ -45,9 +45,7 @@ def _with_cryptography(cert_path: Path, key_path: Path, common_name: str) -> Non
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = datetime.datetime.now(datetime.UTC)
-    san = x509.SubjectAlternativeName(
-        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    )
+    san = x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -61,9 +59,7 @@ def _with_cryptography(cert_path: Path, key_path: Path, common_name: str) -> Non
         .sign(key, hashes.SHA256())
     )
     key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 

@@ -121,7 +121,9 @@ def test_table_needs_keys_with_unique_names() -> None:
 # ---- the config section and the keys file -------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "per_s"), [("5", 5.0), ("5/s", 5.0), ("300/m", 5.0), ("300/min", 5.0), ("7200/h", 2.0)])
+@pytest.mark.parametrize(
+    ("text", "per_s"), [("5", 5.0), ("5/s", 5.0), ("300/m", 5.0), ("300/min", 5.0), ("7200/h", 2.0)]
+)
 def test_parse_rate(text: str, per_s: float) -> None:
     assert parse_rate(text) == pytest.approx(per_s)
 
@@ -228,7 +230,7 @@ def test_is_loopback(host: str, loopback: bool) -> None:
 def test_tls_files_are_checked(tmp_path: Path) -> None:
     from tests.tls_support import self_signed
 
-    with pytest.raises(ValueError, match="security.tls_cert"):
+    with pytest.raises(ValueError, match=r"security\.tls_cert"):
         TlsFiles.of(tmp_path / "nope.pem", tmp_path / "nope.key")
     pair = self_signed(tmp_path)
     (tmp_path / "other").mkdir()

@@ -111,7 +111,9 @@ def test_async_client(env: FakeFrontDoors) -> None:
     asyncio.run(run())
 
 
-def test_cli_takes_a_key(env: FakeFrontDoors, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_takes_a_key(
+    env: FakeFrontDoors, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert cli_main(["status", "--target", env.target, "--json", "--api-key", "sk-good"]) == 0
     assert '"model": "tiny-test"' in capsys.readouterr().out
     assert cli_main(["policy", "show", "--target", env.target]) == 1
