@@ -112,7 +112,7 @@ class SecurityConfig(BaseModel):
                 raise ValueError(f"security.api_keys_file: cannot read {path}: {exc}") from exc
             keys.extend(parse_keys_file(text, str(path)))
         env = (environ if environ is not None else dict(os.environ)).get(API_KEY_ENV, "")
-        keys.extend(ApiKeySpec(key=SecretStr(k.strip())) for k in env.split(",") if k.strip())
+        keys.extend(ApiKeySpec.model_validate({"key": k.strip()}) for k in env.split(",") if k.strip())
         seen: set[str] = set()
         unique = []
         for spec in keys:
