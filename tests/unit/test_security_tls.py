@@ -118,3 +118,49 @@ def test_tls_without_keys_is_tls_only(cert: SelfSigned) -> None:
         target = f"localhost:{doors.target.rsplit(':', 1)[1]}"
         with TetriServeClient(target, retry=NO_RETRY, timeout=10, root_certificates=cert.cert) as c:
             assert c.cluster_status().model == "tiny-test"
+
+
+def test_serve_runs_both_doors_with_the_config_security(
+    cert: SelfSigned, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve`'s wiring (``run_front_doors``): keys from the config, a keys file and the environment; TLS."""
+    from concurrent.futures import Future
+
+    from tests.fakes import FakeBackend, LoopThread, tokenizer_dir
+    from tetriserve.common.config import ClusterConfig
+    from tetriserve.control_plane.serve import Endpoints, run_front_doors
+
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("sk-file rate=1/h burst=1 name=file\n")
+    monkeypatch.setenv(API_KEY_ENV, "sk-env")
+    security = {"api_keys": ["sk-cfg"], "api_keys_file": str(keys_file), "tls_cert": str(cert.cert),
+                "tls_key": str(cert.key)}  # fmt: skip
+    config = ClusterConfig.model_validate({"grpc_port": 0, "http_port": 0, "drain_grace_s": 0, "security": security})
+    loop, stop, ready = LoopThread(), asyncio.Event(), Future[Endpoints]()
+
+    async def serve() -> None:
+        endpoints: asyncio.Future[Endpoints] = asyncio.get_running_loop().create_future()
+        endpoints.add_done_callback(lambda f: ready.set_result(f.result()))
+        await run_front_doors(config, FakeBackend(tokenizer_dir()), stop, endpoints)
+
+    served = asyncio.run_coroutine_threadsafe(serve(), loop.loop)
+    try:
+        ep = ready.result(timeout=60)
+        assert ep.http.startswith("https://127.0.0.1:") and ep.tls
+        assert ep.security == "API key required (3 keys, 1 with a quota); TLS on"
+        target = f"localhost:{ep.grpc.rsplit(':', 1)[1]}"
+        for key in ("sk-cfg", "sk-file", "sk-env"):
+            with TetriServeClient(target, retry=NO_RETRY, timeout=10, api_key=key, root_certificates=cert.cert) as c:
+                assert c.complete([5], max_tokens=1).token_ids == (5,)
+        keyless = TetriServeClient(target, retry=NO_RETRY, timeout=10, api_key="", root_certificates=cert.cert)
+        with keyless, pytest.raises(Unauthenticated):
+            keyless.complete([5], max_tokens=1)
+        verify = ssl.create_default_context(cafile=str(cert.cert))
+        with httpx.Client(base_url=ep.http, verify=verify, timeout=10) as http:
+            assert http.get("/v1/models", headers={"authorization": "Bearer sk-file"}).status_code == 429  # quota
+            assert http.get("/v1/models", headers={"authorization": "Bearer sk-env"}).status_code == 200
+            assert http.get("/ready").status_code == 200
+    finally:
+        loop.loop.call_soon_threadsafe(stop.set)
+        served.result(timeout=30)
+        loop.stop()
