@@ -151,7 +151,8 @@ def build_app(
     """The OpenAI-compatible app over ``backend`` (``front`` shares a tokenizer with the gRPC gateway)."""
     front = front if front is not None else FrontDoor(backend)
     app = FastAPI(title="tetriserve", summary="OpenAI-compatible front door of tetriserve")
-    app.add_middleware(ApiKeyGuard, security=security or FrontDoorSecurity())  # inside the body limit
+    app.state.security = security or FrontDoorSecurity()  # its keys.stats(): requests judged, by outcome
+    app.add_middleware(ApiKeyGuard, security=app.state.security)  # inside the body limit
     app.add_middleware(BodyLimit, limit_bytes=max_body_bytes)
     app.state.front = front
     _install_error_handlers(app)

@@ -67,6 +67,16 @@ class AuthResult:
 
 
 @dataclass(frozen=True)
+class AuthStats:
+    """How many requests the table judged, by outcome, since it was built (for the metrics exporter)."""
+
+    allowed: int = 0
+    missing: int = 0
+    invalid: int = 0
+    rate_limited: int = 0
+
+
+@dataclass(frozen=True)
 class KeyEntry:
     """One accepted key: its name, its SHA-256 and its quota (``rate_per_s`` None: unlimited)."""
 
@@ -128,6 +138,7 @@ class KeyTable:
         self._entries = tuple(entries)
         self._clock = clock
         self._lock = threading.Lock()
+        self._counts = dict.fromkeys(AuthOutcome, 0)
         now = clock()
         self._buckets = {
             e.name: TokenBucket(e.rate_per_s, e.burst or max(1, math.ceil(e.rate_per_s)), now)
@@ -156,8 +167,19 @@ class KeyTable:
                 found = entry
         return found
 
+    def stats(self) -> AuthStats:
+        with self._lock:
+            counts = dict(self._counts)
+        return AuthStats(**{o.value: counts[o] for o in AuthOutcome})
+
     def check(self, authorization: str | None) -> AuthResult:
         """Judge one request by its ``Authorization`` value (``Bearer <key>``); takes a quota token if allowed."""
+        result = self._judge(authorization)
+        with self._lock:
+            self._counts[result.outcome] += 1
+        return result
+
+    def _judge(self, authorization: str | None) -> AuthResult:
         key = bearer_token(authorization)
         if key is None:
             return AuthResult(AuthOutcome.MISSING)

@@ -10,7 +10,7 @@ from pydantic import SecretStr, ValidationError
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.security_config import API_KEY_ENV, ApiKeySpec, SecurityConfig, parse_keys_file, parse_rate
-from tetriserve.control_plane.key_table import AuthOutcome, KeyEntry, KeyTable, TokenBucket, bearer_token
+from tetriserve.control_plane.key_table import AuthOutcome, AuthStats, KeyEntry, KeyTable, TokenBucket, bearer_token
 from tetriserve.control_plane.security import FrontDoorSecurity, TlsFiles, is_loopback
 
 
@@ -58,6 +58,7 @@ def test_messages_never_show_the_key() -> None:
     ]  # fmt: skip
     assert all("sk-secret" not in r.message() and "sk-wrong" not in r.message() for r in results)
     assert "team-a" in results[-1].message()
+    assert t.stats() == AuthStats(allowed=1, missing=1, invalid=1, rate_limited=1)
 
 
 def test_table_keeps_only_digests() -> None:
