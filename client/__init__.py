@@ -4,7 +4,8 @@
 stream ``Chunk``s from ``generate()``, collect a ``Completion`` with
 ``complete()``, and offer ``abort()``, ``health()``, ``cluster_status()`` and the
 admin calls ``set_policy()``, ``flip()`` and ``scale()``.
-Failures raise subclasses of ``client.errors.TetriServeError``.
+Failures raise subclasses of ``client.errors.TetriServeError``. Both take ``api_key=`` (default
+``$TETRISERVE_API_KEY``) and ``tls=True`` / ``root_certificates=`` (``client.credentials``).
 """
 
 from tetriserve.client.async_client import AsyncResponseStream, AsyncTetriServeClient
@@ -17,6 +18,7 @@ from tetriserve.client.errors import (
     NotFound,
     ResourceExhausted,
     TetriServeError,
+    Unauthenticated,
     Unavailable,
 )
 from tetriserve.client.options import GenerateOptions
@@ -56,6 +58,7 @@ __all__ = [
     "TetriServeClient",
     "TetriServeError",
     "TokenLogprob",
+    "Unauthenticated",
     "Unavailable",
     "Usage",
     "WorkerInfo",

@@ -12,13 +12,15 @@ Same semantics as the sync client: ``AsyncResponseStream`` exposes
 ``request_id`` at once; ``cancel()``, ``aclose()`` or leaving its ``async with``
 block stops the call and the server aborts the request; ``UNAVAILABLE`` is
 retried only before the first response. The channel is created on first use,
-inside the running event loop.
+inside the running event loop. ``api_key``, ``tls`` and ``root_certificates`` as for
+``TetriServeClient`` (``client/credentials.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
@@ -26,6 +28,7 @@ from typing import Any, TypeVar, Unpack
 import grpc
 import grpc.aio
 
+from tetriserve.client.credentials import Metadata, auth_metadata, channel_credentials, resolve_api_key
 from tetriserve.client.errors import from_rpc_error
 from tetriserve.client.options import GenerateOptions, build_generate_request, build_set_policy_request, with_request_id
 from tetriserve.client.results import Chunk, ClusterStatus, Completion, CompletionCollector, HealthStatus, PolicyUpdate
@@ -47,8 +50,10 @@ class AsyncResponseStream:
         request: pb.GenerateRequest,
         deadline: Deadline,
         policy: RetryPolicy,
+        metadata: Metadata | None = None,
     ) -> None:
         self.request_id = request.request_id
+        self._metadata = metadata
         self._stub_factory = stub_factory
         self._request = request
         self._deadline = deadline
@@ -86,7 +91,7 @@ class AsyncResponseStream:
         got_response = False
         stub = self._stub_factory()
         while not self._cancelled:
-            call = stub.Generate(self._request, timeout=self._deadline.remaining())
+            call = stub.Generate(self._request, timeout=self._deadline.remaining(), metadata=self._metadata)
             self._call = call
             try:
                 async for msg in call:
@@ -122,12 +127,16 @@ class AsyncTetriServeClient:
         timeout: float | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         channel_options: Sequence[tuple[str, object]] = (),
+        api_key: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | str | os.PathLike[str] | None = None,
     ) -> None:
         """Arguments as for ``TetriServeClient``; no connection is made until the first call."""
         self.target = target
         self._retry = retry or RetryPolicy()
         self._timeout = timeout
-        self._credentials = credentials
+        self._metadata = auth_metadata(resolve_api_key(api_key))
+        self._credentials = channel_credentials(credentials, tls, root_certificates)
         self._channel_options = list(channel_options)
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.TetriServeStub | None = None
@@ -146,7 +155,7 @@ class AsyncTetriServeClient:
         options = with_request_id(options)
         request = build_generate_request(prompt, options)
         deadline = Deadline.after(options.get("timeout", self._timeout))
-        return AsyncResponseStream(self._get_stub, request, deadline, self._retry)
+        return AsyncResponseStream(self._get_stub, request, deadline, self._retry, self._metadata)
 
     async def complete(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> Completion:
         """Generate and wait for the whole result."""
@@ -214,7 +223,7 @@ class AsyncTetriServeClient:
         failed = 0
         while True:
             try:
-                return await method(request, timeout=deadline.remaining())
+                return await method(request, timeout=deadline.remaining(), metadata=self._metadata)
             except grpc.RpcError as err:
                 failed += 1
                 delay = retry_delay(self._retry, err, failed, deadline, got_response=False)

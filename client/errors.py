@@ -10,6 +10,7 @@ server's ``details`` and the ``request_id`` when one was involved::
     ├── DeadlineExceeded   the ``timeout`` passed before the call finished
     ├── Unavailable        the service could not be reached (retried before the first token)
     ├── Cancelled          the call was cancelled (by the server, or by closing the client)
+    ├── Unauthenticated    no API key, or a wrong one (``api_key=`` / ``$TETRISERVE_API_KEY``)
     └── InternalError      the request failed inside the cluster; ``details`` says why
 """
 
@@ -73,14 +74,18 @@ class Unavailable(TetriServeError):
 
 
 class ResourceExhausted(TetriServeError):
-    """The service refused the call: it is at its admission bound (``retry_after_s`` says when to come back),
-    or the request is over its size limit (``retry_after_s`` is None)."""
+    """The service refused the call: it is at its admission bound or the API key is over its quota
+    (``retry_after_s`` says when to come back), or the request is over its size limit (``retry_after_s`` None)."""
 
     retry_after_s: float | None = None
 
 
 class Cancelled(TetriServeError):
     """The call was cancelled by the server or because the client was closed."""
+
+
+class Unauthenticated(TetriServeError):
+    """The service wants an API key and the call had none, or a wrong one."""
 
 
 class InternalError(TetriServeError):
@@ -94,6 +99,7 @@ _BY_CODE: dict[grpc.StatusCode, type[TetriServeError]] = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.CANCELLED: Cancelled,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.INTERNAL: InternalError,
     grpc.StatusCode.UNKNOWN: InternalError,
 }

@@ -11,12 +11,17 @@ Example::
 ``request_id`` before the first token (for ``abort`` from another thread) and
 ``cancel()`` it or leave its ``with`` block to stop early — the server then
 aborts the request. ``UNAVAILABLE`` is retried per ``RetryPolicy`` until the
-first response arrives, never after.
+first response arrives, never after. ``api_key`` (default ``$TETRISERVE_API_KEY``)
+and ``tls`` / ``root_certificates`` as in ``client/credentials.py``::
+
+    TetriServeClient("svc.example:50051", api_key="sk-...", tls=True)                 # system roots
+    TetriServeClient("localhost:50051", api_key="sk-...", root_certificates="ca.pem")  # a private CA
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from types import TracebackType
@@ -24,6 +29,7 @@ from typing import TypeVar, Unpack
 
 import grpc
 
+from tetriserve.client.credentials import Metadata, auth_metadata, channel_credentials, resolve_api_key
 from tetriserve.client.errors import from_rpc_error
 from tetriserve.client.options import GenerateOptions, build_generate_request, build_set_policy_request, with_request_id
 from tetriserve.client.results import Chunk, ClusterStatus, Completion, CompletionCollector, HealthStatus, PolicyUpdate
@@ -45,8 +51,10 @@ class ResponseStream:
         request: pb.GenerateRequest,
         deadline: Deadline,
         policy: RetryPolicy,
+        metadata: Metadata | None = None,
     ) -> None:
         self.request_id = request.request_id
+        self._metadata = metadata
         self._stub = stub
         self._request = request
         self._deadline = deadline
@@ -80,7 +88,7 @@ class ResponseStream:
         failed = 0
         got_response = False
         while True:
-            call = self._stub.Generate(self._request, timeout=self._deadline.remaining())
+            call = self._stub.Generate(self._request, timeout=self._deadline.remaining(), metadata=self._metadata)
             self._call = call
             if self._cancelled:
                 call.cancel()
@@ -113,6 +121,9 @@ class TetriServeClient:
         timeout: float | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         channel_options: Sequence[tuple[str, object]] = (),
+        api_key: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | str | os.PathLike[str] | None = None,
     ) -> None:
         """Connect (lazily) to ``target``.
 
@@ -120,12 +131,19 @@ class TetriServeClient:
             target: ``host:port`` of the gRPC gateway.
             retry: retry policy for ``UNAVAILABLE`` (default ``RetryPolicy()``).
             timeout: default per-call timeout in seconds (``None``: no deadline).
-            credentials: TLS credentials; ``None`` uses an insecure channel.
+            credentials: channel credentials used as given (instead of ``tls``/``root_certificates``).
             channel_options: extra gRPC channel arguments.
+            api_key: sent as ``authorization: Bearer <key>``; ``None`` reads ``$TETRISERVE_API_KEY``, ``""``
+                sends none.
+            tls: TLS, verifying the server against the system's root certificates.
+            root_certificates: TLS, verifying the server against this CA or certificate (PEM bytes/text or
+                a path); implies ``tls``.
         """
         self.target = target
         self._retry = retry or RetryPolicy()
         self._timeout = timeout
+        self._metadata = auth_metadata(resolve_api_key(api_key))
+        credentials = channel_credentials(credentials, tls, root_certificates)
         options = list(channel_options)
         if credentials is None:
             self._channel = grpc.insecure_channel(target, options=options)
@@ -138,7 +156,7 @@ class TetriServeClient:
         options = with_request_id(options)
         request = build_generate_request(prompt, options)
         deadline = Deadline.after(options.get("timeout", self._timeout))
-        return ResponseStream(self._stub, request, deadline, self._retry)
+        return ResponseStream(self._stub, request, deadline, self._retry, self._metadata)
 
     def complete(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> Completion:
         """Generate and wait for the whole result."""
@@ -213,7 +231,7 @@ class TetriServeClient:
         failed = 0
         while True:
             try:
-                return method(request, timeout=deadline.remaining())
+                return method(request, timeout=deadline.remaining(), metadata=self._metadata)
             except grpc.RpcError as err:
                 failed += 1
                 delay = retry_delay(self._retry, err, failed, deadline, got_response=False)

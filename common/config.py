@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.flip_config import FlipConfig, ScaleConfig
+from tetriserve.common.security_config import SecurityConfig
 from tetriserve.common.transport_config import TransportConfig
 
 
@@ -264,6 +265,10 @@ class ClusterConfig(BaseModel):
     admission: AdmissionConfig = Field(
         default_factory=AdmissionConfig,  # type: ignore[arg-type]
         description="Backpressure at each front door: what is admitted and what is refused with 429.",
+    )
+    security: SecurityConfig = Field(
+        default_factory=SecurityConfig,  # type: ignore[arg-type]
+        description="API keys, per-key quotas and TLS of both front doors; the Ray dashboard's bind address.",
     )
     drain_grace_s: float = Field(
         30.0,

@@ -11,6 +11,12 @@ from tetriserve.control_plane.cli_admin import add_policy_parser, run_policy, ru
 from tetriserve.control_plane.cli_elastic import add_elastic_parsers, run_flip, run_scale
 from tetriserve.control_plane.cli_predictor import add_predictor_parser, run_predictor
 from tetriserve.control_plane.cli_profile import add_profile_parser, run_profile
+from tetriserve.control_plane.cli_security import (
+    add_client_flags,
+    add_serve_security_flags,
+    connect,
+    serve_security_overrides,
+)
 
 # flag -> dotted ClusterConfig field
 _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
@@ -88,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="skip torch.compile / CUDA graphs (faster start, slower steps)",
     )
+    add_serve_security_flags(s)
 
     fd = sub.add_parser("frontdoor", help="one more pair of front doors (gRPC + HTTP) for a running service")
     fd.add_argument("--address", default="auto", help="the service's Ray cluster (default: the one on this host)")
@@ -106,10 +113,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
+    add_client_flags(g)
 
     st = sub.add_parser("status", help="workers, roles and loads of a running service")
     st.add_argument("--target", default="localhost:50051", help="gRPC address")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    add_client_flags(st)
 
     add_elastic_parsers(sub)
 
@@ -132,6 +141,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides = {dotted: getattr(args, flag[2:].replace("-", "_")) for flag, (dotted, _, _) in _SERVE_FLAGS.items()}
     overrides["engine.enforce_eager"] = args.enforce_eager
     overrides["engine.borrow_idle_cores"] = args.borrow_idle_cores
+    overrides.update(serve_security_overrides(args))
     serve(ClusterConfig.load(args.config, overrides))
     return 0
 
@@ -146,9 +156,7 @@ def _frontdoor(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from tetriserve.client import TetriServeClient
-
-    with TetriServeClient(args.target) as client:
+    with connect(args) as client:
         options: dict[str, Any] = {
             "max_tokens": args.max_tokens,
             "temperature": args.temperature,

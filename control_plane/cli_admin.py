@@ -27,6 +27,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tetriserve.control_plane.cli_security import add_client_flags, connect
+
 DEFAULT_TARGET = "localhost:50051"
 SET_KEYS_HELP = (
     "prefill: queue=fcfs|sjf|ljf|accelgen|sola  chunking=fixed|none|dynamic  chunk_size=N  "
@@ -100,18 +102,17 @@ def add_policy_parser(sub: Any) -> None:
         cmd.add_argument("--target", default=DEFAULT_TARGET, help="gRPC address")
         cmd.add_argument("--json", action="store_true", help="machine-readable output")
         cmd.add_argument("--timeout", type=float, default=30.0, help="deadline in seconds")
+        add_client_flags(cmd)
 
 
 def run_policy(args: argparse.Namespace) -> int:
-    from tetriserve.client import TetriServeClient
-
     if args.policy_command == "set":
         changes = changes_from(args.changes)
-        with TetriServeClient(args.target) as client:
+        with connect(args) as client:
             update = client.set_policy(changes, args.worker, timeout=args.timeout)
         rows = [(w.worker_id, w.role, w.policy) for w in update.workers]
     else:
-        with TetriServeClient(args.target) as client:
+        with connect(args) as client:
             st = client.cluster_status(timeout=args.timeout)
         rows = [(w.worker_id, w.role, w.policy) for w in st.workers if args.worker in (None, w.worker_id, w.role)]
         if not rows:
@@ -130,9 +131,7 @@ def run_policy(args: argparse.Namespace) -> int:
 
 def run_status(args: argparse.Namespace) -> int:
     """`tetriserve status`: one line per worker with its state, policy and load."""
-    from tetriserve.client import TetriServeClient
-
-    with TetriServeClient(args.target) as client:
+    with connect(args) as client:
         st = client.cluster_status(timeout=10)
     if args.json:
         workers = [

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tetriserve.control_plane.cli_security import add_client_flags, connect
+
 DEFAULT_TARGET = "localhost:50051"
 POLL_S = 1.0
 
@@ -34,12 +36,11 @@ def add_elastic_parsers(sub: Any) -> None:
         cmd.add_argument("--target", default=DEFAULT_TARGET, help="gRPC address")
         cmd.add_argument("--no-wait", action="store_true", help="return once the order is started")
         cmd.add_argument("--timeout", type=float, default=600.0, help="longest wait, seconds")
+        add_client_flags(cmd)
 
 
 def run_flip(args: argparse.Namespace) -> int:
-    from tetriserve.client import TetriServeClient
-
-    with TetriServeClient(args.target) as client:
+    with connect(args) as client:
         flips_before = _flips(client, args.worker)
         print(client.flip(args.worker, args.role, timeout=30), flush=True)
         if args.no_wait:
@@ -57,12 +58,10 @@ def run_flip(args: argparse.Namespace) -> int:
 
 
 def run_scale(args: argparse.Namespace) -> int:
-    from tetriserve.client import TetriServeClient
-
     if args.prefill is None and args.decode is None:
         raise ValueError("give --prefill N and/or --decode M")
     wanted = {r: n for r, n in (("prefill", args.prefill), ("decode", args.decode)) if n is not None}
-    with TetriServeClient(args.target) as client:
+    with connect(args) as client:
         for line in client.scale(args.prefill, args.decode, timeout=30):
             print(line, flush=True)
         if args.no_wait:

@@ -22,6 +22,9 @@ Flip, Scale (admin) ─▶ backend.flip / backend.scale (control_plane/elastic.p
 SetPolicy (admin) ─▶ backend.set_policy (worker_id: an id, "decode" = every decode worker, empty = every
 prefill worker): unknown worker ─▶ NOT_FOUND; bad key or value, or a key of the other role ─▶
 INVALID_ARGUMENT "key: message" (+ tetriserve-field=key); a worker that did not answer ─▶ DEADLINE_EXCEEDED.
+
+With API keys configured every call but Health needs ``authorization: Bearer <key>`` metadata
+(``grpc_auth``: UNAUTHENTICATED, or RESOURCE_EXHAUSTED over a key's quota); TLS from ``security.tls``.
 """
 
 from __future__ import annotations
@@ -42,8 +45,10 @@ from tetriserve.common.request import Request
 from tetriserve.control_plane.admission import Draining, Overloaded
 from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.frontdoor import FrontDoor, TextDelta
+from tetriserve.control_plane.grpc_auth import ApiKeyInterceptor
 from tetriserve.control_plane.http_limits import DEFAULT_MAX_BODY_BYTES
 from tetriserve.control_plane.policy_admin import UnknownWorkerError, describe_target
+from tetriserve.control_plane.security import FrontDoorSecurity
 from tetriserve.protos import tetriserve_pb2 as pb
 from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 
@@ -274,6 +279,7 @@ async def start_grpc_server(
     *,
     front: FrontDoor | None = None,
     max_message_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    security: FrontDoorSecurity | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC gateway in the running event loop; return the server and the bound port.
 
@@ -287,15 +293,21 @@ async def start_grpc_server(
         ("grpc.so_reuseport", 0),  # fail loudly if the port is taken
         ("grpc.max_receive_message_length", max_message_bytes),
     ]
-    server = grpc.aio.server(options=options)
+    security = security or FrontDoorSecurity()
+    interceptors = [ApiKeyInterceptor(security)] if security.keys is not None else []
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     pb_grpc.add_TetriServeServicer_to_server(TetriServeServicer(front), server)  # type: ignore[no-untyped-call]
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        if security.tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, grpc.ssl_server_credentials([security.tls.pems()]))
     except RuntimeError as exc:
         raise OSError(f"cannot bind the gRPC gateway to {address}: {exc}") from exc
     if bound == 0:
         raise OSError(f"cannot bind the gRPC gateway to {address}")
     await server.start()
-    logger.info("gRPC gateway serving %s on %s (port %s)", front.model_name, host, bound)
+    tls = "TLS" if security.tls is not None else "plaintext"
+    logger.info("gRPC gateway serving %s on %s (port %s, %s)", front.model_name, host, bound, tls)
     return server, bound

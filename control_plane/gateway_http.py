@@ -3,7 +3,9 @@
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
 ``GET /health`` (liveness), ``GET /ready`` (readiness: 503 once draining), and
 vLLM's ``POST /tokenize`` / ``POST /detokenize`` (the front door's tokenizer). A body
-over ``max_body_bytes`` is refused with 413 before it is parsed (``http_limits``). A request's life::
+over ``max_body_bytes`` is refused with 413 before it is parsed (``http_limits``); with API keys configured,
+every route but /health, /ready (and /metrics, by setting) needs ``Authorization: Bearer <key>``: 401 / 429
+(``http_auth``). TLS from ``security.tls``. A request's life::
 
     JSON body ─▶ pydantic model ─▶ unsupported options? ─▶ FrontDoor: model, tokens, validation
         │ any failure ─▶ 4xx OpenAI error body {"error": {message, type, param, code}}
@@ -48,6 +50,7 @@ from tetriserve.control_plane.admission import Draining, Overloaded
 from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.field_checks import check_ids
 from tetriserve.control_plane.frontdoor import FrontDoor
+from tetriserve.control_plane.http_auth import ApiKeyGuard
 from tetriserve.control_plane.http_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from tetriserve.control_plane.openai_generation import Generation, error_response, fan_out
 from tetriserve.control_plane.openai_protocol import (
@@ -57,6 +60,7 @@ from tetriserve.control_plane.openai_protocol import (
     ResponseShaper,
     TokenizeRequest,
 )
+from tetriserve.control_plane.security import FrontDoorSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -138,11 +142,17 @@ async def _cancel_on_disconnect(raw: Request, work: Awaitable[_T]) -> _T | None:
 
 
 def build_app(
-    backend: ServingBackend, *, front: FrontDoor | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    backend: ServingBackend,
+    *,
+    front: FrontDoor | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    security: FrontDoorSecurity | None = None,
 ) -> FastAPI:
     """The OpenAI-compatible app over ``backend`` (``front`` shares a tokenizer with the gRPC gateway)."""
     front = front if front is not None else FrontDoor(backend)
     app = FastAPI(title="tetriserve", summary="OpenAI-compatible front door of tetriserve")
+    app.state.security = security or FrontDoorSecurity()  # its keys.stats(): requests judged, by outcome
+    app.add_middleware(ApiKeyGuard, security=app.state.security)  # inside the body limit
     app.add_middleware(BodyLimit, limit_bytes=max_body_bytes)
     app.state.front = front
     _install_error_handlers(app)
@@ -296,11 +306,12 @@ class HttpServerHandle:
     port: int
     server: uvicorn.Server
     task: asyncio.Task[None]
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     async def stop(self) -> None:
         """Stop accepting, let open requests finish (up to the graceful timeout), then return."""
@@ -318,11 +329,14 @@ async def start_http_server(
     keepalive_s: float = 75.0,
     access_log: bool = False,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    security: FrontDoorSecurity | None = None,
 ) -> HttpServerHandle:
     """Serve ``build_app(backend)`` with uvicorn in the running event loop; ``port=0`` picks a free port."""
     if front is None:
         front = await asyncio.to_thread(FrontDoor, backend)
-    app = build_app(backend, front=front, max_body_bytes=max_body_bytes)
+    security = security or FrontDoorSecurity()
+    app = build_app(backend, front=front, max_body_bytes=max_body_bytes, security=security)
+    tls = security.tls
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family)  # bound and listening: the port is known now
     config = uvicorn.Config(
@@ -332,6 +346,8 @@ async def start_http_server(
         lifespan="off",
         timeout_graceful_shutdown=math.ceil(graceful_shutdown_s),
         timeout_keep_alive=math.ceil(keepalive_s),
+        ssl_certfile=None if tls is None else str(tls.cert),
+        ssl_keyfile=None if tls is None else str(tls.key),
     )
     server = _EmbeddedServer(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="http-gateway")
@@ -344,5 +360,5 @@ async def start_http_server(
             raise TimeoutError(f"HTTP gateway did not start on {host}:{port} within 30 s")
         await asyncio.sleep(0.01)
     bound = sock.getsockname()[1]
-    logger.info("HTTP gateway serving %s on http://%s:%s", front.model_name, host, bound)
-    return HttpServerHandle(host=host, port=bound, server=server, task=task)
+    logger.info("HTTP gateway serving %s on %s://%s:%s", front.model_name, security.scheme, host, bound)
+    return HttpServerHandle(host=host, port=bound, server=server, task=task, scheme=security.scheme)

@@ -137,6 +137,7 @@ def init_ray(config: ClusterConfig) -> tuple[bool, str]:
         address=config.ray_address,
         namespace=config.namespace,
         include_dashboard=None,
+        dashboard_host=config.security.dashboard_host,  # a local cluster's; localhost unless configured
         logging_level=logging.WARNING,
         log_to_driver=True,
     )

@@ -41,6 +41,8 @@ class Endpoints:
     grpc: str
     http: str
     dashboard: str
+    security: str = ""  # e.g. "API key required (2 keys); TLS on"
+    tls: bool = False
 
 
 def resolve_model(config: ClusterConfig) -> tuple[str, str]:
@@ -100,11 +102,14 @@ async def run_front_doors(
     from tetriserve.control_plane.gateway_grpc import start_grpc_server
     from tetriserve.control_plane.gateway_http import start_http_server
     from tetriserve.control_plane.http_limits import megabytes
+    from tetriserve.control_plane.security import FrontDoorSecurity
 
+    security = FrontDoorSecurity.from_config(config.security)
+    security.warn_if_exposed(config.host)
     front = await asyncio.to_thread(FrontDoor, backend, None, config.admission)  # type: ignore[arg-type]
     body_limit = megabytes(config.max_request_body_mb)
     grpc_server, grpc_port = await start_grpc_server(  # type: ignore[arg-type]
-        backend, config.host, config.grpc_port, front=front, max_message_bytes=body_limit
+        backend, config.host, config.grpc_port, front=front, max_message_bytes=body_limit, security=security
     )
     http = await start_http_server(  # type: ignore[arg-type]
         backend,
@@ -113,8 +118,10 @@ async def run_front_doors(
         front=front,
         keepalive_s=config.http_keepalive_s,
         max_body_bytes=body_limit,
+        security=security,
     )
-    endpoints = Endpoints(f"{config.host}:{grpc_port}", f"http://{config.host}:{http.port}", dashboard)
+    tls = security.tls is not None
+    endpoints = Endpoints(f"{config.host}:{grpc_port}", http.url, dashboard, security.describe(), tls)
     if ready is not None:
         ready.set_result(endpoints)
     try:
@@ -239,9 +246,10 @@ def run_until_signal(config: ClusterConfig, backend: object, t0: float, dashboar
         ep = ready.result()
         name = getattr(backend, "model_name", "")
         print(f"tetriserve: ready in {time.monotonic() - t0:.1f} s", flush=True)
-        print(f"  gRPC            {ep.grpc}", flush=True)
+        print(f"  gRPC            {ep.grpc}{'  (TLS)' if ep.tls else ''}", flush=True)
         print(f"  OpenAI HTTP     {ep.http}/v1  (model '{name}')", flush=True)
         print(f"  Ray dashboard   {ep.dashboard or 'not running'}", flush=True)
+        print(f"  Security        {ep.security}", flush=True)
         grace = config.drain_grace_s
         print(f"  Ctrl-C stops {what} (SIGTERM too), draining up to {grace:g} s; twice: at once.", flush=True)
         await task

@@ -24,6 +24,6 @@ done
     tetriserve/engine/cores.py tetriserve/control_plane/supervisor.py tetriserve/control_plane/token_log.py \
     tetriserve/prefill_worker/predictions.py tetriserve/control_plane/admission.py tetriserve/control_plane/http_limits.py \
     tetriserve/control_plane/field_checks.py tetriserve/prefill_worker/pace.py tetriserve/control_plane/flip \
-    tetriserve/control_plane/elastic.py)
+    tetriserve/control_plane/elastic.py tetriserve/control_plane/key_table.py)
 echo "==> tests"
 .venv/bin/python -m pytest -q "$@"

@@ -19,6 +19,7 @@ from tetriserve.control_plane.frontdoor import FrontDoor
 from tetriserve.control_plane.gateway_grpc import start_grpc_server
 from tetriserve.control_plane.gateway_http import start_http_server
 from tetriserve.control_plane.http_limits import DEFAULT_MAX_BODY_BYTES
+from tetriserve.control_plane.security import FrontDoorSecurity
 
 
 @dataclass
@@ -37,6 +38,7 @@ def fake_front_doors(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     http: bool = True,
     grpc: bool = True,
+    security: FrontDoorSecurity | None = None,
 ) -> Iterator[FakeFrontDoors]:
     """The gateways asked for, sharing one ``FrontDoor`` over a fresh ``FakeBackend``, until the ``with`` ends."""
     backend = FakeBackend(tokenizer_dir())
@@ -45,11 +47,13 @@ def fake_front_doors(
     http_handle = grpc_server = None
     url = target = ""
     if http:
-        http_handle = loop.run(start_http_server(backend, "127.0.0.1", 0, front=front, max_body_bytes=max_body_bytes))
+        http_handle = loop.run(
+            start_http_server(backend, "127.0.0.1", 0, front=front, max_body_bytes=max_body_bytes, security=security)
+        )
         url = http_handle.url
     if grpc:
         grpc_server, port = loop.run(
-            start_grpc_server(backend, "127.0.0.1", 0, front=front, max_message_bytes=max_body_bytes)
+            start_grpc_server(backend, "127.0.0.1", 0, front=front, max_message_bytes=max_body_bytes, security=security)
         )
         target = f"127.0.0.1:{port}"
     try:
