@@ -103,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     fd.add_argument("--grpc-port", type=int, default=50051, help="gRPC port (0: any free one)")
     fd.add_argument("--http-port", type=int, default=8000, help="OpenAI-compatible HTTP port (0: any free one)")
     fd.add_argument("--model", default=None, help="model directory here, for the tokenizer (default: the service's)")
+    add_serve_security_flags(fd)  # given, they replace the service's security settings for this front door
 
     g = sub.add_parser("generate", help="stream a completion from a running service (gRPC)")
     g.add_argument("prompt")
@@ -151,7 +152,9 @@ def _frontdoor(args: argparse.Namespace) -> int:
     from tetriserve.control_plane.serve import frontdoor
 
     own = {"ray_address": args.address, "host": args.host, "grpc_port": args.grpc_port, "http_port": args.http_port}
-    frontdoor(ClusterConfig.load(overrides=own), args.namespace, args.model)
+    security = {k: v for k, v in serve_security_overrides(args).items() if v is not None}
+    config = ClusterConfig.load(overrides={**own, **security})
+    frontdoor(config, args.namespace, args.model, own_security=bool(security))
     return 0
 
 

@@ -174,9 +174,10 @@ def join_hint(namespace: str) -> str:
     return f"Ray cluster {gcs}; more front doors: tetriserve frontdoor --address {gcs} --namespace {namespace}"
 
 
-def frontdoor(config: ClusterConfig, namespace: str, model: str | None = None) -> None:
+def frontdoor(config: ClusterConfig, namespace: str, model: str | None = None, own_security: bool = False) -> None:
     """Join a running service's Ray cluster (``config.ray_address``) as one more pair of front doors, bound to
-    ``config.host`` / ports; on a signal, drain this front door's requests and leave (the cluster stays)."""
+    ``config.host`` / ports; on a signal, drain this front door's requests and leave (the cluster stays). It
+    enforces the service's keys, quotas and TLS, or ``config.security`` when ``own_security``."""
     use_ray_token_if_present()  # before Ray is imported: it reads its auth mode once
     import ray
 
@@ -191,6 +192,8 @@ def frontdoor(config: ClusterConfig, namespace: str, model: str | None = None) -
         served = cluster.config
         # the cluster's settings (admission, timeouts, ...), with this front door's own address
         own = {"host": config.host, "grpc_port": config.grpc_port, "http_port": config.http_port}
+        if own_security:
+            own["security"] = config.security
         config = served.model_copy(update=own)
         cluster.model_path = _local_model(cluster, model)
         print(f"tetriserve: front door joining the service in namespace {namespace!r}", flush=True)
