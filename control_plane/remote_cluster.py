@@ -24,7 +24,7 @@ CALL_TIMEOUT_S = 30.0
 
 
 class RemoteCluster:
-    def __init__(self, handle: Any, info: ClusterInfo, view: ClusterView) -> None:
+    def __init__(self, handle: Any, info: ClusterInfo, view: ClusterView, refresh: bool = True) -> None:
         self.handle = handle
         self.config = info.config
         self.model_path = info.model_path
@@ -32,8 +32,8 @@ class RemoteCluster:
         self.dashboard_url = info.dashboard_url
         self._apply(view)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._refresh, name="control-plane-view", daemon=True)
-        self._thread.start()
+        if refresh:  # off: the caller applies views itself (tests)
+            threading.Thread(target=self._refresh, name="control-plane-view", daemon=True).start()
 
     @classmethod
     def join(cls, handle: Any, timeout_s: float) -> RemoteCluster:
