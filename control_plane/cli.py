@@ -1,4 +1,4 @@
-"""The `tetriserve` command: serve | frontdoor | generate | status | policy | model tiny | predictor ...."""
+"""The `tetriserve` command: serve | frontdoor | stop | generate | status | policy | model tiny | predictor ...."""
 
 from __future__ import annotations
 
@@ -105,6 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     fd.add_argument("--model", default=None, help="model directory here, for the tokenizer (default: the service's)")
     add_serve_security_flags(fd)  # given, they replace the service's security settings for this front door
 
+    sp = sub.add_parser("stop", help="stop a running service: its workers and control plane (all front doors)")
+    sp.add_argument("--address", default="auto", help="the service's Ray cluster (default: the one on this host)")
+    sp.add_argument("--namespace", default="tetriserve", help="the service's Ray namespace")
+
     g = sub.add_parser("generate", help="stream a completion from a running service (gRPC)")
     g.add_argument("prompt")
     g.add_argument("--target", default="localhost:50051", help="gRPC address")
@@ -158,6 +162,13 @@ def _frontdoor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stop(args: argparse.Namespace) -> int:
+    from tetriserve.control_plane.serve import stop_service
+
+    stop_service(args.address, args.namespace)
+    return 0
+
+
 def _generate(args: argparse.Namespace) -> int:
     with connect(args) as client:
         options: dict[str, Any] = {
@@ -203,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {
         "serve": _serve,
         "frontdoor": _frontdoor,
+        "stop": _stop,
         "generate": _generate,
         "status": run_status,
         "model": _model,

@@ -22,6 +22,7 @@ handles from ``view``.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 NAME = "control-plane"
 LAUNCH_ATTEMPTS = 3  # a restarted control plane may find its old actors' names not yet released
 LAUNCH_RETRY_S = 2.0
+ORPHAN_CHECK_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -66,15 +68,51 @@ class SupervisionState:
     lives: dict[str, LifecycleView]
 
 
-class ControlPlane:
-    """The cluster's owner; a threaded actor (its launch runs on a thread while ``ready`` and ``view`` answer)."""
+class FrontDoorRoll:
+    """Which front doors are attached: each one's ``view`` calls (every ``VIEW_S``) are its attendance.
 
-    def __init__(self, config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str) -> None:
+    ``orphaned`` is true once no front door has been seen for ``timeout_s``, counted from the later of the
+    last sighting and ``since`` (the cluster's start: a ``serve`` killed while it launched is noticed too)."""
+
+    def __init__(self, timeout_s: float, live_s: float = 5.0) -> None:
+        self.timeout_s = timeout_s
+        self.live_s = live_s  # seen this recently: attached
+        self._seen: dict[str, float] = {}
+        self._last = -math.inf
+
+    def seen(self, frontdoor: str, now: float) -> None:
+        if frontdoor:
+            self._seen[frontdoor] = now
+            self._last = now
+
+    def leave(self, frontdoor: str) -> None:
+        self._seen.pop(frontdoor, None)
+
+    def attached(self, now: float, exclude: str = "") -> list[str]:
+        return sorted(f for f, t in self._seen.items() if f != exclude and now - t <= self.live_s)
+
+    def orphaned(self, now: float, since: float) -> bool:
+        return not self.attached(now) and now - max(self._last, since) > self.timeout_s
+
+
+class ControlPlane:
+    """The cluster's owner; a threaded actor (its launch runs on a thread while ``ready`` and ``view`` answer).
+
+    ``private``: ``serve`` started the Ray instance this runs on for itself; when no front door has been
+    attached for ``config.orphan_timeout_s`` the service stops, and that Ray instance with it."""
+
+    def __init__(
+        self, config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str, private: bool = False
+    ) -> None:
         self.info_ = ClusterInfo(config, model_path, served_name, dashboard_url)
         self._cluster: Any = None
         self._error: str | None = None
         self._launched = threading.Event()
+        self._launched_at = math.inf
+        self.roll = FrontDoorRoll(config.orphan_timeout_s)
         threading.Thread(target=self._launch, name="control-plane-launch", daemon=True).start()
+        if private:
+            threading.Thread(target=self._watch_orphan, name="control-plane-orphan", daemon=True).start()
 
     def _launch(self) -> None:
         from tetriserve.control_plane.launcher import launch
@@ -94,7 +132,18 @@ class ControlPlane:
                 time.sleep(LAUNCH_RETRY_S)
         if self._cluster is not None:
             self._error = None
+        self._launched_at = time.monotonic()
         self._launched.set()
+
+    def _watch_orphan(self) -> None:
+        while not self.roll.orphaned(time.monotonic(), self._launched_at):
+            time.sleep(ORPHAN_CHECK_S)
+        logger.warning(
+            "control plane: no front door for %.0f s (serve is gone): stopping the service and its Ray instance",
+            self.roll.timeout_s,
+        )
+        self.shutdown()
+        stop_this_ray_instance()
 
     # -- what front doors ask --------------------------------------------------------------------------------
     def ready(self, timeout_s: float) -> bool:
@@ -109,12 +158,20 @@ class ControlPlane:
     def info(self) -> ClusterInfo:
         return self.info_
 
-    def view(self) -> ClusterView | None:
-        """The current handles; None while the cluster is starting."""
+    def view(self, frontdoor: str = "") -> ClusterView | None:
+        """The current handles; None while the cluster is starting. A front door's call is its attendance."""
+        self.roll.seen(frontdoor, time.monotonic())
         c = self._cluster
         if c is None:
             return None
         return ClusterView(dict(c.prefill), dict(c.decode), c.scheduler, c.monitor)
+
+    def leave(self, frontdoor: str) -> None:
+        self.roll.leave(frontdoor)
+
+    def frontdoors(self, exclude: str = "") -> list[str]:
+        """The front doors attached now, but ``exclude``."""
+        return self.roll.attached(time.monotonic(), exclude)
 
     def supervision_state(self) -> SupervisionState:
         return self._started().supervision_state()
@@ -144,7 +201,28 @@ class ControlPlane:
         return self._cluster
 
 
-def start_control_plane(config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str) -> Any:
+def stop_this_ray_instance() -> None:
+    """Stop the Ray instance this process runs in, as ``ray stop`` would but for this one only: every process
+    whose command line names its session directory (GCS, raylet, dashboard, agents; workers go with the raylet)."""
+    import os
+
+    import psutil
+    import ray
+
+    session_dir = ray._private.worker.global_worker.node.get_session_dir_path()
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.info["pid"] != me and session_dir in " ".join(proc.info["cmdline"] or ()):
+                proc.terminate()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    os._exit(0)  # the raylet's end takes this worker along anyway
+
+
+def start_control_plane(
+    config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str, private: bool = False
+) -> Any:
     """Create the detached control-plane actor (Ray must be initialised); refuses when one already runs in the
     namespace, since two would launch two sets of workers under the same names."""
     import ray
@@ -168,7 +246,7 @@ def start_control_plane(config: ClusterConfig, model_path: str, served_name: str
             max_concurrency=64,
             max_restarts=-1,
         )
-        .remote(config, model_path, served_name, dashboard_url)
+        .remote(config, model_path, served_name, dashboard_url, private)
     )
 
 

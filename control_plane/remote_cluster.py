@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from typing import Any
 
 from tetriserve.control_plane.control_plane import ClusterInfo, ClusterView, SupervisionState
@@ -25,6 +26,7 @@ CALL_TIMEOUT_S = 30.0
 
 class RemoteCluster:
     def __init__(self, handle: Any, info: ClusterInfo, view: ClusterView, refresh: bool = True) -> None:
+        self.id = f"frontdoor-{uuid.uuid4().hex[:12]}"  # its attendance at the control plane (``view`` calls)
         self.handle = handle
         self.config = info.config
         self.model_path = info.model_path
@@ -32,6 +34,7 @@ class RemoteCluster:
         self.dashboard_url = info.dashboard_url
         self._apply(view)
         self._stop = threading.Event()
+        self.gone = threading.Event()  # the control plane died for good (``tetriserve stop``, ray.kill)
         if refresh:  # off: the caller applies views itself (tests)
             threading.Thread(target=self._refresh, name="control-plane-view", daemon=True).start()
 
@@ -49,7 +52,9 @@ class RemoteCluster:
         info, view = ray.get([handle.info.remote(), handle.view.remote()], timeout=CALL_TIMEOUT_S)
         if view is None:
             raise RuntimeError("the control plane answered ready without a cluster")
-        return cls(handle, info, view)
+        remote = cls(handle, info, view)
+        handle.view.remote(remote.id)  # attached from now on, not from the first refresh
+        return remote
 
     def _apply(self, view: ClusterView) -> None:
         # each attribute is replaced whole: readers on other threads see the old dict or the new one. A handle
@@ -65,7 +70,11 @@ class RemoteCluster:
 
         while not self._stop.wait(VIEW_S):
             try:
-                view = ray.get(self.handle.view.remote(), timeout=CALL_TIMEOUT_S)
+                view = ray.get(self.handle.view.remote(self.id), timeout=CALL_TIMEOUT_S)
+            except ray.exceptions.ActorDiedError:  # for good (Ray restarts it otherwise): the service was stopped
+                logger.warning("control plane: gone for good; the service is stopped")
+                self.gone.set()
+                return
             except Exception as exc:  # restarting: keep the handles we have until it answers again
                 logger.warning("control plane: no view (%s); keeping the last one", type(exc).__name__)
                 continue
@@ -75,6 +84,19 @@ class RemoteCluster:
     def close(self) -> None:
         """This front door leaves; the cluster stays."""
         self._stop.set()
+        try:
+            self.handle.leave.remote(self.id)
+        except Exception:  # the control plane is gone: nothing to leave
+            logger.debug("control plane: leave not sent", exc_info=True)
+
+    def others(self) -> list[str]:
+        """The other front doors attached to the control plane now ([] if it does not answer)."""
+        import ray
+
+        try:
+            return list(ray.get(self.handle.frontdoors.remote(self.id), timeout=CALL_TIMEOUT_S))
+        except Exception:
+            return []
 
     # -- the calls RayBackend makes of the control plane ---------------------------------------------------------
     def control(self) -> RemoteCluster:

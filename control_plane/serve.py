@@ -18,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,21 +153,49 @@ def serve(config: ClusterConfig) -> None:
     check_decode_policy(config)
     owns_ray, dashboard = init_ray(config)
     print(f"tetriserve: starting {config.num_prefill} prefill + {config.num_decode} decode workers ...", flush=True)
-    handle = start_control_plane(config, model_path, name, dashboard)
+    handle = start_control_plane(config, model_path, name, dashboard, private=owns_ray)
     cluster = None
     try:
         cluster = RemoteCluster.join(handle, START_TIMEOUT_S)
         print(f"tetriserve: {join_hint(config.namespace)}", flush=True)
-        run_until_signal(config, RayBackend(cluster, name), t0, dashboard, "the service")
+        what = "the service (only this front door while others are attached)"
+        run_until_signal(config, RayBackend(cluster, name), t0, dashboard, what, cluster.gone)
     finally:
-        print("tetriserve: shutting down", flush=True)
+        others = cluster.others() if cluster is not None else []
         if cluster is not None:
             cluster.close()
-        stop_control_plane(handle)
-        if owns_ray:
-            import ray
+        if others:  # the service goes on behind them
+            print(
+                f"tetriserve: this front door stops; {len(others)} more attached, so the service keeps running "
+                f"(`tetriserve stop --address ... --namespace {config.namespace}` stops it)",
+                flush=True,
+            )
+            if owns_ray:  # exiting normally would stop the Ray instance this process started, under them
+                sys.stdout.flush()
+                os._exit(0)
+        else:
+            print("tetriserve: shutting down", flush=True)
+            stop_control_plane(handle)
+            if owns_ray:
+                import ray
 
-            ray.shutdown()
+                ray.shutdown()
+
+
+def stop_service(address: str, namespace: str) -> None:
+    """`tetriserve stop`: end a running service (its control plane stops every worker), wherever its front doors
+    are."""
+    use_ray_token_if_present()
+    import ray
+
+    from tetriserve.control_plane.control_plane import find_control_plane, stop_control_plane
+
+    ray.init(address=address, namespace=namespace, logging_level=logging.WARNING)
+    try:
+        stop_control_plane(find_control_plane(namespace))
+        print(f"tetriserve: the service in namespace {namespace!r} is stopped", flush=True)
+    finally:
+        ray.shutdown()
 
 
 def join_hint(namespace: str) -> str:
@@ -197,7 +228,8 @@ def frontdoor(config: ClusterConfig, namespace: str, model: str | None = None, o
         config = served.model_copy(update=own)
         cluster.model_path = _local_model(cluster, model)
         print(f"tetriserve: front door joining the service in namespace {namespace!r}", flush=True)
-        run_until_signal(config, RayBackend(cluster, cluster.served_name), t0, cluster.dashboard_url, "this front door")
+        backend = RayBackend(cluster, cluster.served_name)
+        run_until_signal(config, backend, t0, cluster.dashboard_url, "this front door", cluster.gone)
     finally:
         print("tetriserve: front door leaving (the service keeps running)", flush=True)
         cluster.close()
@@ -229,12 +261,24 @@ def _local_model(cluster: RemoteCluster, model: str | None) -> str:
     raise ValueError(f"--model: {path} is not a model directory on this host (the front door needs its tokenizer)")
 
 
-def run_until_signal(config: ClusterConfig, backend: object, t0: float, dashboard: str, what: str) -> None:
-    """Serve both front doors until SIGINT / SIGTERM (the first drains, a second cuts the drain short)."""
+def run_until_signal(
+    config: ClusterConfig, backend: object, t0: float, dashboard: str, what: str, gone: threading.Event
+) -> None:
+    """Serve both front doors until SIGINT / SIGTERM (the first drains, a second cuts the drain short), or until
+    the control plane is ``gone`` (the service was stopped)."""
 
     async def main() -> None:
         stop, hurry = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        async def watch_service() -> None:
+            while not gone.is_set():
+                await asyncio.sleep(0.5)
+            print("tetriserve: the service was stopped (its control plane is gone)", flush=True)
+            stop.set()
+            hurry.set()
+
+        watcher = asyncio.create_task(watch_service())
 
         def on_signal() -> None:  # the first one drains, a second one cuts the drain short
             (hurry if stop.is_set() else stop).set()
@@ -256,5 +300,6 @@ def run_until_signal(config: ClusterConfig, backend: object, t0: float, dashboar
         grace = config.drain_grace_s
         print(f"  Ctrl-C stops {what} (SIGTERM too), draining up to {grace:g} s; twice: at once.", flush=True)
         await task
+        watcher.cancel()
 
     asyncio.run(main())
