@@ -11,6 +11,7 @@ from tetriserve.control_plane.cli_admin import add_policy_parser, run_policy, ru
 from tetriserve.control_plane.cli_elastic import add_elastic_parsers, run_flip, run_scale
 from tetriserve.control_plane.cli_predictor import add_predictor_parser, run_predictor
 from tetriserve.control_plane.cli_profile import add_profile_parser, run_profile
+from tetriserve.control_plane.cli_top import add_top_parser, run_top
 
 # flag -> dotted ClusterConfig field
 _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
@@ -114,6 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     add_predictor_parser(sub)
     add_profile_parser(sub)
     add_policy_parser(sub)
+    add_top_parser(sub)
     return p
 
 
@@ -182,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         "policy": run_policy,
         "flip": run_flip,
         "scale": run_scale,
+        "top": run_top,
     }
     from tetriserve.client.errors import TetriServeError, Unavailable
 

@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP front door (FastAPI), for OpenAI clients and ``vllm bench serve``.
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /health`` (liveness), ``GET /ready`` (readiness: 503 once draining), and
+``GET /health`` (liveness), ``GET /ready`` (readiness: 503 once draining), ``GET /metrics``
+(Prometheus text, ``control_plane/metrics.py``), and
 vLLM's ``POST /tokenize`` / ``POST /detokenize`` (the front door's tokenizer). A body
 over ``max_body_bytes`` is refused with 413 before it is parsed (``http_limits``). A request's life::
 
@@ -49,6 +50,7 @@ from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.field_checks import check_ids
 from tetriserve.control_plane.frontdoor import FrontDoor
 from tetriserve.control_plane.http_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from tetriserve.control_plane.metrics import CONTENT_TYPE, MetricsExporter
 from tetriserve.control_plane.openai_generation import Generation, error_response, fan_out
 from tetriserve.control_plane.openai_protocol import (
     ChatCompletionRequest,
@@ -138,10 +140,15 @@ async def _cancel_on_disconnect(raw: Request, work: Awaitable[_T]) -> _T | None:
 
 
 def build_app(
-    backend: ServingBackend, *, front: FrontDoor | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    backend: ServingBackend,
+    *,
+    front: FrontDoor | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    metrics: MetricsExporter | None = None,
 ) -> FastAPI:
     """The OpenAI-compatible app over ``backend`` (``front`` shares a tokenizer with the gRPC gateway)."""
     front = front if front is not None else FrontDoor(backend)
+    exporter = metrics if metrics is not None else MetricsExporter(front, backend)
     app = FastAPI(title="tetriserve", summary="OpenAI-compatible front door of tetriserve")
     app.add_middleware(BodyLimit, limit_bytes=max_body_bytes)
     app.state.front = front
@@ -161,6 +168,11 @@ def build_app(
         if front.gate.closed:
             return error_response(503, "draining: admits no new requests", None, "draining")
         return await health()
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        """Prometheus text exposition: this front door's requests and its cluster's workers (``metrics.py``)."""
+        return Response(await exporter.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -318,11 +330,12 @@ async def start_http_server(
     keepalive_s: float = 75.0,
     access_log: bool = False,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    metrics: MetricsExporter | None = None,
 ) -> HttpServerHandle:
     """Serve ``build_app(backend)`` with uvicorn in the running event loop; ``port=0`` picks a free port."""
     if front is None:
         front = await asyncio.to_thread(FrontDoor, backend)
-    app = build_app(backend, front=front, max_body_bytes=max_body_bytes)
+    app = build_app(backend, front=front, max_body_bytes=max_body_bytes, metrics=metrics)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family)  # bound and listening: the port is known now
     config = uvicorn.Config(
