@@ -73,7 +73,10 @@ SPECS: tuple[MetricSpec, ...] = (
         (*W, "predictor", "outcome"),
     ),
     MetricSpec(
-        "length_prediction_abs_error_tokens", COUNTER, "Sum of |actual - predicted| output tokens.", (*W, "predictor")
+        "length_prediction_abs_error_tokens",
+        COUNTER,
+        "Summed absolute error, actual minus predicted output tokens.",
+        (*W, "predictor"),
     ),
     MetricSpec(
         "length_prediction_timing",
