@@ -68,6 +68,7 @@ from tetriserve.transport.registry import backend_of
 logger = logging.getLogger(__name__)
 
 POLICIES_TIMEOUT_S = 2.0  # status: a worker that does not answer by then shows no policy
+STATS_TIMEOUT_S = 4.0  # worker_stats (the metrics exporter's, which waits 5 s for the whole cluster)
 SET_POLICY_TIMEOUT_S = 30.0
 PLACE_TIMEOUT_S = 5.0  # one ``place`` call (the GlobalScheduler may be restarting)
 
@@ -296,7 +297,7 @@ class RayBackend:
 
         async def one(handle: Any) -> dict[str, Any] | None:
             try:
-                return dict(await asyncio.wait_for(handle.stats.remote(), POLICIES_TIMEOUT_S))
+                return dict(await asyncio.wait_for(handle.stats.remote(), STATS_TIMEOUT_S))
             except Exception:
                 return None
 

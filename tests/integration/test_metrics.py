@@ -32,22 +32,32 @@ def _sum(samples: Samples, name: str, **labels: str) -> float:
 def test_metrics_move_after_a_request(frontend: Any, capsys: pytest.CaptureFixture[str]) -> None:
     cl = frontend.cluster
     prefill, decode = next(iter(cl.prefill)), next(iter(cl.decode))
-    before = _scrape(frontend.http_url)
-    assert _sum(before, "cluster_up") == 1
+    usage = [("tetriserve:kv_cache_usage_perc", (("role", role), ("worker", w))) for w, role in ((prefill, "prefill"),
+             (decode, "decode"))]  # fmt: skip
+
+    scrapes: list[Samples] = []
+
+    def answered() -> bool:
+        """The cluster and both workers' stats made it into the scrape (a process's first Ray calls to an actor
+        take seconds: the first scrapes may go without them)."""
+        scrapes.append(_scrape(frontend.http_url))
+        return _sum(scrapes[-1], "cluster_up") == 1 and all(key in scrapes[-1] for key in usage)
+
+    wait_until(answered, timeout=60, what="every worker in /metrics")
+    before = scrapes[-1]
     assert _sum(before, "worker_role", worker=prefill, role="prefill") == 1
     assert _sum(before, "worker_role", worker=decode, role="decode") == 1
-    assert ("tetriserve:kv_cache_usage_perc", (("role", "decode"), ("worker", decode))) in before
 
     body = {"model": "tiny-llama", "prompt": "Tell me about metrics.", "max_tokens": 8, "ignore_eos": True}
     resp = httpx.post(f"{frontend.http_url}/v1/completions", json=body, timeout=120)
     assert resp.status_code == 200, resp.text
 
     def moved() -> bool:
-        now = _scrape(frontend.http_url)
-        return _sum(now, "time_to_first_token_seconds_count") == _sum(before, "time_to_first_token_seconds_count") + 1
+        ttft = "time_to_first_token_seconds_count"
+        return answered() and _sum(scrapes[-1], ttft) == _sum(before, ttft) + 1
 
     wait_until(moved, timeout=30, what="the request in /metrics")
-    after = _scrape(frontend.http_url)
+    after = scrapes[-1]
 
     def delta(name: str, **labels: str) -> float:
         return _sum(after, name, **labels) - _sum(before, name, **labels)
