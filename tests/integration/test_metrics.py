@@ -100,3 +100,23 @@ def test_ray_publisher_takes_the_same_snapshot(frontend: Any) -> None:
     publisher = RayPublisher()
     publisher.publish(snap, exporter._drained())
     publisher.publish(snap, exporter._drained())
+
+
+def test_ray_exports_the_series(frontend: Any) -> None:
+    """The serving process's Ray publisher (every 5 s) reaches Ray's own metrics export, where the dashboard's
+    Prometheus reads it: ``ray_tetriserve_<name>``."""
+    import ray
+
+    node = ray._private.worker.global_worker.node
+    port = getattr(node, "metrics_export_port", None)
+    if not port:
+        pytest.skip("this Ray node exports no metrics")
+    url = f"http://{ray.util.get_node_ip_address()}:{port}/metrics"
+    body = {"model": "tiny-llama", "prompt": "Ray metrics, please.", "max_tokens": 4, "ignore_eos": True}
+    assert httpx.post(f"{frontend.http_url}/v1/completions", json=body, timeout=120).status_code == 200
+
+    def exported() -> bool:
+        text = httpx.get(url, timeout=10).text
+        return "ray_tetriserve_generation_tokens" in text and "ray_tetriserve_time_to_first_token_seconds" in text
+
+    wait_until(exported, timeout=90, what=f"ray_tetriserve_* series at {url}")
