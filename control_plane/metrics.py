@@ -48,7 +48,7 @@ PROM_PREFIX = "tetriserve:"
 RAY_PREFIX = "tetriserve_"
 CACHE_S = 1.0  # a snapshot serves every scrape within this long
 CLUSTER_TIMEOUT_S = 5.0  # the cluster's answers for one snapshot (under Prometheus's default 10 s scrape timeout)
-RAY_INTERVAL_S = 5.0
+RAY_INTERVAL_S = 10.0  # Ray reports its metrics about as often
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _BOUNDS = {  # the Ray histograms' boundaries: the front door's own
     "time_to_first_token_seconds": TTFT_BUCKETS,

@@ -103,7 +103,7 @@ def test_ray_publisher_takes_the_same_snapshot(frontend: Any) -> None:
 
 
 def test_ray_exports_the_series(frontend: Any) -> None:
-    """The serving process's Ray publisher (every 5 s) reaches Ray's own metrics export, where the dashboard's
+    """The serving process's Ray publisher (every 10 s) reaches Ray's own metrics export, where the dashboard's
     Prometheus reads it: ``ray_tetriserve_<name>``."""
     import ray
 
