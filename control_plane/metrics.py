@@ -144,15 +144,17 @@ class MetricsExporter:
         return ClusterStats(workers, int(status.requests_in_flight), counts, migrations)
 
     async def run_ray(self, interval_s: float = RAY_INTERVAL_S) -> None:
-        """Publish through ``ray.util.metrics`` every ``interval_s`` until cancelled (off after a failure)."""
+        """Publish through ``ray.util.metrics`` at once (which also makes this process's first, slow Ray calls
+        to each worker before anyone scrapes) and every ``interval_s`` after, until cancelled (off after a
+        failure)."""
         publisher = RayPublisher()
         while True:
-            await asyncio.sleep(interval_s)
             try:
                 publisher.publish(await self.snapshot(), self._drained())
             except Exception:  # no metrics agent: the dashboard goes without, the service does not
                 logger.exception("metrics: publishing to Ray failed; Ray metrics are off")
                 return
+            await asyncio.sleep(interval_s)
 
     def _drained(self) -> dict[str, list[tuple[float, int]]]:
         m = self.front.metrics
