@@ -17,6 +17,7 @@ from tetriserve.control_plane.cli_security import (
     connect,
     serve_security_overrides,
 )
+from tetriserve.control_plane.cli_top import add_top_parser, run_top
 
 # flag -> dotted ClusterConfig field
 _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
@@ -136,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     add_predictor_parser(sub)
     add_profile_parser(sub)
     add_policy_parser(sub)
+    add_top_parser(sub)
     return p
 
 
@@ -223,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "policy": run_policy,
         "flip": run_flip,
         "scale": run_scale,
+        "top": run_top,
     }
     from tetriserve.client.errors import TetriServeError, Unavailable
 

@@ -44,7 +44,7 @@ from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.errors import InvalidRequestError, UnknownModelError
 from tetriserve.common.request import SLO, Request, SamplingSpec
 from tetriserve.common.stream import FinishReason, StreamChunk
-from tetriserve.control_plane.admission import AdmissionGate, Ticket
+from tetriserve.control_plane.admission import AdmissionGate, Overloaded, Ticket
 from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
 from tetriserve.control_plane.field_checks import (
@@ -59,6 +59,7 @@ from tetriserve.control_plane.field_checks import (
     top_k_value,
 )
 from tetriserve.control_plane.logprobs import LogprobEntry, LogprobNamer, TokenStrings
+from tetriserve.control_plane.request_metrics import RequestMetrics
 from tetriserve.control_plane.stop_strings import StopMatcher, stop_strings
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ class FrontDoor:
         self.vocab_size = len(self.tokenizer)
         self.token_strings = TokenStrings(self.tokenizer)
         self.gate = AdmissionGate(limits or AdmissionConfig())
+        self.metrics = RequestMetrics()  # what /metrics and `tetriserve top` show of this front door's requests
         self._background: set[asyncio.Task[None]] = set()
 
     @property
@@ -265,12 +267,24 @@ class FrontDoor:
         source = self.backend.generate(request)
         prompt_tokens, generated, done = len(request.prompt_token_ids), 0, False
         ttft_ms: float | None = None
+        last_at, counted = t0, False  # when the latest tokens went out; whether the metrics have the outcome
 
         def delta(chunk: StreamChunk, tokens: tuple[int, ...], text: str, **kw: Any) -> TextDelta:
-            nonlocal ttft_ms
+            nonlocal ttft_ms, last_at
             first = None
-            if ttft_ms is None and tokens:
-                ttft_ms = first = (time.monotonic() - t0) * 1e3
+            if tokens:
+                now = time.monotonic()
+                if ttft_ms is None:
+                    ttft_ms = first = (now - t0) * 1e3
+                    self.metrics.first_token(now - t0)
+                else:
+                    self.metrics.tokens(now - last_at, len(tokens))
+                last_at = now
+            if kw.get("finish_reason") is not None:
+                kind = "unavailable" if kw.get("unavailable") else "backend"
+                e2e_s = kw["e2e_ms"] / 1e3
+                ttft_s = None if ttft_ms is None else ttft_ms / 1e3
+                self.metrics.finished(kw["finish_reason"], prompt_tokens, generated, e2e_s, ttft_s, kind)
             lps = namer.name(tokens, chunk.logprobs) if namer is not None else None
             return TextDelta(rid, tokens, text, prompt_tokens, generated, ttft_ms=first, logprobs=lps, **kw)
 
@@ -309,6 +323,7 @@ class FrontDoor:
                 return
             done = True
             logger.error("request %s: backend stream ended without a finish reason", rid)
+            self.metrics.errored("no_finish")
             yield TextDelta(
                 rid,
                 (),
@@ -319,10 +334,21 @@ class FrontDoor:
                 error="backend stream ended without a finish reason",
                 e2e_ms=(time.monotonic() - t0) * 1e3,
             )
+        except Overloaded:
+            counted = True
+            self.metrics.refused("placement")
+            raise
+        except Exception as exc:
+            counted = True
+            if not done:
+                self.metrics.errored("backend_unavailable" if isinstance(exc, ConnectionError) else "internal")
+            raise
         finally:
             if ticket is not None:
                 ticket.release(time.monotonic())
             if not done:
+                if not counted:  # the consumer left early: the client is gone
+                    self.metrics.aborted("disconnect", prompt_tokens, generated)
                 self._abort_in_background(source, rid)
 
     @staticmethod

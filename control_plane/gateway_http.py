@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP front door (FastAPI), for OpenAI clients and ``vllm bench serve``.
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /health`` (liveness), ``GET /ready`` (readiness: 503 once draining), and
+``GET /health`` (liveness), ``GET /ready`` (readiness: 503 once draining), ``GET /metrics``
+(Prometheus text, ``control_plane/metrics.py``), and
 vLLM's ``POST /tokenize`` / ``POST /detokenize`` (the front door's tokenizer). A body
 over ``max_body_bytes`` is refused with 413 before it is parsed (``http_limits``); with API keys configured,
 every route but /health, /ready (and /metrics, by setting) needs ``Authorization: Bearer <key>``: 401 / 429
@@ -52,6 +53,7 @@ from tetriserve.control_plane.field_checks import check_ids
 from tetriserve.control_plane.frontdoor import FrontDoor
 from tetriserve.control_plane.http_auth import ApiKeyGuard
 from tetriserve.control_plane.http_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from tetriserve.control_plane.metrics import CONTENT_TYPE, MetricsExporter
 from tetriserve.control_plane.openai_generation import Generation, error_response, fan_out
 from tetriserve.control_plane.openai_protocol import (
     ChatCompletionRequest,
@@ -147,9 +149,11 @@ def build_app(
     front: FrontDoor | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     security: FrontDoorSecurity | None = None,
+    metrics: MetricsExporter | None = None,
 ) -> FastAPI:
     """The OpenAI-compatible app over ``backend`` (``front`` shares a tokenizer with the gRPC gateway)."""
     front = front if front is not None else FrontDoor(backend)
+    exporter = metrics if metrics is not None else MetricsExporter(front, backend)
     app = FastAPI(title="tetriserve", summary="OpenAI-compatible front door of tetriserve")
     app.state.security = security or FrontDoorSecurity()  # its keys.stats(): requests judged, by outcome
     app.add_middleware(ApiKeyGuard, security=app.state.security)  # inside the body limit
@@ -171,6 +175,11 @@ def build_app(
         if front.gate.closed:
             return error_response(503, "draining: admits no new requests", None, "draining")
         return await health()
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        """Prometheus text exposition: this front door's requests and its cluster's workers (``metrics.py``)."""
+        return Response(await exporter.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -330,12 +339,13 @@ async def start_http_server(
     access_log: bool = False,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     security: FrontDoorSecurity | None = None,
+    metrics: MetricsExporter | None = None,
 ) -> HttpServerHandle:
     """Serve ``build_app(backend)`` with uvicorn in the running event loop; ``port=0`` picks a free port."""
     if front is None:
         front = await asyncio.to_thread(FrontDoor, backend)
     security = security or FrontDoorSecurity()
-    app = build_app(backend, front=front, max_body_bytes=max_body_bytes, security=security)
+    app = build_app(backend, front=front, max_body_bytes=max_body_bytes, security=security, metrics=metrics)
     tls = security.tls
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family)  # bound and listening: the port is known now

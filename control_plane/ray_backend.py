@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -65,6 +66,7 @@ from tetriserve.transport.registry import backend_of
 logger = logging.getLogger(__name__)
 
 POLICIES_TIMEOUT_S = 2.0  # status: a worker that does not answer by then shows no policy
+STATS_TIMEOUT_S = 4.0  # worker_stats (the metrics exporter's, which waits 5 s for the whole cluster)
 SET_POLICY_TIMEOUT_S = 30.0
 PLACE_TIMEOUT_S = 5.0  # one ``place`` call (the GlobalScheduler may be restarting)
 
@@ -79,6 +81,7 @@ class RayBackend:
         self.migration_limit = int(getattr(config, "migration_limit", 3))
         self.idle_timeout_s = float(getattr(config, "stream_idle_timeout_s", 15.0))
         self.placement_timeout_s = float(getattr(config, "placement_timeout_s", 60.0))
+        self.migrations: Counter[str] = Counter()  # attempts lost and placed again, by cause (the metrics')
 
     @property
     def model_name(self) -> str:
@@ -132,7 +135,8 @@ class RayBackend:
                         if isinstance(item, Lost):
                             lost = item if item.attempt == log.attempt else None
                         elif item.retry and item.finished and item.attempt == log.attempt:
-                            lost = Lost(item.attempt, item.worker, item.error or "a worker gave up on it")
+                            why = item.error or "a worker gave up on it"
+                            lost = Lost(item.attempt, item.worker, why, "worker_gave_up")
                         else:
                             for chunk in log.add(item):
                                 if first_at is None and chunk.token_ids:
@@ -152,6 +156,8 @@ class RayBackend:
                 )
                 self._abort_everywhere(rid, lost.attempt)
                 avoid = (lost.worker,)
+                if moves < self.migration_limit:
+                    self.migrations[lost.cause] += 1
             error = f"service unavailable: the request was lost {self.migration_limit + 1} times ({lost.reason})"
             yield StreamChunk(rid, (), FinishReason.ERROR, error, index=AT_ONCE, retry=True)
         finally:
@@ -289,6 +295,26 @@ class RayBackend:
             )
         return ClusterStatus(self._model_name, tuple(workers), int(sched["in_flight"]), self.cluster.dashboard_url)
 
+    async def worker_stats(self) -> dict[str, dict[str, Any]]:
+        """Every worker's ``stats()`` (engine, transport, length scores), asked in parallel; one that fails or is
+        late is left out (the metrics exporter's per-worker figures)."""
+        handles = self._workers()
+
+        async def one(handle: Any) -> dict[str, Any] | None:
+            try:
+                return dict(await asyncio.wait_for(handle.stats.remote(), STATS_TIMEOUT_S))
+            except Exception:
+                return None
+
+        answers = await asyncio.gather(*(one(h) for h in handles.values()))
+        return {wid: a for wid, a in zip(handles, answers, strict=True) if a is not None}
+
+    async def scheduler_counts(self) -> dict[str, int]:
+        """The GlobalScheduler's request counts since it started (admitted, finished, aborted, errors, moved,
+        refused)."""
+        sched = await asyncio.wait_for(self.cluster.scheduler.status.remote(), POLICIES_TIMEOUT_S)
+        return {k: int(v) for k, v in sched["counts"].items()}
+
     async def _policies(self) -> dict[str, dict[str, str]]:
         """Every worker's ``policies()``, asked in parallel; ``{}`` for one that fails or is late."""
         handles = self._workers()
@@ -340,7 +366,7 @@ async def _report_failure(submitted: Any, req: OpenRequest, worker_id: str) -> N
         await submitted
     except Exception as exc:
         logger.warning("request: %s could not take it: %s", worker_id, type(exc).__name__)
-        req.lose(worker_id, f"prefill worker {worker_id} is unavailable ({type(exc).__name__})")
+        req.lose(worker_id, f"prefill worker {worker_id} is unavailable ({type(exc).__name__})", "worker_unavailable")
 
 
 _NORMAL_ENDS = (FinishReason.STOP, FinishReason.LENGTH)

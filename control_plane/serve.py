@@ -105,11 +105,13 @@ async def run_front_doors(
     from tetriserve.control_plane.gateway_grpc import start_grpc_server
     from tetriserve.control_plane.gateway_http import start_http_server
     from tetriserve.control_plane.http_limits import megabytes
+    from tetriserve.control_plane.metrics import MetricsExporter
     from tetriserve.control_plane.security import FrontDoorSecurity
 
     security = FrontDoorSecurity.from_config(config.security)
     security.warn_if_exposed(config.host)
     front = await asyncio.to_thread(FrontDoor, backend, None, config.admission)  # type: ignore[arg-type]
+    metrics = MetricsExporter(front, backend)  # GET /metrics, and the Ray dashboard's metrics when on Ray
     body_limit = megabytes(config.max_request_body_mb)
     grpc_server, grpc_port = await start_grpc_server(  # type: ignore[arg-type]
         backend, config.host, config.grpc_port, front=front, max_message_bytes=body_limit, security=security
@@ -122,7 +124,9 @@ async def run_front_doors(
         keepalive_s=config.http_keepalive_s,
         max_body_bytes=body_limit,
         security=security,
+        metrics=metrics,
     )
+    ray_metrics = asyncio.create_task(metrics.run_ray()) if _on_ray() else None
     tls = security.tls is not None
     endpoints = Endpoints(f"{config.host}:{grpc_port}", http.url, dashboard, security.describe(), tls)
     if ready is not None:
@@ -131,11 +135,21 @@ async def run_front_doors(
         await stop.wait()
         await drain(front, config.drain_grace_s, hurry)
     finally:
+        if ray_metrics is not None:
+            ray_metrics.cancel()
         await http.stop()
         await grpc_server.stop(2.0)
         close = getattr(backend, "close", None)
         if close is not None:
             close()
+
+
+def _on_ray() -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False
+    return bool(ray.is_initialized())
 
 
 def serve(config: ClusterConfig) -> None:

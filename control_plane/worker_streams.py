@@ -42,6 +42,7 @@ class Lost:
     attempt: int
     worker: str
     reason: str
+    cause: str = "worker_lost"  # the metrics' migration reason: worker_lost, idle_timeout, worker_unavailable, ...
 
 
 @dataclass
@@ -52,9 +53,9 @@ class OpenRequest:
     queue: asyncio.Queue[StreamChunk | Lost] = field(default_factory=asyncio.Queue)
     seen: float = field(default_factory=time.monotonic)  # last sign of life: a chunk, a heartbeat listing it
 
-    def lose(self, worker: str, reason: str) -> None:
+    def lose(self, worker: str, reason: str, cause: str = "worker_lost") -> None:
         if not self.log.done:
-            self.queue.put_nowait(Lost(self.log.attempt, worker, reason))
+            self.queue.put_nowait(Lost(self.log.attempt, worker, reason, cause))
 
 
 class WorkerStreams:
@@ -173,7 +174,7 @@ class WorkerStreams:
         for req in self.requests.values():
             if not req.log.done and now - req.seen > self._idle_timeout_s:
                 req.seen = now
-                req.lose(req.log.worker, f"no sign of it for {self._idle_timeout_s:.0f} s")
+                req.lose(req.log.worker, f"no sign of it for {self._idle_timeout_s:.0f} s", "idle_timeout")
 
     def close(self) -> None:
         import ray

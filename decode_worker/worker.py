@@ -279,6 +279,8 @@ class DecodeWorker(EngineWorker):
         self.publish(
             run.subscriber, req, tokens, reason, error, index=index, moved_to=moved_to, retry=retry, logprobs=logprobs
         )
+        if reason in (FinishReason.STOP, FinishReason.LENGTH) and not retry:
+            self.length_score.observe(run.estimate, len(run.generated))
         if reason is not None:
             if self.running.get(req.request_id) is run:
                 del self.running[req.request_id]

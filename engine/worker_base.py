@@ -8,7 +8,8 @@ subscribe(front door)     ─▶ that front door's one stream of token chunks fr
                              and on the Ray call itself a ``Heartbeat`` (this life's incarnation, the requests
                              held for that front door) every ``HEARTBEAT_S``
 sentinel()                ─▶ never returns: the supervisor holds one call open and hears of this actor's death
-stats()                   ─▶ the engine's own counters, the KV connector's, the transport's, the policies in force
+stats()                   ─▶ the engine's own counters, the KV connector's, the transport's, the policies in force,
+                             the length predictions' scores (``common/length_score.py``)
 
 A worker is one life (``incarnation``) of a named actor: the supervisor
 (``control_plane/supervisor.py``) re-creates it under the same name with the
@@ -28,6 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from tetriserve.common.config import ClusterConfig
+from tetriserve.common.length_score import LengthScore
 from tetriserve.common.load import DecodeLoad, PrefillLoad, same_load
 from tetriserve.common.outbox import StreamHub
 from tetriserve.common.request import Request, RequestState
@@ -56,6 +58,7 @@ class EngineWorker:
             self.endpoint, self.engine, self.streams = predecessor.endpoint, predecessor.engine, predecessor.streams
             self._events, self._handed = predecessor._events, predecessor._handed
             self._monitor, self._scheduler = predecessor._monitor, predecessor._scheduler
+            self.length_score = predecessor.length_score
         else:
             link = config.transport.emulate
             self.endpoint = endpoints.get_or_create(
@@ -70,6 +73,7 @@ class EngineWorker:
             self._handed: OrderedDict[str, Any] = OrderedDict()  # request id -> handle of the worker it went on to
             self._monitor: Any = None
             self._scheduler: Any = None
+            self.length_score = LengthScore()  # the length predictions of the requests that ended here
         self._report_task: asyncio.Task[None] | None = None
         self._reported: PrefillLoad | DecodeLoad | None = None  # the last load sent to the monitor
         self._reported_at = 0.0
@@ -132,6 +136,7 @@ class EngineWorker:
             "kv": kv_connector.counters(),
             "transport": self.endpoint.stats(),
             "policy": self.policies(),
+            "length_score": self.length_score.snapshot(),
         }
 
     # -- output streams and events ---------------------------------------------------------

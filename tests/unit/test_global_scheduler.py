@@ -213,6 +213,7 @@ def test_a_decode_worker_lost_mid_stream_migrates_with_the_delivered_tokens_and_
         assert chunks[-1].finish_reason == "length"
         await _wait(lambda: not gs.table)
         assert gs.counts["finished"] == 1
+        assert backend.migrations == {"worker_lost": 1}  # the metrics' request_migrations_total
 
     asyncio.run(main())
 
@@ -234,6 +235,7 @@ def test_migration_gives_up_after_its_limit_with_an_unavailable_error() -> None:
         chunks = await asyncio.wait_for(run, 5)
         assert chunks[-1].finish_reason == "error" and chunks[-1].retry
         assert (chunks[-1].error or "").startswith("service unavailable")
+        assert backend.migrations == {"worker_gave_up": 2}  # placed again twice, then given up
 
     asyncio.run(main())
 
@@ -252,6 +254,7 @@ def test_a_request_no_heartbeat_lists_and_no_token_comes_for_is_migrated_after_t
         await _wait(lambda: w["prefill-0"].submitted["r"][0].attempt == 1, timeout=5)
         w["prefill-0"].emit("r", (1, 2), 0, "length", attempt=1)
         assert [t for c in await asyncio.wait_for(run, 5) for t in c.token_ids] == [1, 2]
+        assert backend.migrations == {"idle_timeout": 1}
 
     asyncio.run(main())
 
