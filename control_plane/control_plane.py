@@ -98,11 +98,13 @@ class FrontDoorRoll:
 class ControlPlane:
     """The cluster's owner; a threaded actor (its launch runs on a thread while ``ready`` and ``view`` answer).
 
-    ``private``: ``serve`` started the Ray instance this runs on for itself; when no front door has been
-    attached for ``config.orphan_timeout_s`` the service stops, and that Ray instance with it."""
+    ``owner``: the front door of the ``serve`` that started the Ray instance this runs on for itself ("": a
+    Ray cluster ``serve`` joined). On such a private instance, when no front door has been attached for
+    ``config.orphan_timeout_s`` the service stops, and the Ray instance with it; ``tetriserve stop`` stops the
+    instance too once its ``serve`` is gone (a live ``serve`` stops it itself as it exits)."""
 
     def __init__(
-        self, config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str, private: bool = False
+        self, config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str, owner: str = ""
     ) -> None:
         self.info_ = ClusterInfo(config, model_path, served_name, dashboard_url)
         self._cluster: Any = None
@@ -111,7 +113,8 @@ class ControlPlane:
         self._launched_at = math.inf
         self.roll = FrontDoorRoll(config.orphan_timeout_s)
         threading.Thread(target=self._launch, name="control-plane-launch", daemon=True).start()
-        if private:
+        self.owner = owner
+        if owner:
             threading.Thread(target=self._watch_orphan, name="control-plane-orphan", daemon=True).start()
 
     def _launch(self) -> None:
@@ -188,6 +191,14 @@ class ControlPlane:
         if self._cluster is not None:
             self._cluster.observe_slo(ttft_ms, tpot_ms, ttft_slo_ms, tbt_slo_ms)
 
+    def stop(self, stop_ray: bool) -> None:
+        """``shutdown``; with ``stop_ray``, also the private Ray instance this runs on if its ``serve`` is gone
+        (a moment later, so that this call answers first)."""
+        self.shutdown()
+        if stop_ray and self.owner and self.owner not in self.roll.attached(time.monotonic()):
+            logger.warning("control plane: stopping the Ray instance its serve started (serve is gone)")
+            threading.Timer(1.0, stop_this_ray_instance).start()
+
     def shutdown(self) -> None:
         """Stop supervision and every actor of the cluster (the service's end; the caller kills this actor)."""
         self._launched.wait(60)
@@ -221,7 +232,7 @@ def stop_this_ray_instance() -> None:
 
 
 def start_control_plane(
-    config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str, private: bool = False
+    config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str, owner: str = ""
 ) -> Any:
     """Create the detached control-plane actor (Ray must be initialised); refuses when one already runs in the
     namespace, since two would launch two sets of workers under the same names."""
@@ -246,16 +257,17 @@ def start_control_plane(
             max_concurrency=64,
             max_restarts=-1,
         )
-        .remote(config, model_path, served_name, dashboard_url, private)
+        .remote(config, model_path, served_name, dashboard_url, owner)
     )
 
 
-def stop_control_plane(handle: Any, timeout_s: float = 60.0) -> None:
-    """The service's end: the control plane stops supervision and kills its actors, then itself."""
+def stop_control_plane(handle: Any, timeout_s: float = 60.0, stop_ray: bool = False) -> None:
+    """The service's end: the control plane stops supervision and kills its actors, then itself (``stop_ray``:
+    and the private Ray instance of a ``serve`` that is gone)."""
     import ray
 
     try:
-        ray.get(handle.shutdown.remote(), timeout=timeout_s)
+        ray.get(handle.stop.remote(stop_ray), timeout=timeout_s)
     except Exception:  # already gone, or stuck: killing it takes its actors along (they are its own)
         logger.warning("control plane: no clean shutdown", exc_info=True)
     try:

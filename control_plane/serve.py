@@ -158,7 +158,7 @@ def serve(config: ClusterConfig) -> None:
     from tetriserve.control_plane.control_plane import start_control_plane, stop_control_plane
     from tetriserve.control_plane.launcher import init_ray
     from tetriserve.control_plane.ray_backend import RayBackend
-    from tetriserve.control_plane.remote_cluster import RemoteCluster
+    from tetriserve.control_plane.remote_cluster import RemoteCluster, new_frontdoor_id
 
     t0 = time.monotonic()
     model_path, name = resolve_model(config)
@@ -167,10 +167,11 @@ def serve(config: ClusterConfig) -> None:
     check_decode_policy(config)
     owns_ray, dashboard = init_ray(config)
     print(f"tetriserve: starting {config.num_prefill} prefill + {config.num_decode} decode workers ...", flush=True)
-    handle = start_control_plane(config, model_path, name, dashboard, private=owns_ray)
+    me = new_frontdoor_id()
+    handle = start_control_plane(config, model_path, name, dashboard, owner=me if owns_ray else "")
     cluster = None
     try:
-        cluster = RemoteCluster.join(handle, START_TIMEOUT_S)
+        cluster = RemoteCluster.join(handle, START_TIMEOUT_S, frontdoor_id=me)
         print(f"tetriserve: {join_hint(config.namespace)}", flush=True)
         what = "the service (only this front door while others are attached)"
         run_until_signal(config, RayBackend(cluster, name), t0, dashboard, what, cluster.gone)
@@ -206,7 +207,7 @@ def stop_service(address: str, namespace: str) -> None:
 
     ray.init(address=address, namespace=namespace, logging_level=logging.WARNING)
     try:
-        stop_control_plane(find_control_plane(namespace))
+        stop_control_plane(find_control_plane(namespace), stop_ray=True)
         print(f"tetriserve: the service in namespace {namespace!r} is stopped", flush=True)
     finally:
         ray.shutdown()
