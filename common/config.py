@@ -279,15 +279,6 @@ class ClusterConfig(BaseModel):
             "signal cuts the wait short."
         ),
     )
-    orphan_timeout_s: float = Field(
-        60.0,
-        gt=0,
-        description=(
-            "A service that `serve` started on a Ray instance of its own stops (its workers, then that Ray "
-            "instance) when no front door has been attached for this long: `serve` was killed outright and no "
-            "`tetriserve frontdoor` is left. A service on a Ray cluster it joined (--address) runs until stopped."
-        ),
-    )
     max_request_body_mb: float = Field(
         DEFAULT_MAX_REQUEST_BODY_MB,
         gt=0,

@@ -22,7 +22,6 @@ handles from ``view``.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -37,7 +36,6 @@ logger = logging.getLogger(__name__)
 NAME = "control-plane"
 LAUNCH_ATTEMPTS = 3  # a restarted control plane may find its old actors' names not yet released
 LAUNCH_RETRY_S = 2.0
-ORPHAN_CHECK_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -69,21 +67,15 @@ class SupervisionState:
 
 
 class FrontDoorRoll:
-    """Which front doors are attached: each one's ``view`` calls (every ``VIEW_S``) are its attendance.
+    """Which front doors are attached: each one's ``view`` calls (every ``VIEW_S``) are its attendance."""
 
-    ``orphaned`` is true once no front door has been seen for ``timeout_s``, counted from the later of the
-    last sighting and ``since`` (the cluster's start: a ``serve`` killed while it launched is noticed too)."""
-
-    def __init__(self, timeout_s: float, live_s: float = 5.0) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, live_s: float = 5.0) -> None:
         self.live_s = live_s  # seen this recently: attached
         self._seen: dict[str, float] = {}
-        self._last = -math.inf
 
     def seen(self, frontdoor: str, now: float) -> None:
         if frontdoor:
             self._seen[frontdoor] = now
-            self._last = now
 
     def leave(self, frontdoor: str) -> None:
         self._seen.pop(frontdoor, None)
@@ -91,31 +83,17 @@ class FrontDoorRoll:
     def attached(self, now: float, exclude: str = "") -> list[str]:
         return sorted(f for f, t in self._seen.items() if f != exclude and now - t <= self.live_s)
 
-    def orphaned(self, now: float, since: float) -> bool:
-        return not self.attached(now) and now - max(self._last, since) > self.timeout_s
-
 
 class ControlPlane:
-    """The cluster's owner; a threaded actor (its launch runs on a thread while ``ready`` and ``view`` answer).
+    """The cluster's owner; a threaded actor (its launch runs on a thread while ``ready`` and ``view`` answer)."""
 
-    ``owner``: the front door of the ``serve`` that started the Ray instance this runs on for itself ("": a
-    Ray cluster ``serve`` joined). On such a private instance, when no front door has been attached for
-    ``config.orphan_timeout_s`` the service stops, and the Ray instance with it; ``tetriserve stop`` stops the
-    instance too once its ``serve`` is gone (a live ``serve`` stops it itself as it exits)."""
-
-    def __init__(
-        self, config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str, owner: str = ""
-    ) -> None:
+    def __init__(self, config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str) -> None:
         self.info_ = ClusterInfo(config, model_path, served_name, dashboard_url)
         self._cluster: Any = None
         self._error: str | None = None
         self._launched = threading.Event()
-        self._launched_at = math.inf
-        self.roll = FrontDoorRoll(config.orphan_timeout_s)
+        self.roll = FrontDoorRoll()
         threading.Thread(target=self._launch, name="control-plane-launch", daemon=True).start()
-        self.owner = owner
-        if owner:
-            threading.Thread(target=self._watch_orphan, name="control-plane-orphan", daemon=True).start()
 
     def _launch(self) -> None:
         from tetriserve.control_plane.launcher import launch
@@ -135,18 +113,7 @@ class ControlPlane:
                 time.sleep(LAUNCH_RETRY_S)
         if self._cluster is not None:
             self._error = None
-        self._launched_at = time.monotonic()
         self._launched.set()
-
-    def _watch_orphan(self) -> None:
-        while not self.roll.orphaned(time.monotonic(), self._launched_at):
-            time.sleep(ORPHAN_CHECK_S)
-        logger.warning(
-            "control plane: no front door for %.0f s (serve is gone): stopping the service and its Ray instance",
-            self.roll.timeout_s,
-        )
-        self.shutdown()
-        stop_this_ray_instance()
 
     # -- what front doors ask --------------------------------------------------------------------------------
     def ready(self, timeout_s: float) -> bool:
@@ -191,14 +158,6 @@ class ControlPlane:
         if self._cluster is not None:
             self._cluster.observe_slo(ttft_ms, tpot_ms, ttft_slo_ms, tbt_slo_ms)
 
-    def stop(self, stop_ray: bool) -> None:
-        """``shutdown``; with ``stop_ray``, also the private Ray instance this runs on if its ``serve`` is gone
-        (a moment later, so that this call answers first)."""
-        self.shutdown()
-        if stop_ray and self.owner and self.owner not in self.roll.attached(time.monotonic()):
-            logger.warning("control plane: stopping the Ray instance its serve started (serve is gone)")
-            threading.Timer(1.0, stop_this_ray_instance).start()
-
     def shutdown(self) -> None:
         """Stop supervision and every actor of the cluster (the service's end; the caller kills this actor)."""
         self._launched.wait(60)
@@ -212,28 +171,7 @@ class ControlPlane:
         return self._cluster
 
 
-def stop_this_ray_instance() -> None:
-    """Stop the Ray instance this process runs in, as ``ray stop`` would but for this one only: every process
-    whose command line names its session directory (GCS, raylet, dashboard, agents; workers go with the raylet)."""
-    import os
-
-    import psutil
-    import ray
-
-    session_dir = ray._private.worker.global_worker.node.get_session_dir_path()
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if proc.info["pid"] != me and session_dir in " ".join(proc.info["cmdline"] or ()):
-                proc.terminate()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    os._exit(0)  # the raylet's end takes this worker along anyway
-
-
-def start_control_plane(
-    config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str, owner: str = ""
-) -> Any:
+def start_control_plane(config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str) -> Any:
     """Create the detached control-plane actor (Ray must be initialised); refuses when one already runs in the
     namespace, since two would launch two sets of workers under the same names."""
     import ray
@@ -257,17 +195,16 @@ def start_control_plane(
             max_concurrency=64,
             max_restarts=-1,
         )
-        .remote(config, model_path, served_name, dashboard_url, owner)
+        .remote(config, model_path, served_name, dashboard_url)
     )
 
 
-def stop_control_plane(handle: Any, timeout_s: float = 60.0, stop_ray: bool = False) -> None:
-    """The service's end: the control plane stops supervision and kills its actors, then itself (``stop_ray``:
-    and the private Ray instance of a ``serve`` that is gone)."""
+def stop_control_plane(handle: Any, timeout_s: float = 60.0) -> None:
+    """The service's end: the control plane stops supervision and kills its actors, then itself."""
     import ray
 
     try:
-        ray.get(handle.stop.remote(stop_ray), timeout=timeout_s)
+        ray.get(handle.shutdown.remote(), timeout=timeout_s)
     except Exception:  # already gone, or stuck: killing it takes its actors along (they are its own)
         logger.warning("control plane: no clean shutdown", exc_info=True)
     try:

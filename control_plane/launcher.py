@@ -133,6 +133,12 @@ def init_ray(config: ClusterConfig) -> tuple[bool, str]:
         # Ray starts its worker processes at nice 15; on a machine shared with the front door and other
         # processes that starves the engines (a local cluster only: a joined one keeps its own setting)
         os.environ.setdefault("RAY_worker_niceness", "0")
+    else:  # a cluster given by address: its token, if one is at hand (as Ray does for one found by "auto")
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     ctx = ray.init(
         address=config.ray_address,
         namespace=config.namespace,

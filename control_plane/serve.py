@@ -18,9 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -158,7 +156,7 @@ def serve(config: ClusterConfig) -> None:
     from tetriserve.control_plane.control_plane import start_control_plane, stop_control_plane
     from tetriserve.control_plane.launcher import init_ray
     from tetriserve.control_plane.ray_backend import RayBackend
-    from tetriserve.control_plane.remote_cluster import RemoteCluster, new_frontdoor_id
+    from tetriserve.control_plane.remote_cluster import RemoteCluster
 
     t0 = time.monotonic()
     model_path, name = resolve_model(config)
@@ -167,16 +165,16 @@ def serve(config: ClusterConfig) -> None:
     check_decode_policy(config)
     owns_ray, dashboard = init_ray(config)
     print(f"tetriserve: starting {config.num_prefill} prefill + {config.num_decode} decode workers ...", flush=True)
-    me = new_frontdoor_id()
-    handle = start_control_plane(config, model_path, name, dashboard, owner=me if owns_ray else "")
+    handle = start_control_plane(config, model_path, name, dashboard)
     cluster = None
     try:
-        cluster = RemoteCluster.join(handle, START_TIMEOUT_S, frontdoor_id=me)
+        cluster = RemoteCluster.join(handle, START_TIMEOUT_S)
         print(f"tetriserve: {join_hint(config.namespace)}", flush=True)
-        what = "the service (only this front door while others are attached)"
+        what = "the service" if owns_ray else "the service (only this front door while others are attached)"
         run_until_signal(config, RayBackend(cluster, name), t0, dashboard, what, cluster.gone)
     finally:
-        others = cluster.others() if cluster is not None else []
+        # on a Ray instance of its own the service ends with this process (Ray's processes share its fate)
+        others = cluster.others() if cluster is not None and not owns_ray else []
         if cluster is not None:
             cluster.close()
         if others:  # the service goes on behind them
@@ -185,9 +183,6 @@ def serve(config: ClusterConfig) -> None:
                 f"(`tetriserve stop --address ... --namespace {config.namespace}` stops it)",
                 flush=True,
             )
-            if owns_ray:  # exiting normally would stop the Ray instance this process started, under them
-                sys.stdout.flush()
-                os._exit(0)
         else:
             print("tetriserve: shutting down", flush=True)
             stop_control_plane(handle)
@@ -207,7 +202,7 @@ def stop_service(address: str, namespace: str) -> None:
 
     ray.init(address=address, namespace=namespace, logging_level=logging.WARNING)
     try:
-        stop_control_plane(find_control_plane(namespace), stop_ray=True)
+        stop_control_plane(find_control_plane(namespace))
         print(f"tetriserve: the service in namespace {namespace!r} is stopped", flush=True)
     finally:
         ray.shutdown()
@@ -224,7 +219,7 @@ def frontdoor(config: ClusterConfig, namespace: str, model: str | None = None, o
     """Join a running service's Ray cluster (``config.ray_address``) as one more pair of front doors, bound to
     ``config.host`` / ports; on a signal, drain this front door's requests and leave (the cluster stays). It
     enforces the service's keys, quotas and TLS, or ``config.security`` when ``own_security``."""
-    use_ray_token_if_present()  # before Ray is imported: it reads its auth mode once
+    use_ray_token_if_present()
     import ray
 
     from tetriserve.control_plane.control_plane import find_control_plane
@@ -252,16 +247,12 @@ def frontdoor(config: ClusterConfig, namespace: str, model: str | None = None, o
 
 
 def use_ray_token_if_present() -> None:
-    """Ray 2.60 starts local clusters with token authentication, but only a cluster found by ``auto`` turns it on
-    for the joining process; with an explicit address, do the same when a token is at hand (Ray's own places:
+    """Ray 2.60 starts clusters with token authentication, but only a cluster found by ``auto`` turns it on for
+    a joining process; with an explicit address, do the same when a token is at hand (Ray's own places:
     ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``). ``RAY_AUTH_MODE`` set by hand wins."""
-    import os
+    from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
 
-    if "RAY_AUTH_MODE" in os.environ:
-        return
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")).expanduser()
-    if os.environ.get("RAY_AUTH_TOKEN") or path.is_file():
-        os.environ["RAY_AUTH_MODE"] = "token"
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def _local_model(cluster: RemoteCluster, model: str | None) -> str:

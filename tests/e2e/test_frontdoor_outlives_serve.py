@@ -1,0 +1,115 @@
+"""Front doors outlive each other (issue #17), on a Ray cluster started apart from the service (`ray start`, as
+on Kubernetes): `serve --address` killed outright (SIGKILL) leaves the control plane, the workers and a
+`tetriserve frontdoor` serving; `tetriserve stop` then ends the service and the front door exits."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("ray") is None:
+    pytest.skip("e2e tests need vllm and ray", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "tetriserve.control_plane.cli"]
+
+
+def _start(args: list[str], until: str, timeout_s: float) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start a CLI process in its own session; return once a line matching ``until`` is out (its lines kept)."""
+    proc = subprocess.Popen(
+        [*CLI, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if re.search(until, line):
+            break
+    stream = proc.stdout
+    threading.Thread(target=lambda: lines.extend(iter(stream.readline, "")), daemon=True).start()
+    return proc, lines
+
+
+def _field(lines: list[str], pattern: str) -> str:
+    found = [m.group(1) for line in lines if (m := re.search(pattern, line))]
+    assert found, "".join(lines[-40:])
+    return found[-1]
+
+
+def _complete(http: str) -> dict[str, object]:
+    import httpx
+
+    body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 5, "ignore_eos": True, "temperature": 0}
+    reply = httpx.post(f"{http}/v1/completions", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    return dict(reply.json())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _stop_ray(temp_dir: Path) -> None:
+    """Stop the Ray instance under ``temp_dir`` alone (``ray stop`` would stop every one on this machine)."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if str(temp_dir) in " ".join(proc.info["cmdline"] or ()):
+                proc.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+
+
+def test_a_front_door_outlives_a_killed_serve_and_tetriserve_stop_ends_the_service(tmp_path: Path) -> None:
+    temp_dir = Path("/tmp") / f"tetriserve-e2e-{os.getpid()}"  # short: Ray's socket paths must fit 107 bytes
+    gcs = f"127.0.0.1:{_free_port()}"
+    ray_start = [
+        *(sys.executable, "-m", "ray.scripts.scripts", "start", "--head"),
+        *(f"--port={gcs.rsplit(':', 1)[1]}", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}"),
+        *(f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}"),
+        *(f"--metrics-export-port={_free_port()}", "--include-dashboard=false", "--disable-usage-stats"),
+    ]
+    started = subprocess.run(ray_start, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stdout + started.stderr
+    serve = door = None
+    try:
+        flags = ["--grpc-port", "0", "--http-port", "0", "--kv-cache-gb", "0.5", "--enforce-eager"]
+        serve, serve_lines = _start(["serve", "--address", gcs, *flags], r"Ctrl-C stops", 300)
+        _field(serve_lines, r"OpenAI HTTP\s+(\S+)/v1")
+        door, door_lines = _start(
+            ["frontdoor", "--address", gcs, "--grpc-port", "0", "--http-port", "0"], r"Ctrl-C stops", 120
+        )
+        http = _field(door_lines, r"OpenAI HTTP\s+(\S+)/v1")
+        first = _complete(http)
+
+        os.kill(serve.pid, signal.SIGKILL)  # as if its process crashed
+        serve.wait(30)
+        again = _complete(http)  # the control plane and the workers go on, behind the other front door
+        assert again["choices"] == first["choices"]  # type: ignore[index]
+
+        stop = subprocess.run([*CLI, "stop", "--address", gcs], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert door.wait(60) == 0, "".join(door_lines[-30:])
+        assert "the service was stopped" in "".join(door_lines)
+    finally:
+        for proc in (door, serve):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        _stop_ray(temp_dir)
