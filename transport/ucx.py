@@ -120,7 +120,7 @@ class UcxTransport(StoreBackedEndpoint):
         try:
             remaining = deadline_s - (time.monotonic() - handle.started)
             await asyncio.wait_for(self._send_attempts(dst, key, views, handle), max(remaining, 0.001))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._finish(handle, f"send {key} to {dst} failed: deadline of {deadline_s:.3f} s passed")
         except Exception as exc:  # a bad address, a broken peer, or a bug: the handle must still complete
             self._finish(handle, f"send {key} to {dst} failed: {type(exc).__name__}: {exc}")
