@@ -9,6 +9,10 @@ only once the receiver acknowledged it). Ceilings, measured in the same run:
     shm   one ``torch`` tensor copy of the same size, one thread (as in a worker process), into a buffer reused
           every time (the shm backend copies into a slab it reuses) and into one allocated for it
     tcp   the same bytes through a plain loopback socket between the same two processes (sendall/recv_into)
+    ucx   raw ``ucxx`` tag send/recv of the same bytes between two processes, a one-byte ack back (with the backend's
+          UCX settings: UCX_RNDV_FRAG_MEM_TYPE=host without a GPU, UCX_TLS left to UCX)
+    nccl  raw ``torch.distributed`` send/recv on a two-rank group built over a TCPStore as the backend builds
+          its pairs (gloo here, no CUDA), a one-byte tensor back as the ack
 
 Writes ``benchmarks/results/transport_throughput.{md,json}``.
 """
@@ -90,6 +94,111 @@ def _backend(kind: str, sizes: list[int], repeats: int) -> dict[int, list[float]
     return out
 
 
+def _raw_ucx_receiver(conn: Any) -> None:
+    import asyncio
+
+    import numpy as np
+
+    from tetriserve.transport.ucx import ucx_loop
+
+    ucxx, loop = __import__("ucxx"), ucx_loop()
+    buf = np.empty(max(conn.recv()) * MIB, dtype=np.uint8)
+
+    async def serve(ep: Any) -> None:
+        n = np.zeros(1, dtype=np.uint64)
+        while True:
+            await ep.recv(n)
+            if int(n[0]) == 0:
+                return
+            await ep.recv(buf[: int(n[0])])
+            await ep.send(np.ones(1, dtype=np.uint8))
+
+    async def listen() -> Any:
+        return ucxx.create_listener(serve, port=0)
+
+    listener = asyncio.run_coroutine_threadsafe(listen(), loop).result(30)
+    conn.send(listener.port)
+    conn.recv()  # the sender is done
+
+
+def _raw_ucx(sizes: list[int], repeats: int) -> dict[int, list[float]]:
+    import asyncio
+
+    import numpy as np
+
+    from tetriserve.transport.ucx import ucx_loop
+
+    ucxx, loop = __import__("ucxx"), ucx_loop()
+    parent, child = mp.Pipe()
+    proc = mp.get_context("spawn").Process(target=_raw_ucx_receiver, args=(child,), daemon=True)
+    proc.start()
+    parent.send(sizes)
+    port = parent.recv()
+
+    async def run() -> dict[int, list[float]]:
+        ep = await ucxx.create_endpoint("127.0.0.1", port)
+        ack = np.zeros(1, dtype=np.uint8)
+        out: dict[int, list[float]] = {}
+        for size in sizes:
+            payload = np.ones(size * MIB, dtype=np.uint8)
+            for r in range(repeats + 1):
+                t0 = time.perf_counter()
+                await ep.send(np.array([size * MIB], dtype=np.uint64))
+                await ep.send(payload)
+                await ep.recv(ack)
+                if r:
+                    out.setdefault(size, []).append(size * MIB / (time.perf_counter() - t0) / 1e9)
+        await ep.send(np.zeros(1, dtype=np.uint64))
+        return out
+
+    try:
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(600)
+    finally:
+        parent.send(None)
+        proc.join(10)
+
+
+def _raw_gloo_rank(rank: int, port: int, sizes: list[int], repeats: int, conn: Any) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, datetime.timedelta(seconds=60), wait_for_workers=False)
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    options._timeout = datetime.timedelta(seconds=120)
+    group = dist.ProcessGroupGloo(store, rank, 2, options)
+    ack = torch.ones(1, dtype=torch.uint8)
+    out: dict[int, list[float]] = {}
+    for size in sizes:
+        payload = torch.ones(size * MIB, dtype=torch.uint8)
+        for r in range(repeats + 1):
+            t0 = time.perf_counter()
+            if rank == 0:
+                group.send([payload], 1, 0).wait()
+                group.recv([ack], 1, 1).wait()
+            else:
+                group.recv([payload], 0, 0).wait()
+                group.send([ack], 0, 1).wait()
+            if r:
+                out.setdefault(size, []).append(size * MIB / (time.perf_counter() - t0) / 1e9)
+    if conn is not None:
+        conn.send(out)
+
+
+def _raw_gloo(sizes: list[int], repeats: int) -> dict[int, list[float]]:
+    probe = socket.create_server(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    parent, child = mp.Pipe()
+    proc = mp.get_context("spawn").Process(target=_raw_gloo_rank, args=(1, port, sizes, repeats, None), daemon=True)
+    proc.start()
+    _raw_gloo_rank(0, port, sizes, repeats, child)
+    proc.join(30)
+    return dict(parent.recv())
+
+
 def _socket(sizes: list[int], repeats: int) -> dict[int, list[float]]:
     parent, child = mp.Pipe()
     proc = mp.get_context("spawn").Process(target=_receiver, args=("socket", child), daemon=True)
@@ -161,6 +270,22 @@ def report(data: dict[str, Any]) -> str:
             f"| {s} | {shm:.2f} | {reused:.2f} | {shm / reused:.2f} | {fresh:.2f} | {shm / fresh:.2f} | "
             f"{tcp:.2f} | {sock:.2f} | {tcp / sock:.2f} |"
         )
+    if "ucx" in med:
+        lines += [
+            "",
+            "ucx and nccl (gloo: no CUDA here) beside their raw paths in the same run: raw `ucxx` tag send/recv "
+            "with a one-byte ack, and raw `torch.distributed` send/recv on a two-rank gloo group with a one-byte "
+            "ack. This machine is shared with other jobs while it runs: numbers are noisy, compare within a row.",
+            "",
+            "| MiB | ucx | raw ucxx | ucx / that | nccl (gloo) | raw gloo | nccl / that |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for s in sizes:
+            ucx, raw_ucx, nccl, raw_gloo = med["ucx"][s], med["raw_ucx"][s], med["nccl"][s], med["raw_gloo"][s]
+            lines.append(
+                f"| {s} | {ucx:.2f} | {raw_ucx:.2f} | {ucx / raw_ucx:.2f} | {nccl:.2f} | {raw_gloo:.2f} | "
+                f"{nccl / raw_gloo:.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -175,6 +300,8 @@ def main() -> int:
         sizes, n = args.sizes_mib, args.repeats
         fresh, reused = _copies(sizes, n)
         gbps = {"shm": _backend("shm", sizes, n), "tcp": _backend("tcp", sizes, n), "socket": _socket(sizes, n)}
+        gbps |= {"ucx": _backend("ucx", sizes, n), "raw_ucx": _raw_ucx(sizes, n)}
+        gbps |= {"nccl": _backend("nccl", sizes, n), "raw_gloo": _raw_gloo(sizes, n)}
         return {"sizes_mib": sizes, "gbps": {**gbps, "copy_fresh": fresh, "copy_reused": reused}}
 
     return measure_or_reload("transport_throughput", args.report_only, measure, report)

@@ -14,14 +14,13 @@ aborted (the peer sees its receive fail and marks the key failed) and the send
 is ``FAILED``. A peer that dies breaks its endpoints: UCX's error handling
 cancels the pending messages on the survivor, so both sides know at once.
 
-Environment defaults, set before ``ucxx`` is imported (an explicit setting wins):
+Environment: without a GPU (no ``/dev/nvidiactl``) the backend sets ``UCX_RNDV_FRAG_MEM_TYPE=host`` before
+``ucxx`` is imported (rendezvous fragments in host memory; an explicit setting wins). ``UCX_TLS`` is UCX's
+choice: every transport it finds (here tcp, shared memory ``posix``/``sysv``/``cma`` and ``self``; ``rc``/``dc``
+RDMA and ``cuda_copy``/``cuda_ipc`` where the host has them); set e.g. ``UCX_TLS=tcp,sm,self`` to restrict it.
+(UCX warns once at start that ``UCX_MEMTYPE_CACHE``, which ``ucxx`` sets, is unused by this build: harmless.)
 
-    UCX_RNDV_FRAG_MEM_TYPE=host      rendezvous fragments in host memory (no GPU here)
-    UCX_TLS=tcp,sm,self              tcp between hosts, shared memory within one, loopback to itself
-    UCX_WARN_UNUSED_ENV_VARS=n       ucxx sets variables this UCX build does not know
-
-Set ``UCX_TLS`` to include ``rc``/``ud``/``cuda_copy``/``cuda_ipc`` (or unset it: ``all``) on a cluster with
-RDMA or GPUs. Two-sided only: the ``ucxx`` Python bindings (0.52) expose tag and active messages but not UCX's
+Two-sided only: the ``ucxx`` Python bindings (0.52) expose tag and active messages but not UCX's
 memory registration, remote keys or ``put``/``get`` (the C++ library has them), so there is no one-sided
 ``read``/``write`` yet. Addresses look like ``ucx://host:port`` (the UCX listener).
 """
@@ -46,7 +45,7 @@ from tetriserve.transport.tcp import ReceivePool, parse_address
 
 logger = logging.getLogger(__name__)
 
-UCX_DEFAULTS = {"UCX_RNDV_FRAG_MEM_TYPE": "host", "UCX_TLS": "tcp,sm,self", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+UCX_CPU_DEFAULTS = {"UCX_RNDV_FRAG_MEM_TYPE": "host"}
 _MAX_HEADER = 1 << 20
 
 _loop_lock = threading.Lock()
@@ -54,8 +53,9 @@ _loop: asyncio.AbstractEventLoop | None = None
 
 
 def _ucxx() -> Any:
-    for name, value in UCX_DEFAULTS.items():
-        os.environ.setdefault(name, value)
+    if not os.path.exists("/dev/nvidiactl"):
+        for name, value in UCX_CPU_DEFAULTS.items():
+            os.environ.setdefault(name, value)
     import ucxx
 
     return ucxx
@@ -90,7 +90,7 @@ class UcxTransport(StoreBackedEndpoint):
         self._pending: set[TransferHandle] = set()
         self._listener = self._call(self._listen(port))
         self._address = f"ucx://{host or '127.0.0.1'}:{self._listener.port}"
-        logger.info("ucx transport listening on %s (UCX_TLS=%s)", self._address, os.environ.get("UCX_TLS"))
+        logger.info("ucx transport listening on %s (UCX_TLS=%s)", self._address, os.environ.get("UCX_TLS", "all"))
 
     def _call(self, coro: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -226,10 +226,11 @@ class UcxTransport(StoreBackedEndpoint):
             self._finish(handle, "transport closed")
 
     async def _shutdown(self) -> None:
-        self._listener.close()
         endpoints = [*self._busy, *(ep for idle in self._idle.values() for ep in idle)]
         self._busy.clear()
         self._idle.clear()
         for ep in endpoints:
             with contextlib.suppress(Exception):
                 ep.abort()
+        await asyncio.sleep(0)  # let the handlers of the aborted endpoints return before the listener goes
+        self._listener.close()

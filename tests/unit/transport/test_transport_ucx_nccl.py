@@ -30,11 +30,10 @@ def test_the_config_and_registry_name_the_backend(kind: str) -> None:
 
 
 def test_ucx_sets_its_cpu_defaults_before_ucxx_loads(make: Callable[..., Any]) -> None:
-    from tetriserve.transport.ucx import UCX_DEFAULTS
-
+    if os.path.exists("/dev/nvidiactl"):
+        pytest.skip("a GPU host: UCX keeps its own rendezvous memory type")
     make("ucx")
-    assert os.environ["UCX_RNDV_FRAG_MEM_TYPE"] == UCX_DEFAULTS["UCX_RNDV_FRAG_MEM_TYPE"] == "host"
-    assert "UCX_TLS" in os.environ
+    assert os.environ["UCX_RNDV_FRAG_MEM_TYPE"] == "host"
 
 
 @pytest.mark.parametrize("kind", ["ucx", "nccl"])
