@@ -14,7 +14,8 @@ only once the receiver acknowledged it). Ceilings, measured in the same run:
     nccl  raw ``torch.distributed`` send/recv on a two-rank group built over a TCPStore as the backend builds
           its pairs (gloo here, no CUDA), a one-byte tensor back as the ack
 
-Writes ``benchmarks/results/transport_throughput.{md,json}``.
+Writes ``benchmarks/results/transport_throughput.{md,json}``; with ``--backends`` naming some of them,
+``transport_throughput_<names>.{md,json}`` (e.g. ``--backends ucx nccl``: the newer backends alone).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_bench_report import measure_or_reload
 
 MIB = 1 << 20
+BACKEND_GROUPS = ("shm", "ucx", "nccl")  # shm's table has tcp beside it
 
 
 def _receiver(kind: str, conn: Any) -> None:
@@ -254,38 +256,45 @@ def report(data: dict[str, Any]) -> str:
         "",
         f"Command: `{data['command']}`  ",
         "One buffer per transfer from one process to another on this machine (2 cores); GB/s from `send` until "
-        "the receiving process's `recv` had it, median of the repeats after one warm-up per size. Ceilings in "
-        "the same run: a torch tensor copy of the same size on one thread, as in a worker process (into a reused "
-        "buffer, as the shm backend copies into a slab it reuses; and into a buffer allocated for it), and a "
-        "plain loopback socket between two processes.",
-        "",
-        "| MiB | shm | torch copy, reused buffer | shm / that | torch copy, fresh buffer | shm / that | tcp | "
-        "loopback socket | tcp / that |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "the receiving process's `recv` had it, median of the repeats after one warm-up per size; each backend "
+        "beside the raw path it rides, measured in the same run.",
     ]
-    for s in sizes:
-        shm, fresh, reused = med["shm"][s], med["copy_fresh"][s], med["copy_reused"][s]
-        tcp, sock = med["tcp"][s], med["socket"][s]
-        lines.append(
-            f"| {s} | {shm:.2f} | {reused:.2f} | {shm / reused:.2f} | {fresh:.2f} | {shm / fresh:.2f} | "
-            f"{tcp:.2f} | {sock:.2f} | {tcp / sock:.2f} |"
-        )
-    if "ucx" in med:
+    if "shm" in med:
         lines += [
             "",
-            "ucx and nccl (gloo: no CUDA here) beside their raw paths in the same run: raw `ucxx` tag send/recv "
-            "with a one-byte ack, and raw `torch.distributed` send/recv on a two-rank gloo group with a one-byte "
-            "ack. This machine is shared with other jobs while it runs: numbers are noisy, compare within a row.",
+            "shm and tcp. Ceilings: a torch tensor copy of the same size on one thread, as in a worker process "
+            "(into a reused buffer, as the shm backend copies into a slab it reuses; and into a buffer allocated "
+            "for it), and a plain loopback socket between two processes.",
             "",
-            "| MiB | ucx | raw ucxx | ucx / that | nccl (gloo) | raw gloo | nccl / that |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| MiB | shm | torch copy, reused buffer | shm / that | torch copy, fresh buffer | shm / that | tcp | "
+            "loopback socket | tcp / that |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for s in sizes:
-            ucx, raw_ucx, nccl, raw_gloo = med["ucx"][s], med["raw_ucx"][s], med["nccl"][s], med["raw_gloo"][s]
+            shm, fresh, reused = med["shm"][s], med["copy_fresh"][s], med["copy_reused"][s]
+            tcp, sock = med["tcp"][s], med["socket"][s]
             lines.append(
-                f"| {s} | {ucx:.2f} | {raw_ucx:.2f} | {ucx / raw_ucx:.2f} | {nccl:.2f} | {raw_gloo:.2f} | "
-                f"{nccl / raw_gloo:.2f} |"
+                f"| {s} | {shm:.2f} | {reused:.2f} | {shm / reused:.2f} | {fresh:.2f} | {shm / fresh:.2f} | "
+                f"{tcp:.2f} | {sock:.2f} | {tcp / sock:.2f} |"
             )
+    for name, raw, label, what in (
+        ("ucx", "raw_ucx", "raw ucxx", "raw `ucxx` tag send/recv between two processes, a one-byte ack back"),
+        ("nccl", "raw_gloo", "raw gloo", "raw `torch.distributed` send/recv on a two-rank gloo group (no CUDA "
+         "here, so `nccl` runs on gloo), a one-byte tensor back as the ack"),
+    ):  # fmt: skip
+        if name not in med:
+            continue
+        lines += ["", f"{name}. Ceiling: {what}.", "", f"| MiB | {name} | {label} | {name} / that |",
+                  "| ---: | ---: | ---: | ---: |"]  # fmt: skip
+        for s in sizes:
+            got, ceiling = med[name][s], med[raw][s]
+            lines.append(f"| {s} | {got:.2f} | {ceiling:.2f} | {got / ceiling:.2f} |")
+    if "ucx" in med or "nccl" in med:
+        lines += [
+            "",
+            "The machine was shared with other jobs during this run (2 cores for several processes): the numbers "
+            "are noisy; compare a backend with its ceiling within a row, not runs with each other.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -293,18 +302,27 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--backends", nargs="+", choices=BACKEND_GROUPS, default=list(BACKEND_GROUPS),
+                    help="measure these (shm also measures tcp: one table), each beside its raw path")  # fmt: skip
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
     args = ap.parse_args()
+    groups = [g for g in BACKEND_GROUPS if g in args.backends]
 
     def measure() -> dict[str, Any]:
         sizes, n = args.sizes_mib, args.repeats
-        fresh, reused = _copies(sizes, n)
-        gbps = {"shm": _backend("shm", sizes, n), "tcp": _backend("tcp", sizes, n), "socket": _socket(sizes, n)}
-        gbps |= {"ucx": _backend("ucx", sizes, n), "raw_ucx": _raw_ucx(sizes, n)}
-        gbps |= {"nccl": _backend("nccl", sizes, n), "raw_gloo": _raw_gloo(sizes, n)}
-        return {"sizes_mib": sizes, "gbps": {**gbps, "copy_fresh": fresh, "copy_reused": reused}}
+        gbps: dict[str, Any] = {}
+        if "shm" in groups:
+            fresh, reused = _copies(sizes, n)
+            gbps |= {"shm": _backend("shm", sizes, n), "tcp": _backend("tcp", sizes, n), "socket": _socket(sizes, n)}
+            gbps |= {"copy_fresh": fresh, "copy_reused": reused}
+        if "ucx" in groups:
+            gbps |= {"ucx": _backend("ucx", sizes, n), "raw_ucx": _raw_ucx(sizes, n)}
+        if "nccl" in groups:
+            gbps |= {"nccl": _backend("nccl", sizes, n), "raw_gloo": _raw_gloo(sizes, n)}
+        return {"sizes_mib": sizes, "gbps": gbps}
 
-    return measure_or_reload("transport_throughput", args.report_only, measure, report)
+    name = "transport_throughput" + ("" if groups == list(BACKEND_GROUPS) else "_" + "_".join(groups))
+    return measure_or_reload(name, args.report_only, measure, report)
 
 
 if __name__ == "__main__":
