@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import socket
 import statistics
 import sys
@@ -142,7 +143,7 @@ def _raw_ucx(sizes: list[int], repeats: int) -> dict[int, list[float]]:
         ack = np.zeros(1, dtype=np.uint8)
         out: dict[int, list[float]] = {}
         for size in sizes:
-            payload = np.ones(size * MIB, dtype=np.uint8)
+            payload = bytearray(size * MIB)  # as the backends' rows send
             for r in range(repeats + 1):
                 t0 = time.perf_counter()
                 await ep.send(np.array([size * MIB], dtype=np.uint64))
@@ -174,7 +175,7 @@ def _raw_gloo_rank(rank: int, port: int, sizes: list[int], repeats: int, conn: A
     ack = torch.ones(1, dtype=torch.uint8)
     out: dict[int, list[float]] = {}
     for size in sizes:
-        payload = torch.ones(size * MIB, dtype=torch.uint8)
+        payload = torch.frombuffer(bytearray(size * MIB), dtype=torch.uint8)  # as the backends' rows send
         for r in range(repeats + 1):
             t0 = time.perf_counter()
             if rank == 0:
@@ -295,6 +296,9 @@ def report(data: dict[str, Any]) -> str:
             "The machine was shared with other jobs during this run (2 cores for several processes): the numbers "
             "are noisy; compare a backend with its ceiling within a row, not runs with each other.",
         ]
+        if "loadavg_1min" in data:
+            before, after = data["loadavg_1min"]
+            lines[-1] += f" One-minute load average {before:.1f} as it started, {after:.1f} as it ended."
     return "\n".join(lines) + "\n"
 
 
@@ -310,6 +314,7 @@ def main() -> int:
 
     def measure() -> dict[str, Any]:
         sizes, n = args.sizes_mib, args.repeats
+        load_before = os.getloadavg()[0]
         gbps: dict[str, Any] = {}
         if "shm" in groups:
             fresh, reused = _copies(sizes, n)
@@ -319,10 +324,10 @@ def main() -> int:
             gbps |= {"ucx": _backend("ucx", sizes, n), "raw_ucx": _raw_ucx(sizes, n)}
         if "nccl" in groups:
             gbps |= {"nccl": _backend("nccl", sizes, n), "raw_gloo": _raw_gloo(sizes, n)}
-        return {"sizes_mib": sizes, "gbps": gbps}
+        return {"sizes_mib": sizes, "gbps": gbps, "loadavg_1min": [load_before, os.getloadavg()[0]]}
 
     name = "transport_throughput" + ("" if groups == list(BACKEND_GROUPS) else "_" + "_".join(groups))
-    return measure_or_reload(name, args.report_only, measure, report)
+    return measure_or_reload(name, args.report_only, measure, report, script="transport_throughput")
 
 
 if __name__ == "__main__":

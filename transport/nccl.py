@@ -308,7 +308,7 @@ class NcclTransport(StoreBackedEndpoint):
         finally:
             with self._stats_lock:
                 self._served.discard(conn)
-                self._served.discard(pair)  # type: ignore[arg-type]
+                self._served.discard(pair)
             if pair is not None:
                 pair.tear_down()
             else:
