@@ -163,7 +163,10 @@ class UcxTransport(StoreBackedEndpoint):
                 self._busy.add(ep)
                 return ep
         host, port = split_ucx_address(dst)
-        ep = await self._ucxx.create_endpoint(host, port)
+        # Is anyone listening? A refused TCP connect says no at once; ucxx would wait out its connect timeout.
+        _, writer = await asyncio.open_connection(host, port)
+        writer.close()
+        ep = await self._ucxx.create_endpoint(host, port, connect_timeout=self._connect_timeout_s)
         self._busy.add(ep)
         return ep
 
