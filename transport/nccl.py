@@ -14,9 +14,10 @@ directly over a ``TCPStore`` the sender hosts (rank 0 sends, rank 1 receives)::
                         ◀─TCP─ ack: 0x01 stored, 0x00 dropped (key was discarded)
 
 Two-sided only. NCCL (and gloo, when a peer stops without closing) can block forever, so every operation runs
-under a watchdog with the transfer's deadline: past it the transfer is ``FAILED`` (the receiver marks its key
-failed), the pair's control socket is shut (the peer's side of the transfer fails at once) and its group
-aborted, and the next transfer between the two builds a fresh pair. A thread stuck in the aborted group is
+under a watchdog with the transfer's deadline: past it, or as soon as the peer closes the control socket (it
+died: the collective library may not notice), the transfer is ``FAILED`` (the receiver marks its key failed),
+the pair's control socket is shut (the peer's side of the transfer fails at once) and its group aborted, and
+the next transfer between the two builds a fresh pair. A thread stuck in the aborted group is
 abandoned (daemon); the group's own timeout (``group_timeout_s``) bounds it. Transfers between one pair are
 serialized; different destinations proceed in parallel on ``send_threads`` threads.
 """
@@ -28,6 +29,7 @@ import datetime
 import itertools
 import json
 import logging
+import select
 import socket
 import struct
 import threading
@@ -74,20 +76,24 @@ def _recv_frame(sock: socket.socket) -> dict[str, Any]:
 
 
 class Watchdog:
-    """Calls ``on_expire`` for each watched operation still running past its deadline (one thread per endpoint)."""
+    """Calls ``on_expire`` for each watched operation still running past its deadline, or whose peer hung up
+    first (its control socket closed: NCCL and gloo may not notice a dead peer). One thread per endpoint."""
+
+    POLL_S = 0.05  # how often the control sockets of running operations are looked at
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
-        self._watched: dict[int, tuple[float, Callable[[], None]]] = {}
+        self._watched: dict[int, tuple[float, Callable[[], None], socket.socket | None]] = {}
         self._ids = itertools.count()
         self._closed = False
         threading.Thread(target=self._run, name="kv-nccl-watchdog", daemon=True).start()
 
     @contextlib.contextmanager
-    def watch(self, deadline: float, on_expire: Callable[[], None]) -> Any:
+    def watch(self, deadline: float, on_expire: Callable[[], None], sock: socket.socket | None = None) -> Any:
+        """``sock``: the pair's control socket, which the peer leaves silent during the operation."""
         wid = next(self._ids)
         with self._cv:
-            self._watched[wid] = (deadline, on_expire)
+            self._watched[wid] = (deadline, on_expire, sock)
             self._cv.notify()
         try:
             yield
@@ -99,12 +105,14 @@ class Watchdog:
         while True:
             with self._cv:
                 now = time.monotonic()
-                due = [w for w, (d, _) in self._watched.items() if d <= now]
+                due = [w for w, (d, _, sock) in self._watched.items() if d <= now or (sock and _hung_up(sock))]
                 expired = [self._watched.pop(w)[1] for w in due]
                 if not expired:
                     if self._closed:
                         return
-                    nxt = min((d for d, _ in self._watched.values()), default=now + 1.0)
+                    nxt = min((d for d, _, _ in self._watched.values()), default=now + 1.0)
+                    if any(sock is not None for _, _, sock in self._watched.values()):
+                        nxt = min(nxt, now + self.POLL_S)
                     self._cv.wait(max(nxt - now, 0.001))
                     continue
             for fn in expired:
@@ -115,6 +123,18 @@ class Watchdog:
         with self._cv:
             self._closed = True
             self._cv.notify()
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the peer closed ``sock`` (or it broke); data waiting to be read is not a hang-up. Never blocks
+    (``select`` first: a socket with a timeout waits in ``recv`` even with ``MSG_DONTWAIT``)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except (OSError, ValueError):  # closed (fileno -1) or broken
+        return True
 
 
 @dataclass(eq=False)
@@ -201,13 +221,14 @@ class NcclTransport(StoreBackedEndpoint):
         pair: _Pair | None = None
 
         def expire() -> None:
-            self._finish(handle, f"send {key} to {dst} failed: deadline passed")
+            self._finish(handle, f"send {key} to {dst} failed: its deadline passed or the receiver hung up")
             if pair is not None:
                 self._drop_pair(dst, pair)
 
         try:
             with self._watchdog.watch(deadline, expire):
                 pair = self._checkout(dst, deadline)
+            with self._watchdog.watch(deadline, expire, pair.sock):
                 if not pair.lock.acquire(timeout=max(deadline - time.monotonic(), 0.001)):
                     raise TimeoutError("deadline passed waiting for the pair's earlier transfers")
                 try:
@@ -322,11 +343,11 @@ class NcclTransport(StoreBackedEndpoint):
         key = str(header["key"])
 
         def expire() -> None:
-            self._store.fail(key, f"transfer of {key} broke off: its deadline passed")
+            self._store.fail(key, f"transfer of {key} broke off: its deadline passed or the sender hung up")
             pair.tear_down()
 
         try:
-            with self._watchdog.watch(time.monotonic() + float(header["deadline_s"]) + 1.0, expire):
+            with self._watchdog.watch(time.monotonic() + float(header["deadline_s"]) + 1.0, expire, pair.sock):
                 buffers = self._landing.views([int(n) for n in header["sizes"]])
                 for buf in buffers:
                     if len(buf):

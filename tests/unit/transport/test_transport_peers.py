@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -63,11 +64,20 @@ def with_signal(proc: subprocess.Popen[str], sig: int) -> None:
         os.kill(proc.pid, sig)
 
 
+def _stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` has stopped (a SIGSTOP takes effect as each returns to user space)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt" for t in tasks.iterdir())
+
+
 def _line(proc: subprocess.Popen[str]) -> str:
+    """The peer's next line of output, past UCX's own log lines (UCX logs to stdout: ``[time] [host:pid] ...``)."""
     assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    assert line, f"peer process exited (rc={proc.poll()})"
-    return line
+    while True:
+        line = proc.stdout.readline().strip()
+        assert line, f"peer process exited (rc={proc.poll()})"
+        if not line.startswith("["):
+            return line
 
 
 def _tell(proc: subprocess.Popen[str], dst: str, key: str, size: int = 0) -> None:
@@ -117,6 +127,7 @@ def test_a_frozen_receiver_fails_the_send_at_its_deadline_and_the_next_one_goes_
     tx = make(kind)
     assert tx.send(dst, "warm", [b"x"], 30.0).wait(30.0) is TransferState.DONE
     with_signal(peer, signal.SIGSTOP)
+    poll(lambda: _stopped(peer.pid), 10.0, "the peer to stop")
     try:
         handle = tx.send(dst, "frozen", [bytearray(1 << 20)], deadline_s=1.0)
         assert handle.wait(10.0) is TransferState.FAILED
