@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import itertools
 import json
 import logging
-import select
 import socket
 import struct
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +44,7 @@ import torch.distributed as dist
 from tetriserve.transport.api import Buffer, TransferHandle
 from tetriserve.transport.store import StoreBackedEndpoint
 from tetriserve.transport.tcp import ReceivePool, _recv_exact, parse_address
+from tetriserve.transport.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -73,68 +72,6 @@ def _recv_frame(sock: socket.socket) -> dict[str, Any]:
     if n > _MAX_HEADER:
         raise ValueError(f"frame header of {n} bytes")
     return dict(json.loads(_recv_exact(sock, n)))
-
-
-class Watchdog:
-    """Calls ``on_expire`` for each watched operation still running past its deadline, or whose peer hung up
-    first (its control socket closed: NCCL and gloo may not notice a dead peer). One thread per endpoint."""
-
-    POLL_S = 0.05  # how often the control sockets of running operations are looked at
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._watched: dict[int, tuple[float, Callable[[], None], socket.socket | None]] = {}
-        self._ids = itertools.count()
-        self._closed = False
-        threading.Thread(target=self._run, name="kv-nccl-watchdog", daemon=True).start()
-
-    @contextlib.contextmanager
-    def watch(self, deadline: float, on_expire: Callable[[], None], sock: socket.socket | None = None) -> Any:
-        """``sock``: the pair's control socket, which the peer leaves silent during the operation."""
-        wid = next(self._ids)
-        with self._cv:
-            self._watched[wid] = (deadline, on_expire, sock)
-            self._cv.notify()
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._watched.pop(wid, None)
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                now = time.monotonic()
-                due = [w for w, (d, _, sock) in self._watched.items() if d <= now or (sock and _hung_up(sock))]
-                expired = [self._watched.pop(w)[1] for w in due]
-                if not expired:
-                    if self._closed:
-                        return
-                    nxt = min((d for d, _, _ in self._watched.values()), default=now + 1.0)
-                    if any(sock is not None for _, _, sock in self._watched.values()):
-                        nxt = min(nxt, now + self.POLL_S)
-                    self._cv.wait(max(nxt - now, 0.001))
-                    continue
-            for fn in expired:
-                with contextlib.suppress(Exception):
-                    fn()
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-
-
-def _hung_up(sock: socket.socket) -> bool:
-    """Whether the peer closed ``sock`` (or it broke); data waiting to be read is not a hang-up. Never blocks
-    (``select`` first: a socket with a timeout waits in ``recv`` even with ``MSG_DONTWAIT``)."""
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable) and sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
-        return False
-    except (OSError, ValueError):  # closed (fileno -1) or broken
-        return True
 
 
 @dataclass(eq=False)

@@ -53,7 +53,7 @@ def test_nccl_is_gloo_without_cuda(make: Callable[..., Any]) -> None:
 
 
 def test_the_nccl_watchdog_fires_past_the_deadline_only() -> None:
-    from tetriserve.transport.nccl import Watchdog
+    from tetriserve.transport.watchdog import Watchdog
 
     dog, fired = Watchdog(), threading.Event()
     try:
