@@ -9,14 +9,20 @@ only once the receiver acknowledged it). Ceilings, measured in the same run:
     shm   one ``torch`` tensor copy of the same size, one thread (as in a worker process), into a buffer reused
           every time (the shm backend copies into a slab it reuses) and into one allocated for it
     tcp   the same bytes through a plain loopback socket between the same two processes (sendall/recv_into)
+    ucx   raw ``ucxx`` tag send/recv of the same bytes between two processes, a one-byte ack back (with the backend's
+          UCX settings: UCX_RNDV_FRAG_MEM_TYPE=host without a GPU, UCX_TLS left to UCX)
+    nccl  raw ``torch.distributed`` send/recv on a two-rank group built over a TCPStore as the backend builds
+          its pairs (gloo here, no CUDA), a one-byte tensor back as the ack
 
-Writes ``benchmarks/results/transport_throughput.{md,json}``.
+Writes ``benchmarks/results/transport_throughput.{md,json}``; with ``--backends`` naming some of them,
+``transport_throughput_<names>.{md,json}`` (e.g. ``--backends ucx nccl``: the newer backends alone).
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import socket
 import statistics
 import sys
@@ -28,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_bench_report import measure_or_reload
 
 MIB = 1 << 20
+BACKEND_GROUPS = ("shm", "ucx", "nccl")  # shm's table has tcp beside it
 
 
 def _receiver(kind: str, conn: Any) -> None:
@@ -90,6 +97,111 @@ def _backend(kind: str, sizes: list[int], repeats: int) -> dict[int, list[float]
     return out
 
 
+def _raw_ucx_receiver(conn: Any) -> None:
+    import asyncio
+
+    import numpy as np
+
+    from tetriserve.transport.ucx import ucx_loop
+
+    ucxx, loop = __import__("ucxx"), ucx_loop()
+    buf = np.empty(max(conn.recv()) * MIB, dtype=np.uint8)
+
+    async def serve(ep: Any) -> None:
+        n = np.zeros(1, dtype=np.uint64)
+        while True:
+            await ep.recv(n)
+            if int(n[0]) == 0:
+                return
+            await ep.recv(buf[: int(n[0])])
+            await ep.send(np.ones(1, dtype=np.uint8))
+
+    async def listen() -> Any:
+        return ucxx.create_listener(serve, port=0)
+
+    listener = asyncio.run_coroutine_threadsafe(listen(), loop).result(30)
+    conn.send(listener.port)
+    conn.recv()  # the sender is done
+
+
+def _raw_ucx(sizes: list[int], repeats: int) -> dict[int, list[float]]:
+    import asyncio
+
+    import numpy as np
+
+    from tetriserve.transport.ucx import ucx_loop
+
+    ucxx, loop = __import__("ucxx"), ucx_loop()
+    parent, child = mp.Pipe()
+    proc = mp.get_context("spawn").Process(target=_raw_ucx_receiver, args=(child,), daemon=True)
+    proc.start()
+    parent.send(sizes)
+    port = parent.recv()
+
+    async def run() -> dict[int, list[float]]:
+        ep = await ucxx.create_endpoint("127.0.0.1", port)
+        ack = np.zeros(1, dtype=np.uint8)
+        out: dict[int, list[float]] = {}
+        for size in sizes:
+            payload = bytearray(size * MIB)  # as the backends' rows send
+            for r in range(repeats + 1):
+                t0 = time.perf_counter()
+                await ep.send(np.array([size * MIB], dtype=np.uint64))
+                await ep.send(payload)
+                await ep.recv(ack)
+                if r:
+                    out.setdefault(size, []).append(size * MIB / (time.perf_counter() - t0) / 1e9)
+        await ep.send(np.zeros(1, dtype=np.uint64))
+        return out
+
+    try:
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(600)
+    finally:
+        parent.send(None)
+        proc.join(10)
+
+
+def _raw_gloo_rank(rank: int, port: int, sizes: list[int], repeats: int, conn: Any) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, datetime.timedelta(seconds=60), wait_for_workers=False)
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    options._timeout = datetime.timedelta(seconds=120)
+    group = dist.ProcessGroupGloo(store, rank, 2, options)
+    ack = torch.ones(1, dtype=torch.uint8)
+    out: dict[int, list[float]] = {}
+    for size in sizes:
+        payload = torch.frombuffer(bytearray(size * MIB), dtype=torch.uint8)  # as the backends' rows send
+        for r in range(repeats + 1):
+            t0 = time.perf_counter()
+            if rank == 0:
+                group.send([payload], 1, 0).wait()
+                group.recv([ack], 1, 1).wait()
+            else:
+                group.recv([payload], 0, 0).wait()
+                group.send([ack], 0, 1).wait()
+            if r:
+                out.setdefault(size, []).append(size * MIB / (time.perf_counter() - t0) / 1e9)
+    if conn is not None:
+        conn.send(out)
+
+
+def _raw_gloo(sizes: list[int], repeats: int) -> dict[int, list[float]]:
+    probe = socket.create_server(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    parent, child = mp.Pipe()
+    proc = mp.get_context("spawn").Process(target=_raw_gloo_rank, args=(1, port, sizes, repeats, None), daemon=True)
+    proc.start()
+    _raw_gloo_rank(0, port, sizes, repeats, child)
+    proc.join(30)
+    return dict(parent.recv())
+
+
 def _socket(sizes: list[int], repeats: int) -> dict[int, list[float]]:
     parent, child = mp.Pipe()
     proc = mp.get_context("spawn").Process(target=_receiver, args=("socket", child), daemon=True)
@@ -145,22 +257,48 @@ def report(data: dict[str, Any]) -> str:
         "",
         f"Command: `{data['command']}`  ",
         "One buffer per transfer from one process to another on this machine (2 cores); GB/s from `send` until "
-        "the receiving process's `recv` had it, median of the repeats after one warm-up per size. Ceilings in "
-        "the same run: a torch tensor copy of the same size on one thread, as in a worker process (into a reused "
-        "buffer, as the shm backend copies into a slab it reuses; and into a buffer allocated for it), and a "
-        "plain loopback socket between two processes.",
-        "",
-        "| MiB | shm | torch copy, reused buffer | shm / that | torch copy, fresh buffer | shm / that | tcp | "
-        "loopback socket | tcp / that |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "the receiving process's `recv` had it, median of the repeats after one warm-up per size; each backend "
+        "beside the raw path it rides, measured in the same run.",
     ]
-    for s in sizes:
-        shm, fresh, reused = med["shm"][s], med["copy_fresh"][s], med["copy_reused"][s]
-        tcp, sock = med["tcp"][s], med["socket"][s]
-        lines.append(
-            f"| {s} | {shm:.2f} | {reused:.2f} | {shm / reused:.2f} | {fresh:.2f} | {shm / fresh:.2f} | "
-            f"{tcp:.2f} | {sock:.2f} | {tcp / sock:.2f} |"
-        )
+    if "shm" in med:
+        lines += [
+            "",
+            "shm and tcp. Ceilings: a torch tensor copy of the same size on one thread, as in a worker process "
+            "(into a reused buffer, as the shm backend copies into a slab it reuses; and into a buffer allocated "
+            "for it), and a plain loopback socket between two processes.",
+            "",
+            "| MiB | shm | torch copy, reused buffer | shm / that | torch copy, fresh buffer | shm / that | tcp | "
+            "loopback socket | tcp / that |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for s in sizes:
+            shm, fresh, reused = med["shm"][s], med["copy_fresh"][s], med["copy_reused"][s]
+            tcp, sock = med["tcp"][s], med["socket"][s]
+            lines.append(
+                f"| {s} | {shm:.2f} | {reused:.2f} | {shm / reused:.2f} | {fresh:.2f} | {shm / fresh:.2f} | "
+                f"{tcp:.2f} | {sock:.2f} | {tcp / sock:.2f} |"
+            )
+    for name, raw, label, what in (
+        ("ucx", "raw_ucx", "raw ucxx", "raw `ucxx` tag send/recv between two processes, a one-byte ack back"),
+        ("nccl", "raw_gloo", "raw gloo", "raw `torch.distributed` send/recv on a two-rank gloo group (no CUDA "
+         "here, so `nccl` runs on gloo), a one-byte tensor back as the ack"),
+    ):  # fmt: skip
+        if name not in med:
+            continue
+        lines += ["", f"{name}. Ceiling: {what}.", "", f"| MiB | {name} | {label} | {name} / that |",
+                  "| ---: | ---: | ---: | ---: |"]  # fmt: skip
+        for s in sizes:
+            got, ceiling = med[name][s], med[raw][s]
+            lines.append(f"| {s} | {got:.2f} | {ceiling:.2f} | {got / ceiling:.2f} |")
+    if "ucx" in med or "nccl" in med:
+        lines += [
+            "",
+            "The machine was shared with other jobs during this run (2 cores for several processes): the numbers "
+            "are noisy; compare a backend with its ceiling within a row, not runs with each other.",
+        ]
+        if "loadavg_1min" in data:
+            before, after = data["loadavg_1min"]
+            lines[-1] += f" One-minute load average {before:.1f} as it started, {after:.1f} as it ended."
     return "\n".join(lines) + "\n"
 
 
@@ -168,16 +306,28 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--backends", nargs="+", choices=BACKEND_GROUPS, default=list(BACKEND_GROUPS),
+                    help="measure these (shm also measures tcp: one table), each beside its raw path")  # fmt: skip
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
     args = ap.parse_args()
+    groups = [g for g in BACKEND_GROUPS if g in args.backends]
 
     def measure() -> dict[str, Any]:
         sizes, n = args.sizes_mib, args.repeats
-        fresh, reused = _copies(sizes, n)
-        gbps = {"shm": _backend("shm", sizes, n), "tcp": _backend("tcp", sizes, n), "socket": _socket(sizes, n)}
-        return {"sizes_mib": sizes, "gbps": {**gbps, "copy_fresh": fresh, "copy_reused": reused}}
+        load_before = os.getloadavg()[0]
+        gbps: dict[str, Any] = {}
+        if "shm" in groups:
+            fresh, reused = _copies(sizes, n)
+            gbps |= {"shm": _backend("shm", sizes, n), "tcp": _backend("tcp", sizes, n), "socket": _socket(sizes, n)}
+            gbps |= {"copy_fresh": fresh, "copy_reused": reused}
+        if "ucx" in groups:
+            gbps |= {"ucx": _backend("ucx", sizes, n), "raw_ucx": _raw_ucx(sizes, n)}
+        if "nccl" in groups:
+            gbps |= {"nccl": _backend("nccl", sizes, n), "raw_gloo": _raw_gloo(sizes, n)}
+        return {"sizes_mib": sizes, "gbps": gbps, "loadavg_1min": [load_before, os.getloadavg()[0]]}
 
-    return measure_or_reload("transport_throughput", args.report_only, measure, report)
+    name = "transport_throughput" + ("" if groups == list(BACKEND_GROUPS) else "_" + "_".join(groups))
+    return measure_or_reload(name, args.report_only, measure, report, script="transport_throughput")
 
 
 if __name__ == "__main__":

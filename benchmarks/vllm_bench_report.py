@@ -180,16 +180,21 @@ def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: ar
 
 
 def measure_or_reload(
-    name: str, report_only: bool, measure: Callable[[], dict[str, Any]], report: Callable[[dict[str, Any]], str]
+    name: str,
+    report_only: bool,
+    measure: Callable[[], dict[str, Any]],
+    report: Callable[[dict[str, Any]], str],
+    script: str | None = None,
 ) -> int:
     """Run ``measure`` and save its result with the command that made it (``benchmarks/results/<name>.json``), or
-    with ``report_only`` read the saved one; then write and print the report ``<name>.md``."""
+    with ``report_only`` read the saved one; then write and print the report ``<name>.md`` (``script``: the
+    benchmark's file name when it is not ``name``)."""
     out = RESULTS / f"{name}.json"
     if report_only:
         data = json.loads(out.read_text())
     else:
         WORK.mkdir(parents=True, exist_ok=True)
-        data = {"command": f"python benchmarks/{name}.py " + " ".join(sys.argv[1:]), **measure()}
+        data = {"command": f"python benchmarks/{script or name}.py " + " ".join(sys.argv[1:]), **measure()}
         out.write_text(json.dumps(data, indent=1))
     md = report(data)
     (RESULTS / f"{name}.md").write_text(md)

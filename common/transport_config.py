@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Backend = Literal["auto", "tcp", "shm", "mock"]
+Backend = Literal["auto", "tcp", "shm", "ucx", "nccl", "mock"]
 
 
 class LinkEmulation(BaseModel):
@@ -27,7 +27,9 @@ class TransportConfig(BaseModel):
         "auto",
         description=(
             "tcp: bytes over sockets. shm: through reused shared-memory slabs between processes of one host "
-            "(peers on other hosts get them over TCP). auto: shm, which is tcp to another host. mock: TetriInfer's "
+            "(peers on other hosts get them over TCP). ucx: through ucxx (tcp/shared memory here, RDMA where the "
+            "cluster has it). nccl: torch.distributed point-to-point on a group per pair (NCCL on CUDA, gloo on "
+            "CPU). auto: shm, which is tcp to another host. mock: TetriInfer's "
             "transfer mock, metadata only over the emulated link (needs emulate; zero KV: timing studies only)."
         ),
     )

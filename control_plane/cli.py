@@ -61,7 +61,7 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--http-port": ("http_port", int, "OpenAI-compatible HTTP port"),
     "--address": ("ray_address", str, "Ray cluster to join (default: start a local one)"),
     "--migration-limit": ("migration_limit", int, "re-placements/migrations per request after worker failures"),
-    "--transport": ("transport.backend", str, "KV transfer backend: auto | tcp | shm | mock (timing only)"),
+    "--transport": ("transport.backend", str, "KV transfer backend: auto|tcp|shm|ucx|nccl|mock (timing only)"),
     "--emulate-gbps": ("transport.emulate.gbps", float, "shape KV sends to a link of this many Gb/s"),
     "--emulate-latency-us": ("transport.emulate.latency_us", float, "... with this one-way latency, µs"),
     "--kv-load-failure-policy": ("kv_load_failure_policy", str, "recompute | fail: a decode engine's lost KV transfer"),

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from tetriserve.common.config import EngineConfig
 from tetriserve.common.request import SamplingSpec
+from tetriserve.common.stream import TokenLogprobs
 from tetriserve.engine.settings import EngineRole, build_engine_args
 
 
@@ -35,4 +36,21 @@ class ColocatedEngine:
         self, prompts: dict[str, Sequence[int]], sampling: SamplingSpec
     ) -> dict[str, tuple[int, ...]]:
         outs = await asyncio.gather(*(self.generate(rid, p, sampling) for rid, p in prompts.items()))
+        return dict(zip(prompts, outs, strict=True))
+
+    async def generate_with_logprobs(
+        self, prompts: dict[str, Sequence[int]], sampling: SamplingSpec
+    ) -> dict[str, tuple[tuple[int, ...], tuple[TokenLogprobs, ...]]]:
+        """Like ``generate_many``, with each position's top logprobs (``sampling.logprobs`` of them)."""
+        from tetriserve.engine.sampling import to_vllm
+
+        async def one(rid: str, prompt: Sequence[int]) -> tuple[tuple[int, ...], tuple[TokenLogprobs, ...]]:
+            tokens: list[int] = []
+            logprobs: list[TokenLogprobs] = []
+            async for delta in self.engine.generate(rid, prompt, to_vllm(sampling, max_tokens=sampling.max_tokens)):
+                tokens.extend(delta.token_ids)
+                logprobs.extend(delta.logprobs or ())
+            return tuple(tokens), tuple(logprobs)
+
+        outs = await asyncio.gather(*(one(rid, p) for rid, p in prompts.items()))
         return dict(zip(prompts, outs, strict=True))

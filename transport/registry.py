@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from tetriserve.transport.api import Transport
 from tetriserve.transport.inproc import InProcTransport
@@ -10,11 +11,26 @@ from tetriserve.transport.mock import MockTransport
 from tetriserve.transport.shm import ShmTransport
 from tetriserve.transport.tcp import TcpTransport
 
-BACKENDS: dict[str, Callable[[str], Transport]] = {
-    "tcp": lambda listen: TcpTransport(listen),
-    "shm": lambda listen: ShmTransport(listen),
-    "inproc": lambda listen: InProcTransport(listen),
-    "mock": lambda listen: MockTransport(listen),
+
+def _ucx(listen: str, **options: Any) -> Transport:
+    from tetriserve.transport.ucx import UcxTransport  # imports ucxx (and sets its UCX_* defaults) on first use
+
+    return UcxTransport(listen, **options)
+
+
+def _nccl(listen: str, **options: Any) -> Transport:
+    from tetriserve.transport.nccl import NcclTransport  # imports torch.distributed on first use
+
+    return NcclTransport(listen, **options)
+
+
+BACKENDS: dict[str, Callable[..., Transport]] = {
+    "tcp": lambda listen, **options: TcpTransport(listen, **options),
+    "shm": lambda listen, **options: ShmTransport(listen, **options),
+    "inproc": lambda listen, **options: InProcTransport(listen, **options),
+    "mock": lambda listen, **options: MockTransport(listen, **options),
+    "ucx": _ucx,
+    "nccl": _nccl,
 }
 
 
@@ -24,9 +40,9 @@ def backend_of(address: str) -> str:
     return scheme if sep else "tcp"
 
 
-def make_transport(name: str, listen: str) -> Transport:
+def make_transport(name: str, listen: str, **options: Any) -> Transport:
     try:
         factory = BACKENDS[name]
     except KeyError:
         raise ValueError(f"transport: unknown backend {name!r}; known: {sorted(BACKENDS)}") from None
-    return factory(listen)
+    return factory(listen, **options)

@@ -1,43 +1,99 @@
-"""Serving over the TCP transport (issue #16): the disaggregated greedy output is a colocated engine's token for
-token over this backend too (the default, shm, is covered by test_disaggregation.py and every other cluster)."""
+"""Serving over each non-default transport (issue #16): the disaggregated greedy output is a colocated engine's,
+token for token and top logprob for top logprob, over tcp, ucx and nccl (gloo here) too. The default, shm, is
+covered by test_disaggregation.py and every other cluster.
+
+One cluster per backend, one after another (the backend is fixed when a worker opens its endpoint); the
+colocated reference is computed once, in the first, and reused.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.integration.conftest import own_cluster
-from tests.integration.test_disaggregation import SAMPLING, _assert_same, _disaggregated, _engine_stats
+from tests.integration.test_disaggregation import _engine_stats
+from tetriserve.common.request import Request, SamplingSpec
+from tetriserve.transport.registry import backend_of
 
-PROMPTS = {f"tcp-{i}": tuple(range(40 + 13 * i, 40 + 13 * i + 30 + 37 * i)) for i in range(6)}
+PROMPTS = {f"kv-{i}": tuple(range(40 + 13 * i, 40 + 13 * i + 30 + 37 * i)) for i in range(4)}
+SAMPLING = SamplingSpec(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=3)
+LOGPROB_TOL = 1e-4  # as test_vllm_parity.py: float32 on both sides
+Outputs = dict[str, tuple[tuple[int, ...], tuple[Any, ...]]]
+_reference: Outputs = {}
 
 
-@pytest.fixture(scope="module")
-def tcp_cluster(model_path: str) -> Iterator[Any]:
-    with own_cluster(model_path, {"namespace": "tetriserve-test-tcp", "transport": {"backend": "tcp"}}) as handle:
-        yield handle
+@pytest.fixture(scope="module", params=["tcp", "ucx", "nccl"])
+def backend_cluster(request: pytest.FixtureRequest, model_path: str) -> Iterator[tuple[str, Any]]:
+    kind = str(request.param)
+    overrides = {"namespace": f"tetriserve-test-{kind}", "transport": {"backend": kind}}
+    with own_cluster(model_path, overrides) as handle:
+        yield kind, handle
 
 
-def test_tcp_serving_matches_a_colocated_engine(tcp_cluster: Any, model_path: str) -> None:
+def _served(cluster: Any, kind: str) -> Outputs:
+    from tetriserve.control_plane.ray_backend import RayBackend
+
+    backend = RayBackend(cluster, "tiny-llama")
+
+    async def one(rid: str, ids: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+        tokens: list[int] = []
+        logprobs: list[Any] = []
+        async for chunk in backend.generate(Request(f"{rid}-{kind}", ids, SAMPLING)):
+            assert chunk.finish_reason in (None, "length", "stop"), chunk.error
+            tokens.extend(chunk.token_ids)
+            logprobs.extend(chunk.logprobs or ())
+        return tuple(tokens), tuple(logprobs)
+
+    async def run_all() -> Outputs:
+        try:
+            results = await asyncio.gather(*(one(rid, ids) for rid, ids in PROMPTS.items()))
+        finally:
+            backend.close()
+        return dict(zip(PROMPTS, results, strict=True))
+
+    return asyncio.run(run_all())
+
+
+def _colocated(cluster: Any, model_path: str) -> Outputs:
     import ray
 
     from tetriserve.engine.colocated import ColocatedEngine
     from tetriserve.engine.settings import engine_env
 
-    decode = next(iter(tcp_cluster.decode.values()))
+    if not _reference:
+        engine = (
+            ray.remote(ColocatedEngine)
+            .options(num_cpus=0, runtime_env={"env_vars": engine_env(cluster.config.engine)})
+            .remote(cluster.config.engine, model_path, cluster.config.prefill.chunk_size)
+        )
+        try:
+            _reference.update(ray.get(engine.generate_with_logprobs.remote(dict(PROMPTS), SAMPLING), timeout=600))
+        finally:
+            ray.kill(engine)
+    return _reference
+
+
+def test_serving_over_each_backend_matches_a_colocated_engine(
+    backend_cluster: tuple[str, Any], model_path: str
+) -> None:
+    import ray
+
+    kind, cluster = backend_cluster
+    decode = next(iter(cluster.decode.values()))
     assert ray.get(decode.stats.remote())["transport"].bytes_received == 0
-    assert not next(iter(tcp_cluster.supervision.addresses.values())).startswith("shm://")
-    served = _disaggregated(tcp_cluster, PROMPTS, SAMPLING, "tcp")
+    assert {backend_of(a) for a in cluster.supervision.addresses.values()} == {kind}
+    served = _served(cluster, kind)
     after = _engine_stats(decode)
     assert after["kv"].requests_loaded == len(PROMPTS) and after["transport"].bytes_received > 0
-    colocated = (
-        ray.remote(ColocatedEngine)
-        .options(num_cpus=0, runtime_env={"env_vars": engine_env(tcp_cluster.config.engine)})
-        .remote(tcp_cluster.config.engine, model_path, tcp_cluster.config.prefill.chunk_size)
-    )
-    try:
-        _assert_same(served, ray.get(colocated.generate_many.remote(dict(PROMPTS), SAMPLING), timeout=600))
-    finally:
-        ray.kill(colocated)
+    reference = _colocated(cluster, model_path)
+    for rid, (tokens, logprobs) in reference.items():
+        got_tokens, got_logprobs = served[rid]
+        assert got_tokens == tokens, f"{kind} {rid}: {got_tokens} vs colocated {tokens}"
+        assert len(got_logprobs) == len(logprobs) == len(tokens)
+        for got, want in zip(got_logprobs, logprobs, strict=True):
+            assert got.token_ids == want.token_ids, f"{kind} {rid}: top tokens {got.token_ids} vs {want.token_ids}"
+            assert got.logprobs == pytest.approx(want.logprobs, abs=LOGPROB_TOL)

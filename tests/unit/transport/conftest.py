@@ -11,10 +11,11 @@ import pytest
 from tests.transport_support import unique
 from tetriserve.transport.api import Transport
 from tetriserve.transport.inproc import InProcTransport
+from tetriserve.transport.registry import make_transport
 from tetriserve.transport.shm import ShmTransport
 from tetriserve.transport.tcp import TcpTransport
 
-SOCKET_BACKENDS = ("tcp", "shm")  # addressed by host:port; the receiver acknowledges every frame
+SOCKET_BACKENDS = ("tcp", "shm", "ucx", "nccl")  # addressed by host:port; the receiver acknowledges every frame
 
 
 @pytest.fixture
@@ -28,6 +29,8 @@ def make() -> Iterator[Callable[..., Any]]:
             t = TcpTransport(**kwargs)
         elif kind == "shm":
             t = ShmTransport(**kwargs)
+        elif kind in ("ucx", "nccl"):
+            t = make_transport(kind, "127.0.0.1:0", **kwargs)
         else:
             t = InProcTransport(unique(), **kwargs)
         opened.append(t)
@@ -38,7 +41,7 @@ def make() -> Iterator[Callable[..., Any]]:
         t.close()
 
 
-@pytest.fixture(params=["tcp", "shm", "inproc"])
+@pytest.fixture(params=["tcp", "shm", "inproc", "ucx", "nccl"])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

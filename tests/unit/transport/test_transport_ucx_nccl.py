@@ -1,0 +1,76 @@
+"""ucx and nccl specifics: addresses, the config and registry naming them, the UCX environment defaults, the
+nccl watchdog. The contract itself runs against both in test_transport_contract.py and test_transport_peers.py."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.transport_support import poll
+from tetriserve.common.config import ClusterConfig
+from tetriserve.transport.api import TransferState
+from tetriserve.transport.registry import backend_of, make_transport
+
+
+@pytest.mark.parametrize("kind", ["ucx", "nccl"])
+def test_the_config_and_registry_name_the_backend(kind: str) -> None:
+    cfg = ClusterConfig.load(overrides={"transport.backend": kind})
+    assert cfg.transport.backend == kind and cfg.transport.endpoint_kind == kind
+    endpoint = make_transport(kind, "127.0.0.1:0")
+    try:
+        assert endpoint.address.startswith(f"{kind}://127.0.0.1:")
+        assert backend_of(endpoint.address) == kind  # what status shows per worker
+    finally:
+        endpoint.close()
+
+
+def test_ucx_sets_its_cpu_defaults_before_ucxx_loads(make: Callable[..., Any]) -> None:
+    if os.path.exists("/dev/nvidiactl"):
+        pytest.skip("a GPU host: UCX keeps its own rendezvous memory type")
+    make("ucx")
+    assert os.environ["UCX_RNDV_FRAG_MEM_TYPE"] == "host"
+
+
+@pytest.mark.parametrize("kind", ["ucx", "nccl"])
+def test_a_send_to_nobody_fails_within_its_deadline(make: Callable[..., Any], kind: str, dead_port: str) -> None:
+    handle = make(kind).send(f"{kind}://{dead_port}", "k", [b"x"], deadline_s=2.0)
+    assert handle.wait(10.0) is TransferState.FAILED
+    assert handle.finished is not None and handle.finished - handle.started <= 3.0
+    assert handle.error is not None and "k" in handle.error
+
+
+def test_nccl_is_gloo_without_cuda(make: Callable[..., Any]) -> None:
+    import torch
+
+    assert make("nccl").backend == ("nccl" if torch.cuda.is_available() else "gloo")
+    with pytest.raises(ValueError, match="backend"):
+        make_transport("nccl", "127.0.0.1:0", backend="mpi")
+
+
+def test_the_nccl_watchdog_fires_past_the_deadline_only() -> None:
+    from tetriserve.transport.watchdog import Watchdog
+
+    dog, fired = Watchdog(), threading.Event()
+    try:
+        with dog.watch(time.monotonic() + 60.0, fired.set):
+            pass  # finished in time: never fires
+        with dog.watch(time.monotonic() + 0.05, fired.set):
+            poll(fired.is_set, 5.0, "the watchdog to fire")
+    finally:
+        dog.close()
+
+
+def test_nccl_rebuilds_a_torn_down_pair_on_next_use(make: Callable[..., Any]) -> None:
+    tx, rx = make("nccl"), make("nccl")
+    assert tx.send(rx.address, "a", [b"1" * 100], 10.0).wait(10.0) is TransferState.DONE
+    first = tx._pairs[rx.address]
+    first.tear_down()  # as the watchdog does to a pair whose transfer hung
+    again = tx.send(rx.address, "c", [b"3" * 100], 10.0)
+    assert again.wait(10.0) is TransferState.DONE, again.error
+    assert tx._pairs[rx.address] is not first
+    assert bytes(poll(lambda: rx.recv("c"))[0]) == b"3" * 100

@@ -1,0 +1,239 @@
+"""UCX backend: KV bytes over UCX through ``ucxx`` (issue #16) — tcp and shared memory here, RDMA where the NIC has it.
+
+Wire format, per transfer, on a pooled UCX endpoint (tag messages, in order)::
+
+    u64 header_len | header (JSON: key, sizes) | each non-empty buffer, one message each
+    receiver replies one byte: 0x01 stored, 0x00 dropped (key was discarded)
+
+All UCX calls run as coroutines on one asyncio event loop per process, on a
+daemon thread of its own (``ucxx``'s async API, whose worker progresses on
+that loop): ``send`` schedules the transfer there and returns a polled
+``TransferHandle``; nothing blocks the engine loop. A deadline bounds
+connect, the messages and the acknowledgement together: past it the endpoint is
+aborted (the peer sees its receive fail and marks the key failed) and the send
+is ``FAILED``. A peer that dies breaks its endpoints: UCX's error handling
+cancels the pending messages on the survivor, so both sides know at once.
+
+Environment: without a GPU (no ``/dev/nvidiactl``) the backend sets ``UCX_RNDV_FRAG_MEM_TYPE=host`` before
+``ucxx`` is imported (rendezvous fragments in host memory; an explicit setting wins). ``UCX_TLS`` is UCX's
+choice: every transport it finds (here tcp, shared memory ``posix``/``sysv``/``cma`` and ``self``; ``rc``/``dc``
+RDMA and ``cuda_copy``/``cuda_ipc`` where the host has them); set e.g. ``UCX_TLS=tcp,sm,self`` to restrict it.
+(UCX warns once at start that ``UCX_MEMTYPE_CACHE``, which ``ucxx`` sets, is unused by this build: harmless.)
+
+Two-sided only: the ``ucxx`` Python bindings (0.52) expose tag and active messages but not UCX's
+memory registration, remote keys or ``put``/``get`` (the C++ library has them), so there is no one-sided
+``read``/``write`` yet. Addresses look like ``ucx://host:port`` (the UCX listener).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+import numpy as np
+
+from tetriserve.transport.api import Buffer, TransferHandle
+from tetriserve.transport.store import StoreBackedEndpoint
+from tetriserve.transport.tcp import ReceivePool, parse_address
+
+logger = logging.getLogger(__name__)
+
+UCX_CPU_DEFAULTS = {"UCX_RNDV_FRAG_MEM_TYPE": "host"}
+_MAX_HEADER = 1 << 20
+
+_loop_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _ucxx() -> Any:
+    if not os.path.exists("/dev/nvidiactl"):
+        for name, value in UCX_CPU_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+    import ucxx
+
+    return ucxx
+
+
+def ucx_loop() -> asyncio.AbstractEventLoop:
+    """The process's UCX event loop, started on first use on a daemon thread (ucxx has one context per process)."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _ucxx()
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="kv-ucx", daemon=True).start()
+        return _loop
+
+
+def split_ucx_address(address: str) -> tuple[str, int]:
+    return parse_address(address.removeprefix("ucx://"))
+
+
+class UcxTransport(StoreBackedEndpoint):
+    def __init__(self, listen: str = "127.0.0.1:0", ttl_s: float = 300.0, connect_timeout_s: float = 5.0) -> None:
+        super().__init__(ttl_s)
+        host, port = split_ucx_address(listen)
+        self._ucxx = _ucxx()
+        self._loop = ucx_loop()
+        self._connect_timeout_s = connect_timeout_s
+        self._closed = False
+        self._landing = ReceivePool()
+        self._idle: dict[str, list[Any]] = {}  # dst -> idle endpoints (touched on the loop only)
+        self._busy: set[Any] = set()  # endpoints of this transport in use, sending or serving
+        self._pending: set[TransferHandle] = set()
+        self._listener = self._call(self._listen(port))
+        self._address = f"ucx://{host or '127.0.0.1'}:{self._listener.port}"
+        logger.info("ucx transport listening on %s (UCX_TLS=%s)", self._address, os.environ.get("UCX_TLS", "all"))
+
+    def _call(self, coro: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _listen(self, port: int) -> Any:
+        return self._ucxx.create_listener(self._serve, port=port)
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    # -- sending ---------------------------------------------------------------
+    def send(self, dst: str, key: str, buffers: Sequence[Buffer], deadline_s: float) -> TransferHandle:
+        views = [memoryview(b).cast("B") for b in buffers]
+        handle = TransferHandle(key, sum(v.nbytes for v in views))
+        if self._closed:
+            handle.complete("transport closed")
+            return handle
+        with self._stats_lock:
+            self._pending.add(handle)
+        asyncio.run_coroutine_threadsafe(self._send_now(dst, key, views, deadline_s, handle), self._loop)
+        return handle
+
+    async def _send_now(
+        self, dst: str, key: str, views: list[memoryview], deadline_s: float, handle: TransferHandle
+    ) -> None:
+        try:
+            remaining = deadline_s - (time.monotonic() - handle.started)
+            await asyncio.wait_for(self._send_attempts(dst, key, views, handle), max(remaining, 0.001))
+        except TimeoutError:
+            self._finish(handle, f"send {key} to {dst} failed: deadline of {deadline_s:.3f} s passed")
+        except Exception as exc:  # a bad address, a broken peer, or a bug: the handle must still complete
+            self._finish(handle, f"send {key} to {dst} failed: {type(exc).__name__}: {exc}")
+        finally:
+            with self._stats_lock:
+                self._pending.discard(handle)
+
+    async def _send_attempts(self, dst: str, key: str, views: list[memoryview], handle: TransferHandle) -> None:
+        header = json.dumps({"key": key, "sizes": [v.nbytes for v in views]}).encode()
+        for attempt in (0, 1):  # a pooled endpoint may have gone stale: retry once on a fresh one
+            ep = await self._checkout(dst, fresh=attempt > 0)
+            try:
+                await ep.send(np.array([len(header)], dtype=np.uint64))
+                await ep.send(np.frombuffer(header, dtype=np.uint8))
+                for v in views:
+                    if v.nbytes:
+                        await ep.send(v)
+                ack = np.zeros(1, dtype=np.uint8)
+                await ep.recv(ack)
+            except asyncio.CancelledError:  # the deadline: the peer must see the frame break, not wait on it
+                self._abort(ep)
+                raise
+            except Exception as exc:
+                self._abort(ep)
+                if attempt == 1:
+                    raise
+                logger.debug("ucx transport: pooled endpoint to %s broke (%s); retrying on a fresh one", dst, exc)
+                continue
+            self._busy.discard(ep)
+            if not self._closed:
+                self._idle.setdefault(dst, []).append(ep)
+            self._finish(handle, None if ack[0] == 1 else f"receiver dropped {key} (discarded)")
+            return
+
+    async def _checkout(self, dst: str, fresh: bool) -> Any:
+        idle = self._idle.get(dst)
+        while idle and not fresh:
+            ep = idle.pop()
+            if not ep.closed:
+                self._busy.add(ep)
+                return ep
+        host, port = split_ucx_address(dst)
+        # Is anyone listening? A refused TCP connect says no at once; ucxx would wait out its connect timeout.
+        _, writer = await asyncio.open_connection(host, port)
+        writer.close()
+        ep = await self._ucxx.create_endpoint(host, port, connect_timeout=self._connect_timeout_s)
+        self._busy.add(ep)
+        return ep
+
+    def _abort(self, ep: Any) -> None:
+        self._busy.discard(ep)
+        with contextlib.suppress(Exception):
+            ep.abort()
+
+    # -- receiving -------------------------------------------------------------
+    async def _serve(self, ep: Any) -> None:
+        """One peer endpoint's frames, one after another, until it closes or breaks."""
+        self._busy.add(ep)
+        try:
+            while not self._closed:
+                length = np.zeros(1, dtype=np.uint64)
+                try:
+                    await ep.recv(length)
+                except Exception:  # the sender closed its endpoint, or died between transfers
+                    return
+                if not 0 < int(length[0]) <= _MAX_HEADER:
+                    logger.warning("ucx transport: bad frame from peer, closing endpoint")
+                    return
+                if not await self._serve_frame(ep, int(length[0])):
+                    return
+        finally:
+            self._abort(ep)
+
+    async def _serve_frame(self, ep: Any, header_len: int) -> bool:
+        key = None
+        try:
+            raw = np.zeros(header_len, dtype=np.uint8)
+            await ep.recv(raw)
+            header = json.loads(raw.tobytes())
+            key = str(header["key"])
+            buffers = self._landing.views([int(n) for n in header["sizes"]])
+            for buf in buffers:
+                if len(buf):
+                    await ep.recv(buf)
+            if self._closed:
+                return False
+            stored = self._store.put(key, buffers)
+            await ep.send(np.array([1 if stored else 0], dtype=np.uint8))
+            return True
+        except Exception as exc:  # the sender died or gave up mid-transfer: say so now, not at a deadline
+            logger.warning("ucx transport: receive of %s failed: %s: %s", key, type(exc).__name__, exc)
+            if key is not None and not self._store.has(key):
+                self._store.fail(key, f"transfer of {key} broke off: {exc or type(exc).__name__}")
+            return False
+
+    # -- shutdown --------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._call(self._shutdown(), timeout=10.0)
+        with self._stats_lock:
+            pending = list(self._pending)
+        for handle in pending:
+            self._finish(handle, "transport closed")
+
+    async def _shutdown(self) -> None:
+        endpoints = [*self._busy, *(ep for idle in self._idle.values() for ep in idle)]
+        self._busy.clear()
+        self._idle.clear()
+        for ep in endpoints:
+            with contextlib.suppress(Exception):
+                ep.abort()
+        await asyncio.sleep(0)  # let the handlers of the aborted endpoints return before the listener goes
+        self._listener.close()
