@@ -91,8 +91,8 @@ def collector() -> Iterator[tuple[Collector, int]]:
 
 
 @pytest.fixture(scope="module")
-def traced(model_path: str, collector: tuple[Collector, int]) -> Iterator[tuple[Collector, str]]:
-    """A cluster and front doors exporting to ``collector``; yields it with the HTTP front door's URL."""
+def traced(model_path: str, collector: tuple[Collector, int]) -> Iterator[tuple[Collector, str, Any]]:
+    """A cluster and front doors exporting to ``collector``; yields it, the HTTP front door's URL and the cluster."""
     from tetriserve.control_plane.ray_backend import RayBackend
     from tetriserve.control_plane.serve import run_front_doors
 
@@ -110,7 +110,7 @@ def traced(model_path: str, collector: tuple[Collector, int]) -> Iterator[tuple[
         task = asyncio.run_coroutine_threadsafe(run_front_doors(cluster.config, backend, stop, ready), loop.loop)
         endpoints = loop.run(_await(ready), timeout=60)
         try:
-            yield receiver, endpoints.http
+            yield receiver, endpoints.http, cluster
         finally:
             loop.loop.call_soon_threadsafe(stop.set)
             task.result(30)
@@ -133,8 +133,8 @@ EXPECTED = {  # span -> the process that records it
 }
 
 
-def test_one_request_has_spans_from_every_component_it_crossed(traced: tuple[Collector, str]) -> None:
-    receiver, url = traced
+def test_one_request_has_spans_from_every_component_it_crossed(traced: tuple[Collector, str, Any]) -> None:
+    receiver, url, _ = traced
     body = {"model": "tiny-llama", "prompt": "Trace this request", "max_tokens": 8, "ignore_eos": True}
     headers = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}
     response = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=120)
@@ -173,6 +173,27 @@ def test_one_request_has_spans_from_every_component_it_crossed(traced: tuple[Col
     assert send.attributes["tetriserve.kv.bytes"] > 0 and load.attributes["tetriserve.kv.bytes"] > 0
     assert send.attributes["tetriserve.kv.backend"] == load.attributes["tetriserve.kv.backend"] != ""
     assert decode.attributes["tetriserve.finish_reason"] == "length"
+
+
+def test_actors_log_lines_name_the_request(traced: tuple[Collector, str, Any]) -> None:
+    import ray
+
+    def log_line(worker: Any, traceparent: str) -> str:  # runs in the actor: a warning of request r-7, formatted
+        import logging
+
+        from tetriserve.common import log_context
+
+        (handler,) = logging.getLogger().handlers
+        name = "tetriserve.prefill_worker.worker"
+        with log_context.bound("r-7", traceparent):
+            record = logging.getLogger(name).makeRecord(name, logging.WARNING, "f.py", 1, "KV send failed", (), None)
+        return str(handler.format(record))
+
+    _, _, cluster = traced
+    traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+    for handle in [cluster.scheduler, *cluster.prefill.values(), *cluster.decode.values()]:
+        line = ray.get(handle.__ray_call__.remote(log_line, traceparent), timeout=30)
+        assert line.endswith(f"WARNING tetriserve.prefill_worker.worker [req=r-7 trace={CLIENT_TRACE}]: KV send failed")
 
 
 async def _event() -> asyncio.Event:
