@@ -31,14 +31,15 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s%(request_tag)s: %(message)s"
 
 _current: ContextVar[tuple[str, str | None] | None] = ContextVar("tetriserve_request", default=None)
 _installed = False
+_HEX = "0123456789abcdef"
 
 
 def trace_id_of(traceparent: str | None) -> str | None:
     """The trace id of a W3C traceparent (``00-<trace id>-<span id>-<flags>``), None if it is not one."""
     if not traceparent or len(traceparent) < 55 or traceparent[2] != "-" or traceparent[35] != "-":
         return None
-    trace_id = traceparent[3:35]
-    return None if trace_id == "0" * 32 else trace_id
+    trace_id = traceparent[3:35].lower()  # a client's header: only hex reaches a log line
+    return None if trace_id.strip(_HEX) or trace_id == "0" * 32 else trace_id
 
 
 def bind(request_id: str | None, traceparent: str | None = None) -> None:

@@ -32,6 +32,8 @@ class RequestSpan:
         self.reason: str | None = None
         self.error: str | None = None
         self.ttft_ms: float | None = None
+        if request.trace is not None and tracing.parse_traceparent(request.trace) is None:
+            request.trace = None  # a client's malformed traceparent goes no further
         if tracing.enabled():
             attributes: tracing.Attrs = {
                 "tetriserve.route": route,

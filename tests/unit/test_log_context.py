@@ -87,6 +87,7 @@ def test_trace_ids_of_bad_traceparents_are_left_out() -> None:
     assert log_context.trace_id_of(None) is None
     assert log_context.trace_id_of("nonsense") is None
     assert log_context.trace_id_of("00-" + "0" * 32 + "-" + "b" * 16 + "-01") is None
+    assert log_context.trace_id_of("00-" + "a" * 30 + "\n!" + "-" + "b" * 16 + "-01") is None  # no log injection
     assert log_context.trace_id_of(TRACEPARENT) == "a" * 32
 
 

@@ -110,6 +110,10 @@ def test_tracing_off_leaves_the_request_untraced(front: FrontDoor) -> None:
     backend.reset()
     _run(front, Request("r-off", (5, 6), SamplingSpec(max_tokens=2)))
     assert backend.requests[-1].trace is None
+    _run(front, Request("r-bad", (5, 6), SamplingSpec(max_tokens=2), trace="x" * 4096))
+    assert backend.requests[-1].trace is None  # a malformed client traceparent goes no further
+    _run(front, Request("r-client-off", (5, 6), SamplingSpec(max_tokens=2), trace=CLIENT))
+    assert backend.requests[-1].trace == CLIENT  # a client's own is passed on (the workers may trace)
 
 
 def test_placement_carries_the_trace_to_a_place_span(exported: InMemorySpanExporter) -> None:
