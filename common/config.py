@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.flip_config import FlipConfig, ScaleConfig
 from tetriserve.common.security_config import SecurityConfig
+from tetriserve.common.tracing_config import TracingConfig
 from tetriserve.common.transport_config import TransportConfig
 
 
@@ -269,6 +270,10 @@ class ClusterConfig(BaseModel):
     security: SecurityConfig = Field(
         default_factory=SecurityConfig,  # type: ignore[arg-type]
         description="API keys, per-key quotas and TLS of both front doors; the Ray dashboard's bind address.",
+    )
+    tracing: TracingConfig = Field(
+        default_factory=TracingConfig,  # type: ignore[arg-type]
+        description="OpenTelemetry spans of each request across front door, placement, prefill, transfer, decode.",
     )
     drain_grace_s: float = Field(
         30.0,

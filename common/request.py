@@ -148,6 +148,7 @@ class Request:
     events: list[RequestEvent] = field(default_factory=list)
     attempt: int = 0  # placement attempt: chunks of an earlier one are stale
     resume: tuple[int, ...] = ()  # output tokens the client already has (a migrated request goes on after them)
+    trace: str | None = None  # W3C traceparent of the front door's span of it (``common/tracing.py``); None: untraced
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

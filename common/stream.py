@@ -182,6 +182,7 @@ class PlacementRequest:
     arrival_time: float
     attempt: int = 0
     avoid: tuple[str, ...] = ()  # prefill workers the previous attempt was lost on: others first
+    trace: str | None = None  # W3C traceparent of the request's span at the front door (``common/tracing.py``)
     version: int = PROTOCOL_VERSION
 
 

@@ -7,6 +7,7 @@ import logging
 import sys
 from typing import Any
 
+from tetriserve.common import log_context
 from tetriserve.control_plane.cli_admin import add_policy_parser, run_policy, run_status
 from tetriserve.control_plane.cli_elastic import add_elastic_parsers, run_flip, run_scale
 from tetriserve.control_plane.cli_predictor import add_predictor_parser, run_predictor
@@ -18,6 +19,7 @@ from tetriserve.control_plane.cli_security import (
     serve_security_overrides,
 )
 from tetriserve.control_plane.cli_top import add_top_parser, run_top
+from tetriserve.control_plane.cli_tracing import add_tracing_flags, tracing_overrides
 
 # flag -> dotted ClusterConfig field
 _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
@@ -96,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         help="skip torch.compile / CUDA graphs (faster start, slower steps)",
     )
     add_serve_security_flags(s)
+    add_tracing_flags(s)
 
     fd = sub.add_parser("frontdoor", help="one more pair of front doors (gRPC + HTTP) for a running service")
     fd.add_argument("--address", default="auto", help="the service's Ray cluster (default: the one on this host)")
@@ -149,6 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides["engine.enforce_eager"] = args.enforce_eager
     overrides["engine.borrow_idle_cores"] = args.borrow_idle_cores
     overrides.update(serve_security_overrides(args))
+    overrides.update(tracing_overrides(args))
     serve(ClusterConfig.load(args.config, overrides))
     return 0
 
@@ -210,9 +214,8 @@ def _model(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_context.install()  # log lines of a request show its id (and trace id): FORMAT's request_tag
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=log_context.FORMAT)
     handlers = {
         "serve": _serve,
         "frontdoor": _frontdoor,

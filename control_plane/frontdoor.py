@@ -40,6 +40,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tetriserve.common import log_context
 from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.errors import InvalidRequestError, UnknownModelError
 from tetriserve.common.request import SLO, Request, SamplingSpec
@@ -60,6 +61,7 @@ from tetriserve.control_plane.field_checks import (
 )
 from tetriserve.control_plane.logprobs import LogprobEntry, LogprobNamer, TokenStrings
 from tetriserve.control_plane.request_metrics import RequestMetrics
+from tetriserve.control_plane.request_span import RequestSpan
 from tetriserve.control_plane.stop_strings import StopMatcher, stop_strings
 
 if TYPE_CHECKING:
@@ -238,25 +240,31 @@ class FrontDoor:
 
     # ---- output -------------------------------------------------------------------------------
 
-    def admitted_stream(self, request: Request, started_at: float | None = None) -> AsyncGenerator[TextDelta, None]:
+    def admitted_stream(
+        self, request: Request, started_at: float | None = None, route: str = ""
+    ) -> AsyncGenerator[TextDelta, None]:
         """``stream(request)`` under the admission gate: raises ``Overloaded`` now if the request would wait
         past the bound. The ticket is released when the stream ends, or when it is dropped unstarted."""
+        log_context.bind(request.request_id, request.trace)  # the gateway's own log lines of it
         ticket = self.gate.admit(time.monotonic())
-        deltas = self.stream(request, started_at, ticket)
+        deltas = self.stream(request, started_at, ticket, route)
         weakref.finalize(deltas, lambda: ticket.release(time.monotonic()))
         return deltas
 
     async def stream(
-        self, request: Request, started_at: float | None = None, ticket: Ticket | None = None
+        self, request: Request, started_at: float | None = None, ticket: Ticket | None = None, route: str = ""
     ) -> AsyncGenerator[TextDelta, None]:
         """Run ``request`` on the backend and yield detokenized deltas; the last one is finished.
 
         ``started_at`` (``time.monotonic()``) is when the gateway received the
         request; TTFT and end-to-end latency are measured from it. Exceptions
         raised by the backend (e.g. ``ConnectionError``) propagate. ``ticket``
-        (``admitted_stream``) starts at the second token and is released at the end.
+        (``admitted_stream``) starts at the second token and is released at the end. ``route`` names the
+        gateway's route on the request's root span (``request_span.py``).
         """
         t0 = time.monotonic() if started_at is None else started_at
+        span = RequestSpan(request, self.model_name, route, t0)  # sets request.trace: the workers continue it
+        failure: BaseException | None = None
         rid = request.request_id
         sampling = request.sampling
         detok = IncrementalDetokenizer(
@@ -286,6 +294,8 @@ class FrontDoor:
                 ttft_s = None if ttft_ms is None else ttft_ms / 1e3
                 self.metrics.finished(kw["finish_reason"], prompt_tokens, generated, e2e_s, ttft_s, kind)
             lps = namer.name(tokens, chunk.logprobs) if namer is not None else None
+            if kw.get("finish_reason"):
+                span.finished(kw["finish_reason"], kw.get("error"), ttft_ms)
             return TextDelta(rid, tokens, text, prompt_tokens, generated, ttft_ms=first, logprobs=lps, **kw)
 
         try:
@@ -324,6 +334,7 @@ class FrontDoor:
             done = True
             logger.error("request %s: backend stream ended without a finish reason", rid)
             self.metrics.errored("no_finish")
+            span.finished("error", "backend stream ended without a finish reason", ttft_ms)
             yield TextDelta(
                 rid,
                 (),
@@ -334,16 +345,17 @@ class FrontDoor:
                 error="backend stream ended without a finish reason",
                 e2e_ms=(time.monotonic() - t0) * 1e3,
             )
-        except Overloaded:
-            counted = True
+        except Overloaded as exc:
+            counted, failure = True, exc
             self.metrics.refused("placement")
             raise
         except Exception as exc:
-            counted = True
+            counted, failure = True, exc
             if not done:
                 self.metrics.errored("backend_unavailable" if isinstance(exc, ConnectionError) else "internal")
             raise
         finally:
+            span.close(generated, failure)
             if ticket is not None:
                 ticket.release(time.monotonic())
             if not done:

@@ -53,6 +53,7 @@ from tetriserve.protos import tetriserve_pb2 as pb
 from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
+GENERATE_ROUTE = "/tetriserve.v1.TetriServe/Generate"  # the root span's route (``request_span.py``)
 
 _OPTIONAL = ("min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "min_p")
 _SAMPLING = (
@@ -93,7 +94,8 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
         try:
             self._front.gate.check(started)  # a flood is refused before it costs a tokenization
             req = await self._to_request(rid, request)
-            admitted = self._front.admitted_stream(req, started)
+            req.trace = _metadata(context, "traceparent")  # the client's trace, if it sent one
+            admitted = self._front.admitted_stream(req, started, GENERATE_ROUTE)
         except InvalidRequestError as exc:
             logger.debug("request %s rejected: %s", rid, exc)
             await context.abort(
@@ -250,6 +252,13 @@ async def _abort_admin(context: grpc.aio.ServicerContext, exc: Exception, lookup
     if isinstance(exc, ValueError):
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     raise exc
+
+
+def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v if isinstance(v, str) else None
+    return None
 
 
 def _to_response(delta: TextDelta) -> pb.GenerateResponse:

@@ -218,7 +218,9 @@ def build_app(
     async def run(raw: Request, body: CompletionRequest | ChatCompletionRequest, req: ServingRequest) -> Response:
         chat = isinstance(body, ChatCompletionRequest)
         shaper = ResponseShaper(chat, req.request_id, front.model_name, req.sampling.logprobs, body.continuous_usage)
-        streams = [front.admitted_stream(r, raw.state.started) for r in fan_out(req, body.n)]
+        req.trace = raw.headers.get("traceparent")  # the client's trace, if it sent one (``request_span.py``)
+        route = f"{raw.method} {raw.url.path}"
+        streams = [front.admitted_stream(r, raw.state.started, route) for r in fan_out(req, body.n)]
         gen = Generation(streams, req.request_id, shaper)
         await gen.open()  # a refusal at placement (every prefill worker full) is a 429 here
         headers = {"x-request-id": req.request_id}

@@ -45,10 +45,12 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
+from tetriserve.common import tracing
 from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.load import PrefillLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import Placement, PlacementRequest, StateEvent
+from tetriserve.common.tracing_config import TracingConfig
 from tetriserve.control_plane.admission import RETRY_AFTER_MAX_S
 
 logger = logging.getLogger(__name__)
@@ -64,7 +66,15 @@ class _Queue:
 
 
 class GlobalScheduler:
-    def __init__(self, prefill: dict[str, Any], history: int = 1000, limits: AdmissionConfig | None = None) -> None:
+    def __init__(
+        self,
+        prefill: dict[str, Any],
+        history: int = 1000,
+        limits: AdmissionConfig | None = None,
+        tracing_config: TracingConfig | None = None,
+    ) -> None:
+        if tracing_config is not None:  # an actor of the service (tests build it bare)
+            tracing.setup_process(tracing_config, "global-scheduler")
         self.prefill = prefill
         self.limits = limits or AdmissionConfig()
         self.table: dict[str, Request] = {}
@@ -94,7 +104,13 @@ class GlobalScheduler:
 
     # -- placement ---------------------------------------------------------------------------
     async def place(self, meta: PlacementRequest) -> Placement:
-        """Choose the prefill worker for a request and enter it in the table."""
+        """Choose the prefill worker for a request and enter it in the table (a ``tetriserve.place`` span)."""
+        started = tracing.now_ns()
+        placement = self._place(meta)
+        trace_placement(meta, placement, started)
+        return placement
+
+    def _place(self, meta: PlacementRequest) -> Placement:
         rid = meta.request_id
         held = self.table.get(rid)
         if held is not None and held.attempt >= meta.attempt:
@@ -193,3 +209,28 @@ class GlobalScheduler:
 
     async def recent(self, n: int = 50) -> list[Request]:
         return list(self.finished)[-n:]
+
+
+def trace_placement(meta: PlacementRequest, placement: Placement, started_ns: int) -> None:
+    """The ``tetriserve.place`` span of one decision, under the request's span at its front door."""
+    if not tracing.enabled():
+        return
+    worker = placement.prefill_worker
+    outcome = (
+        "placed"
+        if worker
+        else "refused"
+        if placement.retry_after_s is not None
+        else "retry"
+        if placement.retry
+        else "rejected"
+    )
+    attributes = {
+        "tetriserve.request_id": meta.request_id,
+        "tetriserve.attempt": meta.attempt,
+        "tetriserve.prompt_tokens": meta.prompt_tokens,
+        "tetriserve.prefill_worker": worker or "",
+        "tetriserve.outcome": outcome,
+    }
+    error = placement.error if outcome in ("refused", "rejected") else None
+    tracing.record("tetriserve.place", meta.trace, started_ns, attributes, error)

@@ -188,7 +188,7 @@ class ActorBuilder:
         return (
             ray.remote(GlobalScheduler)
             .options(name="global-scheduler", **self.opts)
-            .remote(dict(prefill), limits=self.config.admission)
+            .remote(dict(prefill), limits=self.config.admission, tracing_config=self.config.tracing)
         )
 
     def decode(self, worker_id: str, incarnation: int = 0) -> Any:

@@ -177,6 +177,7 @@ class RayBackend:
             request.arrival_time,
             request.attempt,
             avoid,
+            trace=request.trace,
         )
         deadline = time.monotonic() + self.placement_timeout_s
         why = "no prefill worker is serving"

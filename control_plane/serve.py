@@ -99,6 +99,7 @@ async def run_front_doors(
     hurry: asyncio.Event | None = None,
 ) -> None:
     """Serve both front doors until ``stop``; then drain (``config.drain_grace_s``, cut short by ``hurry``)."""
+    from tetriserve.common import tracing
     from tetriserve.control_plane.frontdoor import FrontDoor
     from tetriserve.control_plane.gateway_grpc import start_grpc_server
     from tetriserve.control_plane.gateway_http import start_http_server
@@ -106,6 +107,7 @@ async def run_front_doors(
     from tetriserve.control_plane.metrics import MetricsExporter
     from tetriserve.control_plane.security import FrontDoorSecurity
 
+    tracing.setup(config.tracing, "frontdoor")  # this process's spans (each front door is a process of its own)
     security = FrontDoorSecurity.from_config(config.security)
     security.warn_if_exposed(config.host)
     front = await asyncio.to_thread(FrontDoor, backend, None, config.admission)  # type: ignore[arg-type]

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from tetriserve.common import tracing
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.length import LengthEstimate, LengthPredictor
 from tetriserve.common.load import DecodeLoad, PrefillLoad, Role
@@ -69,6 +70,7 @@ class Worker:
         role: str,
         incarnation: int = 0,
     ) -> None:
+        tracing.setup_process(config.tracing, worker_id)  # spans and request ids on log lines, per process
         self.worker_id, self.config, self.model_path, self.predictor = worker_id, config, model_path, predictor
         self.role: EngineWorker = self._make(Role(role), incarnation, None)
         self.flips = 0

@@ -36,6 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tetriserve.common import log_context, tracing
 from tetriserve.common.config import ClusterConfig, DecodeConfig
 from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate
@@ -45,6 +46,7 @@ from tetriserve.common.stream import FinishReason, TokenLogprobs
 from tetriserve.decode_worker.moves import Move, SliceMover
 from tetriserve.decode_worker.policy import decode_policies
 from tetriserve.decode_worker.slices import Order
+from tetriserve.decode_worker.spans import NO_SPANS, DecodeSpans
 from tetriserve.engine.loop import Delta
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.transport.instructions import KVInstruction, KVMode
@@ -64,6 +66,7 @@ class Running:
     move: Move | None = None
     task: asyncio.Task[None] | None = None  # a slice hand-over in progress
     decoding: bool = False  # produced a token on this worker
+    spans: DecodeSpans = NO_SPANS  # its spans here (tracing on only)
 
 
 def updated_decode_config(cfg: DecodeConfig, changes: dict[str, Any]) -> DecodeConfig:
@@ -214,6 +217,7 @@ class DecodeWorker(EngineWorker):
     def _track(self, req: Request, subscriber: str, estimate: LengthEstimate | None, generated: list[int]) -> Running:
         heavy = estimate is not None and estimate.is_heavy(self.config.prefill.heavy_threshold_tokens)
         run = Running(req, subscriber, heavy, estimate, generated)
+        run.spans = DecodeSpans.open(self.worker_id, req, len(generated))
         self.running[req.request_id] = run
         return run
 
@@ -236,7 +240,10 @@ class DecodeWorker(EngineWorker):
         )
         left = req.sampling.max_tokens - len(run.generated)
         params = to_vllm(req.sampling, max_tokens=left, prior_outputs=len(run.generated), kv=kv, tags=tags)
-        self.engine.add(req.kv_key, prompt, params, functools.partial(self._on_delta, run))
+        if key is not None:
+            tracing.link_key(key, run.spans.span)  # the KV connector's load span goes under it
+        on_delta = log_context.within(req.request_id, req.trace, functools.partial(self._on_delta, run))
+        self.engine.add(req.kv_key, prompt, params, on_delta)
 
     def _on_delta(self, run: Running, delta: Delta) -> None:
         """One engine step's output for ``run`` (on the actor's event loop)."""
@@ -247,6 +254,7 @@ class DecodeWorker(EngineWorker):
         run.generated.extend(delta.token_ids)
         if delta.token_ids and not run.decoding:
             run.decoding = True
+            run.spans.first_token()
             self.event(rid, RequestState.DECODING)
         if delta.finish_reason == "length" and run.move is not None and not self._at_end(run):
             if delta.token_ids:  # the slice's last token; the request goes on elsewhere
@@ -282,6 +290,7 @@ class DecodeWorker(EngineWorker):
         if reason in (FinishReason.STOP, FinishReason.LENGTH) and not retry:
             self.length_score.observe(run.estimate, len(run.generated))
         if reason is not None:
+            run.spans.close(len(run.generated), reason, error)
             if self.running.get(req.request_id) is run:
                 del self.running[req.request_id]
             if run.move is not None:  # finished at its boundary: its parked KV goes
@@ -293,6 +302,7 @@ class DecodeWorker(EngineWorker):
         self.running.pop(rid, None)
         self.handed_on(rid, handle)
         self._publish(run, (), index=len(run.generated), moved_to=dst)
+        run.spans.close(len(run.generated), None, None, moved_to=dst)
         self.event(rid, RequestState.TRANSFERRING, f"{self.worker_id} -> {dst}", moved_to=dst)
 
     # -- SCLS slice moves ------------------------------------------------------------

@@ -28,6 +28,7 @@ import zlib
 from dataclasses import replace
 from typing import Any
 
+from tetriserve.common import tracing
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
@@ -36,6 +37,7 @@ from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, TokenLogprobs
 from tetriserve.engine.loop import Delta
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
+from tetriserve.prefill_worker import spans
 from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate
 from tetriserve.prefill_worker.dispatch import DispatchParams, make_dispatch_policy
 from tetriserve.prefill_worker.dispatch.base import account
@@ -86,6 +88,7 @@ class PrefillWorker(EngineWorker):
         self._decode_handles: dict[str, Any] = {}
         self._tasks: dict[str, tuple[Request, str, asyncio.Task[None]]] = {}  # id -> (request, subscriber, task)
         self._sends: dict[str, tuple[Any, str]] = {}  # KV key -> (its send's handle, the decode worker)
+        self._send_spans: dict[str, tracing.Span] = {}  # KV key -> its send's span (tracing on only)
         self._send_watch: asyncio.Task[None] | None = None
         self._refining: set[asyncio.Task[None]] = set()  # late predictions on their way to decode workers
 
@@ -172,11 +175,15 @@ class PrefillWorker(EngineWorker):
         return tuple((rid, req.attempt) for rid, (req, sub, _) in self._tasks.items() if sub == subscriber)
 
     async def _serve(self, req: Request, subscriber: str) -> None:
+        span = spans.open_prefill(self.worker_id, req)  # this task's current span; its log lines name the request
         try:
             await self._prefill(req, subscriber)
         except Exception as exc:  # a bug in our adapter: finish the request, keep the worker
             logger.exception("prefill %s: request %s failed", self.worker_id, req.request_id)
             self.publish(subscriber, req, (), FinishReason.ERROR, f"prefill worker failed: {type(exc).__name__}")
+            tracing.end(span, error=f"prefill worker failed: {type(exc).__name__}")
+        finally:
+            tracing.end(span)
 
     async def _prefill(self, req: Request, subscriber: str) -> None:
         """Prefill ``req`` (its prompt and, for a migrated request, the tokens the client already has), stream
@@ -196,13 +203,16 @@ class PrefillWorker(EngineWorker):
         # parked in this worker's endpoint, so the decode worker is chosen once the first token is out, with the
         # best estimate there is then (``predictions.py``); a prediction still being computed follows the request.
         ticket = refinement = None
+        queued = tracing.now_ns()
         if decodes:  # the estimate serves the dispatcher: a prefill-only request needs none
             item = PredictInput(len(req.prompt_token_ids), req.sampling.max_tokens, tuple(req.prompt_token_ids))
             ticket = self.predictions.submit(item)
         try:
             try:
                 async with self.gate.turn(view) as batch_seq:
+                    computing = spans.queued(queued, batch_seq)
                     out = await self._run_engine(req, replace(view, batch_seq=batch_seq), park=decodes)
+                    spans.computed(computing, out.token_ids, out.finish_reason)
             except RequestAborted:
                 self.publish(subscriber, req, (), FinishReason.ABORT, index=done)
                 return
@@ -218,6 +228,7 @@ class PrefillWorker(EngineWorker):
             self.event(req.request_id, RequestState.TRANSFERRING)
             wait_s = self.config.prefill.predictor_wait_ms / 1000
             estimate, refinement = await self.predictions.estimate(ticket, wait_s)
+            spans.predicted(queued, estimate, late=refinement is not None)
         finally:
             if ticket is not None and refinement is None:
                 self.predictions.withdraw(ticket)  # a no-op once estimated
@@ -242,6 +253,7 @@ class PrefillWorker(EngineWorker):
         ``retry`` error (the front door migrates it)."""
         rid, key, index = req.request_id, req.kv_key, len(generated)
         decode_id = await self._choose_decode(view)
+        tracing.annotate({"tetriserve.decode_worker": decode_id or "", "tetriserve.dispatch": self.dispatcher.name})
         error: str | None = "no decode worker is accepting requests"
         if decode_id is not None:
             error = await self._forward_kv(key, decode_id)
@@ -281,8 +293,11 @@ class PrefillWorker(EngineWorker):
         buffers = await self.parked_kv(key, lambda: key in self._aborted)  # parked with the first token
         if buffers is None:
             return f"prefilled KV of {key} was not found on {self.worker_id}"
-        handle = self.endpoint.send(self.decode_addresses[decode_id], key, buffers, self.config.kv_transfer_timeout_s)
+        sent = tracing.now_ns()
+        address = self.decode_addresses[decode_id]
+        handle = self.endpoint.send(address, key, buffers, self.config.kv_transfer_timeout_s)
         self._sends[key] = (handle, decode_id)
+        spans.sending(self._send_spans, key, sent, handle.nbytes, address, decode_id)
         return None
 
     async def _watch_sends(self) -> None:
@@ -295,6 +310,7 @@ class PrefillWorker(EngineWorker):
                 if handle.state is TransferState.PENDING:
                     continue
                 del self._sends[key]
+                tracing.end(self._send_spans.pop(key, tracing.INVALID_SPAN), error=handle.error)
                 if handle.state is TransferState.FAILED:
                     logger.warning("prefill %s: KV send of %s failed: %s", self.worker_id, key, handle.error)
                     handle_ = self._decode_handles.get(decode_id)

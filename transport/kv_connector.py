@@ -67,6 +67,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from tetriserve.common import tracing
 from tetriserve.transport import endpoints, kv_codec
 from tetriserve.transport.instructions import KVInstruction, KVMode, instruction_of
 
@@ -311,6 +312,7 @@ class TetriKVConnector(KVConnectorBase_V1):
                 logger.error("kv load for %s: %s", req_id, why)
                 self._transport.discard(spec.key)  # a late arrival is dropped on landing
                 self._fail_load(spec)
+                _trace_load(spec, deadline - self._deadline_s, self._transport, 0, 0, why)
                 continue
             try:
                 tokens = kv_codec.unpack_into(self._layers, self._dim, spec.block_ids, buffers)
@@ -319,6 +321,7 @@ class TetriKVConnector(KVConnectorBase_V1):
                 self._fail_load(spec)
                 continue
             _bump(bytes_loaded=sum(len(b) for b in buffers[1:]), requests_loaded=1, tokens_loaded=tokens)
+            _trace_load(spec, deadline - self._deadline_s, self._transport, sum(len(b) for b in buffers[1:]), tokens)
         with _COUNTERS_LOCK:
             global _COUNTERS
             _COUNTERS = replace(_COUNTERS, pending_loads=len(self._loading))
@@ -351,3 +354,24 @@ class TetriKVConnector(KVConnectorBase_V1):
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._error_blocks = self._error_blocks, set()
         return errors
+
+
+def _trace_load(
+    spec: LoadSpec, since: float, transport: Any, nbytes: int, tokens: int, error: str | None = None
+) -> None:
+    """The ``tetriserve.kv.load`` span of a load (engine thread): from the step that asked for it (``since``,
+    monotonic) until its blocks are in, under the decode worker's span of its request (``tracing.link_key``)."""
+    parent = tracing.key_parent(spec.key)
+    if parent is None:  # tracing off, a swap-in, or a request nobody traces
+        return
+    from tetriserve.transport.registry import backend_of
+
+    attributes = {
+        "tetriserve.kv.key": spec.key,
+        "tetriserve.kv.bytes": nbytes,
+        "tetriserve.kv.tokens": tokens,
+        "tetriserve.kv.backend": backend_of(transport.address),
+        "tetriserve.kv.synchronous": spec.landed,
+    }
+    started = tracing.now_ns() - int((time.monotonic() - since) * 1e9)
+    tracing.record("tetriserve.kv.load", parent, started, attributes, error)
