@@ -7,10 +7,13 @@ instead of waiting on a library that has not noticed the peer is gone.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import itertools
 import select
 import socket
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -46,9 +49,11 @@ class Watchdog:
     def _run(self) -> None:
         while True:
             with self._cv:
-                now = time.monotonic()
-                due = [w for w, (d, _, sock) in self._watched.items() if d <= now or (sock and _hung_up(sock))]
-                expired = [self._watched.pop(w)[1] for w in due]
+                watched = list(self._watched.items())
+            now = time.monotonic()  # sockets are probed without the lock: watch() never waits on a probe
+            due = {w for w, (d, _, sock) in watched if d <= now or (sock is not None and _hung_up(sock))}
+            with self._cv:
+                expired = [self._watched.pop(w)[1] for w in due if w in self._watched]
                 if not expired:
                     if self._closed:
                         return
@@ -67,13 +72,23 @@ class Watchdog:
             self._cv.notify()
 
 
+_HANG_UP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR | select.POLLNVAL
+
+
 def _hung_up(sock: socket.socket) -> bool:
-    """Whether the peer closed ``sock`` (or it broke); data waiting to be read is not a hang-up. Never blocks
-    (``select`` first: a socket with a timeout waits in ``recv`` even with ``MSG_DONTWAIT``)."""
+    """Whether the peer closed ``sock`` (or it broke); data waiting to be read is not a hang-up. Never blocks and
+    never reads: ``poll`` for the peer's shutdown (``POLLRDHUP``), not ``recv(MSG_PEEK)``, which on a socket with
+    a timeout waits for data when another thread took what ``select`` saw."""
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable) and sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
-        return False
-    except (OSError, ValueError):  # closed (fileno -1) or broken
+        fd = sock.fileno()
+        if fd < 0:
+            return True
+        poller = select.poll()
+        poller.register(fd, _HANG_UP)
+        if not any(events & _HANG_UP for _, events in poller.poll(0)):
+            return False
+        pending = array.array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, pending)  # bytes it sent before closing are read first
+        return pending[0] == 0
+    except (OSError, ValueError):  # closed or broken
         return True
