@@ -121,3 +121,22 @@ class Transport(Protocol):
     def stats(self) -> TransportStats: ...
 
     def close(self) -> None: ...
+
+
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+
+
+def advertised_host(host: str) -> str:
+    """The address peers reach an endpoint bound to ``host`` at: ``host`` itself, or for a wildcard bind (every
+    interface, as in a Kubernetes pod) this host's outward address (the interface a route to the outside
+    leaves from; no packet is sent), 127.0.0.1 if it has none."""
+    if host not in WILDCARD_HOSTS:
+        return host
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("10.255.255.255", 1))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"

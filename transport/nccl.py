@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tetriserve.transport.api import Buffer, TransferHandle
+from tetriserve.transport.api import Buffer, TransferHandle, advertised_host
 from tetriserve.transport.store import StoreBackedEndpoint
 from tetriserve.transport.tcp import ReceivePool, _recv_exact, parse_address
 from tetriserve.transport.watchdog import Watchdog
@@ -113,7 +113,7 @@ class NcclTransport(StoreBackedEndpoint):
         self._device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else None
         self._group_timeout = datetime.timedelta(seconds=group_timeout_s)
         host, port = split_nccl_address(listen)
-        self._host = host or "127.0.0.1"
+        self._host = advertised_host(host)
         self._server = socket.create_server((host, port))
         self._address = f"nccl://{self._host}:{self._server.getsockname()[1]}"
         self._closed = threading.Event()

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from tetriserve.transport.api import Buffer, TransferHandle
+from tetriserve.transport.api import Buffer, TransferHandle, advertised_host
 from tetriserve.transport.store import StoreBackedEndpoint
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class TcpTransport(StoreBackedEndpoint):
         super().__init__(ttl_s)
         self._server = socket.create_server(parse_address(listen), reuse_port=False)
         host, port = self._server.getsockname()[:2]
-        self._address = f"{host}:{port}"
+        self._address = f"{advertised_host(host)}:{port}"
         self._closed = threading.Event()
         self._pending: set[TransferHandle] = set()
         self._conns: set[socket.socket] = set()

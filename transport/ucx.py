@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from tetriserve.transport.api import Buffer, TransferHandle
+from tetriserve.transport.api import Buffer, TransferHandle, advertised_host
 from tetriserve.transport.store import StoreBackedEndpoint
 from tetriserve.transport.tcp import ReceivePool, parse_address
 
@@ -89,7 +89,7 @@ class UcxTransport(StoreBackedEndpoint):
         self._busy: set[Any] = set()  # endpoints of this transport in use, sending or serving
         self._pending: set[TransferHandle] = set()
         self._listener = self._call(self._listen(port))
-        self._address = f"ucx://{host or '127.0.0.1'}:{self._listener.port}"
+        self._address = f"ucx://{advertised_host(host)}:{self._listener.port}"
         logger.info("ucx transport listening on %s (UCX_TLS=%s)", self._address, os.environ.get("UCX_TLS", "all"))
 
     def _call(self, coro: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:

@@ -30,7 +30,7 @@ def make() -> Iterator[Callable[..., Any]]:
         elif kind == "shm":
             t = ShmTransport(**kwargs)
         elif kind in ("ucx", "nccl"):
-            t = make_transport(kind, "127.0.0.1:0", **kwargs)
+            t = make_transport(kind, kwargs.pop("listen", "127.0.0.1:0"), **kwargs)
         else:
             t = InProcTransport(unique(), **kwargs)
         opened.append(t)

@@ -295,3 +295,16 @@ def test_a_frame_cut_short_marks_its_key_failed_at_once_and_late_data_clears_it(
     assert rx.failed("kv-2") == "the prefill worker says its send failed"
     rx.discard("kv-2")
     assert rx.failed("kv-2") is None
+
+
+@pytest.mark.parametrize("kind", ["tcp", "shm", "ucx", "nccl"])
+def test_an_endpoint_bound_to_every_interface_advertises_an_address_peers_reach(
+    make: Callable[..., Any], kind: str
+) -> None:
+    """A worker in a pod binds 0.0.0.0; its KV address must name this host, not the wildcard."""
+    scheme = {"tcp": "", "shm": "", "ucx": "ucx://", "nccl": "nccl://"}[kind]
+    rx = make(kind, listen=f"{scheme}0.0.0.0:0")
+    assert "0.0.0.0" not in rx.address
+    tx = make(kind)
+    assert tx.send(rx.address, "k", [b"bytes"], 10.0).wait(10.0) is TransferState.DONE
+    assert bytes(_recv(rx, "k")[0]) == b"bytes"
