@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli_support import field, start
+
 if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("ray") is None:
     pytest.skip("e2e tests need vllm and ray", allow_module_level=True)
 
@@ -163,24 +165,11 @@ def test_a_second_front_door_joins_serves_and_leaves_without_taking_the_service_
     to the second one ends it alone: the first and the workers go on serving."""
     import httpx
 
-    hint = next(line for line in service.output if "tetriserve frontdoor --address" in line)
-    joined = hint.split("tetriserve frontdoor ", 1)[1].split()
-    cmd = [*CLI, "frontdoor", *joined, "--grpc-port", "0", "--http-port", "0"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    lines: list[str] = []
-    http = ""
+    joined = field(service.output, r"tetriserve frontdoor (--address \S+ --namespace \S+)").split()
+    proc, lines = start(["frontdoor", *joined, "--grpc-port", "0", "--http-port", "0"], r"Ctrl-C stops", 120)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not http:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if m := re.match(r"\s+OpenAI HTTP\s+(\S+)/v1", line):
-                http = m.group(1)
-        assert http and http != service.http, "".join(lines[-30:])
-        threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+        http = field(lines, r"OpenAI HTTP\s+(\S+)/v1")
+        assert http != service.http
         body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 6, "ignore_eos": True, "temperature": 0}
         with httpx.Client(timeout=120) as client:
             texts = [client.post(f"{url}/v1/completions", json=body).json() for url in (http, service.http)]

@@ -6,48 +6,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli_support import CLI, ROOT, field, start
+
 if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("ray") is None:
     pytest.skip("e2e tests need vllm and ray", allow_module_level=True)
-
-ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "tetriserve.control_plane.cli"]
-
-
-def _start(args: list[str], until: str, timeout_s: float) -> tuple[subprocess.Popen[str], list[str]]:
-    """Start a CLI process in its own session; return once a line matching ``until`` is out (its lines kept)."""
-    proc = subprocess.Popen(
-        [*CLI, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if re.search(until, line):
-            break
-    stream = proc.stdout
-    threading.Thread(target=lambda: lines.extend(iter(stream.readline, "")), daemon=True).start()
-    return proc, lines
-
-
-def _field(lines: list[str], pattern: str) -> str:
-    found = [m.group(1) for line in lines if (m := re.search(pattern, line))]
-    assert found, "".join(lines[-40:])
-    return found[-1]
 
 
 def _complete(http: str) -> dict[str, object]:
@@ -91,12 +61,12 @@ def test_a_front_door_outlives_a_killed_serve_and_tetriserve_stop_ends_the_servi
     serve = door = None
     try:
         flags = ["--grpc-port", "0", "--http-port", "0", "--kv-cache-gb", "0.5", "--enforce-eager"]
-        serve, serve_lines = _start(["serve", "--address", gcs, *flags], r"Ctrl-C stops", 300)
-        _field(serve_lines, r"OpenAI HTTP\s+(\S+)/v1")
-        door, door_lines = _start(
+        serve, serve_lines = start(["serve", "--address", gcs, *flags], r"Ctrl-C stops", 300)
+        field(serve_lines, r"OpenAI HTTP\s+(\S+)/v1")
+        door, door_lines = start(
             ["frontdoor", "--address", gcs, "--grpc-port", "0", "--http-port", "0"], r"Ctrl-C stops", 120
         )
-        http = _field(door_lines, r"OpenAI HTTP\s+(\S+)/v1")
+        http = field(door_lines, r"OpenAI HTTP\s+(\S+)/v1")
         first = _complete(http)
 
         os.kill(serve.pid, signal.SIGKILL)  # as if its process crashed
