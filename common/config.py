@@ -365,6 +365,11 @@ class ClusterConfig(BaseModel):
             raise ValueError("heartbeat_interval_ms must be >= report_interval_ms")
         if 3 * self.heartbeat_interval_ms >= 1000 * self.dead_after_s:
             raise ValueError("heartbeat_interval_ms must be under a third of dead_after_s (a live worker is not stale)")
+        if self.transport.lease_s < self.placement_timeout_s + self.kv_transfer_timeout_s:
+            raise ValueError(
+                "transport.lease_s must be at least placement_timeout_s + kv_transfer_timeout_s: parked KV waits "
+                "that long for a decode worker and its transfer"
+            )
         return self
 
     @classmethod

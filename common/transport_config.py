@@ -37,6 +37,16 @@ class TransportConfig(BaseModel):
     emulate: LinkEmulation | None = Field(
         None, description="Shape every worker's sends to a slower link (studies of other interconnects); off: none."
     )
+    lease_s: float = Field(
+        300.0,
+        gt=0,
+        description=(
+            "The lease on KV parked in a worker's endpoint: a prefill's packed KV waiting to be sent (or discarded) "
+            "and KV that landed on a decode worker waiting for its load. Past it, nobody having taken it, the KV "
+            "is dropped and its memory freed (counted as `expired` in the transport stats), so KV of a request "
+            "whose peer died is never held for good."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -66,6 +66,7 @@ class EngineWorker:
                 config.transport.endpoint_kind,
                 f"{config.host}:0",
                 (link.gbps, link.latency_us) if link is not None else None,
+                config.transport.lease_s,
             )
             self.engine: Any = None
             self.streams = StreamHub()

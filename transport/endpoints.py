@@ -18,13 +18,18 @@ _LOCK = threading.Lock()
 
 
 def get_or_create(
-    name: str, backend: str = "tcp", listen: str = "127.0.0.1:0", emulate: tuple[float, float] | None = None
+    name: str,
+    backend: str = "tcp",
+    listen: str = "127.0.0.1:0",
+    emulate: tuple[float, float] | None = None,
+    lease_s: float = 300.0,
 ) -> Transport:
-    """``emulate``: (Gb/s, latency µs) of a slower link to shape this endpoint's sends to."""
+    """``emulate``: (Gb/s, latency µs) of a slower link to shape this endpoint's sends to; ``lease_s``: how long
+    KV parked in it (held, or landed and not taken) is kept."""
     with _LOCK:
         endpoint = _ENDPOINTS.get(name)
         if endpoint is None:
-            endpoint = make_transport(backend, listen)
+            endpoint = make_transport(backend, listen, ttl_s=lease_s)
             if emulate is not None:
                 from tetriserve.transport.emulate import EmulatedLink
 

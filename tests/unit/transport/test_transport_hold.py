@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
 from tetriserve.transport.api import TransferState, Transport
 
 # ``pair`` (sender, receiver of either backend, closed at teardown) comes from conftest.py
@@ -52,3 +56,26 @@ def test_data_held_without_expiry_outlives_the_ttl_until_taken_or_discarded() ->
         assert t.discard("swap2") and t.recv("swap2") is None
     finally:
         t.close()
+
+
+def test_the_kv_lease_of_the_config_reaches_the_endpoint_and_frees_parked_kv() -> None:
+    """``transport.lease_s``: KV parked in a worker's endpoint that nobody takes is dropped at the lease's end."""
+    from tetriserve.common.config import ClusterConfig
+    from tetriserve.transport import endpoints
+
+    config = ClusterConfig.load(overrides={"transport.lease_s": 91.0})
+    assert config.transport.lease_s == 91.0
+    with pytest.raises(ValueError, match=r"transport\.lease_s must be at least"):
+        ClusterConfig.load(overrides={"transport.lease_s": 10.0})  # shorter than a parked request may wait
+    name = f"lease-test-{time.monotonic_ns()}"
+    endpoint = endpoints.get_or_create(name, "tcp", "127.0.0.1:0", lease_s=0.05)
+    try:
+        endpoint.hold("parked", [b"kv" * 100])
+        deadline = time.monotonic() + 5.0
+        while endpoint.stats().expired < 1:
+            assert time.monotonic() < deadline, "the parked KV outlived its lease"
+            endpoint.recv("someone-else")  # the store sweeps on use
+            time.sleep(0.02)
+        assert endpoint.recv("parked") is None
+    finally:
+        endpoints.close_all()
