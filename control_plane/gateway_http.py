@@ -350,7 +350,7 @@ async def start_http_server(
     app = build_app(backend, front=front, max_body_bytes=max_body_bytes, security=security, metrics=metrics)
     tls = security.tls
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family)  # bound and listening: the port is known now
+    sock = _listen(host, port, family)  # bound and listening: the port is known now
     config = uvicorn.Config(
         app,
         log_config=None,  # keep the embedding process's logging configuration
@@ -374,3 +374,19 @@ async def start_http_server(
     bound = sock.getsockname()[1]
     logger.info("HTTP gateway serving %s on %s://%s:%s", front.model_name, security.scheme, host, bound)
     return HttpServerHandle(host=host, port=bound, server=server, task=task, scheme=security.scheme)
+
+
+def _listen(host: str, port: int, family: socket.AddressFamily) -> socket.socket:
+    """A listening TCP socket whose connections get TCP_NODELAY from asyncio. asyncio sets it only on sockets
+    whose ``proto`` is IPPROTO_TCP, and ``socket.create_server`` makes them with proto 0: on a kept-alive
+    connection Nagle then held each small write (a response's first chunk after its headers) until the client's
+    delayed ACK, 40 ms."""
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as socket.create_server does
+        sock.bind((host, port))
+        sock.listen(2048)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

@@ -174,3 +174,30 @@ def test_a_refusal_at_placement_is_429_or_resource_exhausted_before_any_token(
     servers.backend.behavior.full_retry_after_s = None
     assert http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3}).status_code == 200
     wait_until(lambda: servers.front.gate.inflight == 0, what="every ticket released")
+
+
+def test_http_connections_get_tcp_nodelay() -> None:
+    """A kept-alive HTTP connection must not hold a stream's small writes for the client's delayed ACK (Nagle):
+    asyncio sets TCP_NODELAY only on sockets made with proto IPPROTO_TCP, which the gateway's listener is."""
+    import asyncio
+    import socket
+
+    from tetriserve.control_plane.gateway_http import _listen
+
+    async def go() -> int:
+        seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=_listen("127.0.0.1", 0, socket.AF_INET))
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            return await asyncio.wait_for(seen, 5)
+        finally:
+            writer.close()
+            server.close()
+
+    assert asyncio.run(go()) != 0
