@@ -119,7 +119,8 @@ def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: ar
         f"Machine: {os.cpu_count()} CPU cores, no GPU; tiny random-weight Llama (5.2M params), same for both.  ",
         f"tetriserve: defaults{' plus `' + args.tetriserve_flags + '`' if args.tetriserve_flags else ''} "
         "(1 prefill + 1 decode worker, trained length predictor), 1 OMP thread per engine, "
-        "KV over TCP. vLLM: one `vllm.entrypoints.openai.api_server`, 2 OMP threads.  ",
+        "KV over the default transport (`auto`: shared memory). "
+        "vLLM: one `vllm.entrypoints.openai.api_server`, 2 OMP threads.  ",
         "Each system's column is the median of its rounds; the ratio is the median of the per-round ratios "
         "(tetriserve / vLLM), each round's listed after it.",
     ]
