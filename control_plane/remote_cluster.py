@@ -25,10 +25,8 @@ CALL_TIMEOUT_S = 30.0
 
 
 class RemoteCluster:
-    def __init__(
-        self, handle: Any, info: ClusterInfo, view: ClusterView, refresh: bool = True, frontdoor_id: str = ""
-    ) -> None:
-        self.id = frontdoor_id or new_frontdoor_id()  # its attendance at the control plane (``view`` calls)
+    def __init__(self, handle: Any, info: ClusterInfo, view: ClusterView, refresh: bool = True) -> None:
+        self.id = f"frontdoor-{uuid.uuid4().hex[:12]}"  # its attendance at the control plane (``view`` calls)
         self.handle = handle
         self.config = info.config
         self.model_path = info.model_path
@@ -41,7 +39,7 @@ class RemoteCluster:
             threading.Thread(target=self._refresh, name="control-plane-view", daemon=True).start()
 
     @classmethod
-    def join(cls, handle: Any, timeout_s: float, frontdoor_id: str = "") -> RemoteCluster:
+    def join(cls, handle: Any, timeout_s: float) -> RemoteCluster:
         """Wait (up to ``timeout_s``) until the control plane's cluster serves, then take its view."""
         import ray
 
@@ -54,7 +52,7 @@ class RemoteCluster:
         info, view = ray.get([handle.info.remote(), handle.view.remote()], timeout=CALL_TIMEOUT_S)
         if view is None:
             raise RuntimeError("the control plane answered ready without a cluster")
-        remote = cls(handle, info, view, frontdoor_id=frontdoor_id)
+        remote = cls(handle, info, view)
         handle.view.remote(remote.id)  # attached from now on, not from the first refresh
         return remote
 
@@ -129,10 +127,6 @@ async def _call(ref: Any) -> Any:
         return await asyncio.wait_for(ref, CALL_TIMEOUT_S)
     except Exception as exc:
         raise _cause(exc) from None
-
-
-def new_frontdoor_id() -> str:
-    return f"frontdoor-{uuid.uuid4().hex[:12]}"
 
 
 def _same(old: Any, new: Any) -> Any:
