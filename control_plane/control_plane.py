@@ -11,9 +11,13 @@
 
 Front doors hold nothing but their own streams: one that exits or dies loses its
 own clients' connections (the workers drop its requests when its ``subscribe``
-calls end) and nothing else. ``serve`` stopping on a signal shuts the service
-down (``shutdown``); ``serve`` dying leaves the control plane and the workers to
-the other front doors. The actor is restarted by Ray when its process dies
+calls end) and nothing else; each one's ``view`` calls are its attendance
+(``FrontDoorRoll``). On a Ray cluster ``serve`` joined (``ray start``),
+``serve`` stopping on a signal stops only its front door while others are
+attached, else the service (``shutdown``); ``serve`` dying leaves the control
+plane and the workers to the other front doors. On a Ray instance ``serve``
+started itself, the service ends with ``serve`` (Ray's processes share its
+fate). ``tetriserve stop`` ends it from anywhere. The actor is restarted by Ray when its process dies
 (``max_restarts=-1``): its constructor launches the cluster again (the workers
 were its own actors and died with it) and the front doors pick up the new
 handles from ``view``.
