@@ -37,7 +37,6 @@ import math
 import time
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tetriserve.common import log_context
@@ -47,6 +46,7 @@ from tetriserve.common.request import SLO, Request, SamplingSpec
 from tetriserve.common.stream import FinishReason, StreamChunk
 from tetriserve.control_plane.admission import AdmissionGate, Overloaded, Ticket
 from tetriserve.control_plane.backend import ServingBackend
+from tetriserve.control_plane.deltas import TextDelta, stop_token, take_output
 from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
 from tetriserve.control_plane.field_checks import (
     allowed_ids_value,
@@ -59,7 +59,7 @@ from tetriserve.control_plane.field_checks import (
     slo_value,
     top_k_value,
 )
-from tetriserve.control_plane.logprobs import LogprobEntry, LogprobNamer, TokenStrings
+from tetriserve.control_plane.logprobs import LogprobNamer, TokenStrings
 from tetriserve.control_plane.request_metrics import RequestMetrics
 from tetriserve.control_plane.request_span import RequestSpan
 from tetriserve.control_plane.stop_strings import StopMatcher, stop_strings
@@ -78,29 +78,6 @@ def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer  # heavy import, only where a tokenizer is needed
 
     return AutoTokenizer.from_pretrained(model_path)
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    """New tokens and their text. The last delta has ``finish_reason`` (and ``error`` if it is "error")."""
-
-    request_id: str
-    token_ids: tuple[int, ...]
-    text: str
-    prompt_tokens: int
-    completion_tokens: int  # generated so far, this delta included
-    finish_reason: str | None = None
-    error: str | None = None
-    ttft_ms: float | None = None  # on the first delta that carries tokens
-    e2e_ms: float | None = None  # on the last delta
-    metrics: Mapping[str, float] = field(default_factory=dict)
-    unavailable: bool = False  # an "error" the service owns (no worker could take the request), not the request
-    logprobs: tuple[LogprobEntry, ...] | None = None  # one per token of ``token_ids``, when the request asked
-    stop_reason: str | int | None = None  # the stop string or stop token id that ended it (vLLM's field)
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
 
 class FrontDoor:
@@ -300,7 +277,7 @@ class FrontDoor:
 
         try:
             async for chunk in source:
-                tokens, text = _take(chunk, detok, stops)
+                tokens, text = take_output(chunk, detok, stops)
                 generated += len(tokens)
                 if ticket is not None and (generated >= 2 or chunk.finished):
                     ticket.start(time.monotonic())
@@ -328,7 +305,7 @@ class FrontDoor:
                     unavailable=error is not None and chunk.retry,
                     e2e_ms=(time.monotonic() - t0) * 1e3,
                     metrics=dict(chunk.metrics or {}),
-                    stop_reason=stops.stopped or _stop_token(request, tokens, reason),
+                    stop_reason=stops.stopped or stop_token(request, tokens, reason),
                 )
                 return
             done = True
@@ -394,28 +371,6 @@ class FrontDoor:
             return
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-def _take(chunk: StreamChunk, detok: IncrementalDetokenizer, stops: StopMatcher) -> tuple[tuple[int, ...], str]:
-    """The tokens of a chunk that are output, and their new text (vLLM's rules): all of them, or those up to the
-    one that completed a stop string; the token that stopped the engine (EOS, a stop token id) has no text."""
-    tokens = chunk.token_ids
-    spoken = tokens[:-1] if chunk.finish_reason == FinishReason.STOP else tokens
-    if not stops.stops or len(spoken) <= 1:
-        return tokens, stops.feed(detok.add(spoken))
-    parts = []
-    for i, token in enumerate(spoken):
-        parts.append(stops.feed(detok.add((token,))))
-        if stops.stopped is not None:
-            return tokens[: i + 1], "".join(parts)
-    return tokens, "".join(parts)
-
-
-def _stop_token(request: Request, tokens: tuple[int, ...], reason: str | None) -> int | None:
-    """The stop token id that ended ``request`` (not EOS: vLLM reports None for that)."""
-    if reason == "stop" and tokens and tokens[-1] in request.sampling.stop_token_ids:
-        return tokens[-1]
-    return None
 
 
 async def _aclose(source: AsyncIterator[Any]) -> None:

@@ -44,7 +44,8 @@ from tetriserve.common.errors import InvalidRequestError
 from tetriserve.common.request import Request
 from tetriserve.control_plane.admission import Draining, Overloaded
 from tetriserve.control_plane.backend import ServingBackend
-from tetriserve.control_plane.frontdoor import FrontDoor, TextDelta
+from tetriserve.control_plane.deltas import TextDelta
+from tetriserve.control_plane.frontdoor import FrontDoor
 from tetriserve.control_plane.grpc_auth import ApiKeyInterceptor
 from tetriserve.control_plane.http_limits import DEFAULT_MAX_BODY_BYTES
 from tetriserve.control_plane.policy_admin import UnknownWorkerError, describe_target

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from tetriserve.common.errors import error_body
 from tetriserve.common.request import Request
 from tetriserve.control_plane.admission import Overloaded
-from tetriserve.control_plane.frontdoor import TextDelta
+from tetriserve.control_plane.deltas import TextDelta
 from tetriserve.control_plane.logprobs import LogprobEntry
 from tetriserve.control_plane.openai_protocol import Choice, ResponseShaper
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.common.request import MAX_LOGPROBS
-from tetriserve.control_plane.frontdoor import TextDelta
+from tetriserve.control_plane.deltas import TextDelta
 from tetriserve.control_plane.logprobs import LogprobEntry, chat_logprobs, completion_logprobs
 
 MAX_CHOICES = 32  # ``n``: each choice is a request of its own on the workers

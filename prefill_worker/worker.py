@@ -41,6 +41,7 @@ from tetriserve.prefill_worker import spans
 from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate
 from tetriserve.prefill_worker.dispatch import DispatchParams, make_dispatch_policy
 from tetriserve.prefill_worker.dispatch.base import account
+from tetriserve.prefill_worker.kv_sends import watch_sends
 from tetriserve.prefill_worker.pace import PrefillPace
 from tetriserve.prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
 from tetriserve.prefill_worker.predictions import PredictionQueue
@@ -97,7 +98,9 @@ class PrefillWorker(EngineWorker):
         """Load the length predictor before the first request needs it, then start load reports."""
         if self._report_task is None:
             await asyncio.to_thread(self.predictor.warm_up)
-            self._send_watch = asyncio.create_task(self._watch_sends())
+            self._send_watch = asyncio.create_task(
+                watch_sends(self.worker_id, self._sends, self._send_spans, self._decode_handles)
+            )
         return await super().start(monitor, scheduler)
 
     def update_decode_view(self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, Any]) -> None:
@@ -299,23 +302,6 @@ class PrefillWorker(EngineWorker):
         self._sends[key] = (handle, decode_id)
         spans.sending(self._send_spans, key, sent, handle.nbytes, address, decode_id)
         return None
-
-    async def _watch_sends(self) -> None:
-        """Report each failed KV send to its receiver (who frees its blocks and recomputes or fails the load)."""
-        from tetriserve.transport.api import TransferState
-
-        while True:
-            await asyncio.sleep(0.05)
-            for key, (handle, decode_id) in list(self._sends.items()):
-                if handle.state is TransferState.PENDING:
-                    continue
-                del self._sends[key]
-                tracing.end(self._send_spans.pop(key, tracing.INVALID_SPAN), error=handle.error)
-                if handle.state is TransferState.FAILED:
-                    logger.warning("prefill %s: KV send of %s failed: %s", self.worker_id, key, handle.error)
-                    handle_ = self._decode_handles.get(decode_id)
-                    if handle_ is not None:
-                        handle_.kv_failed.remote(key, handle.error or "send failed")
 
     async def _choose_decode(self, view: ReqView) -> str | None:
         """A decode worker for ``view``; while none serves (all restarting), wait up to ``placement_timeout_s``
