@@ -133,12 +133,8 @@ def init_ray(config: ClusterConfig) -> tuple[bool, str]:
         # Ray starts its worker processes at nice 15; on a machine shared with the front door and other
         # processes that starves the engines (a local cluster only: a joined one keeps its own setting)
         os.environ.setdefault("RAY_worker_niceness", "0")
-    else:  # a cluster given by address: its token, if one is at hand (as Ray does for one found by "auto")
-        from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
-        )
-
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    else:
+        use_ray_token_if_present()
     ctx = ray.init(
         address=config.ray_address,
         namespace=config.namespace,
@@ -149,6 +145,15 @@ def init_ray(config: ClusterConfig) -> tuple[bool, str]:
     )
     url = getattr(ctx, "dashboard_url", "") or ""
     return config.ray_address is None, (f"http://{url}" if url and not url.startswith("http") else url)
+
+
+def use_ray_token_if_present() -> None:
+    """Ray 2.60 starts clusters with token authentication, but only a cluster found by ``auto`` turns it on for
+    a joining process; with an explicit address, do the same when a token is at hand (Ray's own places:
+    ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``). ``RAY_AUTH_MODE`` set by hand wins."""
+    from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 class ActorBuilder:

@@ -197,6 +197,8 @@ def serve(config: ClusterConfig) -> None:
 def stop_service(address: str, namespace: str) -> None:
     """`tetriserve stop`: end a running service (its control plane stops every worker), wherever its front doors
     are."""
+    from tetriserve.control_plane.launcher import use_ray_token_if_present
+
     use_ray_token_if_present()
     import ray
 
@@ -221,6 +223,8 @@ def frontdoor(config: ClusterConfig, namespace: str, model: str | None = None, o
     """Join a running service's Ray cluster (``config.ray_address``) as one more pair of front doors, bound to
     ``config.host`` / ports; on a signal, drain this front door's requests and leave (the cluster stays). It
     enforces the service's keys, quotas and TLS, or ``config.security`` when ``own_security``."""
+    from tetriserve.control_plane.launcher import use_ray_token_if_present
+
     use_ray_token_if_present()
     import ray
 
@@ -246,15 +250,6 @@ def frontdoor(config: ClusterConfig, namespace: str, model: str | None = None, o
         print("tetriserve: front door leaving (the service keeps running)", flush=True)
         cluster.close()
         ray.shutdown()
-
-
-def use_ray_token_if_present() -> None:
-    """Ray 2.60 starts clusters with token authentication, but only a cluster found by ``auto`` turns it on for
-    a joining process; with an explicit address, do the same when a token is at hand (Ray's own places:
-    ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``). ``RAY_AUTH_MODE`` set by hand wins."""
-    from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
-
-    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def _local_model(cluster: RemoteCluster, model: str | None) -> str:
