@@ -142,10 +142,19 @@ class PrefillConfig(BaseModel):
         ge=0,
         le=19,
         description=(
-            "Linux niceness of the prefill worker's length-predictor thread. Predictions run on the engines' "
+            "Linux niceness of the length predictor (its process, or its thread with predictor_process off). "
+            "Predictions run on the engines' "
             "cores; at this niceness they take what the engines leave, and a prediction not ready in time is "
             "replaced by the instant estimate (predictor_wait_ms), so a busy machine sheds predictions, not "
             "prefills or decode steps (0: equal share)."
+        ),
+    )
+    predictor_process: bool = Field(
+        True,
+        description=(
+            "Run the trained length predictor in a process of its own beside each worker (own interpreter lock, "
+            "predictor_niceness for the whole process), so its model does not slow the engine's steps and the "
+            "worker's event loop while a prompt is prefilled. False: a thread of the worker's process."
         ),
     )
     predictor_artifact: str | None = Field(

@@ -7,6 +7,7 @@ heads.py       bucket classifier (TetriInfer) + length regressor and deviation d
 train.py       fast mode: HF Trainer on cached embeddings; finetune.py: full fine-tuning (GPU)
 padding.py     Hoeffding padding t = sqrt(-(b-a)^2/2 ln(1-c)), c = alpha/(1+beta*lambda)
 served.py      TrainedPredictor: batched, padding cut-off, lazy loading, baseline fallback
+process.py     ProcessPredictor: a model-backed predictor in a process of its own beside the worker
 oracle.py      true lengths from the workload (experiments); baseline.py: prompt-length quantiles
 factory.py     auto | trained | baseline | oracle, as the launcher asks
 artifact.py    heads on disk (committed in artifacts/); commands.py / report.py: train, eval, export

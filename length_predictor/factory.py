@@ -2,7 +2,8 @@
 
     auto     ─▶ trained, when the artifact JSON + safetensors exist and the encoder package imports;
                 else baseline (logged, with the reason)
-    trained  ─▶ TrainedPredictor; a missing artifact or encoder package is a configuration error
+    trained  ─▶ TrainedPredictor; a missing artifact or encoder package is a configuration error;
+                in a process of its own beside each worker (``process.py``) unless ``predictor_process`` is off
     baseline ─▶ BucketQuantilePredictor (prompt-length quantiles, learns online)
     oracle   ─▶ OraclePredictor over ``predictor_workload``, baseline for prompts it does not know
 
@@ -72,4 +73,8 @@ def build_predictor(config: PrefillConfig, model_path: str | None) -> LengthPred
 
     predictor = TrainedPredictor(artifact, model_path, padding=_padding(config))
     logger.info("length predictor: %s from %s", predictor.name, artifact)
+    if config.predictor_process:
+        from tetriserve.length_predictor.process import ProcessPredictor
+
+        return ProcessPredictor(predictor, config.predictor_niceness)
     return predictor

@@ -2,7 +2,7 @@
 (``control_plane/worker_actor.py``, which can flip it to decode with the same engine).
 
     submit(req, front door) ─▶ raw queue ─policy, PrefillSchedBatch at a time─▶ scheduled
-                     │ length predictor (trained heads or baseline; in a thread, parallel mode)
+                     │ length predictor (trained heads in a process of their own, or baseline; parallel mode)
                      │ dispatcher: decode worker from the broadcast loads (power-of-two)
                      ▼
                   vLLM engine: chunked prefill (token budget = ChunkSize), max_tokens=1;

@@ -21,6 +21,7 @@ done
     tetriserve/decode_worker/admission tetriserve/decode_worker/preemption tetriserve/decode_worker/policy.py \
     tetriserve/decode_worker/slices.py tetriserve/length_predictor/baseline.py tetriserve/length_predictor/buckets.py \
     tetriserve/length_predictor/padding.py tetriserve/length_predictor/batcher.py tetriserve/length_predictor/oracle.py \
+    tetriserve/length_predictor/process.py \
     tetriserve/engine/cores.py tetriserve/control_plane/supervisor.py tetriserve/control_plane/token_log.py \
     tetriserve/prefill_worker/predictions.py tetriserve/control_plane/admission.py tetriserve/control_plane/http_limits.py \
     tetriserve/control_plane/field_checks.py tetriserve/prefill_worker/pace.py tetriserve/control_plane/flip \

@@ -23,6 +23,7 @@ from tetriserve.length_predictor.heads import HeadsConfig, LengthHeads
 from tetriserve.length_predictor.oracle import OraclePredictor
 from tetriserve.length_predictor.padding import BucketWidths
 from tetriserve.length_predictor.paths import default_artifact
+from tetriserve.length_predictor.process import ProcessPredictor
 from tetriserve.length_predictor.served import TrainedPredictor, plan_batches
 
 
@@ -220,8 +221,12 @@ def test_factory_selection(artifact: Path, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         build_predictor(PrefillConfig(predictor="trained", predictor_artifact=missing), None)
     chosen = build_predictor(PrefillConfig(predictor_artifact=str(artifact), predictor_alpha=0.8), tokenizer_dir())
-    assert isinstance(chosen, TrainedPredictor) and chosen.padding_override is not None
-    assert chosen.padding_override.alpha == 0.8
+    assert isinstance(chosen, ProcessPredictor) and chosen.niceness == PrefillConfig().predictor_niceness
+    trained = chosen.inner
+    assert isinstance(trained, TrainedPredictor) and trained.padding_override is not None
+    assert trained.padding_override.alpha == 0.8
+    in_thread = build_predictor(PrefillConfig(predictor_artifact=str(artifact), predictor_process=False), None)
+    assert isinstance(in_thread, TrainedPredictor)
     workload = tmp_path / "oracle.jsonl"
     workload.write_text(json.dumps({"prompt_token_ids": [1], "response_len": 9}) + "\n")
     oracle = build_predictor(PrefillConfig(predictor="oracle", predictor_workload=str(workload)), None)
