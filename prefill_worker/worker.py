@@ -228,6 +228,7 @@ class PrefillWorker(EngineWorker):
                 self.publish(subscriber, req, tokens, reason, out.error, index=done, logprobs=lps)
                 return
             self.publish(subscriber, req, tokens, index=done, logprobs=lps)  # TTFT waits for no prediction/dispatch
+            await asyncio.sleep(0)  # the stream's flush (queued by publish) sends it before the handoff's own work
             self.event(req.request_id, RequestState.TRANSFERRING)
             wait_s = self.config.prefill.predictor_wait_ms / 1000
             estimate, refinement = await self.predictions.estimate(ticket, wait_s)
