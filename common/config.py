@@ -143,8 +143,8 @@ class PrefillConfig(BaseModel):
         le=19,
         description=(
             "Linux niceness of the length predictor (its process, or its thread with predictor_process off). "
-            "Predictions run on the engines' "
-            "cores; at this niceness they take what the engines leave, and a prediction not ready in time is "
+            "Predictions run on the engines' cores; at this niceness they take what the engines leave, and a "
+            "prediction not ready in time is "
             "replaced by the instant estimate (predictor_wait_ms), so a busy machine sheds predictions, not "
             "prefills or decode steps (0: equal share)."
         ),

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -60,6 +61,37 @@ def test_answers_as_the_predictor_does_in_the_workers_process(artifact: Path) ->
     finally:
         remote.close()
     wait_until(lambda: not alive(pid), timeout=10, what="the child to exit")
+
+
+def test_observe_never_waits_for_a_batch_in_flight(artifact: Path) -> None:
+    """``observe`` runs on the worker's event loop: it must not wait while the predictor thread holds the child."""
+    remote = ProcessPredictor(trained(artifact))
+    try:
+        remote.warm_up()
+        with remote._lock:  # as while a batch is being computed
+            done = threading.Event()
+            threading.Thread(target=lambda: (remote.observe(10, 42), done.set()), daemon=True).start()
+            assert done.wait(5)
+        assert len(remote.predict([PredictInput(10, 100, (5, 6, 7))])) == 1  # the observation went with it
+        assert not remote._observed
+    finally:
+        remote.close()
+
+
+def test_a_child_that_cannot_start_does_not_fail_the_worker(artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(process, "START_TIMEOUT_S", 0.01)  # no child loads torch that fast
+    remote = ProcessPredictor(trained(artifact))
+    try:
+        remote.warm_up()  # logged, not raised
+        assert remote.pid is None
+        with pytest.raises(PredictorProcessError):
+            remote.predict([PredictInput(3, 64, (5, 6, 7))])  # the PredictionQueue answers with ``instant``
+        assert (
+            remote.instant(PredictInput(3, 64, (5, 6, 7))).source
+            == remote.inner.instant(PredictInput(3, 64, (5, 6, 7))).source
+        )
+    finally:
+        remote.close()
 
 
 def test_pickles_without_its_child(artifact: Path) -> None:
