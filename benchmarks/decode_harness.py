@@ -68,8 +68,8 @@ def load_jobs(
 ) -> list[Job]:
     from transformers import AutoTokenizer
 
-    from tetriserve.common.config import PrefillConfig
     from tetriserve.common.length import PredictInput
+    from tetriserve.common.prefill_config import PrefillConfig
     from tetriserve.length_predictor.commands import DataOptions, load_pairs
     from tetriserve.length_predictor.factory import build_predictor
 

@@ -17,8 +17,8 @@ import importlib.util
 import logging
 from pathlib import Path
 
-from tetriserve.common.config import PrefillConfig
 from tetriserve.common.length import LengthPredictor
+from tetriserve.common.prefill_config import PrefillConfig
 from tetriserve.length_predictor.artifact import weights_path
 from tetriserve.length_predictor.baseline import BucketQuantilePredictor
 from tetriserve.length_predictor.encoder import ENCODER_PACKAGE

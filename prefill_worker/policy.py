@@ -12,9 +12,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tetriserve.common.config import PrefillConfig
 from tetriserve.common.cost_estimator import CostEstimator
 from tetriserve.common.cost_profile import CostProfile, default_profile_path
+from tetriserve.common.prefill_config import PrefillConfig
 from tetriserve.prefill_worker.chunking import ChunkingPolicy, make_chunking_policy
 from tetriserve.prefill_worker.chunking.dynamic import Selection
 from tetriserve.prefill_worker.queue import QueuePolicy, make_queue_policy

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from tests.fakes import tokenizer_dir, wait_until
-from tetriserve.common.config import ClusterConfig, PrefillConfig
+from tetriserve.common.config import ClusterConfig
 from tetriserve.common.length import LengthEstimate, PredictInput
+from tetriserve.common.prefill_config import PrefillConfig
 from tetriserve.length_predictor import artifact as art_io
 from tetriserve.length_predictor.baseline import BucketQuantilePredictor
 from tetriserve.length_predictor.batcher import CoalescingBatcher

@@ -370,8 +370,9 @@ def test_config_field_validation_names_the_field(overrides: dict[str, object], l
 
 def test_every_config_field_has_a_description() -> None:
     from tetriserve.common.admission_config import AdmissionConfig
-    from tetriserve.common.config import DecodeConfig, EngineConfig, PrefillConfig
+    from tetriserve.common.config import DecodeConfig, EngineConfig
     from tetriserve.common.flip_config import FlipConfig, ScaleConfig
+    from tetriserve.common.prefill_config import PrefillConfig
 
     for model in (ClusterConfig, EngineConfig, PrefillConfig, DecodeConfig, AdmissionConfig, FlipConfig, ScaleConfig):
         for name, info in model.model_fields.items():

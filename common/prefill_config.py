@@ -1,0 +1,123 @@
+"""The ``prefill`` section of the cluster config (TetriInfer §3.3): chunked prefill, the prefill queue and
+PrefillSchedBatch, the decode dispatcher and the length predictor. ``common/config.py`` re-exports it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class PrefillConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chunk_size: int = Field(
+        512, ge=16, description="TetriInfer ChunkSize: tokens per prefill iteration (max_num_batched_tokens)."
+    )
+    queue_policy: Literal["fcfs", "sjf", "ljf", "accelgen", "sola"] = Field(
+        "fcfs",
+        description=(
+            "Prefill queue order: fcfs | sjf | ljf (TetriInfer §3.3.1), accelgen (remaining time to the SLO, "
+            "AccelGen §4.3) or sola (predicted TTFT, SOLA §4.4.2; accelgen and sola need a cost profile)."
+        ),
+    )
+    sched_batch: int = Field(
+        16, ge=1, description="PrefillSchedBatch: requests moved from raw to scheduled queue at once."
+    )
+    chunking: Literal["fixed", "none", "dynamic"] = Field(
+        "fixed",
+        description=(
+            "fixed: chunk_size tokens per iteration (TetriInfer §3.3.3); none: whole prompts; dynamic: "
+            "S_b = S_pf·SLO_min/T̄_pf with Exclusive Request Allocation (AccelGen §4.2; needs a cost profile)."
+        ),
+    )
+    chunk_selection: Literal["in-order", "multi-resource"] = Field(
+        "in-order", description="Dynamic chunking's selection: in queue order, or AccelGen Alg. 2 (compute + KV)."
+    )
+    max_batch_tokens: int | None = Field(
+        None,
+        ge=16,
+        description=(
+            "The prefill engine's ceiling on tokens per iteration (vLLM max_num_batched_tokens); policies set the "
+            "budget below it each iteration. Default: max(chunk_size, engine.max_model_len)."
+        ),
+    )
+    cost_profile: str | None = Field(
+        None,
+        description=(
+            "Cost profile JSON from `tetriserve profile`; default: $TETRISERVE_HOME/profiles/<model>--<hardware>.json "
+            "when it exists."
+        ),
+    )
+    cost_alpha: float = Field(0.2, gt=0, le=1, description="SOLA eq. 5 alpha: weight of the newest iteration in γ.")
+    dispatch_policy: Literal["power-of-two", "random", "round-robin", "least-loaded", "imbalance", "max-min"] = Field(
+        "power-of-two",
+        description=(
+            "How the dispatcher chooses a decode worker: power-of-two (TetriInfer §3.3.4), random, round-robin, "
+            "least-loaded, imbalance (heavy decodes always to the same workers; TetriInfer Fig. 19's worst case), "
+            "max-min (least predicted remaining work, SCLS §4.5)."
+        ),
+    )
+    heavy_threshold_tokens: int = Field(
+        128, ge=1, description="A request predicted to generate at least this many tokens is a heavy decode."
+    )
+    predictor: Literal["auto", "trained", "baseline", "oracle"] = Field(
+        "auto",
+        description=(
+            "Output-length predictor: trained (MiniLM + committed heads), baseline (prompt-length quantiles), "
+            "oracle (true lengths from predictor_workload), auto (trained when its artifact exists, else baseline)."
+        ),
+    )
+    predictor_wait_ms: float = Field(
+        0,
+        ge=0,
+        description=(
+            "How long a request whose first token is out may wait for its length prediction while the predictor "
+            "is computing it. Past that it is handed to a decode worker with the predictor's instant estimate (the "
+            "baseline's) and the prediction follows it there when done; one not yet started is dropped. "
+            "0: the handoff never waits (the worker's stats count predictions on time, late and refined)."
+        ),
+    )
+    predictor_niceness: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description=(
+            "Linux niceness of the length predictor (its process, or its thread with predictor_process off). "
+            "Predictions run on the engines' cores; at this niceness they take what the engines leave, and a "
+            "prediction not ready in time is "
+            "replaced by the instant estimate (predictor_wait_ms), so a busy machine sheds predictions, not "
+            "prefills or decode steps (0: equal share)."
+        ),
+    )
+    predictor_process: bool = Field(
+        True,
+        description=(
+            "Run the trained length predictor in a process of its own beside each worker (own interpreter lock, "
+            "predictor_niceness for the whole process), so its model does not slow the engine's steps and the "
+            "worker's event loop while a prompt is prefilled. False: a thread of the worker's process."
+        ),
+    )
+    predictor_artifact: str | None = Field(
+        None, description="Trained heads' JSON (default: length_predictor/artifacts/heads-g200.json)."
+    )
+    predictor_workload: str | None = Field(
+        None, description="Oracle predictor's JSONL of prompt (token ids or text) and response_len."
+    )
+    predictor_alpha: float | None = Field(
+        None, gt=0, lt=1, description="CacheOpt eq. 4 alpha: confidence at zero load (default: the artifact's)."
+    )
+    predictor_beta: float | None = Field(
+        None, gt=0, description="CacheOpt eq. 4 beta: confidence sensitivity to the arrival rate, s/request."
+    )
+
+    @model_validator(mode="after")
+    def _check_predictor(self) -> PrefillConfig:
+        if self.predictor == "oracle" and not self.predictor_workload:
+            raise ValueError("prefill.predictor_workload is required when prefill.predictor is 'oracle'")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < self.chunk_size:
+            raise ValueError("prefill.max_batch_tokens must be >= prefill.chunk_size")
+        return self
+
+    def batch_ceiling(self, max_model_len: int) -> int:
+        return self.max_batch_tokens or max(self.chunk_size, max_model_len)
