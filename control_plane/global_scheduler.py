@@ -55,6 +55,8 @@ from tetriserve.control_plane.admission import RETRY_AFTER_MAX_S
 
 logger = logging.getLogger(__name__)
 
+REFUSAL_LOG_INTERVAL_S = 5.0  # at most one warning about refusals this often
+
 _PLACEHOLDER_PROMPT = (0,)  # the table keeps no prompts: only their length (``prompt_tokens``)
 
 
@@ -83,6 +85,7 @@ class GlobalScheduler:
         self._finished_ids: OrderedDict[str, Request] = OrderedDict()  # the same, by id (late reports land there)
         self._history = history
         self.prefill_loads: dict[str, PrefillLoad] = {}
+        self._refusal_logged = -math.inf
         self.counts = {"admitted": 0, "finished": 0, "aborted": 0, "errors": 0, "moved": 0, "refused": 0}
 
     async def update_prefill_loads(self, loads: list[PrefillLoad]) -> None:
@@ -158,6 +161,20 @@ class GlobalScheduler:
 
     def _refuse(self, rid: str, queues: dict[str, _Queue]) -> Placement:
         self.counts["refused"] += 1
+        now = time.monotonic()
+        if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL_S:  # an operator sees why, not every refusal
+            self._refusal_logged = now
+            logger.warning(
+                "refusing requests (%d so far): every prefill worker is full: %s",
+                self.counts["refused"],
+                "; ".join(
+                    f"{w}: {q.count} placed, {q.wait_s:.1f} s of queue (reported {ld.queue_wait_s:.1f} s, "
+                    f"{ld.queued_prompt_tokens} tokens queued, {1e3 * ld.seconds_per_token:.3f} ms/token)"
+                    if (ld := self.prefill_loads.get(w)) is not None
+                    else f"{w}: {q.count} placed, {q.wait_s:.1f} s of queue"
+                    for w, q in queues.items()
+                ),
+            )
         shortest = min(q.wait_s for q in queues.values())
         retry_after = max(1, min(RETRY_AFTER_MAX_S, math.ceil(shortest - self.limits.max_wait_s)))
         message = (

@@ -59,6 +59,13 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("num_preemptions", COUNTER, "Preemptions on the worker's engine.", W),
     MetricSpec("engine_prompt_tokens", COUNTER, "Prompt tokens by source: computed, cached, external.", (*W, "source")),
     MetricSpec("engine_generation_tokens", COUNTER, "Tokens the worker's engine generated.", W),
+    MetricSpec(
+        "engine_step_seconds",
+        COUNTER,
+        "Seconds inside engine steps by clock: wall, and cpu (the stepping thread's own CPU time; well below wall: "
+        "the engine waited for a core or for its process's interpreter lock).",
+        (*W, "clock"),
+    ),
     MetricSpec("kv_transfer_bytes", COUNTER, "KV cache bytes sent / received.", (*W, "direction")),
     MetricSpec("kv_transfers", COUNTER, "KV transfers sent / received.", (*W, "direction")),
     MetricSpec("kv_transfer_failures", COUNTER, "KV sends that failed.", W),
@@ -140,6 +147,7 @@ def _worker_series(w: WorkerStats) -> Iterator[Series]:
     yield Series("num_preemptions", tags, w.preemptions)
     yield from (Series("engine_prompt_tokens", (*tags, ("source", k)), v) for k, v in w.prompt_tokens.items())
     yield Series("engine_generation_tokens", tags, w.generation_tokens)
+    yield from (Series("engine_step_seconds", (*tags, ("clock", k)), v) for k, v in w.step_seconds.items())
     yield from (Series("kv_transfer_bytes", (*tags, ("direction", k)), v) for k, v in w.kv_bytes.items())
     for k, v in w.kv_transfers.items():
         if k == "failed":

@@ -119,6 +119,7 @@ class WorkerStats:
     kv_bytes: Mapping[str, int] = field(default_factory=dict)  # sent, received
     kv_transfers: Mapping[str, int] = field(default_factory=dict)  # sent, received, failed
     kv_seconds_sending: float = 0.0
+    step_seconds: Mapping[str, float] = field(default_factory=dict)  # wall, cpu: time inside engine steps
     flips: int = 0
     restarts: int = 0
     predictions: Mapping[str, int] = field(default_factory=dict)  # prefill: on_time, late, refined
@@ -172,6 +173,7 @@ def worker_stats(status: Any, raw: Mapping[str, Any] | None) -> WorkerStats:
             "cached": int(eng.prompt_tokens_cached),
             "external": int(eng.prompt_tokens_external),
         }
+        extra["step_seconds"] = {"wall": float(eng.step_seconds), "cpu": float(eng.step_cpu_seconds)}
     if tx is not None:
         extra["kv_bytes"] = {"sent": int(tx.bytes_sent), "received": int(tx.bytes_received)}
         extra["kv_transfers"] = {

@@ -11,7 +11,10 @@ Nothing else reads or writes the engine's vLLM scheduler while it steps:
 and resolves an asyncio future with the result (policy changes, slice marks).
 Every 50 ms of steps (and on going idle) the thread publishes ``snapshot``, a frozen ``EngineSnapshot``
 the actor reads without locks (stats, and whatever ``snapshot_fn`` derives from
-the scheduler, e.g. the decode batch's views).
+the scheduler, e.g. the decode batch's views). The stats include the time spent
+inside steps by two clocks, wall and the engine thread's own CPU time: where the
+second falls well below the first, the engine waited for a core or for its
+process's interpreter lock (benchmarks/engine_thread_contention.py).
 
 A decode engine's thread runs at a lower CPU priority (``niceness``, the config's
 ``engine.decode_niceness``): it always has work, and where it shares cores with a
@@ -124,6 +127,7 @@ class EngineLoop:
         self._live = 0  # actor's count of requests added and not finished
         self.steps = 0  # engine steps taken (the liveness heartbeat's proof that the engine moves)
         self.busy_s = 0.0  # seconds spent inside engine steps (a prefill worker's pace is measured by it)
+        self.busy_cpu_s = 0.0  # the engine thread's own CPU time inside them (below busy_s: it waited)
         self._stale = False
         self._published = 0.0
         self.snapshot = EngineSnapshot(self.collector.snapshot(), self._extra())
@@ -232,7 +236,7 @@ class EngineLoop:
                 set_engine_threads(threads)
                 self._threads = threads
         self.steps += 1
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             outputs = self.engine.step()
         except Exception as exc:  # engine bug: fail what is in flight, keep serving
@@ -241,6 +245,7 @@ class EngineLoop:
             return
         finally:
             self.busy_s += time.perf_counter() - started
+            self.busy_cpu_s += time.thread_time() - cpu
         self._stale = True
         batch = [d for d in (self._delta(out) for out in outputs) if d is not None]
         if time.monotonic() - self._published >= SNAPSHOT_INTERVAL_S:
@@ -251,7 +256,7 @@ class EngineLoop:
 
     def _publish(self) -> None:
         self._published = time.monotonic()
-        snap = self.collector.snapshot()
+        snap = replace(self.collector.snapshot(), step_seconds=self.busy_s, step_cpu_seconds=self.busy_cpu_s)
         usage = self._block_pool_usage()
         stats = snap if usage is None else replace(snap, kv_usage=usage)
         self.snapshot = EngineSnapshot(stats, self._extra())

@@ -27,6 +27,8 @@ class EngineStats:
     prompt_tokens_external: int = 0
     generation_tokens: int = 0
     preemptions: int = 0
+    step_seconds: float = 0.0  # wall time spent inside engine steps (``EngineLoop``'s, not vLLM's)
+    step_cpu_seconds: float = 0.0  # the stepping thread's own CPU time inside them
 
     @property
     def free_blocks(self) -> int:

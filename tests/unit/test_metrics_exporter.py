@@ -48,7 +48,14 @@ def _cluster() -> ClusterStats:
     score.observe(LengthEstimate(10, 20, 30, bucket=0, source="trained"), 31)
     decode_raw = {
         "engine": EngineStats(
-            running=2, waiting=1, kv_usage=0.25, preemptions=3, generation_tokens=40, prompt_tokens_external=12
+            running=2,
+            waiting=1,
+            kv_usage=0.25,
+            preemptions=3,
+            generation_tokens=40,
+            prompt_tokens_external=12,
+            step_seconds=2.0,
+            step_cpu_seconds=1.5,
         ),
         "transport": TransportStats(bytes_received=4096, transfers_received=2),
         "length_score": score.snapshot(),
@@ -89,6 +96,8 @@ def test_front_door_and_cluster_series() -> None:
     assert s[("tetriserve:num_requests_waiting", p)] == 4 and s[("tetriserve:num_requests_running", d)] == 2
     assert s[("tetriserve:kv_cache_usage_perc", d)] == 0.25
     assert s[("tetriserve:num_preemptions_total", d)] == 3
+    assert s[("tetriserve:engine_step_seconds_total", (("clock", "wall"), *d))] == 2.0
+    assert s[("tetriserve:engine_step_seconds_total", (("clock", "cpu"), *d))] == 1.5
     assert s[("tetriserve:engine_prompt_tokens_total", (*p[:1], ("source", "computed"), p[1]))] == 100
     assert s[("tetriserve:kv_transfer_bytes_total", (("direction", "sent"), *p))] == 4096
     assert s[("tetriserve:kv_transfer_bytes_total", (("direction", "received"), *d))] == 4096

@@ -70,3 +70,23 @@ def test_the_count_cap_is_a_backstop_when_no_pace_is_known() -> None:
         assert (await gs.place(PlacementRequest("c", 10, 8, now))).retry_after_s == 1
 
     asyncio.run(main())
+
+
+def test_refusals_are_logged_with_each_workers_queue_at_most_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        now = time.time()
+        full = PrefillLoad("prefill-0", 40, 1, 40_000, now, queue_wait_s=40.0, seconds_per_token=1e-3)
+        gs = _scheduler(AdmissionConfig(max_wait_s=30), full)
+        with caplog.at_level("WARNING", logger="tetriserve.control_plane.global_scheduler"):
+            for i in range(3):
+                assert (await gs.place(PlacementRequest(f"r{i}", 10, 8, now))).prefill_worker is None
+        warnings = [r.getMessage() for r in caplog.records if "refusing" in r.getMessage()]
+        assert len(warnings) == 1 and gs.counts["refused"] == 3  # one line per REFUSAL_LOG_INTERVAL_S
+        assert (
+            "prefill-0: 0 placed, 40.0 s of queue (reported 40.0 s, 40000 tokens queued, 1.000 ms/token)"
+            in (warnings[0])
+        )
+
+    asyncio.run(main())
