@@ -14,7 +14,8 @@ the actor reads without locks (stats, and whatever ``snapshot_fn`` derives from
 the scheduler, e.g. the decode batch's views). The stats include the time spent
 inside steps by two clocks, wall and the engine thread's own CPU time: where the
 second falls well below the first, the engine waited for a core or for its
-process's interpreter lock (benchmarks/engine_thread_contention.py).
+process's interpreter lock. (Work on the actor's thread also raises the CPU time
+itself: benchmarks/engine_thread_contention.py.)
 
 A decode engine's thread runs at a lower CPU priority (``niceness``, the config's
 ``engine.decode_niceness``): it always has work, and where it shares cores with a
