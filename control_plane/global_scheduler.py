@@ -167,13 +167,7 @@ class GlobalScheduler:
             logger.warning(
                 "refusing requests (%d so far): every prefill worker is full: %s",
                 self.counts["refused"],
-                "; ".join(
-                    f"{w}: {q.count} placed, {q.wait_s:.1f} s of queue (reported {ld.queue_wait_s:.1f} s, "
-                    f"{ld.queued_prompt_tokens} tokens queued, {1e3 * ld.seconds_per_token:.3f} ms/token)"
-                    if (ld := self.prefill_loads.get(w)) is not None
-                    else f"{w}: {q.count} placed, {q.wait_s:.1f} s of queue"
-                    for w, q in queues.items()
-                ),
+                "; ".join(self._describe(w, q) for w, q in queues.items()),
             )
         shortest = min(q.wait_s for q in queues.values())
         retry_after = max(1, min(RETRY_AFTER_MAX_S, math.ceil(shortest - self.limits.max_wait_s)))
@@ -182,6 +176,17 @@ class GlobalScheduler:
             f"is {self.limits.max_wait_s:g} s; at most {self.limits.max_queued_per_worker} requests each)"
         )
         return Placement(rid, None, message, retry_after_s=retry_after)
+
+    def _describe(self, worker: str, queue: _Queue) -> str:
+        """One prefill worker's queue as a refusal's log line gives it."""
+        text = f"{worker}: {queue.count} placed, {queue.wait_s:.1f} s of queue"
+        ld = self.prefill_loads.get(worker)
+        if ld is None:
+            return text
+        return (
+            f"{text} (reported {ld.queue_wait_s:.1f} s, {ld.queued_prompt_tokens} tokens queued, "
+            f"{1e3 * ld.seconds_per_token:.3f} ms/token)"
+        )
 
     # -- the table ----------------------------------------------------------------------------
     async def record(self, events: list[StateEvent]) -> None:

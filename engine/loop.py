@@ -257,9 +257,14 @@ class EngineLoop:
 
     def _publish(self) -> None:
         self._published = time.monotonic()
-        snap = replace(self.collector.snapshot(), step_seconds=self.busy_s, step_cpu_seconds=self.busy_cpu_s)
+        snap = self.collector.snapshot()
         usage = self._block_pool_usage()
-        stats = snap if usage is None else replace(snap, kv_usage=usage)
+        stats = replace(
+            snap,
+            kv_usage=snap.kv_usage if usage is None else usage,
+            step_seconds=self.busy_s,
+            step_cpu_seconds=self.busy_cpu_s,
+        )
         self.snapshot = EngineSnapshot(stats, self._extra())
 
     def _extra(self) -> Any:
