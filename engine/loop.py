@@ -27,7 +27,9 @@ from what the board leaves idle.
 The engine thread blocks on the command queue when idle and never waits on a
 transfer: requests whose KV is still in flight sit in vLLM's
 WAITING_FOR_REMOTE_KVS state while the loop keeps stepping (with a 1 ms pause
-on steps that produced nothing, so a waiting engine does not burn a core).
+on steps that produced nothing, so a waiting engine does not burn a core). It
+also steps while vLLM's scheduler still holds finished requests: the blocks of
+one aborted while its KV was in flight are freed only in a later step.
 A failure inside ``step`` finishes every in-flight request with an error and
 the loop goes on serving new ones.
 """
@@ -216,7 +218,7 @@ class EngineLoop:
     # -- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
         while True:  # daemon thread: lives as long as the worker process
-            if self.engine.has_unfinished_requests():
+            if self._has_work():
                 self._drain(block=False)
             else:  # idle: say so before waiting for work, not after
                 if self._cores is not None:
@@ -226,8 +228,13 @@ class EngineLoop:
                     self.collector.mark_idle()
                     self._publish()
                 self._drain(block=True)
-            if self.engine.has_unfinished_requests():
+            if self._has_work():
                 self._step_once()
+
+    def _has_work(self) -> bool:
+        """Requests to step, or finished ones whose blocks vLLM frees only in a later step (one aborted
+        while its KV load was pending is freed once the connector reports the load over)."""
+        return bool(self.engine.has_unfinished_requests() or self.scheduler().has_requests())
 
     def _step_once(self) -> None:
         if self._cores is not None:

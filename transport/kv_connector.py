@@ -296,7 +296,12 @@ class TetriKVConnector(KVConnectorBase_V1):
         for spec in meta.loads:
             self._loading[spec.req_id] = (spec, time.monotonic() + self._deadline_s)
         for req_id, key in meta.cancelled:
-            if self._loading.pop(req_id, None) is not None or key:
+            loading = self._loading.pop(req_id, None)
+            if loading is not None and not loading[0].landed:
+                # vLLM holds an aborted request's blocks while its load is pending: report the load over
+                # so they free now, not never (the bytes, should they still land, are dropped on landing)
+                self._finished_recving.add(req_id)
+            if loading is not None or key:
                 self._transport.discard(key)
         now = time.monotonic()
         for req_id, (spec, deadline) in list(self._loading.items()):

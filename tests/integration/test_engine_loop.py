@@ -1,0 +1,81 @@
+"""The engine loop frees what an aborted request held, with no other request to step it along.
+
+A decode request whose KV is still in flight (vLLM's WAITING_FOR_REMOTE_KVS) holds its blocks. Aborted
+then (its prefill worker died mid-handoff, or its client left), vLLM frees them only once the KV
+connector reports the load over, in a later step: the loop must take that step although no request is
+left, and the connector must report a load it cancels. One in-process engine (tiny model, the decode
+role's scheduler and connector), driven by ``EngineLoop`` as a worker drives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tetriserve.common.config import EngineConfig
+from tetriserve.engine.settings import engine_env
+
+os.environ.update(engine_env(EngineConfig(threads_per_engine=1)))  # in-process engine; before vllm is imported
+
+
+@pytest.fixture(scope="module")
+def loop(model_path: str) -> Iterator[Any]:
+    from tetriserve.engine.loop import EngineLoop
+    from tetriserve.engine.settings import EngineRole, build_engine_args
+
+    probe = EngineConfig(dtype="float32", max_model_len=512, enforce_eager=True, kv_cache_gb=0.01)
+    args = build_engine_args(
+        probe,
+        model_path,
+        EngineRole.DECODE,
+        endpoint="test-engine-loop",
+        transport="tcp",
+        chunk_size=512,
+        scheduler_cls="tetriserve.decode_worker.vllm_scheduler.TetriDecodeScheduler",
+    )
+    args.num_gpu_blocks_override = 40
+    yield EngineLoop(args, "test-engine-loop")
+
+
+def _held(loop: Any) -> tuple[float, int]:
+    """(block pool usage, requests vLLM's scheduler still holds), read on the engine thread."""
+    return loop.call_now(lambda s: (s.kv_cache_manager.block_pool.get_usage(), len(s.requests)))
+
+
+def _wait_for(loop: Any, done: Any, timeout_s: float) -> tuple[float, int]:
+    deadline = time.monotonic() + timeout_s
+    held = _held(loop)
+    while not done(held) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        held = _held(loop)
+    return held
+
+
+def test_a_request_aborted_while_its_kv_is_in_flight_leaves_no_block_held(loop: Any) -> None:
+    from vllm import SamplingParams
+
+    from tetriserve.transport.instructions import KV_PARAMS_KEY, KVInstruction, KVMode
+
+    prompt = list(range(10, 110))  # 100 tokens: 4 blocks of 32
+    kv = KVInstruction(KVMode.RECV, "never-sent", len(prompt) - 1)
+    params = SamplingParams(max_tokens=8, temperature=0.0, extra_args={KV_PARAMS_KEY: kv.params()})
+    deltas: list[Any] = []
+
+    async def add_then_abort() -> None:
+        loop.add("aborted-mid-load", prompt, params, deltas.append)
+        # the engine allocates the request's blocks and waits for its KV (the connector's deadline is 30 s)
+        usage, _ = await asyncio.to_thread(_wait_for, loop, lambda held: held[0] > 0, 10.0)
+        assert usage > 0, "the request never took blocks to load its KV into"
+        loop.abort("aborted-mid-load")
+        await asyncio.sleep(0.1)  # the abort's delta comes back through this event loop
+
+    asyncio.run(add_then_abort())
+    assert [d.finish_reason for d in deltas] == ["abort"]
+    usage, requests = _wait_for(loop, lambda held: held == (0.0, 0), 5.0)
+    assert (usage, requests) == (0.0, 0), "an aborted request's blocks stay held until some other request comes"
+    assert loop.in_flight == 0
