@@ -32,6 +32,7 @@ METRICS = [
     "median_itl_ms",
     "median_e2el_ms",
     "median_e2el_per_token_ms",
+    "cpu_cores",
 ]
 
 
@@ -54,7 +55,16 @@ def summary(name: str, scenario: str) -> dict[str, float]:
     per_token = [lat / n for lat, n in pairs if n]
     if per_token:
         out["median_e2el_per_token_ms"] = 1000 * statistics.median(per_token)
+    cpu = cpu_of(name, scenario)
+    if cpu is not None:
+        out["cpu_cores"] = sum(cpu.values())
     return out
+
+
+def cpu_of(name: str, scenario: str) -> dict[str, float] | None:
+    """Cores each of the server's processes used over the run (``vllm_bench_serve.cpu_by_process``), if recorded."""
+    path = WORK / f"cpu_{name}_{scenario}.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 PROMPT_BANDS = ((0, 50), (50, 150), (150, 400), (400, 1 << 20))
@@ -176,8 +186,24 @@ def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: ar
     for (lo, hi), (n, t_ms), (_, v_ms) in zip(PROMPT_BANDS, bands["tetriserve"], bands["vllm"], strict=True):
         band = f"{lo}–{hi - 1}" if hi < 1 << 20 else f"≥ {lo}"
         lines.append(f"| {band} | {n} | {t_ms:.0f} | {v_ms:.0f} | {t_ms / v_ms:.2f} |")
+    lines += cpu_section(TITLES["rate"].format(**vars(args)))
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def cpu_section(title: str) -> list[str]:
+    """Where each server's CPU went in the first round's rate run: cores per process (CPU seconds over the
+    client's whole run, its start-up included, so idle time dilutes them a little alike for both)."""
+    runs = {n: cpu_of(run_name(n, 0), "rate") for n in ("tetriserve", "vllm")}
+    if any(cpu is None for cpu in runs.values()):
+        return []
+    lines = ["", f"## CPU by process, {title}, first round", ""]
+    lines += ["| system | process | cores |", "| --- | --- | ---: |"]
+    for n, cpu in runs.items():
+        assert cpu is not None
+        lines += [f"| {n} | {label} | {cores:.2f} |" for label, cores in cpu.items()]
+        lines.append(f"| {n} | **all** | **{sum(cpu.values()):.2f}** |")
+    return lines
 
 
 def measure_or_reload(

@@ -72,6 +72,53 @@ def stop(proc: subprocess.Popen[bytes], settle_s: float = 3.0) -> None:
     time.sleep(settle_s)
 
 
+def session_cpu(sid: int) -> dict[str, tuple[str, float]]:
+    """CPU seconds (user + system) so far of every live process of session ``sid``: pid -> (its command line,
+    shortened; seconds)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # fields after the name: state ppid pgrp session ... utime stime (11, 12)
+            out[stat.parent.name] = (process_label(cmdline), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def process_label(cmdline: str) -> str:
+    """A process's command line, short: Ray names its actors' processes (``ray::GlobalScheduler``), vLLM its
+    engine's; a Python program is named by its module or script."""
+    words = cmdline.split()
+    if not words:
+        return "?"
+    if not words[0].endswith(("python", "python3")) or len(words) < 2:
+        return Path(words[0]).name
+    if words[1] == "-m" and len(words) > 2:
+        return words[2]
+    if words[1] == "-c":
+        return "python -c (benchmark client)"
+    return Path(next((w for w in words[1:] if not w.startswith("-")), words[1])).name
+
+
+def cpu_by_process(
+    before: dict[str, tuple[str, float]], after: dict[str, tuple[str, float]], seconds: float
+) -> dict[str, float]:
+    """Cores each process used between two ``session_cpu`` samples ``seconds`` apart, by label (processes that
+    share a label numbered by pid), the processes that used under 0.5% left out."""
+    used: dict[str, float] = {}
+    for pid, (label, cpu) in sorted(after.items(), key=lambda kv: int(kv[0])):
+        share = (cpu - before.get(pid, (label, 0.0))[1]) / seconds
+        if share >= 0.005:
+            name, n = label, 2
+            while name in used:
+                name, n = f"{label} #{n}", n + 1
+            used[name] = round(share, 3)
+    return dict(sorted(used.items(), key=lambda kv: -kv[1]))
+
+
 def session_alive(sid: int) -> bool:
     """Whether any process of session ``sid`` is still alive (zombies excluded)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -188,7 +235,11 @@ def serve_and_bench(
         try:
             wait_ready(f"http://127.0.0.1:{port}", proc)
             run_bench(name, "warmup", port, args, model, dataset)  # not measured
-            return run_bench(name, scenario, port, args, model, dataset)
+            before, started = session_cpu(proc.pid), time.monotonic()  # every process of the server's
+            run_bench(name, scenario, port, args, model, dataset)
+            cpu = cpu_by_process(before, session_cpu(proc.pid), time.monotonic() - started)
+            (WORK / f"cpu_{name}_{scenario}.json").write_text(json.dumps(cpu, indent=1))
+            return summary(name, scenario)
         finally:
             stop(proc)
 
