@@ -29,7 +29,8 @@ class TransportConfig(BaseModel):
             "tcp: bytes over sockets. shm: through reused shared-memory slabs between processes of one host "
             "(peers on other hosts get them over TCP). ucx: through ucxx (tcp/shared memory here, RDMA where the "
             "cluster has it). nccl: torch.distributed point-to-point on a group per pair (NCCL on CUDA, gloo on "
-            "CPU). auto: shm, which is tcp to another host. mock: TetriInfer's "
+            "CPU). auto: shm within a host; where the cluster spans hosts, ucx to a worker on another host (tcp "
+            "to one without a UCX listener). mock: TetriInfer's "
             "transfer mock, metadata only over the emulated link (needs emulate; zero KV: timing studies only)."
         ),
     )
@@ -58,10 +59,3 @@ class TransportConfig(BaseModel):
         if self.backend == "mock" and self.emulate is None:
             raise ValueError("transport.backend mock needs transport.emulate (the link whose time it waits)")
         return self
-
-    @property
-    def endpoint_kind(self) -> str:
-        """The registry name of the endpoint a worker opens: ``auto`` is an shm endpoint, which sends to a peer
-        on another host over TCP by itself (benchmarks/results/transport_throughput.md: shm is the faster
-        path within a host)."""
-        return "shm" if self.backend == "auto" else self.backend

@@ -63,10 +63,11 @@ class EngineWorker:
             link = config.transport.emulate
             self.endpoint = endpoints.get_or_create(
                 worker_id,
-                config.transport.endpoint_kind,
+                config.transport.backend,
                 f"{config.host}:0",
                 (link.gbps, link.latency_us) if link is not None else None,
                 config.transport.lease_s,
+                across_hosts=config.transport.backend == "auto" and cluster_spans_hosts(),
             )
             self.engine: Any = None
             self.streams = StreamHub()
@@ -261,6 +262,16 @@ async def serve_subscriber(
         worker()._subscriber_gone(subscriber)
 
 
+def cluster_spans_hosts() -> bool:
+    """Whether this process's Ray cluster has a live node on another host (False outside Ray)."""
+    import ray
+
+    if not ray.is_initialized():
+        return False
+    here = ray.util.get_node_ip_address()
+    return any(node.get("Alive") and node.get("NodeManagerAddress") != here for node in ray.nodes())
+
+
 def build_worker_engine(config: ClusterConfig, model_path: str, worker_id: str) -> Any:
     """A worker's engine: one build serves either role, the worker's role takes it (``EngineLoop.take_role``)
     and a flip hands it to the other role without reloading it. Until then its scheduler is vLLM's own."""
@@ -274,7 +285,7 @@ def build_worker_engine(config: ClusterConfig, model_path: str, worker_id: str) 
         EngineRole.PREFILL,
         chunk_size=config.prefill.batch_ceiling(config.engine.max_model_len),
         endpoint=worker_id,
-        transport=config.transport.endpoint_kind,
+        transport=config.transport.backend,
         kv_deadline_s=config.kv_transfer_timeout_s,
         kv_load_failure_policy=config.kv_load_failure_policy,
     )

@@ -6,11 +6,17 @@ goes only to a prefill worker whose queue it would wait behind for at most
 
     queue_wait_s = Σ over queued prompts of the cost model's Cᵖ(r) (SOLA eq. 3, online-corrected), when a
                    cost profile is loaded; else queued prompt tokens × seconds_per_token
-    seconds_per_token = seconds the engine spent stepping / prompt tokens it computed, an EWMA over report
-                   intervals in which it computed prompts. Stepping time, not wall time: a worker that was
+    seconds_per_token = seconds the engine spent stepping / prompt tokens it prefilled, an EWMA over report
+                   intervals in which it prefilled prompts. Stepping time, not wall time: a worker that was
                    idle for most of an interval is not slow. Read by wall time, a lightly loaded worker's
                    burst was priced at 39–44 s of queue and refused while the prompts' TTFT stayed under
-                   0.2 s (benchmarks/results/flip_phases.json as of commit 5a74509, the run before this fix)
+                   0.2 s (benchmarks/results/flip_phases.json as of commit 5a74509, the run before this fix).
+                   Prompt tokens whole, the ones the prefix cache held included, as the queue's prompts are
+                   priced: per *computed* token, an interval of prompts mostly held by the cache (a client
+                   sending the same prompts again) priced the next burst at about 1 ms a token, and the
+                   GlobalScheduler refused 56 of 200 prompts at saturation although the engine kept up
+                   (benchmarks/results/vllm_bench_serve_s32.md, its refusal in the server's log).
+    Both counters come from one snapshot of the engine (``EngineCounters``), so they cover the same steps.
 
 Pure (no Ray, no vLLM): the worker feeds it its engine's counters.
 """
@@ -18,10 +24,21 @@ Pure (no Ray, no vLLM): the worker feeds it its engine's counters.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from tetriserve.common.cost_estimator import CostEstimator
 
 ALPHA = 0.3  # weight of the newest interval in the EWMA
+
+
+class EngineCounters(Protocol):
+    """What the pace reads of an engine's published stats (``engine.stats.EngineStats``)."""
+
+    @property
+    def prompt_tokens_total(self) -> int: ...  # prompt tokens of the requests prefilled so far
+
+    @property
+    def step_seconds(self) -> float: ...  # seconds spent inside engine steps so far
 
 
 class PrefillPace:
@@ -29,16 +46,17 @@ class PrefillPace:
         self.seconds_per_token = 0.0  # 0: not measured yet
         self._last: tuple[int, float] | None = None
 
-    def observe(self, computed_tokens: int, busy_s: float) -> None:
-        """The engine's count of prompt tokens computed so far, and its seconds spent stepping so far."""
+    def observe(self, engine: EngineCounters) -> None:
+        """The engine's counters as of its latest snapshot."""
+        now = (engine.prompt_tokens_total, engine.step_seconds)
         if self._last is not None:
-            tokens, dt = computed_tokens - self._last[0], busy_s - self._last[1]
+            tokens, dt = now[0] - self._last[0], now[1] - self._last[1]
             if tokens > 0 and dt > 0:
                 sample = dt / tokens
                 self.seconds_per_token = (
                     sample if self.seconds_per_token == 0 else ALPHA * sample + (1 - ALPHA) * self.seconds_per_token
                 )
-        self._last = (computed_tokens, busy_s)
+        self._last = now
 
     def queue_wait_s(self, prompt_lens: Iterable[int], cost: CostEstimator | None, chunk: int | None) -> float:
         """Expected seconds to prefill the queued prompts of lengths ``prompt_lens``."""

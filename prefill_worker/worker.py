@@ -121,7 +121,7 @@ class PrefillWorker(EngineWorker):
         return dead is not None
 
     def load(self) -> PrefillLoad:
-        self.pace.observe(self.engine.stats().prompt_tokens_computed, self.engine.busy_s)
+        self.pace.observe(self.engine.stats())
         lens = self.gate.queued_lens()
         return PrefillLoad(
             self.worker_id,

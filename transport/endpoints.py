@@ -23,13 +23,16 @@ def get_or_create(
     listen: str = "127.0.0.1:0",
     emulate: tuple[float, float] | None = None,
     lease_s: float = 300.0,
+    across_hosts: bool = False,
 ) -> Transport:
     """``emulate``: (Gb/s, latency µs) of a slower link to shape this endpoint's sends to; ``lease_s``: how long
-    KV parked in it (held, or landed and not taken) is kept."""
+    KV parked in it (held, or landed and not taken) is kept; ``across_hosts``: the cluster spans hosts (``auto``
+    then listens on UCX too)."""
     with _LOCK:
         endpoint = _ENDPOINTS.get(name)
         if endpoint is None:
-            endpoint = make_transport(backend, listen, ttl_s=lease_s)
+            options = {"across_hosts": True} if across_hosts and backend == "auto" else {}
+            endpoint = make_transport(backend, listen, ttl_s=lease_s, **options)
             if emulate is not None:
                 from tetriserve.transport.emulate import EmulatedLink
 

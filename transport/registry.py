@@ -18,6 +18,15 @@ def _ucx(listen: str, **options: Any) -> Transport:
     return UcxTransport(listen, **options)
 
 
+def _auto(listen: str, across_hosts: bool = False, **options: Any) -> Transport:
+    """The default: an shm endpoint, with a UCX listener beside it where the cluster spans hosts."""
+    if not across_hosts:
+        return ShmTransport(listen, **options)
+    from tetriserve.transport.auto import AutoTransport
+
+    return AutoTransport(listen, **options)
+
+
 def _nccl(listen: str, **options: Any) -> Transport:
     from tetriserve.transport.nccl import NcclTransport  # imports torch.distributed on first use
 
@@ -27,6 +36,7 @@ def _nccl(listen: str, **options: Any) -> Transport:
 BACKENDS: dict[str, Callable[..., Transport]] = {
     "tcp": lambda listen, **options: TcpTransport(listen, **options),
     "shm": lambda listen, **options: ShmTransport(listen, **options),
+    "auto": _auto,
     "inproc": lambda listen, **options: InProcTransport(listen, **options),
     "mock": lambda listen, **options: MockTransport(listen, **options),
     "ucx": _ucx,
@@ -36,8 +46,10 @@ BACKENDS: dict[str, Callable[..., Transport]] = {
 
 def backend_of(address: str) -> str:
     """The backend an endpoint's address belongs to (``status`` names it per worker)."""
-    scheme, sep, _ = address.partition("://")
-    return scheme if sep else "tcp"
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        return "tcp"
+    return f"{scheme}+ucx" if "?ucx=" in rest else scheme
 
 
 def make_transport(name: str, listen: str, **options: Any) -> Transport:

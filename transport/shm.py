@@ -65,8 +65,9 @@ def host_id() -> str:
 
 
 def split_address(address: str) -> tuple[str | None, str]:
-    """(host id or None, host:port) of a ``shm://id@host:port`` or plain ``host:port`` address."""
-    rest = address.removeprefix("shm://")
+    """(host id or None, host:port) of a ``shm://id@host:port`` or plain ``host:port`` address (what follows a
+    ``?``, such as the UCX port of an ``auto`` endpoint, is not the shm part's)."""
+    rest = address.removeprefix("shm://").partition("?")[0]
     hid, sep, hostport = rest.rpartition("@")
     return (hid if sep else None), hostport
 
@@ -102,10 +103,16 @@ class _Conn:
 
 class ShmTransport(TcpTransport):
     def __init__(
-        self, listen: str = "127.0.0.1:0", ttl_s: float = 300.0, send_threads: int = 4, pool_bytes: int = 1 << 30
+        self,
+        listen: str = "127.0.0.1:0",
+        ttl_s: float = 300.0,
+        send_threads: int = 4,
+        pool_bytes: int = 1 << 30,
+        host: str | None = None,
     ) -> None:
+        """``host``: this endpoint's host id, ``host_id()`` by default (tests play two hosts on one)."""
         super().__init__(listen, ttl_s, send_threads)
-        self._host_id = host_id()
+        self._host_id = host or host_id()
         self._pool_bytes = pool_bytes
         self._slab_lock = threading.Lock()
         self._slabs: dict[int, _Slab] = {}  # pooled slabs, free or lent

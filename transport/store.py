@@ -99,8 +99,9 @@ class ReceiveStore:
 class StoreBackedEndpoint:
     """Receive side shared by two-sided backends: a ``ReceiveStore`` plus send counters (under ``_stats_lock``)."""
 
-    def __init__(self, ttl_s: float) -> None:
-        self._store = ReceiveStore(ttl_s)
+    def __init__(self, ttl_s: float, store: ReceiveStore | None = None) -> None:
+        """``store``: another endpoint's, for two listeners that land into one place (``transport/auto.py``)."""
+        self._store = store if store is not None else ReceiveStore(ttl_s)
         self._stats_lock = threading.Lock()
         self._bytes_sent = 0
         self._sent = 0
@@ -119,6 +120,10 @@ class StoreBackedEndpoint:
                 self._send_s += (handle.finished or handle.started) - handle.started
             else:
                 self._failed += 1
+
+    @property
+    def store(self) -> ReceiveStore:
+        return self._store
 
     def recv(self, key: str) -> list[Any] | None:
         return self._store.take(key)

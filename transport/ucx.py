@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from tetriserve.transport.api import Buffer, TransferHandle, advertised_host
-from tetriserve.transport.store import StoreBackedEndpoint
+from tetriserve.transport.store import ReceiveStore, StoreBackedEndpoint
 from tetriserve.transport.tcp import ReceivePool, parse_address
 
 logger = logging.getLogger(__name__)
@@ -77,8 +77,14 @@ def split_ucx_address(address: str) -> tuple[str, int]:
 
 
 class UcxTransport(StoreBackedEndpoint):
-    def __init__(self, listen: str = "127.0.0.1:0", ttl_s: float = 300.0, connect_timeout_s: float = 5.0) -> None:
-        super().__init__(ttl_s)
+    def __init__(
+        self,
+        listen: str = "127.0.0.1:0",
+        ttl_s: float = 300.0,
+        connect_timeout_s: float = 5.0,
+        store: ReceiveStore | None = None,
+    ) -> None:
+        super().__init__(ttl_s, store)
         host, port = split_ucx_address(listen)
         self._ucxx = _ucxx()
         self._loop = ucx_loop()

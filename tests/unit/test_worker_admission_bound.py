@@ -13,20 +13,41 @@ from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.load import PrefillLoad, same_load
 from tetriserve.common.stream import PlacementRequest
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
+from tetriserve.engine.stats import EngineStats
 from tetriserve.prefill_worker.pace import PrefillPace
 
 
-def test_pace_is_measured_from_computed_prompt_tokens_and_stepping_time_and_prices_the_queue() -> None:
+def _stats(prompt_tokens: int, step_s: float, cached: int = 0) -> EngineStats:
+    return EngineStats(
+        prompt_tokens_total=prompt_tokens,
+        prompt_tokens_computed=prompt_tokens - cached,
+        prompt_tokens_cached=cached,
+        step_seconds=step_s,
+    )
+
+
+def test_pace_is_measured_from_prompt_tokens_and_stepping_time_and_prices_the_queue() -> None:
     pace = PrefillPace()
-    pace.observe(0, 10.0)  # the engine's seconds spent stepping so far, not the clock
+    pace.observe(_stats(0, 10.0))  # the engine's seconds spent stepping so far, not the clock
     assert pace.seconds_per_token == 0.0 and pace.queue_wait_s([100], None, None) == 0.0  # not measured yet
-    pace.observe(1000, 11.0)  # 1000 tokens in 1 s of steps
+    pace.observe(_stats(1000, 11.0))  # 1000 tokens in 1 s of steps
     assert pace.seconds_per_token == pytest.approx(1e-3)
-    pace.observe(1000, 11.0)  # an idle interval: no steps, no sample
+    pace.observe(_stats(1000, 11.0))  # an idle interval: no steps, no sample
     assert pace.seconds_per_token == pytest.approx(1e-3)
-    pace.observe(1500, 12.0)  # 500 tokens in 1 s of steps: the EWMA moves toward it
+    pace.observe(_stats(1500, 12.0))  # 500 tokens in 1 s of steps: the EWMA moves toward it
     assert 1e-3 < pace.seconds_per_token < 2e-3
     assert pace.queue_wait_s([100, 300], None, None) == pytest.approx(400 * pace.seconds_per_token)
+
+
+def test_prompts_the_prefix_cache_held_do_not_make_the_queue_look_slow() -> None:
+    """The queue's prompts are priced whole, so the pace counts prompt tokens whole: 10 prompts of 1000 tokens
+    that the cache held but for 10 tokens each, in 0.1 s of steps, are 1e-5 s a prompt token, not 1e-3 s a
+    computed one (which priced the next burst of new prompts 100 times too slow, and refused it)."""
+    pace = PrefillPace()
+    pace.observe(_stats(0, 0.0))
+    pace.observe(_stats(10_000, 0.1, cached=9_900))
+    assert pace.seconds_per_token == pytest.approx(1e-5)
+    assert pace.queue_wait_s([1000] * 100, None, None) == pytest.approx(1.0)
 
 
 def test_a_changed_pace_alone_is_not_a_changed_load() -> None:

@@ -10,12 +10,13 @@ import pytest
 
 from tests.transport_support import unique
 from tetriserve.transport.api import Transport
+from tetriserve.transport.auto import AutoTransport
 from tetriserve.transport.inproc import InProcTransport
 from tetriserve.transport.registry import make_transport
 from tetriserve.transport.shm import ShmTransport
 from tetriserve.transport.tcp import TcpTransport
 
-SOCKET_BACKENDS = ("tcp", "shm", "ucx", "nccl")  # addressed by host:port; the receiver acknowledges every frame
+SOCKET_BACKENDS = ("tcp", "shm", "ucx", "nccl", "auto")  # addressed by host:port; the receiver acknowledges every frame
 
 
 @pytest.fixture
@@ -29,6 +30,8 @@ def make() -> Iterator[Callable[..., Any]]:
             t = TcpTransport(**kwargs)
         elif kind == "shm":
             t = ShmTransport(**kwargs)
+        elif kind == "auto":  # a host of its own unless told: its peers are reached over UCX
+            t = AutoTransport(**{"host": unique("host"), **kwargs})
         elif kind in ("ucx", "nccl"):
             t = make_transport(kind, kwargs.pop("listen", "127.0.0.1:0"), **kwargs)
         else:
@@ -41,7 +44,7 @@ def make() -> Iterator[Callable[..., Any]]:
         t.close()
 
 
-@pytest.fixture(params=["tcp", "shm", "inproc", "ucx", "nccl"])
+@pytest.fixture(params=["tcp", "shm", "inproc", "ucx", "nccl", "auto"])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

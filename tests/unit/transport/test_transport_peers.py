@@ -21,13 +21,14 @@ import pytest
 from tests.transport_support import poll
 from tetriserve.transport.api import TransferState
 
-CROSS_PROCESS = ["tcp", "shm", "ucx", "nccl"]
+CROSS_PROCESS = ["tcp", "shm", "ucx", "nccl", "auto"]
 
 _CHILD = """
 import sys, time
 from tetriserve.transport.registry import make_transport
 from tetriserve.transport.api import TransferState
-t = make_transport(sys.argv[1], "127.0.0.1:0")
+options = {"across_hosts": True, "host": "peer-host"} if sys.argv[1] == "auto" else {}  # another "host": UCX
+t = make_transport(sys.argv[1], "127.0.0.1:0", **options)
 print(t.address, flush=True)
 for line in sys.stdin:
     dst, key, size = line.split()

@@ -297,12 +297,12 @@ def test_a_frame_cut_short_marks_its_key_failed_at_once_and_late_data_clears_it(
     assert rx.failed("kv-2") is None
 
 
-@pytest.mark.parametrize("kind", ["tcp", "shm", "ucx", "nccl"])
+@pytest.mark.parametrize("kind", ["tcp", "shm", "ucx", "nccl", "auto"])
 def test_an_endpoint_bound_to_every_interface_advertises_an_address_peers_reach(
     make: Callable[..., Any], kind: str
 ) -> None:
     """A worker in a pod binds 0.0.0.0; its KV address must name this host, not the wildcard."""
-    scheme = {"tcp": "", "shm": "", "ucx": "ucx://", "nccl": "nccl://"}[kind]
+    scheme = {"tcp": "", "shm": "", "ucx": "ucx://", "nccl": "nccl://", "auto": ""}[kind]
     rx = make(kind, listen=f"{scheme}0.0.0.0:0")
     assert "0.0.0.0" not in rx.address
     tx = make(kind)
