@@ -13,9 +13,10 @@ goes only to a prefill worker whose queue it would wait behind for at most
                    0.2 s (benchmarks/results/flip_phases.json as of commit 5a74509, the run before this fix).
                    Prompt tokens whole, the ones the prefix cache held included, as the queue's prompts are
                    priced: per *computed* token, an interval of prompts mostly held by the cache (a client
-                   sending the same prompts again) priced the next burst at about 1 ms a token, and the
-                   GlobalScheduler refused 56 of 200 prompts at saturation although the engine kept up
-                   (benchmarks/results/vllm_bench_serve_s32.md, its refusal in the server's log).
+                   sending the same prompts again) priced the next burst at 1.057 ms a token, and the
+                   GlobalScheduler refused 56 of 200 prompts at saturation (vllm_bench_serve_s32.md; the
+                   refusal's log line, and the same run after this fix, 200 of 200 served:
+                   benchmarks/results/saturation_pace_fix_s32.json).
     Both counters come from one snapshot of the engine (``EngineCounters``), so they cover the same steps.
 
 Pure (no Ray, no vLLM): the worker feeds it its engine's counters.
