@@ -62,6 +62,17 @@ class EngineConfig(BaseModel):
             "threads_per_engine."
         ),
     )
+    stream_interval_ms: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description=(
+            "Hand an engine's new tokens to its worker at most this often, in ms, the tokens of the steps "
+            "between coalesced (a finish, an error or an abort goes at once). Fewer wake-ups of the worker's "
+            "event loop beside the stepping engine; tokens reach the client in small bursts (vLLM's "
+            "`stream_interval` counts tokens instead). 0: after every step."
+        ),
+    )
     seed: int = Field(0, description="Engine seed.")
     enforce_eager: bool = Field(
         False, description="Skip torch.compile / CUDA graphs: faster start, slower steps (vLLM's default is False)."

@@ -31,6 +31,11 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--kv-cache-gb": ("engine.kv_cache_gb", float, "KV cache per CPU engine, GiB"),
     "--threads-per-engine": ("engine.threads_per_engine", int, "OMP threads per engine"),
     "--decode-niceness": ("engine.decode_niceness", int, "niceness of decode engine threads (0-19; 0: equal share)"),
+    "--stream-interval-ms": (
+        "engine.stream_interval_ms",
+        float,
+        "hand tokens to the worker at most this often (0: every step)",
+    ),
     "--num-prefill": ("num_prefill", int, "prefill workers"),
     "--num-decode": ("num_decode", int, "decode workers"),
     "--chunk-size": ("prefill.chunk_size", int, "ChunkSize: prefill tokens per iteration"),

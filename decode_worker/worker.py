@@ -47,7 +47,7 @@ from tetriserve.decode_worker.moves import Move, SliceMover
 from tetriserve.decode_worker.policy import decode_policies
 from tetriserve.decode_worker.slices import Order
 from tetriserve.decode_worker.spans import NO_SPANS, DecodeSpans
-from tetriserve.engine.loop import Delta
+from tetriserve.engine.loop_messages import Delta
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.transport.instructions import KVInstruction, KVMode
 

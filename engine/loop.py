@@ -6,6 +6,10 @@
           └── one call_soon_threadsafe per step: every request's ◀───┘
               Delta to its sink (a callback or an asyncio.Queue)
 
+With ``stream_interval_s`` (the config's ``engine.stream_interval_ms``) the
+thread hands deltas over at most that often instead, each request's tokens of
+the steps between joined into one delta; a finish goes at once.
+
 Nothing else reads or writes the engine's vLLM scheduler while it steps:
 ``call(fn)`` runs ``fn(scheduler)`` on the engine thread between two steps
 and resolves an asyncio future with the result (policy changes, slice marks).
@@ -43,67 +47,28 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from tetriserve.common.stream import TokenLogprobs
 from tetriserve.engine.cores import CoreShare, set_engine_threads, set_thread_niceness
+from tetriserve.engine.loop_messages import (
+    AbortRequest,
+    AddRequest,
+    CallScheduler,
+    Command,
+    Delta,
+    EngineSnapshot,
+    Output,
+    Sink,
+    Stop,
+    merged,
+)
 from tetriserve.engine.stats import EngineStats, StatsCollector, stat_logger_factory
 
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_INTERVAL_S = 0.05  # a busy engine publishes its snapshot at most this often (and when it goes idle)
-
-
-@dataclass(frozen=True)
-class Delta:
-    """New output tokens of one request in one engine step (``logprobs``: one entry per token, when asked for)."""
-
-    token_ids: tuple[int, ...]
-    finish_reason: str | None = None
-    error: str | None = None
-    logprobs: tuple[TokenLogprobs, ...] | None = None
-
-
-Sink = Callable[[Delta], None]
-
-
-@dataclass(frozen=True)
-class _Output:
-    """Where a request's deltas go: ``sink``, called on ``loop`` (the event loop that added the request)."""
-
-    loop: asyncio.AbstractEventLoop
-    sink: Sink
-
-
-@dataclass(frozen=True)
-class AddRequest:
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    params: Any  # vLLM SamplingParams
-    output: _Output
-
-
-@dataclass(frozen=True)
-class AbortRequest:
-    request_id: str
-
-
-@dataclass(frozen=True)
-class CallScheduler:
-    fn: Callable[[Any], Any]
-    result: concurrent.futures.Future[Any]
-
-
-Command = AddRequest | AbortRequest | CallScheduler
-
-
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """What the engine thread published after its latest step."""
-
-    stats: EngineStats
-    extra: Any = None  # ``snapshot_fn(scheduler)``
 
 
 class EngineLoop:
@@ -112,8 +77,10 @@ class EngineLoop:
         engine_args: Any,
         name: str,
         cores: CoreShare | None = None,
+        stream_interval_s: float = 0.0,
     ) -> None:
-        """A worker's role gives the engine its ``snapshot_fn`` and niceness (``take_role``)."""
+        """A worker's role gives the engine its ``snapshot_fn`` and niceness (``take_role``). ``stream_interval_s``:
+        hand deltas over at most this often (0: after every step); finishes go at once."""
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self.name = name
@@ -126,7 +93,10 @@ class EngineLoop:
         self._cores = cores
         self._threads = cores.own if cores is not None else 0  # what the engine thread steps with now
         self._commands: queue.Queue[Command] = queue.Queue()
-        self._outputs: dict[str, _Output] = {}  # engine thread's view of live requests
+        self._outputs: dict[str, Output] = {}  # engine thread's view of live requests
+        self.stream_interval_s = stream_interval_s  # may be changed while the engine runs
+        self._held: list[tuple[Output, Delta]] = []  # deltas not handed over yet (stream interval)
+        self._held_since = 0.0
         self._live = 0  # actor's count of requests added and not finished
         self.steps = 0  # engine steps taken (the liveness heartbeat's proof that the engine moves)
         self.busy_s = 0.0  # seconds spent inside engine steps (a prefill worker's pace is measured by it)
@@ -134,6 +104,7 @@ class EngineLoop:
         self._stale = False
         self._published = 0.0
         self.snapshot = EngineSnapshot(self.collector.snapshot(), self._extra())
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
@@ -158,7 +129,7 @@ class EngineLoop:
                 self._live -= 1
             sink(delta)
 
-        self._commands.put(AddRequest(request_id, tuple(prompt_token_ids), params, _Output(loop, counted)))
+        self._commands.put(AddRequest(request_id, tuple(prompt_token_ids), params, Output(loop, counted)))
 
     async def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: Any) -> AsyncIterator[Delta]:
         """Run one request; yields deltas until one carries ``finish_reason``. Closing early aborts it."""
@@ -206,6 +177,13 @@ class EngineLoop:
 
         self.call_now(switch)
 
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the engine thread (requests still in flight end with an error) and shut the engine down, so that
+        another engine can start in this process (vLLM keeps its KV connector process-wide until then)."""
+        self._commands.put(Stop())
+        self._thread.join(timeout_s)
+        self.engine.engine_core.shutdown()
+
     def _schedule(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future[Any]:
         result: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._commands.put(CallScheduler(fn, result))
@@ -217,10 +195,11 @@ class EngineLoop:
 
     # -- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
-        while True:  # daemon thread: lives as long as the worker process
+        while not self._stopped:  # daemon thread: lives as long as the worker process, or until ``close``
             if self._has_work():
                 self._drain(block=False)
             else:  # idle: say so before waiting for work, not after
+                self._emit([], force=True)
                 if self._cores is not None:
                     self._cores.stepping(False)
                 if self._stale:  # vLLM reports stats only from steps; an idle engine holds nothing
@@ -228,7 +207,7 @@ class EngineLoop:
                     self.collector.mark_idle()
                     self._publish()
                 self._drain(block=True)
-            if self._has_work():
+            if self._has_work() and not self._stopped:
                 self._step_once()
 
     def _has_work(self) -> bool:
@@ -258,7 +237,7 @@ class EngineLoop:
         batch = [d for d in (self._delta(out) for out in outputs) if d is not None]
         if time.monotonic() - self._published >= SNAPSHOT_INTERVAL_S:
             self._publish()
-        self._dispatch(batch)
+        self._emit(batch)
         if not outputs:
             time.sleep(0.001)
 
@@ -289,8 +268,26 @@ class EngineLoop:
         except AttributeError:
             return None
 
+    def _emit(self, batch: list[tuple[Output, Delta]], force: bool = False) -> None:
+        """Hand ``batch`` over now, or hold it with the deltas not handed over yet until ``stream_interval_s``
+        has passed since the oldest of them; a finish (or ``force``) hands over everything held, in order."""
+        if batch:
+            if not self._held:
+                self._held_since = time.monotonic()
+            self._held.extend(batch)
+        if not self._held:
+            return
+        if (
+            force
+            or self.stream_interval_s <= 0
+            or time.monotonic() - self._held_since >= self.stream_interval_s
+            or any(delta.finish_reason is not None for _, delta in batch)
+        ):
+            held, self._held = self._held, []
+            self._dispatch(merged(held))
+
     @staticmethod
-    def _dispatch(batch: list[tuple[_Output, Delta]]) -> None:
+    def _dispatch(batch: list[tuple[Output, Delta]]) -> None:
         """One wake-up per event loop for the whole batch."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Sink, Delta]]] = {}
         for output, delta in batch:
@@ -306,16 +303,16 @@ class EngineLoop:
             cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
         except queue.Empty:
             return
-        out: list[tuple[_Output, Delta]] = []
+        out: list[tuple[Output, Delta]] = []
         while True:
             self._apply(cmd, out)
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 break
-        self._dispatch(out)
+        self._emit(out, force=True)  # after what was held: an abort's delta is its request's last
 
-    def _apply(self, cmd: Command, out: list[tuple[_Output, Delta]]) -> None:
+    def _apply(self, cmd: Command, out: list[tuple[Output, Delta]]) -> None:
         if isinstance(cmd, AddRequest):
             self._outputs[cmd.request_id] = cmd.output
             try:
@@ -324,6 +321,9 @@ class EngineLoop:
             except Exception as exc:  # rejected by vLLM's own validation
                 del self._outputs[cmd.request_id]
                 out.append((cmd.output, Delta((), "error", f"{type(exc).__name__}: {exc}")))
+        elif isinstance(cmd, Stop):
+            self._stopped = True
+            self._fail_all("engine closed")
         elif isinstance(cmd, AbortRequest):
             output = self._outputs.pop(cmd.request_id, None)
             if output is not None:
@@ -335,7 +335,7 @@ class EngineLoop:
             except Exception as exc:
                 cmd.result.set_exception(exc)
 
-    def _delta(self, out: Any) -> tuple[_Output, Delta] | None:
+    def _delta(self, out: Any) -> tuple[Output, Delta] | None:
         output = self._outputs.get(out.request_id)
         if output is None:
             return None
@@ -351,7 +351,7 @@ class EngineLoop:
 
     def _fail_all(self, error: str) -> None:
         ids = list(self._outputs)
-        self._dispatch([(self._outputs.pop(rid), Delta((), "error", error)) for rid in ids])
+        self._emit([(self._outputs.pop(rid), Delta((), "error", error)) for rid in ids], force=True)
         try:
             self.engine.abort_request(ids)
         except Exception:

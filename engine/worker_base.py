@@ -289,4 +289,9 @@ def build_worker_engine(config: ClusterConfig, model_path: str, worker_id: str) 
         kv_deadline_s=config.kv_transfer_timeout_s,
         kv_load_failure_policy=config.kv_load_failure_policy,
     )
-    return EngineLoop(args, worker_id, cores=claim_cores(config.engine.threads_per_engine, borrows=False))
+    return EngineLoop(
+        args,
+        worker_id,
+        cores=claim_cores(config.engine.threads_per_engine, borrows=False),
+        stream_interval_s=config.engine.stream_interval_ms / 1e3,
+    )

@@ -35,7 +35,7 @@ from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInp
 from tetriserve.common.load import DecodeLoad, PrefillLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, TokenLogprobs
-from tetriserve.engine.loop import Delta
+from tetriserve.engine.loop_messages import Delta
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.prefill_worker import spans
 from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate

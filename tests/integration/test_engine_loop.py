@@ -1,4 +1,5 @@
-"""The engine loop frees what an aborted request held, with no other request to step it along.
+"""The engine loop frees what an aborted request held, with no other request to step it along; with a stream
+interval it hands over fewer, larger deltas, the same tokens.
 
 A decode request whose KV is still in flight (vLLM's WAITING_FOR_REMOTE_KVS) holds its blocks. Aborted
 then (its prefill worker died mid-handoff, or its client left), vLLM frees them only once the KV
@@ -39,7 +40,9 @@ def loop(model_path: str) -> Iterator[Any]:
         scheduler_cls="tetriserve.decode_worker.vllm_scheduler.TetriDecodeScheduler",
     )
     args.num_gpu_blocks_override = 40
-    yield EngineLoop(args, "test-engine-loop")
+    engine_loop = EngineLoop(args, "test-engine-loop")
+    yield engine_loop
+    engine_loop.close()  # vLLM's KV connector is process-wide: the next module's engine must not find this one's
 
 
 def _held(loop: Any) -> tuple[float, int]:
@@ -79,3 +82,23 @@ def test_a_request_aborted_while_its_kv_is_in_flight_leaves_no_block_held(loop: 
     usage, requests = _wait_for(loop, lambda held: held == (0.0, 0), 5.0)
     assert (usage, requests) == (0.0, 0), "an aborted request's blocks stay held until some other request comes"
     assert loop.in_flight == 0
+
+
+def test_a_stream_interval_hands_over_the_same_tokens_in_fewer_deltas(loop: Any) -> None:
+    from vllm import SamplingParams
+
+    async def run(interval_s: float, rid: str) -> list[Any]:
+        loop.stream_interval_s = interval_s
+        params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        return [d async for d in loop.generate(rid, list(range(10, 60)), params)]
+
+    try:
+        every_step = asyncio.run(run(0.0, "every-step"))
+        coalesced = asyncio.run(run(0.05, "coalesced"))
+    finally:
+        loop.stream_interval_s = 0.0
+    tokens = [t for d in every_step for t in d.token_ids]
+    assert len(tokens) == 40 and len(every_step) >= 40  # a delta a step
+    assert [t for d in coalesced for t in d.token_ids] == tokens  # greedy: the same tokens
+    assert len(coalesced) < len(every_step) / 2
+    assert coalesced[-1].finish_reason == "length" and all(d.finish_reason is None for d in coalesced[:-1])

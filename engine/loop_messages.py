@@ -1,0 +1,87 @@
+"""The typed messages of an engine loop (``engine/loop.py``): what its owner sends the engine thread, and what the
+thread hands back (per-request deltas, the published snapshot)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tetriserve.common.stream import TokenLogprobs
+from tetriserve.engine.stats import EngineStats
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output tokens of one request: one engine step's, or the steps' of one stream interval (``logprobs``: one
+    entry per token, when asked for)."""
+
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    error: str | None = None
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+
+
+Sink = Callable[[Delta], None]
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a request's deltas go: ``sink``, called on ``loop`` (the event loop that added the request)."""
+
+    loop: asyncio.AbstractEventLoop
+    sink: Sink
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: Any  # vLLM SamplingParams
+    output: Output
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class CallScheduler:
+    fn: Callable[[Any], Any]
+    result: concurrent.futures.Future[Any]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the engine thread (``close``)."""
+
+
+Command = AddRequest | AbortRequest | CallScheduler | Stop
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What the engine thread published after its latest step."""
+
+    stats: EngineStats
+    extra: Any = None  # ``snapshot_fn(scheduler)``
+
+
+def merged(batch: list[tuple[Output, Delta]]) -> list[tuple[Output, Delta]]:
+    """One delta per request where several steps' are held: tokens (and logprobs) joined in order, up to its
+    finish; the requests' order of first appearance kept."""
+    out: list[tuple[Output, Delta]] = []
+    at: dict[int, int] = {}  # id of a request's output -> its place in ``out``
+    for output, delta in batch:
+        i = at.get(id(output))
+        if i is None or out[i][1].finish_reason is not None:
+            at[id(output)] = len(out)
+            out.append((output, delta))
+            continue
+        prev = out[i][1]
+        logprobs = prev.logprobs + delta.logprobs if prev.logprobs is not None and delta.logprobs is not None else None
+        out[i] = (output, Delta(prev.token_ids + delta.token_ids, delta.finish_reason, delta.error, logprobs))
+    return out
