@@ -28,6 +28,26 @@ CONFIG_OVERRIDES = {
 }
 
 
+def decode_engine_args(model_path: str, endpoint: str, num_blocks: int) -> Any:
+    """EngineArgs of a small in-process decode engine (tiny model, float32, the decode role's scheduler and KV
+    connector over tcp) with ``num_blocks`` KV blocks of 32 tokens."""
+    from tetriserve.common.config import EngineConfig
+    from tetriserve.engine.settings import EngineRole, build_engine_args
+
+    probe = EngineConfig(dtype="float32", max_model_len=512, enforce_eager=True, kv_cache_gb=0.01)
+    args = build_engine_args(
+        probe,
+        model_path,
+        EngineRole.DECODE,
+        endpoint=endpoint,
+        transport="tcp",
+        chunk_size=512,
+        scheduler_cls="tetriserve.decode_worker.vllm_scheduler.TetriDecodeScheduler",
+    )
+    args.num_gpu_blocks_override = num_blocks
+    return args
+
+
 @dataclass
 class Frontend:
     cluster: Any

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.conftest import decode_engine_args
 from tetriserve.common.config import EngineConfig
 from tetriserve.engine.settings import engine_env
 
@@ -32,19 +33,7 @@ NUM_BLOCKS = 40  # 1280 tokens of KV; 8 requests of 32–64 + 64–224 tokens ne
 def engine(model_path: str) -> Iterator[Any]:
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from tetriserve.engine.settings import EngineRole, build_engine_args
-
-    probe = EngineConfig(dtype="float32", max_model_len=512, enforce_eager=True, kv_cache_gb=0.01)
-    args = build_engine_args(
-        probe,
-        model_path,
-        EngineRole.DECODE,
-        endpoint="test-decode-admission",
-        transport="tcp",
-        chunk_size=512,
-        scheduler_cls="tetriserve.decode_worker.vllm_scheduler.TetriDecodeScheduler",
-    )
-    args.num_gpu_blocks_override = NUM_BLOCKS
+    args = decode_engine_args(model_path, "test-decode-admission", NUM_BLOCKS)
     yield LLMEngine.from_engine_args(args)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.conftest import decode_engine_args
 from tetriserve.common.config import EngineConfig
 from tetriserve.engine.settings import engine_env
 
@@ -27,19 +28,8 @@ os.environ.update(engine_env(EngineConfig(threads_per_engine=1)))  # in-process 
 @pytest.fixture(scope="module")
 def loop(model_path: str) -> Iterator[Any]:
     from tetriserve.engine.loop import EngineLoop
-    from tetriserve.engine.settings import EngineRole, build_engine_args
 
-    probe = EngineConfig(dtype="float32", max_model_len=512, enforce_eager=True, kv_cache_gb=0.01)
-    args = build_engine_args(
-        probe,
-        model_path,
-        EngineRole.DECODE,
-        endpoint="test-engine-loop",
-        transport="tcp",
-        chunk_size=512,
-        scheduler_cls="tetriserve.decode_worker.vllm_scheduler.TetriDecodeScheduler",
-    )
-    args.num_gpu_blocks_override = 40
+    args = decode_engine_args(model_path, "test-engine-loop", num_blocks=40)
     engine_loop = EngineLoop(args, "test-engine-loop")
     yield engine_loop
     engine_loop.close()  # vLLM's KV connector is process-wide: the next module's engine must not find this one's
