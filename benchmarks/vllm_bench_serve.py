@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from vllm_bench_report import RESULTS, ROOT, SCENARIOS, WARMUP_PROMPTS, WORK, run_name, summary, write_report
@@ -72,19 +73,29 @@ def stop(proc: subprocess.Popen[bytes], settle_s: float = 3.0) -> None:
     time.sleep(settle_s)
 
 
+def session_processes(sid: int) -> Iterator[tuple[Path, list[str]]]:
+    """Every process of session ``sid``: its ``/proc/<pid>`` and the fields of its ``stat`` after the name
+    (state ppid pgrp session ... utime stime at 11 and 12)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:
+            yield stat.parent, fields
+
+
 def session_cpu(sid: int) -> dict[str, tuple[str, float]]:
     """CPU seconds (user + system) so far of every live process of session ``sid``: pid -> (its command line,
     shortened; seconds)."""
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for proc, fields in session_processes(sid):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if int(fields[3]) == sid:  # fields after the name: state ppid pgrp session ... utime stime (11, 12)
-            out[stat.parent.name] = (process_label(cmdline), (int(fields[11]) + int(fields[12])) / tick)
+        out[proc.name] = (process_label(cmdline), (int(fields[11]) + int(fields[12])) / tick)
     return out
 
 
@@ -121,14 +132,7 @@ def cpu_by_process(
 
 def session_alive(sid: int) -> bool:
     """Whether any process of session ``sid`` is still alive (zombies excluded)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":  # fields after the name: state ppid pgrp session
-            return True
-    return False
+    return any(fields[0] != "Z" for _, fields in session_processes(sid))
 
 
 def scenario_args(scenario: str, args: argparse.Namespace) -> list[str]:

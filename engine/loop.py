@@ -99,7 +99,7 @@ class EngineLoop:
         self._held_since = 0.0
         self._live = 0  # actor's count of requests added and not finished
         self.steps = 0  # engine steps taken (the liveness heartbeat's proof that the engine moves)
-        self.busy_s = 0.0  # seconds spent inside engine steps (a prefill worker's pace is measured by it)
+        self.busy_s = 0.0  # seconds spent inside engine steps (published as the stats' ``step_seconds``)
         self.busy_cpu_s = 0.0  # the engine thread's own CPU time inside them (below busy_s: it waited)
         self._stale = False
         self._published = 0.0
@@ -284,7 +284,7 @@ class EngineLoop:
             or any(delta.finish_reason is not None for _, delta in batch)
         ):
             held, self._held = self._held, []
-            self._dispatch(merged(held))
+            self._dispatch(merged(held) if self.stream_interval_s > 0 else held)  # 0: one step's, one per request
 
     @staticmethod
     def _dispatch(batch: list[tuple[Output, Delta]]) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tetriserve.transport.api import Transport
+from tetriserve.transport.auto import AutoTransport, ucx_port
 from tetriserve.transport.inproc import InProcTransport
 from tetriserve.transport.mock import MockTransport
 from tetriserve.transport.shm import ShmTransport
@@ -22,8 +23,6 @@ def _auto(listen: str, across_hosts: bool = False, **options: Any) -> Transport:
     """The default: an shm endpoint, with a UCX listener beside it where the cluster spans hosts."""
     if not across_hosts:
         return ShmTransport(listen, **options)
-    from tetriserve.transport.auto import AutoTransport
-
     return AutoTransport(listen, **options)
 
 
@@ -49,7 +48,7 @@ def backend_of(address: str) -> str:
     scheme, sep, rest = address.partition("://")
     if not sep:
         return "tcp"
-    return f"{scheme}+ucx" if "?ucx=" in rest else scheme
+    return f"{scheme}+ucx" if ucx_port(rest) is not None else scheme
 
 
 def make_transport(name: str, listen: str, **options: Any) -> Transport:
