@@ -33,6 +33,8 @@ def make() -> Iterator[Callable[..., Any]]:
         elif kind == "auto":  # a host of its own unless told: its peers are reached over UCX
             t = AutoTransport(**{"host": unique("host"), **kwargs})
         elif kind in ("ucx", "nccl"):
+            if kind == "nccl":  # endpoints of one process share its GPU, which NCCL refuses ("Duplicate GPU
+                kwargs.setdefault("backend", "gloo")  # detected", seen on an H100): the same code path over gloo
             t = make_transport(kind, kwargs.pop("listen", "127.0.0.1:0"), **kwargs)
         else:
             t = InProcTransport(unique(), **kwargs)
