@@ -2,8 +2,8 @@
 
     FrontDoor.metrics (RequestMetrics) ─┐
     backend.status()                    ├─▶ MetricsExporter.snapshot() ─▶ MetricsSnapshot
-    backend.worker_stats() (each actor) │     (cached CACHE_S: scrapers and `tetriserve top` share a round)
-    backend.scheduler_counts()         ─┘
+    backend.worker_stats() (each actor) │     (cached CACHE_S while the front door's figures stay the same:
+    backend.scheduler_counts()         ─┘      scrapers and `tetriserve top` share a round)
          │
          ├─▶ render(): a private prometheus_client registry, one collector over the snapshot
          │            ─▶ text exposition for ``GET /metrics``  (``tetriserve:<name>``)
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 PROM_PREFIX = "tetriserve:"
 RAY_PREFIX = "tetriserve_"
-CACHE_S = 1.0  # a snapshot serves every scrape within this long
+CACHE_S = 1.0  # a snapshot serves every scrape within this long, while the front door's figures are unchanged
 CLUSTER_TIMEOUT_S = 5.0  # the cluster's answers for one snapshot (under Prometheus's default 10 s scrape timeout)
 RAY_INTERVAL_S = 10.0  # Ray reports its metrics about as often
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -108,11 +108,15 @@ class MetricsExporter:
         self._lock = asyncio.Lock()
 
     async def snapshot(self) -> MetricsSnapshot:
+        """The front door's figures as they are now, with a cluster round at most ``cache_s`` old that began after
+        them: a cached snapshot serves only while the front door's figures are still the ones it holds (a request
+        answered since then is in the next scrape, and so are the workers' figures of it)."""
         async with self._lock:
-            now = time.monotonic()
-            if self._cached is not None and now - self._cached[0] < self.cache_s:
-                return self._cached[1]
-            snap = MetricsSnapshot(self.front.metrics.snapshot(self.front.gate), await self._cluster())
+            front = self.front.metrics.snapshot(self.front.gate)
+            cached = self._cached
+            if cached is not None and time.monotonic() - cached[0] < self.cache_s and cached[1].frontdoor == front:
+                return cached[1]
+            snap = MetricsSnapshot(front, await self._cluster())
             self._cached = (time.monotonic(), snap)
             return snap
 
