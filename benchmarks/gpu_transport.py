@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import socket
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from transport_throughput import MIB, _backend
+from transport_throughput import MIB, _backend, exchange, free_port
 from vllm_bench_report import measure_or_reload
 
 LLAMA8B = {"layers": 32, "kv_heads": 8, "head_dim": 128, "block_size": 16}
@@ -78,13 +77,6 @@ def _copies(sizes: list[int], repeats: int) -> dict[str, dict[int, list[float]]]
     return out
 
 
-def _free_port() -> int:
-    probe = socket.create_server(("127.0.0.1", 0))
-    port = int(probe.getsockname()[1])
-    probe.close()
-    return port
-
-
 def _nccl_rank(rank: int, port: int, sizes: list[int], repeats: int, conn: Any) -> None:
     try:
         import datetime
@@ -104,12 +96,7 @@ def _nccl_rank(rank: int, port: int, sizes: list[int], repeats: int, conn: Any) 
             for r in range(repeats + 1):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                if rank == 0:
-                    group.send([payload], 1, 0).wait()
-                    group.recv([ack], 1, 1).wait()
-                else:
-                    group.recv([payload], 0, 0).wait()
-                    group.send([ack], 0, 1).wait()
+                exchange(group, rank, payload, ack)
                 torch.cuda.synchronize()
                 if r:
                     out.setdefault(size, []).append(size * MIB / (time.perf_counter() - t0) / 1e9)
@@ -119,7 +106,7 @@ def _nccl_rank(rank: int, port: int, sizes: list[int], repeats: int, conn: Any) 
 
 
 def _nccl_raw(sizes: list[int], repeats: int, timeout_s: float = 90.0) -> dict[str, Any]:
-    port, ctx = _free_port(), mp.get_context("spawn")
+    port, ctx = free_port(), mp.get_context("spawn")
     pipes = [mp.Pipe() for _ in range(2)]
     procs = [
         ctx.Process(target=_nccl_rank, args=(rank, port, sizes, repeats, pipes[rank][1]), daemon=True)
@@ -165,7 +152,7 @@ def _nccl_self_proc(sizes: list[int], repeats: int, port: int, conn: Any) -> Non
 
 def _nccl_self(sizes: list[int], repeats: int) -> dict[str, Any]:
     parent, child = mp.Pipe()
-    proc = mp.get_context("spawn").Process(target=_nccl_self_proc, args=(sizes, repeats, _free_port(), child))
+    proc = mp.get_context("spawn").Process(target=_nccl_self_proc, args=(sizes, repeats, free_port(), child))
     proc.start()
     got = parent.recv() if parent.poll(90.0) else {"error": "no answer in 90 s (hung)"}
     proc.kill() if proc.is_alive() else None

@@ -161,6 +161,23 @@ def _raw_ucx(sizes: list[int], repeats: int) -> dict[int, list[float]]:
         proc.join(10)
 
 
+def exchange(group: Any, rank: int, payload: Any, ack: Any) -> None:
+    """One transfer on a two-rank group: rank 0 sends ``payload``, rank 1 answers with the one-byte ``ack``."""
+    if rank == 0:
+        group.send([payload], 1, 0).wait()
+        group.recv([ack], 1, 1).wait()
+    else:
+        group.recv([payload], 0, 0).wait()
+        group.send([ack], 0, 1).wait()
+
+
+def free_port() -> int:
+    probe = socket.create_server(("127.0.0.1", 0))
+    port = int(probe.getsockname()[1])
+    probe.close()
+    return port
+
+
 def _raw_gloo_rank(rank: int, port: int, sizes: list[int], repeats: int, conn: Any) -> None:
     import datetime
 
@@ -178,12 +195,7 @@ def _raw_gloo_rank(rank: int, port: int, sizes: list[int], repeats: int, conn: A
         payload = torch.frombuffer(bytearray(size * MIB), dtype=torch.uint8)  # as the backends' rows send
         for r in range(repeats + 1):
             t0 = time.perf_counter()
-            if rank == 0:
-                group.send([payload], 1, 0).wait()
-                group.recv([ack], 1, 1).wait()
-            else:
-                group.recv([payload], 0, 0).wait()
-                group.send([ack], 0, 1).wait()
+            exchange(group, rank, payload, ack)
             if r:
                 out.setdefault(size, []).append(size * MIB / (time.perf_counter() - t0) / 1e9)
     if conn is not None:
@@ -191,9 +203,7 @@ def _raw_gloo_rank(rank: int, port: int, sizes: list[int], repeats: int, conn: A
 
 
 def _raw_gloo(sizes: list[int], repeats: int) -> dict[int, list[float]]:
-    probe = socket.create_server(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
+    port = free_port()
     parent, child = mp.Pipe()
     proc = mp.get_context("spawn").Process(target=_raw_gloo_rank, args=(1, port, sizes, repeats, None), daemon=True)
     proc.start()

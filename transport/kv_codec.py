@@ -11,8 +11,8 @@ Buffers: ``[header_json, layer_0, ..., layer_{L-1}]``; each layer buffer holds
 
 From a GPU cache, ``pack`` copies into pinned host memory (torch's caching host
 allocator, so steady state allocates nothing), every layer's copy queued before one
-wait: on an H100, 256 MiB (2048 tokens of a Llama-3-8B shape) packed in 6.4 ms,
-against 185 ms (1.5 GB/s) into pageable memory, inside the engine step
+wait: on an H100, 256 MiB (2048 tokens of a Llama-3-8B shape) packed in 6.0 ms,
+against 126 ms (2.1 GB/s) into pageable memory, inside the engine step
 (``benchmarks/results/gpu_transport.md``, issue #16). Pinned pages also let a
 backend that stages through the GPU (``nccl``) copy them by DMA.
 """

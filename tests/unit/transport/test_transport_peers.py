@@ -28,6 +28,8 @@ import sys, time
 from tetriserve.transport.registry import make_transport
 from tetriserve.transport.api import TransferState
 options = {"across_hosts": True, "host": "peer-host"} if sys.argv[1] == "auto" else {}  # another "host": UCX
+if sys.argv[1] == "nccl":
+    options = {"backend": "gloo"}  # as the test's own endpoints (conftest): two ranks on one GPU fail in NCCL
 t = make_transport(sys.argv[1], "127.0.0.1:0", **options)
 print(t.address, flush=True)
 for line in sys.stdin:
