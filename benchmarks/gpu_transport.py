@@ -17,6 +17,8 @@ Measured in one run, each a median over the repeats after one warm-up per size:
               and from pinned ones) of one request's blocks on a GPU KV cache of a Llama-3-8B shape (32 layers,
               8 KV heads of 128, bf16, blocks of 16 tokens, vLLM's GPU layout
               ``[2, num_blocks, block_size, heads, head_dim]``): the cost the engine step pays per request
+    handoff   one 2048-token request from one GPU cache to another over ``tcp`` (landing buffers pinned, and
+              pageable as before) and ``shm``, timed leg by leg: pack, send until the receiver holds it, unpack
 
 Without CUDA it says so and writes nothing (exit 0). Writes ``benchmarks/results/gpu_transport.{md,json}``.
 """
@@ -77,6 +79,28 @@ def _copies(sizes: list[int], repeats: int) -> dict[str, dict[int, list[float]]]
     return out
 
 
+def _failure(exc: BaseException) -> dict[str, str]:
+    """A measurement that could not run, as recorded (on one GPU NCCL refuses two ranks on the same device)."""
+    return {"error": f"{type(exc).__name__}: {exc}".strip()[:600], "trace": traceback.format_exc()[-2000:]}
+
+
+def _collect(target: Any, args_each: list[tuple[Any, ...]], timeout_s: float = 90.0) -> list[dict[str, Any]]:
+    """Run ``target(*args, conn)`` in a spawned process for each ``args``; what each sent back, or a hang."""
+    ctx, deadline = mp.get_context("spawn"), time.monotonic() + timeout_s
+    pipes = [mp.Pipe() for _ in args_each]
+    children = [child for _, child in pipes]
+    procs = [ctx.Process(target=target, args=(*a, c), daemon=True) for a, c in zip(args_each, children, strict=True)]
+    for proc in procs:
+        proc.start()
+    results = []
+    for (parent, _), proc in zip(pipes, procs, strict=True):
+        hung = not parent.poll(max(deadline - time.monotonic(), 0.0))
+        results.append({"error": f"no answer in {timeout_s:.0f} s (hung)"} if hung else parent.recv())
+        if proc.is_alive():
+            proc.kill()
+    return results
+
+
 def _nccl_rank(rank: int, port: int, sizes: list[int], repeats: int, conn: Any) -> None:
     try:
         import datetime
@@ -101,27 +125,13 @@ def _nccl_rank(rank: int, port: int, sizes: list[int], repeats: int, conn: Any) 
                 if r:
                     out.setdefault(size, []).append(size * MIB / (time.perf_counter() - t0) / 1e9)
         conn.send({"gbps": out})
-    except Exception as exc:  # recorded: on one GPU NCCL may refuse two ranks on the same device
-        conn.send({"error": f"{type(exc).__name__}: {exc}".strip()[:600], "trace": traceback.format_exc()[-2000:]})
+    except Exception as exc:
+        conn.send(_failure(exc))
 
 
-def _nccl_raw(sizes: list[int], repeats: int, timeout_s: float = 90.0) -> dict[str, Any]:
-    port, ctx = free_port(), mp.get_context("spawn")
-    pipes = [mp.Pipe() for _ in range(2)]
-    procs = [
-        ctx.Process(target=_nccl_rank, args=(rank, port, sizes, repeats, pipes[rank][1]), daemon=True)
-        for rank in range(2)
-    ]
-    for p in procs:
-        p.start()
-    results = []
-    deadline = time.monotonic() + timeout_s
-    for (parent, _), proc in zip(pipes, procs, strict=True):
-        if parent.poll(max(deadline - time.monotonic(), 0.0)):
-            results.append(parent.recv())
-        else:
-            results.append({"error": f"no answer in {timeout_s:.0f} s (hung)"})
-        proc.kill() if proc.is_alive() else None
+def _nccl_raw(sizes: list[int], repeats: int) -> dict[str, Any]:
+    port = free_port()
+    results = _collect(_nccl_rank, [(rank, port, sizes, repeats) for rank in range(2)])
     errors = [r["error"] for r in results if "error" in r]
     return {"error": " | ".join(errors), "trace": results[0].get("trace", "")} if errors else results[0]
 
@@ -147,16 +157,11 @@ def _nccl_self_proc(sizes: list[int], repeats: int, port: int, conn: Any) -> Non
         dist.destroy_process_group()
         conn.send({"gbps": out})
     except Exception as exc:
-        conn.send({"error": f"{type(exc).__name__}: {exc}".strip()[:600], "trace": traceback.format_exc()[-2000:]})
+        conn.send(_failure(exc))
 
 
 def _nccl_self(sizes: list[int], repeats: int) -> dict[str, Any]:
-    parent, child = mp.Pipe()
-    proc = mp.get_context("spawn").Process(target=_nccl_self_proc, args=(sizes, repeats, free_port(), child))
-    proc.start()
-    got = parent.recv() if parent.poll(90.0) else {"error": "no answer in 90 s (hung)"}
-    proc.kill() if proc.is_alive() else None
-    return dict(got)
+    return _collect(_nccl_self_proc, [(sizes, repeats, free_port())])[0]
 
 
 def _nccl_backend(sizes: list[int], repeats: int, raw: dict[str, Any]) -> dict[str, Any]:
@@ -165,7 +170,7 @@ def _nccl_backend(sizes: list[int], repeats: int, raw: dict[str, Any]) -> dict[s
     try:
         return {"gbps": _backend("nccl", sizes, repeats)}
     except BaseException as exc:  # an AssertionError carries the handle's error
-        return {"error": f"{type(exc).__name__}: {exc}".strip()[:600]}
+        return _failure(exc)
 
 
 def _kv_pack(repeats: int) -> dict[str, Any]:
@@ -219,7 +224,7 @@ def _handoff(repeats: int, tokens: int = HANDOFF_TOKENS) -> dict[str, Any]:
     for kind, pinned_landing in (("tcp", True), ("tcp", False), ("shm", None)):
         tx, rx = make_transport(kind, "127.0.0.1:0"), make_transport(kind, "127.0.0.1:0")
         if pinned_landing is not None:
-            rx._landing.pinned = pinned_landing  # type: ignore[attr-defined]  # the row before pinned landing
+            rx._landing.pinned = pinned_landing  # the row before pinned landing
         legs: dict[str, list[float]] = {"pack_s": [], "send_s": [], "unpack_s": []}
         try:
             for r in range(repeats + 1):
@@ -235,6 +240,7 @@ def _handoff(repeats: int, tokens: int = HANDOFF_TOKENS) -> dict[str, Any]:
                 torch.cuda.synchronize()
                 t3 = time.perf_counter()
                 assert handle.wait(60.0) is TransferState.DONE, handle.error
+                nbytes = packed.nbytes
                 del bufs, packed
                 if r:
                     for leg, seconds in zip(legs, (t1 - t0, t2 - t1, t3 - t2), strict=True):
@@ -243,8 +249,7 @@ def _handoff(repeats: int, tokens: int = HANDOFF_TOKENS) -> dict[str, Any]:
             tx.close()
             rx.close()
         name = kind if pinned_landing is None else f"{kind}, landing {'pinned' if pinned_landing else 'pageable'}"
-        out[name] = {"mib": LLAMA8B["layers"] * tokens * 2 * LLAMA8B["kv_heads"] * LLAMA8B["head_dim"] * 2 / MIB}
-        out[name] |= legs
+        out[name] = {"mib": nbytes / MIB, **legs}
     return out
 
 
