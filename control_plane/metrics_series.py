@@ -66,6 +66,7 @@ SPECS: tuple[MetricSpec, ...] = (
         "the engine waited for a core or for its process's interpreter lock).",
         (*W, "clock"),
     ),
+    MetricSpec("engine_steps", COUNTER, "Engine steps taken (engine_step_seconds / engine_steps: time per step).", W),
     MetricSpec("kv_transfer_bytes", COUNTER, "KV cache bytes sent / received.", (*W, "direction")),
     MetricSpec("kv_transfers", COUNTER, "KV transfers sent / received.", (*W, "direction")),
     MetricSpec("kv_transfer_failures", COUNTER, "KV sends that failed.", W),
@@ -148,6 +149,7 @@ def _worker_series(w: WorkerStats) -> Iterator[Series]:
     yield from (Series("engine_prompt_tokens", (*tags, ("source", k)), v) for k, v in w.prompt_tokens.items())
     yield Series("engine_generation_tokens", tags, w.generation_tokens)
     yield from (Series("engine_step_seconds", (*tags, ("clock", k)), v) for k, v in w.step_seconds.items())
+    yield Series("engine_steps", tags, w.steps)
     yield from (Series("kv_transfer_bytes", (*tags, ("direction", k)), v) for k, v in w.kv_bytes.items())
     for k, v in w.kv_transfers.items():
         if k == "failed":

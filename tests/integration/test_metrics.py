@@ -74,6 +74,7 @@ def test_metrics_move_after_a_request(frontend: Any, capsys: pytest.CaptureFixtu
     for w in (prefill, decode):  # time inside the engine's steps, by the wall clock and the thread's CPU clock
         wall, cpu = (delta("engine_step_seconds_total", worker=w, clock=c) for c in ("wall", "cpu"))
         assert 0 < cpu <= wall + 1e-3, (w, wall, cpu)
+        assert delta("engine_steps_total", worker=w) >= 1
     assert delta("kv_transfer_bytes_total", worker=prefill, direction="sent") > 0
     assert delta("kv_transfer_bytes_total", worker=decode, direction="received") > 0
     assert delta("kv_transfers_total", worker=prefill, direction="sent") >= 1
