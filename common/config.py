@@ -43,13 +43,14 @@ class EngineConfig(BaseModel):
     )
     threads_per_engine: int = Field(1, ge=1, description="OMP/torch threads per engine (CPU).")
     decode_niceness: int = Field(
-        5,
+        0,
         ge=0,
         le=19,
         description=(
-            "Linux niceness of each decode engine's stepping thread. A decode engine always has work; where it "
-            "shares CPU cores with prefill engines and the front door, it yields to them, so prompts are not "
-            "starved while decode steps run (0: equal share)."
+            "Linux niceness of each decode engine's stepping thread. 0: an equal share of the cores with prefill "
+            "engines and the front door. Higher: the decode engine, which always has work, yields to them, so "
+            "prompts start sooner (lower TTFT) and every running stream's steps wait (higher TPOT, lower "
+            "throughput at saturation)."
         ),
     )
     borrow_idle_cores: bool = Field(

@@ -13,8 +13,8 @@ steps with its own threads plus the spare ones:
 The spare goes to one borrower only, the stepping borrower in the lowest slot,
 so two decode engines never both take it. A borrower re-reads the board before
 every step and gives the cores back at its next step once a prefill engine
-starts stepping (at most one decode step of overlap; its threads run at the
-decode niceness, so the prompt wins the core meanwhile).
+starts stepping (at most one decode step of overlap; with a decode niceness
+above 0, the prompt wins the core meanwhile).
 
 An OMP step runs at the pace of its slowest thread, so a borrowed thread that
 the front door or a prompt preempts slows the whole step. So a borrower also
@@ -36,11 +36,13 @@ cores. CPU only: on GPUs threads are not what steps an engine.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import logging
 import math
 import mmap
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -56,6 +58,7 @@ _PID, _THREADS, _STEPPING, _BORROWS = range(_FIELDS)
 _SLOT_BYTES = 4 * _FIELDS
 LIVENESS_INTERVAL_S = 1.0
 METER_WINDOW_S = 0.2
+PR_SET_NAME = 15  # prctl option: the calling thread's name
 MIN_IDLE_CORES = 0.5  # borrow only while the rest of the machine has left at least this much idle
 
 
@@ -250,6 +253,18 @@ def claim_cores(threads: int, borrows: bool) -> CoreShare | None:
     except (OSError, RuntimeError) as exc:
         logger.warning("engines keep their own threads, no core board: %s", exc)
         return None
+
+
+def name_os_thread(name: str) -> None:
+    """Give the calling thread an OS name (Linux keeps 15 bytes), seen by ``top -H`` and in
+    ``/proc/<pid>/task/<tid>/comm``; Python's thread names stay inside the interpreter. Nothing elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        logger.debug("could not name thread %s", name)
 
 
 def set_thread_niceness(niceness: int) -> bool:

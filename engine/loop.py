@@ -21,9 +21,10 @@ second falls well below the first, the engine waited for a core or for its
 process's interpreter lock. (Work on the actor's thread also raises the CPU time
 itself: benchmarks/engine_thread_contention.py.)
 
-A decode engine's thread runs at a lower CPU priority (``niceness``, the config's
-``engine.decode_niceness``): it always has work, and where it shares cores with a
-prefill engine and the front door it must not starve the prompts. On CPUs each
+A decode engine's thread may run at a lower CPU priority (``niceness``, the config's
+``engine.decode_niceness``, default 0: equal shares), so that where it shares cores
+with a prefill engine and the front door the prompts go first. The thread carries
+an OS name, ``eng-<worker id>`` (``top -H``, ``/proc/<pid>/task/*/comm``). On CPUs each
 engine posts on the machine's core board whether it is stepping (``cores``,
 engine/cores.py), and a borrowing engine sets its thread count before each step
 from what the board leaves idle.
@@ -51,7 +52,7 @@ from dataclasses import replace
 from typing import Any
 
 from tetriserve.common.stream import TokenLogprobs
-from tetriserve.engine.cores import CoreShare, set_engine_threads, set_thread_niceness
+from tetriserve.engine.cores import CoreShare, name_os_thread, set_engine_threads, set_thread_niceness
 from tetriserve.engine.loop_messages import (
     AbortRequest,
     AddRequest,
@@ -195,6 +196,7 @@ class EngineLoop:
 
     # -- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
+        name_os_thread(f"eng-{self.name}")
         while not self._stopped:  # daemon thread: lives as long as the worker process, or until ``close``
             if self._has_work():
                 self._drain(block=False)

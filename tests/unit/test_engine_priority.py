@@ -1,15 +1,17 @@
-"""The decode engine's thread yields the CPU to prompts (``engine.decode_niceness``), and only that thread."""
+"""A decode engine's thread can yield the CPU to prompts (``engine.decode_niceness``), and only that thread; engine
+threads carry OS names."""
 
 from __future__ import annotations
 
 import os
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from tetriserve.common.config import ClusterConfig
-from tetriserve.engine.cores import set_thread_niceness
+from tetriserve.engine.cores import name_os_thread, set_thread_niceness
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux behaviour")
@@ -28,8 +30,22 @@ def test_lowering_an_engine_threads_priority_leaves_the_rest_of_the_process_alon
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
 
 
-def test_decode_engines_yield_by_default_and_the_setting_is_checked() -> None:
-    assert ClusterConfig().engine.decode_niceness == 5
-    assert ClusterConfig.load(overrides={"engine": {"decode_niceness": 0}}).engine.decode_niceness == 0
+def test_decode_engines_take_equal_shares_by_default_and_the_setting_is_checked() -> None:
+    assert ClusterConfig().engine.decode_niceness == 0
+    assert ClusterConfig.load(overrides={"engine": {"decode_niceness": 5}}).engine.decode_niceness == 5
     with pytest.raises(ValueError, match="decode_niceness"):
         ClusterConfig.load(overrides={"engine": {"decode_niceness": 20}})
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names in /proc are Linux behaviour")
+def test_engine_threads_carry_an_os_name() -> None:
+    seen: dict[str, str] = {}
+
+    def engine_thread() -> None:
+        name_os_thread("eng-decode-0-and-more")
+        seen["comm"] = Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip()
+
+    t = threading.Thread(target=engine_thread)
+    t.start()
+    t.join()
+    assert seen["comm"] == "eng-decode-0-an"  # Linux keeps 15 bytes
