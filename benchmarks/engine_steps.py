@@ -1,0 +1,190 @@
+"""Where a served engine's time goes: its steps, its thread's CPU, and its waits for a core (issue #12).
+
+    python benchmarks/engine_steps.py --scenario saturation --repeats 2 \
+        --variant nice5="--decode-niceness 5" --variant nice0="--decode-niceness 0"
+
+Each ``--variant NAME=FLAGS`` runs on a fresh ``tetriserve serve`` (extra ``FLAGS``) with the benchmark ports and
+KV size of ``vllm_bench_serve.py``, warmed up the same way, then one scenario of vLLM's benchmark client
+(``rate``, ``single`` or ``saturation``, as there). Around the scenario it reads the front door's ``/metrics``
+(each worker's ``engine_steps``, ``engine_step_seconds`` by wall and CPU clock, generated tokens) and
+``/proc/<pid>/task/<tid>/schedstat`` of every thread of the server's processes (CPU time, and time spent
+runnable but waiting for a core). Engine threads are found by their OS name (``eng-<worker>``). With
+``--pin NAME`` that variant's decode engine threads get core 0 to themselves and every other thread of the
+server's processes the other cores (the benchmark client is left alone), as vLLM binds its model worker to a
+core. Variants alternate from one repeat to the next. Writes ``benchmarks/results/<out>.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_bench_report import RESULTS, ROOT, WORK
+from vllm_bench_serve import prepare, run_bench, session_processes, stop, tetriserve_cmd, wait_ready
+
+URL = "http://127.0.0.1:8100"  # tetriserve_cmd's HTTP port
+CLIENT = ("completed", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput")
+_SERIES = re.compile(r"tetriserve:(engine_steps|engine_step_seconds|engine_generation_tokens)_total\{([^}]*)\} (\S+)")
+
+
+def engine_counters() -> dict[tuple[str, str, str], float]:
+    """(series, worker, clock) -> value of every worker's step counters on the front door's ``/metrics``."""
+    text = urllib.request.urlopen(f"{URL}/metrics", timeout=30).read().decode()
+    out = {}
+    for m in _SERIES.finditer(text):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        out[(m.group(1), labels.get("worker", ""), labels.get("clock", ""))] = float(m.group(3))
+    return out
+
+
+def threads(sid: int) -> dict[int, tuple[str, list[int]]]:
+    """tid -> (OS thread name, schedstat: ns on CPU, ns runnable waiting for a core, time slices) of every
+    thread of session ``sid``."""
+    out = {}
+    for proc, _ in session_processes(sid):
+        for task in (proc / "task").glob("[0-9]*"):
+            try:
+                name = (task / "comm").read_text().strip()
+                out[int(task.name)] = (name, [int(x) for x in (task / "schedstat").read_text().split()])
+            except OSError:
+                continue
+    return out
+
+
+def pin(sid: int) -> int:
+    """Decode engine threads on core 0, every other thread of the session on the other cores; returns how
+    many decode engine threads were pinned."""
+    cores = os.sched_getaffinity(0)
+    rest = cores - {0} or cores
+    pinned = 0
+    for tid, (name, _) in threads(sid).items():
+        decode = name.startswith("eng-decode")
+        try:
+            os.sched_setaffinity(tid, {0} if decode else rest)
+            pinned += decode
+        except OSError:
+            continue
+    return pinned
+
+
+def measure(name: str, flags: str, scenario: str, pinned: bool, args: argparse.Namespace, env: Any) -> dict:
+    model, dataset = args.model, args.dataset
+    bench_args = argparse.Namespace(
+        num_prompts=args.num_prompts, request_rate=args.request_rate, single_prompts=args.single_prompts, seed=0
+    )
+    with open(WORK / f"server_steps_{name}.log", "w") as log:
+        cmd = tetriserve_cmd(*shlex.split(flags))
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_ready(URL, proc)
+            run_bench(f"steps_{name}", "warmup", 8100, bench_args, model, dataset)  # not measured
+            n_pinned = pin(proc.pid) if pinned else 0
+            time.sleep(2)  # the warm-up's last steps counted before the scrape
+            before, t_before, started = engine_counters(), threads(proc.pid), time.monotonic()
+            client = run_bench(f"steps_{name}", scenario, 8100, bench_args, model, dataset)
+            t_after, seconds = threads(proc.pid), time.monotonic() - started
+            time.sleep(2)
+            after = engine_counters()
+        finally:
+            stop(proc)
+    engines = {}
+    for worker in sorted({w for _, w, _ in after if w}):
+        d = {key: after.get((k, worker, c), 0) - before.get((k, worker, c), 0) for key, (k, c) in _KEYS.items()}
+        steps = max(d["steps"], 1)
+        engines[worker] = {
+            "steps": d["steps"],
+            "busy_share": d["wall"] / seconds,
+            "ms_per_step_wall": 1e3 * d["wall"] / steps,
+            "ms_per_step_cpu": 1e3 * d["cpu"] / steps,
+            "tokens_per_step": d["tokens"] / steps,
+        }
+    waits = {}
+    for tid, (tname, (cpu, wait, _)) in t_after.items():
+        if tname.startswith("eng-") and tid in t_before:
+            cpu0, wait0, _ = t_before[tid][1]
+            waits[tname] = {"cpu_s": (cpu - cpu0) / 1e9, "runqueue_wait_s": (wait - wait0) / 1e9}
+    return {"client": {k: client.get(k) for k in CLIENT}, "engines": engines, "threads": waits, "pinned": n_pinned}
+
+
+_KEYS = {
+    "steps": ("engine_steps", ""),
+    "tokens": ("engine_generation_tokens", ""),
+    "wall": ("engine_step_seconds", "wall"),
+    "cpu": ("engine_step_seconds", "cpu"),
+}
+
+
+def _flat(run: dict) -> dict[str, float]:
+    """One run's figures as name -> value (the per-step counters renamed by clock)."""
+    out = {f"client {k}": float(v) for k, v in run["client"].items() if v is not None}
+    for worker, e in run["engines"].items():
+        out.update({f"{worker} {k}": float(v) for k, v in e.items()})
+    for tname, t in run["threads"].items():
+        out.update({f"{tname} {k}": float(v) for k, v in t.items()})
+    return out
+
+
+def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
+    names = list(runs)
+    keys = sorted({k for rs in runs.values() for r in rs for k in _flat(r)})
+    lines = [
+        "# Engine steps, CPU and waits for a core in service",
+        "",
+        f"Command: `python benchmarks/{Path(__file__).name} {' '.join(shlex.quote(a) for a in sys.argv[1:])}`  ",
+        f"Scenario `{args.scenario}` of vLLM's benchmark client (ShareGPT, seed 0), on a fresh server per run after "
+        "the 64-prompt warm-up; variants alternate from one repeat to the next. Each cell: the median over repeats "
+        "(each repeat's value after it). `ms_per_step_*`: time inside engine steps per step by the wall clock and "
+        "by the stepping thread's CPU clock; `runqueue_wait_s`: seconds the engine thread was runnable but waited "
+        "for a core (schedstat).",
+        "",
+        "| figure | " + " | ".join(f"{n}{' (pinned)' if n in args.pin else ''}" for n in names) + " |",
+        "| --- |" + " ---: |" * len(names),
+    ]
+    for key in keys:
+        cells = []
+        for n in names:
+            vals = [_flat(r).get(key) for r in runs[n]]
+            vals = [v for v in vals if v is not None]
+            cells.append(f"{statistics.median(vals):.3g} ({', '.join(f'{v:.3g}' for v in vals)})" if vals else "-")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.out}.json").write_text(json.dumps({"args": sys.argv[1:], "runs": runs}, indent=1) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", choices=("rate", "single", "saturation"), default="saturation")
+    ap.add_argument("--variant", action="append", required=True, help="NAME=FLAGS (extra `tetriserve serve` flags)")
+    ap.add_argument("--pin", action="append", default=[], help="a variant NAME whose decode engines get core 0")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--num-prompts", type=int, default=200)
+    ap.add_argument("--request-rate", type=float, default=2.0)
+    ap.add_argument("--single-prompts", type=int, default=50)
+    ap.add_argument("--out", default="engine_steps")
+    args = ap.parse_args()
+    variants = dict(v.split("=", 1) for v in args.variant)
+    args.model, args.dataset, env = prepare()
+    runs: dict[str, list[dict]] = {n: [] for n in variants}
+    for rep in range(args.repeats):
+        order = list(variants) if rep % 2 == 0 else list(variants)[::-1]
+        for n in order:
+            print(f"== repeat {rep + 1}/{args.repeats}: {n}", flush=True)
+            runs[n].append(measure(n, variants[n], args.scenario, n in args.pin, args, env))
+    write_report(runs, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
