@@ -156,7 +156,7 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         for n in names:
             vals = [_flat(r).get(key) for r in runs[n]]
             vals = [v for v in vals if v is not None]
-            cells.append(f"{statistics.median(vals):.3g} ({', '.join(f'{v:.3g}' for v in vals)})" if vals else "-")
+            cells.append(f"{statistics.median(vals):.4g} ({', '.join(f'{v:.4g}' for v in vals)})" if vals else "-")
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"args": sys.argv[1:], "runs": runs}, indent=1) + "\n")
