@@ -65,7 +65,7 @@ from tetriserve.engine.loop_messages import (
     Stop,
     merged,
 )
-from tetriserve.engine.stats import EngineStats, StatsCollector, stat_logger_factory
+from tetriserve.engine.stats import EngineStats, StatsCollector, stat_loggers
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class EngineLoop:
 
         self.name = name
         self.collector = StatsCollector()
-        self.engine = LLMEngine.from_engine_args(engine_args, stat_loggers=[stat_logger_factory(self.collector)])
+        self.engine = LLMEngine.from_engine_args(engine_args, stat_loggers=stat_loggers(self.collector))
         cache = self.engine.vllm_config.cache_config
         self.collector.set_capacity(cache.num_gpu_blocks or 0, cache.block_size)
         self._snapshot_fn: Callable[[Any], Any] | None = None

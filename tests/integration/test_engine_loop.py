@@ -14,6 +14,7 @@ import asyncio
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,3 +93,30 @@ def test_a_stream_interval_hands_over_the_same_tokens_in_fewer_deltas(loop: Any)
     assert [t for d in coalesced for t in d.token_ids] == tokens  # greedy: the same tokens
     assert len(coalesced) < len(every_step) / 2
     assert coalesced[-1].finish_reason == "length" and all(d.finish_reason is None for d in coalesced[:-1])
+
+
+def test_the_engine_feeds_our_stats_and_no_prometheus_registry_of_its_own(loop: Any) -> None:
+    """vLLM adds its own Prometheus logger unless one is given; the loop gives a stand-in that registers and records
+    nothing (nobody scrapes a worker's in-process registry), and our collector still counts every step."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    prometheus = [s for s in loop.engine.logger_manager.stat_loggers if isinstance(s, PrometheusStatLogger)]
+    assert len(prometheus) == 1 and not hasattr(prometheus[0], "histogram_time_to_first_token")
+    steps = loop.stats().steps
+    asyncio.run(_run_one(loop))
+    assert _wait_for_steps(loop, steps)
+    assert (Path(f"/proc/{os.getpid()}/task/{loop._thread.native_id}/comm").read_text().strip()) == "eng-test-engine"
+
+
+async def _run_one(loop: Any) -> None:
+    from vllm import SamplingParams
+
+    async for _ in loop.generate("stats-1", list(range(10, 20)), SamplingParams(max_tokens=4, temperature=0.0)):
+        pass
+
+
+def _wait_for_steps(loop: Any, before: int, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while loop.stats().steps <= before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return loop.stats().steps > before
