@@ -257,7 +257,7 @@ def claim_cores(threads: int, borrows: bool) -> CoreShare | None:
 
 def name_os_thread(name: str) -> None:
     """Give the calling thread an OS name (Linux keeps 15 bytes), seen by ``top -H`` and in
-    ``/proc/<pid>/task/<tid>/comm``; Python's thread names stay inside the interpreter. Nothing elsewhere."""
+    ``/proc/<pid>/task/<tid>/comm``; Python's thread names stay inside the interpreter. Does nothing off Linux."""
     if not sys.platform.startswith("linux"):
         return
     try:
