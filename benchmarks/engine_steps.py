@@ -35,6 +35,12 @@ from vllm_bench_serve import prepare, run_bench, session_processes, stop, tetris
 
 URL = "http://127.0.0.1:8100"  # tetriserve_cmd's HTTP port
 CLIENT = ("completed", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput")
+_KEYS = {  # figure -> (series, clock) on /metrics
+    "steps": ("engine_steps", ""),
+    "tokens": ("engine_generation_tokens", ""),
+    "wall": ("engine_step_seconds", "wall"),
+    "cpu": ("engine_step_seconds", "cpu"),
+}
 _SERIES = re.compile(r"tetriserve:(engine_steps|engine_step_seconds|engine_generation_tokens)_total\{([^}]*)\} (\S+)")
 
 
@@ -117,16 +123,8 @@ def measure(name: str, flags: str, scenario: str, pinned: bool, args: argparse.N
     return {"client": {k: client.get(k) for k in CLIENT}, "engines": engines, "threads": waits, "pinned": n_pinned}
 
 
-_KEYS = {
-    "steps": ("engine_steps", ""),
-    "tokens": ("engine_generation_tokens", ""),
-    "wall": ("engine_step_seconds", "wall"),
-    "cpu": ("engine_step_seconds", "cpu"),
-}
-
-
 def _flat(run: dict) -> dict[str, float]:
-    """One run's figures as name -> value (the per-step counters renamed by clock)."""
+    """One run's figures as "<client, worker or thread> <figure>" -> value."""
     out = {f"client {k}": float(v) for k, v in run["client"].items() if v is not None}
     for worker, e in run["engines"].items():
         out.update({f"{worker} {k}": float(v) for k, v in e.items()})
@@ -148,7 +146,7 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         "by the stepping thread's CPU clock; `runqueue_wait_s`: seconds the engine thread was runnable but waited "
         "for a core (schedstat).",
         "",
-        "| figure | " + " | ".join(f"{n}{' (pinned)' if n in args.pin else ''}" for n in names) + " |",
+        "| figure | " + " | ".join(f"{n}{' (decode pinned to core 0)' if n in args.pin else ''}" for n in names) + " |",
         "| --- |" + " ---: |" * len(names),
     ]
     for key in keys:
