@@ -43,14 +43,13 @@ class EngineConfig(BaseModel):
     )
     threads_per_engine: int = Field(1, ge=1, description="OMP/torch threads per engine (CPU).")
     decode_niceness: int = Field(
-        0,
+        5,
         ge=0,
         le=19,
         description=(
-            "Linux niceness of each decode engine's stepping thread. 0: an equal share of the cores with prefill "
-            "engines and the front door. Higher: the decode engine, which always has work, yields to them, so "
-            "prompts start sooner (lower TTFT) and every running stream's steps wait (higher TPOT, lower "
-            "throughput at saturation)."
+            "Linux niceness of each decode engine's stepping thread. Above 0 the decode engine, which always has "
+            "work, yields to prefill engines and the front door on shared cores, so prompts start sooner (lower "
+            "TTFT) while running streams' steps wait (higher TPOT). 0: an equal share."
         ),
     )
     borrow_idle_cores: bool = Field(

@@ -22,7 +22,7 @@ process's interpreter lock. (Work on the actor's thread also raises the CPU time
 itself: benchmarks/engine_thread_contention.py.)
 
 A decode engine's thread may run at a lower CPU priority (``niceness``, the config's
-``engine.decode_niceness``, default 0: equal shares), so that where it shares cores
+``engine.decode_niceness``, default 5; 0: equal shares), so that where it shares cores
 with a prefill engine and the front door the prompts go first. The thread carries
 an OS name, ``eng-<worker id>`` (``top -H``, ``/proc/<pid>/task/*/comm``). On CPUs each
 engine posts on the machine's core board whether it is stepping (``cores``,

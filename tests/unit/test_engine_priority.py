@@ -30,9 +30,9 @@ def test_lowering_an_engine_threads_priority_leaves_the_rest_of_the_process_alon
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
 
 
-def test_decode_engines_take_equal_shares_by_default_and_the_setting_is_checked() -> None:
-    assert ClusterConfig().engine.decode_niceness == 0
-    assert ClusterConfig.load(overrides={"engine": {"decode_niceness": 5}}).engine.decode_niceness == 5
+def test_decode_engines_yield_by_default_and_the_setting_is_checked() -> None:
+    assert ClusterConfig().engine.decode_niceness == 5
+    assert ClusterConfig.load(overrides={"engine": {"decode_niceness": 0}}).engine.decode_niceness == 0
     with pytest.raises(ValueError, match="decode_niceness"):
         ClusterConfig.load(overrides={"engine": {"decode_niceness": 20}})
 
