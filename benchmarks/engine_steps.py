@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_bench_report import RESULTS, ROOT, WORK
 from vllm_bench_serve import prepare, run_bench, session_processes, stop, tetriserve_cmd, wait_ready
 
-URL = "http://127.0.0.1:8100"  # tetriserve_cmd's HTTP port
+PORT = 8100  # tetriserve_cmd's HTTP port
+URL = f"http://127.0.0.1:{PORT}"
 CLIENT = ("completed", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput")
 _KEYS = {  # figure -> (series, clock) on /metrics
     "steps": ("engine_steps", ""),
@@ -94,11 +95,11 @@ def measure(name: str, flags: str, scenario: str, pinned: bool, args: argparse.N
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_ready(URL, proc)
-            run_bench(f"steps_{name}", "warmup", 8100, bench_args, model, dataset)  # not measured
+            run_bench(f"steps_{name}", "warmup", PORT, bench_args, model, dataset)  # not measured
             n_pinned = pin(proc.pid) if pinned else 0
             time.sleep(2)  # the warm-up's last steps counted before the scrape
             before, t_before, started = engine_counters(), threads(proc.pid), time.monotonic()
-            client = run_bench(f"steps_{name}", scenario, 8100, bench_args, model, dataset)
+            client = run_bench(f"steps_{name}", scenario, PORT, bench_args, model, dataset)
             t_after, seconds = threads(proc.pid), time.monotonic() - started
             time.sleep(2)
             after = engine_counters()

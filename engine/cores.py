@@ -261,8 +261,7 @@ def name_os_thread(name: str) -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
     except (OSError, AttributeError):
         logger.debug("could not name thread %s", name)
 

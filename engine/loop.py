@@ -250,6 +250,7 @@ class EngineLoop:
         stats = replace(
             snap,
             kv_usage=snap.kv_usage if usage is None else usage,
+            steps=self.steps,
             step_seconds=self.busy_s,
             step_cpu_seconds=self.busy_cpu_s,
         )

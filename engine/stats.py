@@ -20,7 +20,7 @@ class EngineStats:
     kv_usage: float = 0.0
     total_blocks: int = 0
     block_size: int = 0
-    steps: int = 0
+    steps: int = 0  # engine steps taken (``EngineLoop``'s count, published with ``step_seconds``)
     prompt_tokens_total: int = 0
     prompt_tokens_computed: int = 0
     prompt_tokens_cached: int = 0
@@ -55,7 +55,6 @@ class StatsCollector:
                     running=scheduler_stats.num_running_reqs,
                     waiting=scheduler_stats.num_waiting_reqs,
                     kv_usage=float(scheduler_stats.kv_cache_usage),
-                    steps=s.steps + 1,
                 )
             if iteration_stats is not None:
                 p = iteration_stats.prompt_token_stats
