@@ -217,11 +217,11 @@ class EngineWorker:
         return handle is not None
 
     async def parked_kv(self, key: str, give_up: Callable[[], bool] = lambda: False) -> list[Received] | None:
-        """The KV the engine parked in this endpoint under ``key`` (in the step that computed it), or None
-        once ``give_up()`` or the transfer deadline has passed."""
+        """The KV the engine parked in this endpoint under ``key`` (packed off the step that computed it), or
+        None once ``give_up()``, its pack failed or the transfer deadline has passed."""
         deadline = time.monotonic() + self.config.kv_transfer_timeout_s
         while (buffers := self.endpoint.recv(key)) is None:
-            if give_up() or time.monotonic() >= deadline:
+            if give_up() or self.endpoint.failed(key) is not None or time.monotonic() >= deadline:
                 return None
             await asyncio.sleep(0.001)
         return buffers

@@ -11,7 +11,8 @@ Lifecycle (request-level transfer, as in the paper)::
 
     PREFILL ENGINE                                   DECODE ENGINE
     sched: step that finishes the prompt ─meta─▶
-    worker.wait_for_save: pack blocks of all layers,
+    worker.wait_for_save: queue the pack; the packer
+           thread copies the blocks of all layers out,
            transport.hold(k) in this process's endpoint
     PrefillWorker, once the dispatcher has chosen:
            recv(k), send(dst, k)  ───────────TCP───────────▶  ReceiveStore[k]
@@ -27,8 +28,10 @@ does), the load is synchronous instead: ``get_num_new_matched_tokens`` returns
 (L, False), the worker copies the blocks in before that very step's forward
 pass, and token L+1 comes out of the request's first step, not its second.
 
-The copy out of the prefill engine's blocks is synchronous inside the step
-(so blocks free normally); parking lets the length predictor run in parallel
+The copy out of the prefill engine's blocks happens off the step, on the
+packer thread (``kv_packer.py``): ``request_finished`` keeps a parked request's
+blocks until its pack is done, and ``get_finished`` then frees them
+(``finished_sending``). Parking lets the length predictor run in parallel
 with prefill and the dispatcher choose afterwards. A load that misses its
 deadline, breaks off (the transport marks the key failed: the sender died, or
 told the decode worker its send failed) or fails validation reports its
@@ -70,6 +73,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from tetriserve.common import tracing
 from tetriserve.transport import endpoints, kv_codec
 from tetriserve.transport.instructions import KVInstruction, KVMode, instruction_of
+from tetriserve.transport.kv_packer import KVPacker, SaveSpec
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -118,14 +122,6 @@ def _bump(**delta: int) -> None:
 
 
 @dataclass(frozen=True)
-class SaveSpec:
-    req_id: str
-    key: str
-    block_ids: tuple[int, ...]
-    num_tokens: int
-
-
-@dataclass(frozen=True)
 class LoadSpec:
     req_id: str
     key: str
@@ -167,6 +163,7 @@ class TetriKVConnector(KVConnectorBase_V1):
         self._pending_loads: list[LoadSpec] = []
         self._pending_swaps: list[SaveSpec] = []
         self._swapped: dict[str, str] = {}  # req_id -> key of its KV swapped out and not yet back
+        self._saving: set[str] = set()  # requests with a save issued: their blocks wait for the packer
         self._cancelled: list[tuple[str, str]] = []
         # worker side
         self._layers: dict[str, torch.Tensor] = {}
@@ -174,6 +171,7 @@ class TetriKVConnector(KVConnectorBase_V1):
         self._loading: dict[str, tuple[LoadSpec, float]] = {}
         self._finished_recving: set[str] = set()
         self._error_blocks: set[int] = set()
+        self._packer: KVPacker | None = None
         self._transport = None
         if role == KVConnectorRole.WORKER:
             self._transport = endpoints.get_or_create(
@@ -255,6 +253,7 @@ class TetriKVConnector(KVConnectorBase_V1):
             prod = self._producers[req_id]
             if computed + scheduler_output.num_scheduled_tokens.get(req_id, 0) >= prod.num_tokens:
                 meta.saves.append(SaveSpec(req_id, prod.key, tuple(prod.block_ids), prod.num_tokens))
+                self._saving.add(req_id)
                 del self._producers[req_id]
         return meta
 
@@ -268,6 +267,9 @@ class TetriKVConnector(KVConnectorBase_V1):
             self._load_requested.discard(request.request_id)
             kv = _instruction(request)
             self._cancelled.append((request.request_id, kv.key if kv is not None else ""))
+        if request.request_id in self._saving:  # its blocks stay until the packer is done with them
+            self._saving.discard(request.request_id)
+            return True, None
         return False, None
 
     # ============================== worker side =================================
@@ -277,6 +279,14 @@ class TetriKVConnector(KVConnectorBase_V1):
         self._dim = kv_codec.block_dim(first, self._kv_cache_config.num_blocks)
         logger.info(
             "kv connector: %d layers, block dim %d, layer shape %s", len(self._layers), self._dim, tuple(first.shape)
+        )
+        assert self._transport is not None
+        self._packer = KVPacker(
+            self._layers,
+            self._dim,
+            self._block_size,
+            self._transport,
+            on_packed=lambda nbytes: _bump(bytes_packed=nbytes, requests_packed=1),
         )
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
@@ -344,17 +354,21 @@ class TetriKVConnector(KVConnectorBase_V1):
         return
 
     def wait_for_save(self) -> None:
+        """Queue this step's saves for the packer thread (``kv_packer.py``): the step does not copy them."""
         meta = self._get_connector_metadata()
         assert isinstance(meta, TetriKVMetadata)
-        assert self._transport is not None
+        assert self._packer is not None
         for spec in meta.saves:
-            packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)
-            self._transport.hold(spec.key, packed.buffers)
-            _bump(bytes_packed=packed.nbytes, requests_packed=1)
+            self._packer.submit(spec)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         done, self._finished_recving = self._finished_recving, set()
-        return None, (done or None)
+        sent = self._packer.finished_sending(finished_req_ids) if self._packer is not None else None
+        return sent, (done or None)
+
+    def shutdown(self) -> None:
+        if self._packer is not None:
+            self._packer.close()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._error_blocks = self._error_blocks, set()

@@ -1,0 +1,124 @@
+"""Packing parked KV out of an engine's blocks, off the engine step (issue #16).
+
+    engine thread (in the step that computes the KV)        packer thread
+    submit(SaveSpec) ─────────── queue ──────────────────▶  kv_codec.pack(blocks) → transport.hold(key)
+    finished_sending(ids vLLM has finished) ◀─ done ─────── (or transport.fail(key) if the pack failed)
+
+The step that computes the last of a parked request's tokens only queues its
+pack; a thread copies the blocks out and parks them in the endpoint. vLLM
+keeps the blocks until then: the connector's ``request_finished`` asks it to
+(``delay_free_blocks``) for every request with a pack submitted, and
+``finished_sending`` names each such request once all of its packs are done and
+vLLM has finished it (``get_finished``'s argument), which frees its blocks in the
+next step. The blocks a pack reads are full or belong to a request that no
+longer runs, so the next steps never write them while the packer reads.
+
+On a CUDA cache the submit records an event on the engine's stream and the
+packer's own stream waits for it, so the copy starts once the forward pass that
+wrote the KV has, and never waits for the steps after it. A pack that fails marks
+its key failed in the endpoint (``transport.fail``): whoever waits for the parked
+KV learns it at once instead of at the transfer deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tetriserve.transport import kv_codec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SaveSpec:
+    req_id: str
+    key: str
+    block_ids: tuple[int, ...]
+    num_tokens: int
+
+
+class KVPacker:
+    def __init__(
+        self,
+        layers: Mapping[str, torch.Tensor],
+        dim: int,
+        block_size: int,
+        transport: Any,
+        on_packed: Callable[[int], None] = lambda nbytes: None,
+    ) -> None:
+        """``layers``/``dim``: the engine's KV caches and their block dimension; ``on_packed(nbytes)``: counted
+        on the packer thread after each pack is parked."""
+        self._layers, self._dim, self._block_size = layers, dim, block_size
+        self._transport = transport
+        self._on_packed = on_packed
+        self._queue: queue.Queue[tuple[SaveSpec, Any] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._pending: Counter[str] = Counter()  # request id -> packs submitted and not done
+        self._finished: set[str] = set()  # requests vLLM has finished whose blocks wait for packs
+        cuda = next(iter(layers.values())).device.type == "cuda" if layers else False
+        self._stream = torch.cuda.Stream(next(iter(layers.values())).device) if cuda else None
+        self._thread = threading.Thread(target=self._run, name="kv-packer", daemon=True)
+        self._thread.start()
+
+    def submit(self, spec: SaveSpec) -> None:
+        """Engine thread, inside the step that computed ``spec``'s KV: queue its pack."""
+        ready = None
+        if self._stream is not None:
+            ready = torch.cuda.Event()
+            ready.record()  # on the engine's current stream, after this step's forward pass
+        with self._lock:
+            self._pending[spec.req_id] += 1
+        self._queue.put((spec, ready))
+
+    def finished_sending(self, finished_req_ids: set[str]) -> set[str] | None:
+        """Engine thread (``get_finished``): of the requests with packs submitted, those whose packs are all done
+        and which vLLM has finished (now, in ``finished_req_ids``, or earlier): vLLM may free their blocks."""
+        with self._lock:
+            self._finished.update(r for r in finished_req_ids if r in self._pending)  # submitted, not reported
+            done = {r for r in self._finished if self._pending[r] <= 0}
+            for r in done:
+                self._finished.discard(r)
+                del self._pending[r]
+        return done or None
+
+    def busy(self) -> bool:
+        """Whether a pack is queued or running."""
+        with self._lock:
+            return any(n > 0 for n in self._pending.values())
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Finish the packs queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            spec, ready = item
+            try:
+                nbytes = self._pack(spec, ready)
+            except Exception as exc:
+                logger.exception("kv pack of %s failed", spec.key)
+                self._transport.fail(spec.key, f"packing its KV failed: {type(exc).__name__}: {exc}")
+            else:
+                self._on_packed(nbytes)
+            finally:
+                with self._lock:
+                    self._pending[spec.req_id] -= 1
+
+    def _pack(self, spec: SaveSpec, ready: Any) -> int:
+        if self._stream is None:
+            packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)
+        else:
+            with torch.cuda.stream(self._stream):
+                self._stream.wait_event(ready)
+                packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)
+        self._transport.hold(spec.key, packed.buffers)
+        return packed.nbytes
