@@ -3,7 +3,10 @@
     python benchmarks/transfer_breakdown.py --requests 20 --prompt-tokens 1536
 
 Each configuration on a fresh `tetriserve serve` (defaults: 1 prefill + 1 decode, tiny model): `tcp`, `shm`,
-and `shm` shaped to 100, 10 and 1 Gb/s links (``transport.emulate``, 10 µs latency). One streamed completion
+and `shm` shaped to 100, 10 and 1 Gb/s links (``transport.emulate``, 10 µs latency), each with the pipelined
+handoff (``--kv-pipeline``: the KV of each prefill chunk leaves as it is computed once the decode worker is
+chosen) and without it (``--no-kv-pipeline``: the whole KV once the prefill is done); ``--pipeline on|off``
+runs one of the two. One streamed completion
 at a time (``--prompt-tokens``, ``--max-tokens``, ``ignore_eos``, different prompts so nothing is a prefix-cache
 hit); the GlobalScheduler's table (every worker's state events, one clock) splits each request:
 
@@ -64,6 +67,24 @@ def breakdown(n: int) -> tuple[list[dict[str, float]], float]:
     return rows, kv.bytes_loaded / max(kv.requests_loaded, 1)
 
 
+def variants(names: list[str], pipeline: str) -> dict[str, list[str]]:
+    """Each transport configuration with the pipelined handoff on, off, or both (``--pipeline``)."""
+    modes = {"on": [("pipelined", "--kv-pipeline")], "off": [("whole", "--no-kv-pipeline")]}
+    modes["both"] = modes["on"] + modes["off"]
+    return {f"{n} · {label}": [*CONFIGS[n], flag] for n in names for label, flag in modes[pipeline]}
+
+
+def handoffs() -> dict[str, int]:
+    """The prefill worker's handoffs so far, pipelined or whole."""
+    import ray
+
+    ray.init(address="auto", namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
+    try:
+        return dict(ray.get(ray.get_actor("prefill-0", namespace=NAMESPACE).stats.remote())["handoffs"])
+    finally:
+        ray.shutdown()
+
+
 def run_config(name: str, flags: list[str], env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     log_name = WORK / f"server_breakdown_{name.replace(' ', '').replace('/', '')}.log"
     with open(log_name, "w") as log:
@@ -78,8 +99,9 @@ def run_config(name: str, flags: list[str], env: dict[str, str], args: argparse.
                 for i in range(args.requests)
             ]
             spans, kv_bytes = breakdown(args.requests)
-            print(f"[{name}] {len(spans)} requests, {kv_bytes / 1e6:.2f} MB of KV each", flush=True)
-            return {"client": client, "spans": spans, "kv_bytes_per_request": kv_bytes}
+            done = handoffs()
+            print(f"[{name}] {len(spans)} requests, {kv_bytes / 1e6:.2f} MB of KV each, {done}", flush=True)
+            return {"client": client, "spans": spans, "kv_bytes_per_request": kv_bytes, "handoffs": done}
         finally:
             stop(proc)
 
@@ -98,14 +120,16 @@ def report(data: dict[str, Any]) -> str:
         "request (dispatch, KV send, the `take` call); first decode: → the decode engine's first token (KV load, "
         "its first step). Emulated links (`transport.emulate`) add 10 µs of latency.",
         "",
-        "| transport | KV per request MB | queue | prefill | handoff | first decode | client TTFT | "
-        "client first → second token |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| transport · handoff | KV per request MB | pipelined handoffs | queue | prefill | handoff | first decode | "
+        "client TTFT | client first → second token |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, run in data["configs"].items():
         spans, client = run["spans"], run["client"]
+        done = run.get("handoffs", {})
+        share = f"{done.get('pipelined', 0)} / {done.get('pipelined', 0) + done.get('whole', 0)}" if done else "-"
         lines.append(
-            f"| {name} | {run['kv_bytes_per_request'] / 1e6:.2f} | "
+            f"| {name} | {run['kv_bytes_per_request'] / 1e6:.2f} | {share} | "
             + " | ".join(med(spans, s) for s in SPANS)
             + f" | {med(client, 'ttft_ms')} | {med(client, 'first_gap_ms')} |"
         )
@@ -118,12 +142,14 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=1536)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    ap.add_argument("--pipeline", choices=("on", "off", "both"), default="both", help="the pipelined handoff")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
     args = ap.parse_args()
 
     def measure() -> dict[str, Any]:
         _, _, env = prepare()
-        return {"configs": {name: run_config(name, CONFIGS[name], env, args) for name in args.configs}}
+        runs = variants(args.configs, args.pipeline)
+        return {"configs": {name: run_config(name, flags, env, args) for name, flags in runs.items()}}
 
     return measure_or_reload("transfer_breakdown", args.report_only, measure, report)
 

@@ -38,6 +38,15 @@ class TransportConfig(BaseModel):
     emulate: LinkEmulation | None = Field(
         None, description="Shape every worker's sends to a slower link (studies of other interconnects); off: none."
     )
+    pipeline: bool = Field(
+        True,
+        description=(
+            "Pipelined handoff: when a request's length prediction is ready before its prefill ends, the decode "
+            "worker is chosen then and the KV of each prefill chunk is sent to it as soon as it is computed, so "
+            "at the first token only the last chunk's KV is still to travel (prefill_worker/pipeline.py). "
+            "false: the whole KV is sent once the prefill is done."
+        ),
+    )
     lease_s: float = Field(
         300.0,
         gt=0,

@@ -98,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
         help="CPU: decode engines step with the cores idle prefill engines leave (default: off)",
     )
     s.add_argument(
+        "--kv-pipeline",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send each prefill chunk's KV as it is computed once the decode worker is chosen (default: on)",
+    )
+    s.add_argument(
         "--enforce-eager",
         action="store_true",
         default=None,
@@ -157,6 +163,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides = {dotted: getattr(args, flag[2:].replace("-", "_")) for flag, (dotted, _, _) in _SERVE_FLAGS.items()}
     overrides["engine.enforce_eager"] = args.enforce_eager
     overrides["engine.borrow_idle_cores"] = args.borrow_idle_cores
+    overrides["transport.pipeline"] = args.kv_pipeline
     overrides.update(serve_security_overrides(args))
     overrides.update(tracing_overrides(args))
     serve(ClusterConfig.load(args.config, overrides))

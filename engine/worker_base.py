@@ -131,11 +131,11 @@ class EngineWorker:
         raise NotImplementedError
 
     def stats(self) -> dict[str, Any]:
-        from tetriserve.transport import kv_connector
+        from tetriserve.transport import kv_counters
 
         return {
             "engine": self.engine.stats(),
-            "kv": kv_connector.counters(),
+            "kv": kv_counters.counters(),
             "transport": self.endpoint.stats(),
             "policy": self.policies(),
             "length_score": self.length_score.snapshot(),

@@ -1,14 +1,18 @@
-"""The prefill worker's KV sends in flight (issue #16): each is polled, never waited on, and a failed one is
+"""The prefill worker's KV sends (issue #16): each in flight is polled, never waited on, and a failed one is
 reported to its receiver at once (``kv_failed``: it frees its blocks and recomputes or fails the load) instead
-of letting the decode worker wait out the transfer's deadline."""
+of letting the decode worker wait out the transfer's deadline. A pipelined handoff (``pipeline.py``) sends a
+prompt's KV part by part while its later chunks compute (``forward_parts``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from tetriserve.common import tracing
+from tetriserve.transport import parts
 from tetriserve.transport.api import TransferState
 
 logger = logging.getLogger(__name__)
@@ -36,3 +40,37 @@ async def watch_sends(
                 decode = decode_handles.get(decode_id)
                 if decode is not None:
                     decode.kv_failed.remote(key, handle.error or "send failed")
+
+
+async def forward_parts(
+    endpoint: Any,
+    key: str,
+    address: str,
+    timeout_s: float,
+    give_up: Callable[[], bool],
+    on_send: Callable[[str, Any], None],
+) -> str | None:
+    """Send ``key``'s KV to ``address`` part by part as the engine's packer parks them (``transport/parts.py``),
+    up to and including the last part: the parts of the chunks computed so far at once, each later one as soon as
+    it is parked. ``on_send(part key, handle)`` for each send; returns an error message, or None once the last
+    part is on its way."""
+    deadline = time.monotonic() + timeout_s
+    index = 0
+    while True:
+        for last in (False, True):
+            part = parts.part_key(key, index, last)
+            buffers = endpoint.recv(part)
+            if buffers is not None:
+                on_send(part, endpoint.send(address, part, buffers, timeout_s))
+                if last:
+                    return None
+                index += 1
+                break
+        else:
+            if give_up():
+                return f"request of {key} was aborted"
+            if (why := endpoint.failed(key)) is not None:
+                return why
+            if time.monotonic() >= deadline:
+                return f"prefilled KV of {key} was not parked within {timeout_s:.0f} s"
+            await asyncio.sleep(0.001)

@@ -31,7 +31,7 @@ from typing import Any
 from tetriserve.common import tracing
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.engine_tags import EngineTags
-from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
+from tetriserve.common.length import LengthPredictor, PredictInput
 from tetriserve.common.load import DecodeLoad, PrefillLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, TokenLogprobs
@@ -40,9 +40,10 @@ from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.prefill_worker import spans
 from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate
 from tetriserve.prefill_worker.dispatch import DispatchParams, make_dispatch_policy
-from tetriserve.prefill_worker.dispatch.base import account
+from tetriserve.prefill_worker.handoff import Handoff
 from tetriserve.prefill_worker.kv_sends import watch_sends
 from tetriserve.prefill_worker.pace import PrefillPace
+from tetriserve.prefill_worker.pipeline import EarlyHandoff
 from tetriserve.prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
 from tetriserve.prefill_worker.predictions import PredictionQueue
 from tetriserve.prefill_worker.views import ReqView
@@ -51,7 +52,7 @@ from tetriserve.transport.instructions import KVInstruction, KVMode
 logger = logging.getLogger(__name__)
 
 
-class PrefillWorker(EngineWorker):
+class PrefillWorker(Handoff, EngineWorker):
     def __init__(
         self,
         worker_id: str,
@@ -92,6 +93,7 @@ class PrefillWorker(EngineWorker):
         self._send_spans: dict[str, tracing.Span] = {}  # KV key -> its send's span (tracing on only)
         self._send_watch: asyncio.Task[None] | None = None
         self._refining: set[asyncio.Task[None]] = set()  # late predictions on their way to decode workers
+        self.handoffs = {"pipelined": 0, "whole": 0}  # requests handed to decode workers, by how (pipeline.py)
 
     # -- wiring --------------------------------------------------------------------
     async def start(self, monitor: Any, scheduler: Any = None) -> str:
@@ -152,7 +154,12 @@ class PrefillWorker(EngineWorker):
         return self.policies()
 
     def stats(self) -> dict[str, Any]:
-        return {**super().stats(), "scheduler": self.engine.snapshot.extra, "predictions": self.predictions.stats()}
+        return {
+            **super().stats(),
+            "scheduler": self.engine.snapshot.extra,
+            "predictions": self.predictions.stats(),
+            "handoffs": dict(self.handoffs),
+        }
 
     # -- the request path -------------------------------------------------------------
     def submit(self, req: Request, subscriber: str) -> None:
@@ -205,7 +212,7 @@ class PrefillWorker(EngineWorker):
         # TetriInfer's parallel mode: the predictor runs in its own thread while the engine prefills; the KV is
         # parked in this worker's endpoint, so the decode worker is chosen once the first token is out, with the
         # best estimate there is then (``predictions.py``); a prediction still being computed follows the request.
-        ticket = refinement = None
+        ticket = refinement = early = chosen = None
         queued = tracing.now_ns()
         if decodes:  # the estimate serves the dispatcher: a prefill-only request needs none
             item = PredictInput(len(req.prompt_token_ids), req.sampling.max_tokens, tuple(req.prompt_token_ids))
@@ -214,9 +221,13 @@ class PrefillWorker(EngineWorker):
             try:
                 async with self.gate.turn(view) as batch_seq:
                     computing = spans.queued(queued, batch_seq)
+                    if ticket is not None and self.config.transport.pipeline:  # KV may leave as it computes
+                        early = EarlyHandoff(self, key, view, ticket)
                     out = await self._run_engine(req, replace(view, batch_seq=batch_seq), park=decodes)
                     spans.computed(computing, out.token_ids, out.finish_reason)
             except RequestAborted:
+                if early is not None:
+                    early.drop()
                 self.publish(subscriber, req, (), FinishReason.ABORT, index=done)
                 return
             tokens, lps = out.token_ids, out.logprobs
@@ -224,19 +235,22 @@ class PrefillWorker(EngineWorker):
                 # finished at prefill (the GlobalScheduler feeds the outcome back through ``observe``)
                 self._aborted.pop(key, None)
                 self.endpoint.discard(key)
+                if early is not None:
+                    early.drop()
                 reason = FinishReason(out.finish_reason or FinishReason.LENGTH)
                 self.publish(subscriber, req, tokens, reason, out.error, index=done, logprobs=lps)
                 return
             self.publish(subscriber, req, tokens, index=done, logprobs=lps)  # TTFT waits for no prediction/dispatch
             await asyncio.sleep(0)  # the stream's flush (queued by publish) sends it before the handoff's own work
             self.event(req.request_id, RequestState.TRANSFERRING)
-            wait_s = self.config.prefill.predictor_wait_ms / 1000
-            estimate, refinement = await self.predictions.estimate(ticket, wait_s)
+            chosen = await early.outcome() if early is not None else None
+            wait_s = self.config.prefill.predictor_wait_ms / 1000 if chosen is None else 0.0
+            estimate, refinement = await self.predictions.estimate(ticket, wait_s)  # chosen: the one it used
             spans.predicted(queued, estimate, late=refinement is not None)
         finally:
             if ticket is not None and refinement is None:
                 self.predictions.withdraw(ticket)  # a no-op once estimated
-        decode = await self._hand_off(req, (*req.resume, *tokens), replace(view, estimate=estimate), subscriber)
+        decode = await self._hand_off(req, (*req.resume, *tokens), replace(view, estimate=estimate), subscriber, chosen)
         if refinement is not None:
             if decode is None:
                 refinement.cancel()
@@ -244,84 +258,6 @@ class PrefillWorker(EngineWorker):
                 task = asyncio.create_task(self._refine(req, decode, refinement))
                 self._refining.add(task)  # held until done (the loop keeps only weak references)
                 task.add_done_callback(self._refining.discard)
-
-    async def _refine(self, req: Request, decode: Any, refinement: asyncio.Future[LengthEstimate | None]) -> None:
-        """Give the decode worker ``req`` went to the prediction that was late for its handoff."""
-        estimate = await self.predictions.later(refinement)
-        if estimate is not None:
-            decode.refine.remote(req.request_id, req.attempt, estimate)
-
-    async def _hand_off(self, req: Request, generated: tuple[int, ...], view: ReqView, subscriber: str) -> Any:
-        """Send the parked KV to a decode worker and give it the request; returns that worker's handle, or None
-        where the request did not go on: a failure the request may get past elsewhere ends this attempt with a
-        ``retry`` error (the front door migrates it)."""
-        rid, key, index = req.request_id, req.kv_key, len(generated)
-        decode_id = await self._choose_decode(view)
-        tracing.annotate({"tetriserve.decode_worker": decode_id or "", "tetriserve.dispatch": self.dispatcher.name})
-        error: str | None = "no decode worker is accepting requests"
-        if decode_id is not None:
-            error = await self._forward_kv(key, decode_id)
-        if key in self._aborted:  # aborted after its first token, before the handoff
-            del self._aborted[key]
-            self.endpoint.discard(key)
-            self.publish(subscriber, req, (), FinishReason.ABORT, index=index)
-            return None
-        if error is None and decode_id is not None:
-            decode = self._decode_handles[decode_id]
-            try:
-                taken = await decode.take.remote(req, generated, view.estimate, subscriber)
-            except Exception as exc:  # the decode worker died between the broadcast and now
-                taken, error = False, f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
-                known = self.decode_loads.get(decode_id)
-                if _actor_died(exc) and known is not None:  # else it is marked already, or not ours to judge
-                    self._dead_decodes[decode_id] = known.incarnation
-            if taken:
-                self.handed_on(rid, decode)
-                if key in self._aborted:  # aborted while the decode worker took it: abort it there
-                    del self._aborted[key]
-                    self.forward_abort(rid, req.attempt)
-                self.publish(subscriber, req, (), index=index, moved_to=decode_id)
-                self.event(rid, RequestState.DECODE_QUEUED, decode_id, moved_to=decode_id)
-                return decode
-            if error is None:  # alive but not accepting: its copy of the KV goes
-                error = f"decode worker {decode_id} refused the request"
-                decode.discard.remote(key)
-            self.decode_loads.pop(decode_id, None)  # until the next broadcast says otherwise
-        self.endpoint.discard(key)
-        self.publish(subscriber, req, (), FinishReason.ERROR, error, index=index, retry=True)
-        return None
-
-    async def _forward_kv(self, key: str, decode_id: str) -> str | None:
-        """Send the parked KV to the chosen decode worker; returns an error message or None. A send that fails
-        later is reported to that decode worker at once (``kv_failed``), so it does not wait out the deadline."""
-        buffers = await self.parked_kv(key, lambda: key in self._aborted)  # parked with the first token
-        if buffers is None:
-            return f"prefilled KV of {key} was not found on {self.worker_id}"
-        sent = tracing.now_ns()
-        address = self.decode_addresses[decode_id]
-        handle = self.endpoint.send(address, key, buffers, self.config.kv_transfer_timeout_s)
-        self._sends[key] = (handle, decode_id)
-        spans.sending(self._send_spans, key, sent, handle.nbytes, address, decode_id)
-        return None
-
-    async def _choose_decode(self, view: ReqView) -> str | None:
-        """A decode worker for ``view``; while none serves (all restarting), wait up to ``placement_timeout_s``
-        with the KV parked here rather than give the request up."""
-        deadline = time.monotonic() + self.config.placement_timeout_s
-        while True:
-            choice = self.dispatcher.choose(view, list(self.decode_loads.values()), self.rng)
-            if choice is not None and choice in self.decode_addresses:
-                self._account(choice, view)
-                return choice
-            if time.monotonic() >= deadline:
-                return None
-            await asyncio.sleep(self.config.report_interval_ms / 1000)
-
-    def _account(self, worker_id: str, view: ReqView) -> None:
-        """Update the local copy of the broadcast view so bursts between broadcasts do not herd."""
-        self.decode_loads[worker_id] = account(
-            self.decode_loads[worker_id], view, self.config.prefill.heavy_threshold_tokens
-        )
 
     async def _run_engine(self, req: Request, view: ReqView, park: bool) -> Delta:
         """Prefill ``req``: its next token (with its logprobs, if asked), the finish reason if it ended here, an
@@ -390,9 +326,3 @@ class PrefillWorker(EngineWorker):
         for rid, (req, sub, _) in list(self._tasks.items()):
             if sub == subscriber:
                 self.abort(rid, req.attempt)
-
-
-def _actor_died(exc: BaseException) -> bool:
-    from ray.exceptions import ActorDiedError
-
-    return isinstance(exc, ActorDiedError)

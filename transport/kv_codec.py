@@ -91,30 +91,72 @@ def pack(
     return PackedKV([head, *bufs], sum(b.nbytes for b in bufs), n, pin)
 
 
+def split_parts(buffers: Sequence[Received]) -> list[tuple[dict, Sequence[Received]]]:
+    """The packed parts ``buffers`` holds one after another (``transport/parts.py``): (header, layer buffers)."""
+    out = []
+    at = 0
+    while at < len(buffers):
+        header = json.loads(bytes(buffers[at]))
+        n = len(header["layers"])
+        layer_bufs = buffers[at + 1 : at + 1 + n]
+        if len(layer_bufs) != n:
+            raise ValueError(f"unpack: header names {n} layers but {len(layer_bufs)} buffers arrived")
+        out.append((header, layer_bufs))
+        at += 1 + n
+    return out
+
+
 def unpack_into(
     layers: Mapping[str, torch.Tensor], dim: int, block_ids: Sequence[int], buffers: Sequence[Received]
 ) -> int:
-    """Copy received blocks into ``block_ids``; returns the number of tokens restored."""
-    header = json.loads(bytes(buffers[0]))
+    """Copy received blocks into ``block_ids``; returns the number of tokens restored. ``buffers`` may hold
+    several parts (one per prefill chunk), each of whole blocks but the last, in block-table order."""
+    pieces = split_parts(buffers)
+    if not pieces:
+        raise ValueError("unpack: nothing arrived")
+    offset = tokens = 0
+    for i, (header, _) in enumerate(pieces):  # validate every part before writing any
+        part_tokens, block_size = int(header["num_tokens"]), int(header["block_size"])
+        if i < len(pieces) - 1 and part_tokens % block_size:
+            raise ValueError(f"unpack: part {i} of {len(pieces)} ends inside a block ({part_tokens} tokens)")
+        _check(layers, dim, header)
+        offset += blocks_for(part_tokens, block_size)
+        tokens += part_tokens
+    if len(block_ids) < offset:
+        raise ValueError(f"unpack: {offset} blocks arrived, request holds {len(block_ids)}")
+    offset = 0
+    for header, layer_bufs in pieces:
+        n = blocks_for(int(header["num_tokens"]), int(header["block_size"]))
+        _copy_in(layers, dim, block_ids[offset : offset + n], header, layer_bufs)
+        offset += n
+    return tokens
+
+
+def _check(layers: Mapping[str, torch.Tensor], dim: int, header: dict) -> None:
     names: list[str] = header["layers"]
-    if len(buffers) != len(names) + 1:
-        raise ValueError(f"unpack: header names {len(names)} layers but {len(buffers) - 1} buffers arrived")
     if set(names) != set(layers):
         raise ValueError("unpack: sender and receiver have different attention layers (different models?)")
-    n = blocks_for(int(header["num_tokens"]), int(header["block_size"]))
-    if len(block_ids) < n:
-        raise ValueError(f"unpack: {n} blocks arrived, request holds {len(block_ids)}")
     dtype = _DTYPES.get(header["dtype"])
     if dtype is None:
         raise ValueError(f"unpack: unsupported KV dtype {header['dtype']!r}")
     shape = header["shape"]
-    for name in names:  # validate every layer before writing any
+    for name in names:
         dst = layers[name]
         if dst.dtype != dtype or list(dst.shape[:dim]) + list(dst.shape[dim + 1 :]) != shape[:dim] + shape[dim + 1 :]:
             raise ValueError(f"unpack: layer {name} is {dst.dtype}{tuple(dst.shape)}, sender sent {dtype}{shape}")
-    idx = torch.tensor(list(block_ids[:n]), dtype=torch.long, device=layers[names[0]].device)
-    for name, buf in zip(names, buffers[1:], strict=True):
+
+
+def _copy_in(
+    layers: Mapping[str, torch.Tensor],
+    dim: int,
+    block_ids: Sequence[int],
+    header: dict,
+    layer_bufs: Sequence[Received],
+) -> None:
+    names: list[str] = header["layers"]
+    shape = header["shape"]
+    idx = torch.tensor(list(block_ids), dtype=torch.long, device=layers[names[0]].device)
+    for name, buf in zip(names, layer_bufs, strict=True):
         dst_bytes = layers[name].view(torch.uint8)  # byte copies work for every dtype, fp8 included
         src = torch.frombuffer(buf, dtype=torch.uint8).reshape([*shape[:-1], dst_bytes.shape[-1]])
         dst_bytes.index_copy_(dim, idx, src.to(dst_bytes.device))
-    return int(header["num_tokens"])

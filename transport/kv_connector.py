@@ -28,6 +28,10 @@ does), the load is synchronous instead: ``get_num_new_matched_tokens`` returns
 (L, False), the worker copies the blocks in before that very step's forward
 pass, and token L+1 comes out of the request's first step, not its second.
 
+A prompt's KV is parked in parts (``parts.py``), one per step of its chunked
+prefill: each covers the blocks that step filled, the last one the rest, so the
+first parts can travel while the later chunks compute (the prefill worker's
+pipelined handoff); a receiver sees the key whole once every part has landed.
 The copy out of the prefill engine's blocks happens off the step, on the
 packer thread (``kv_packer.py``): ``request_finished`` keeps a parked request's
 blocks until its pack is done, and ``get_finished`` then frees them
@@ -58,9 +62,8 @@ worker's endpoint, which loads it through ``recv`` as it would a prefill's.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -71,8 +74,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from tetriserve.common import tracing
-from tetriserve.transport import endpoints, kv_codec
+from tetriserve.transport import endpoints, kv_codec, parts
 from tetriserve.transport.instructions import KVInstruction, KVMode, instruction_of
+from tetriserve.transport.kv_counters import bump as _bump
+from tetriserve.transport.kv_counters import set_pending_loads
 from tetriserve.transport.kv_packer import KVPacker, SaveSpec
 
 if TYPE_CHECKING:
@@ -85,40 +90,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class KVCounters:
-    """Process-wide totals (one engine per worker process).
-
-    Sending side: what was packed out of the engine's blocks and parked in the endpoint (bytes on
-    the wire are the transport's own ``stats()``). Receiving side: what was copied into the blocks.
-    """
-
-    bytes_packed: int = 0
-    requests_packed: int = 0
-    swaps_out: int = 0
-    bytes_swapped_out: int = 0
-    bytes_loaded: int = 0
-    requests_loaded: int = 0
-    tokens_loaded: int = 0
-    load_failures: int = 0
-    pending_loads: int = 0
-
-
-_COUNTERS = KVCounters()
-_COUNTERS_LOCK = threading.Lock()
-
-
-def counters() -> KVCounters:
-    with _COUNTERS_LOCK:
-        return _COUNTERS
-
-
-def _bump(**delta: int) -> None:
-    global _COUNTERS
-    with _COUNTERS_LOCK:
-        _COUNTERS = replace(_COUNTERS, **{k: getattr(_COUNTERS, k) + v for k, v in delta.items()})
 
 
 @dataclass(frozen=True)
@@ -136,13 +107,16 @@ class TetriKVMetadata(KVConnectorMetadata):
     swaps: list[SaveSpec] = field(default_factory=list)  # swap-outs: packed before the step touches any block
     loads: list[LoadSpec] = field(default_factory=list)
     cancelled: list[tuple[str, str]] = field(default_factory=list)  # (req_id, key)
+    preempted: list[str] = field(default_factory=list)  # requests whose blocks this step frees (and may reuse)
 
 
 @dataclass
 class _Producer:
     key: str
-    num_tokens: int  # save once the KV of this many tokens is computed
+    num_tokens: int  # done once the KV of this many tokens is computed
     block_ids: list[int]
+    saved_blocks: int = 0  # blocks parked in earlier parts (``transport/parts.py``)
+    part: int = 0  # the index of its next part
 
 
 def _instruction(request: Request) -> KVInstruction | None:
@@ -244,18 +218,31 @@ class TetriKVConnector(KVConnectorBase_V1):
             if prod is None:
                 continue
             new_ids = cached.new_block_ids[i]
-            if req_id in cached.resumed_req_ids:
+            if req_id in cached.resumed_req_ids:  # preempted, now recomputed: its parts again, from the first
                 prod.block_ids = list(new_ids[0]) if new_ids else []
+                prod.saved_blocks = prod.part = 0
             elif new_ids:
                 prod.block_ids.extend(new_ids[0])
             progress[req_id] = cached.num_computed_tokens[i]
         for req_id, computed in progress.items():
-            prod = self._producers[req_id]
-            if computed + scheduler_output.num_scheduled_tokens.get(req_id, 0) >= prod.num_tokens:
-                meta.saves.append(SaveSpec(req_id, prod.key, tuple(prod.block_ids), prod.num_tokens))
+            spec = self._next_part(req_id, computed + scheduler_output.num_scheduled_tokens.get(req_id, 0))
+            if spec is not None:
+                meta.saves.append(spec)
                 self._saving.add(req_id)
-                del self._producers[req_id]
+        meta.preempted = sorted(scheduler_output.preempted_req_ids or ())
         return meta
+
+    def _next_part(self, req_id: str, computed: int) -> SaveSpec | None:
+        """The part of ``req_id``'s KV this step completes, once ``computed`` tokens' KV is (``parts.next_part``)."""
+        prod = self._producers[req_id]
+        part = parts.next_part(prod.key, prod.num_tokens, prod.saved_blocks, prod.part, computed, self._block_size)
+        if part is None:
+            return None
+        key, start, end, tokens = part
+        prod.saved_blocks, prod.part = end, prod.part + 1
+        if computed >= prod.num_tokens:
+            del self._producers[req_id]
+        return SaveSpec(req_id, key, tuple(prod.block_ids[start:end]), tokens)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._producers.pop(request.request_id, None)
@@ -294,6 +281,8 @@ class TetriKVConnector(KVConnectorBase_V1):
         and a victim's freed blocks may be handed to another request in this very step."""
         assert isinstance(kv_connector_metadata, TetriKVMetadata)
         assert self._transport is not None
+        if self._packer is not None and kv_connector_metadata.preempted:
+            self._packer.wait_for(kv_connector_metadata.preempted)  # their blocks may be written this step
         for spec in kv_connector_metadata.swaps:
             packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)
             self._transport.hold(spec.key, packed.buffers, expires=False)  # request_finished discards it
@@ -337,9 +326,7 @@ class TetriKVConnector(KVConnectorBase_V1):
                 continue
             _bump(bytes_loaded=sum(len(b) for b in buffers[1:]), requests_loaded=1, tokens_loaded=tokens)
             _trace_load(spec, deadline - self._deadline_s, self._transport, sum(len(b) for b in buffers[1:]), tokens)
-        with _COUNTERS_LOCK:
-            global _COUNTERS
-            _COUNTERS = replace(_COUNTERS, pending_loads=len(self._loading))
+        set_pending_loads(len(self._loading))
 
     def _fail_load(self, spec: LoadSpec) -> None:
         self._error_blocks.update(spec.block_ids)

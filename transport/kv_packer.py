@@ -26,7 +26,7 @@ import logging
 import queue
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,7 @@ class KVPacker:
         self._on_packed = on_packed
         self._queue: queue.Queue[tuple[SaveSpec, Any] | None] = queue.Queue()
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified whenever a pack is done
         self._pending: Counter[str] = Counter()  # request id -> packs submitted and not done
         self._finished: set[str] = set()  # requests vLLM has finished whose blocks wait for packs
         cuda = next(iter(layers.values())).device.type == "cuda" if layers else False
@@ -89,6 +90,12 @@ class KVPacker:
                 del self._pending[r]
         return done or None
 
+    def wait_for(self, req_ids: Sequence[str], timeout_s: float = 30.0) -> None:
+        """Engine thread: block until no pack of ``req_ids`` is queued or running (their blocks are about to be
+        reused: a preemption)."""
+        with self._idle:
+            self._idle.wait_for(lambda: all(self._pending.get(r, 0) <= 0 for r in req_ids), timeout_s)
+
     def busy(self) -> bool:
         """Whether a pack is queued or running."""
         with self._lock:
@@ -112,6 +119,7 @@ class KVPacker:
             finally:
                 with self._lock:
                     self._pending[spec.req_id] -= 1
+                    self._idle.notify_all()
 
     def _pack(self, spec: SaveSpec, ready: Any) -> int:
         if self._stream is None:

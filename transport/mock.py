@@ -4,8 +4,8 @@
 
 For studying links faster than this machine's: with ``emulate`` (required) each
 transfer takes the emulated link's time for its full size, while only the KV
-codec's header (the first buffer: layer names, shapes) crosses over TCP with the
-sizes of the rest. The decode engine then loads zeros for the prompt's KV, so
+codec's headers (each part's first buffer: layer names, shapes) cross over TCP with
+the sizes of the rest. The decode engine then loads zeros for the prompt's KV, so
 its tokens are not the model's: latency and throughput studies only, never
 serving. Parked KV held in an endpoint (``hold``) is the real KV.
 """
@@ -26,12 +26,30 @@ class MockTransport(TcpTransport):
     def send(self, dst: str, key: str, buffers: Sequence[Buffer], deadline_s: float) -> TransferHandle:
         if not buffers:
             return super().send(dst, key, buffers, deadline_s)
-        sizes = [memoryview(b).nbytes for b in buffers[1:]]
-        return super().send(dst, key, [buffers[0], _MARK + json.dumps(sizes).encode()], deadline_s)
+        headers = _header_positions(buffers)
+        sizes = [None if i in headers else memoryview(b).nbytes for i, b in enumerate(buffers)]
+        frame = _MARK + json.dumps(sizes).encode()
+        return super().send(dst, key, [frame, *(buffers[i] for i in sorted(headers))], deadline_s)
 
     def recv(self, key: str) -> list[Any] | None:
         got = super().recv(key)
-        if got is None or len(got) != 2 or bytes(got[1][: len(_MARK)]) != _MARK:
+        if not got or bytes(got[0][: len(_MARK)]) != _MARK:
             return got  # held locally, or not a mock frame
-        sizes = json.loads(bytes(got[1][len(_MARK) :]))
-        return [got[0], *(bytearray(n) for n in sizes)]
+        sizes = json.loads(bytes(got[0][len(_MARK) :]))
+        headers = iter(got[1:])
+        return [next(headers) if n is None else bytearray(n) for n in sizes]
+
+
+def _header_positions(buffers: Sequence[Buffer]) -> set[int]:
+    """Where the KV codec's headers sit among ``buffers``: each part's first buffer (``transport/parts.py``)."""
+    out, at = set(), 0
+    while at < len(buffers):
+        out.add(at)  # the first buffer always travels
+        try:
+            n = len(json.loads(bytes(buffers[at]))["layers"])
+        except (ValueError, KeyError, TypeError):
+            break  # not the codec's: the rest is data
+        if n == 0:
+            break
+        at += 1 + n
+    return out

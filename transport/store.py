@@ -1,7 +1,8 @@
 """Landing area for received transfers, shared by the two-sided backends.
 
-A key is taken exactly once. Data for a discarded key (an aborted request)
-is dropped when it lands; a key whose transfer broke is marked failed (with
+A key is taken exactly once; a key whose KV came in parts (``parts.py``) is
+there once all its parts are, and is taken with them. Data for a discarded key (an aborted request),
+its parts included, is dropped when it lands; a key whose transfer broke is marked failed (with
 the reason) until someone discards it or the TTL passes; data nobody takes within ``ttl_s`` expires, so an
 orphaned transfer cannot pin memory forever. Data held with ``expires=False``
 (a swapped-out request's KV, whose owner discards it) stays until taken or
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tetriserve.transport import parts
 from tetriserve.transport.api import TransferHandle, TransferState, TransportStats
 
 
@@ -42,7 +44,7 @@ class ReceiveStore:
         kept past the TTL until taken or discarded); False if the key was discarded beforehand."""
         with self._lock:
             self._expire_locked()
-            if self._discarded.pop(key, None) is not None:
+            if self._discarded.pop(key, None) is not None or parts.base_of(key) in self._discarded:
                 return False
             self._failed.pop(key, None)
             self._entries[key] = _Entry(buffers, time.monotonic(), expires)
@@ -55,16 +57,22 @@ class ReceiveStore:
         with self._lock:
             self._expire_locked()
             entry = self._entries.pop(key, None)
-            return None if entry is None else entry.buffers
+            if entry is not None:
+                return entry.buffers
+            whole = parts.complete(key, list(self._entries))
+            if whole is None:
+                return None
+            return [buf for k in whole for buf in self._entries.pop(k).buffers]
 
     def has(self, key: str) -> bool:
         with self._lock:
-            return key in self._entries
+            return key in self._entries or parts.complete(key, list(self._entries)) is not None
 
     def fail(self, key: str, reason: str) -> None:
         with self._lock:
-            if key not in self._entries and key not in self._discarded:
-                self._failed[key] = (time.monotonic(), reason)
+            for k in {key, parts.base_of(key)}:  # a part that fails fails its whole key
+                if k not in self._entries and k not in self._discarded:
+                    self._failed[k] = (time.monotonic(), reason)
 
     def failed(self, key: str) -> str | None:
         with self._lock:
@@ -77,8 +85,12 @@ class ReceiveStore:
             self._failed.pop(key, None)
             if self._entries.pop(key, None) is not None:
                 return True
-            self._discarded[key] = time.monotonic()
-            return False
+            self._discarded[key] = time.monotonic()  # and so its parts still to land
+            prefix = f"{key}{parts.SEP}"
+            dropped = [k for k in self._entries if k.startswith(prefix) and parts.base_of(k) == key]
+            for k in dropped:
+                del self._entries[k]
+            return bool(dropped)
 
     def __len__(self) -> int:
         with self._lock:

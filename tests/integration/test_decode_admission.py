@@ -92,7 +92,7 @@ def test_reserve_dynamic_avoids_the_preemptions_greedy_makes(engine: Any) -> Non
 
 
 def test_swap_moves_the_victims_kv_out_and_back_with_the_tokens_of_recomputation(engine: Any) -> None:
-    from tetriserve.transport.kv_connector import counters
+    from tetriserve.transport.kv_counters import counters
 
     sched = engine.engine_core.engine_core.scheduler
     pre_r, done_r, recomputed = run(engine, "greedy", seed=1, mode="recompute")

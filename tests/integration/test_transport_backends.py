@@ -3,7 +3,9 @@ token for token and top logprob for top logprob, over tcp, ucx and nccl (gloo he
 covered by test_disaggregation.py and every other cluster.
 
 One cluster per backend, one after another (the backend is fixed when a worker opens its endpoint); the
-colocated reference is computed once, in the first, and reused.
+colocated reference is computed once, in the first, and reused. One prompt spans three prefill chunks, so its
+KV travels in three parts: over tcp with the baseline predictor, whose estimate is ready before the prefill ends,
+the handoff is pipelined (parts sent as they are computed); over nccl the pipeline is off (the parts go as one).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tetriserve.common.request import Request, SamplingSpec
 from tetriserve.transport.registry import backend_of
 
 PROMPTS = {f"kv-{i}": tuple(range(40 + 13 * i, 40 + 13 * i + 30 + 37 * i)) for i in range(4)}
+PROMPTS["kv-long"] = tuple(range(100, 100 + 700))  # three chunks of the tests' 256
 SAMPLING = SamplingSpec(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=3)
 LOGPROB_TOL = 1e-4  # as test_vllm_parity.py: float32 on both sides
 Outputs = dict[str, tuple[tuple[int, ...], tuple[Any, ...]]]
@@ -29,7 +32,11 @@ _reference: Outputs = {}
 @pytest.fixture(scope="module", params=["tcp", "ucx", "nccl"])
 def backend_cluster(request: pytest.FixtureRequest, model_path: str) -> Iterator[tuple[str, Any]]:
     kind = str(request.param)
-    overrides = {"namespace": f"tetriserve-test-{kind}", "transport": {"backend": kind}}
+    overrides: dict[str, Any] = {"namespace": f"tetriserve-test-{kind}", "transport": {"backend": kind}}
+    if kind == "tcp":
+        overrides["prefill.predictor"] = "baseline"  # its estimates are ready at once: pipelined handoffs
+    if kind == "nccl":
+        overrides["transport"]["pipeline"] = False
     with own_cluster(model_path, overrides) as handle:
         yield kind, handle
 
@@ -89,6 +96,12 @@ def test_serving_over_each_backend_matches_a_colocated_engine(
     served = _served(cluster, kind)
     after = _engine_stats(decode)
     assert after["kv"].requests_loaded == len(PROMPTS) and after["transport"].bytes_received > 0
+    handoffs = ray.get(next(iter(cluster.prefill.values())).stats.remote())["handoffs"]
+    assert sum(handoffs.values()) == len(PROMPTS)
+    if kind == "tcp":
+        assert handoffs["pipelined"] >= 1, handoffs
+    if kind == "nccl":
+        assert handoffs["pipelined"] == 0, handoffs
     reference = _colocated(cluster, model_path)
     for rid, (tokens, logprobs) in reference.items():
         got_tokens, got_logprobs = served[rid]

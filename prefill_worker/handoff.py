@@ -1,0 +1,139 @@
+"""The prefill worker's handoff to a decode worker (TetriInfer §3.3.3-§3.3.4): choose one with the dispatcher,
+send it the parked KV (whole, or part by part in a pipelined handoff: ``pipeline.py``), give it the request.
+
+A mixin of ``PrefillWorker`` (``worker.py``), whose state it uses: the decode workers' loads, addresses and
+handles from the ClusterMonitor's broadcast, the dispatcher, the KV sends in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from tetriserve.common import tracing
+from tetriserve.common.length import LengthEstimate
+from tetriserve.common.request import Request, RequestState
+from tetriserve.common.stream import FinishReason
+from tetriserve.prefill_worker import spans
+from tetriserve.prefill_worker.dispatch.base import account
+from tetriserve.prefill_worker.views import ReqView
+
+if TYPE_CHECKING:
+    from tetriserve.prefill_worker.worker import PrefillWorker
+
+    _Base = PrefillWorker
+else:
+    _Base = object
+
+
+class Handoff(_Base):
+    async def _refine(self, req: Request, decode: Any, refinement: asyncio.Future[LengthEstimate | None]) -> None:
+        """Give the decode worker ``req`` went to the prediction that was late for its handoff."""
+        estimate = await self.predictions.later(refinement)
+        if estimate is not None:
+            decode.refine.remote(req.request_id, req.attempt, estimate)
+
+    async def _hand_off(
+        self,
+        req: Request,
+        generated: tuple[int, ...],
+        view: ReqView,
+        subscriber: str,
+        chosen: tuple[str, str | None] | None = None,
+    ) -> Any:
+        """Send the parked KV to a decode worker and give it the request; returns that worker's handle, or None
+        where the request did not go on: a failure the request may get past elsewhere ends this attempt with a
+        ``retry`` error (the front door migrates it). ``chosen``: (decode worker, forwarding error) of a
+        pipelined handoff, whose KV has gone already."""
+        rid, key, index = req.request_id, req.kv_key, len(generated)
+        decode_id, error = chosen if chosen is not None else (await self._choose_decode(view), None)
+        tracing.annotate({"tetriserve.decode_worker": decode_id or "", "tetriserve.dispatch": self.dispatcher.name})
+        if decode_id is None:
+            error = "no decode worker is accepting requests"
+        elif chosen is None:
+            error = await self._forward_kv(key, decode_id)
+        if key in self._aborted:  # aborted after its first token, before the handoff
+            del self._aborted[key]
+            self.endpoint.discard(key)
+            self.publish(subscriber, req, (), FinishReason.ABORT, index=index)
+            return None
+        if error is None and decode_id is not None:
+            decode = self._decode_handles[decode_id]
+            try:
+                taken = await decode.take.remote(req, generated, view.estimate, subscriber)
+            except Exception as exc:  # the decode worker died between the broadcast and now
+                taken, error = False, f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
+                known = self.decode_loads.get(decode_id)
+                if _actor_died(exc) and known is not None:  # else it is marked already, or not ours to judge
+                    self._dead_decodes[decode_id] = known.incarnation
+            if taken:
+                self.handoffs["pipelined" if chosen is not None else "whole"] += 1
+                self.handed_on(rid, decode)
+                if key in self._aborted:  # aborted while the decode worker took it: abort it there
+                    del self._aborted[key]
+                    self.forward_abort(rid, req.attempt)
+                self.publish(subscriber, req, (), index=index, moved_to=decode_id)
+                self.event(rid, RequestState.DECODE_QUEUED, decode_id, moved_to=decode_id)
+                return decode
+            if error is None:  # alive but not accepting: its copy of the KV goes
+                error = f"decode worker {decode_id} refused the request"
+                decode.discard.remote(key)
+            self.decode_loads.pop(decode_id, None)  # until the next broadcast says otherwise
+        self.endpoint.discard(key)
+        self.publish(subscriber, req, (), FinishReason.ERROR, error, index=index, retry=True)
+        return None
+
+    async def _forward_kv(self, key: str, decode_id: str) -> str | None:
+        """Send the parked KV to the chosen decode worker; returns an error message or None. A send that fails
+        later is reported to that decode worker at once (``kv_failed``), so it does not wait out the deadline."""
+        buffers = await self.parked_kv(key, lambda: key in self._aborted)  # parked with the first token
+        if buffers is None:
+            return f"prefilled KV of {key} was not found on {self.worker_id}"
+        address = self.decode_addresses[decode_id]
+        self.sent_kv(key, self.endpoint.send(address, key, buffers, self.config.kv_transfer_timeout_s), decode_id)
+        return None
+
+    def sent_kv(self, key: str, handle: Any, decode_id: str) -> None:
+        """Watch a KV send (``key``: a request's, or one part of it) to ``decode_id`` until it completes."""
+        self._sends[key] = (handle, decode_id)
+        address = self.decode_addresses.get(decode_id, "")
+        spans.sending(self._send_spans, key, tracing.now_ns(), handle.nbytes, address, decode_id)
+
+    def decode_handle(self, decode_id: str) -> Any:
+        return self._decode_handles.get(decode_id)
+
+    @property
+    def aborted_keys(self) -> dict[str, None]:
+        """KV keys of the requests aborted after they left the engine (or while it still prefilled them)."""
+        return self._aborted
+
+    def pick_decode(self, view: ReqView) -> str | None:
+        """A decode worker for ``view`` now, if the dispatcher finds one (accounted for in the local view)."""
+        choice = self.dispatcher.choose(view, list(self.decode_loads.values()), self.rng)
+        if choice is None or choice not in self.decode_addresses:
+            return None
+        self._account(choice, view)
+        return choice
+
+    async def _choose_decode(self, view: ReqView) -> str | None:
+        """A decode worker for ``view``; while none serves (all restarting), wait up to ``placement_timeout_s``
+        with the KV parked here rather than give the request up."""
+        deadline = time.monotonic() + self.config.placement_timeout_s
+        while (choice := self.pick_decode(view)) is None:
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(self.config.report_interval_ms / 1000)
+        return choice
+
+    def _account(self, worker_id: str, view: ReqView) -> None:
+        """Update the local copy of the broadcast view so bursts between broadcasts do not herd."""
+        self.decode_loads[worker_id] = account(
+            self.decode_loads[worker_id], view, self.config.prefill.heavy_threshold_tokens
+        )
+
+
+def _actor_died(exc: BaseException) -> bool:
+    from ray.exceptions import ActorDiedError
+
+    return isinstance(exc, ActorDiedError)

@@ -1,0 +1,82 @@
+"""The pipelined handoff (issue #16; TetriInfer §3.3.4 moves the KV after the prefill, we overlap the two).
+
+    the prompt enters the engine; its prediction, once done (if before the prefill is) ─▶ the dispatcher
+              chooses the decode worker
+              prefill chunk 0 ─▶ part 0 parked ───────────▶ sent to it at once
+              prefill chunk 1 ─▶ part 1 parked ───────────▶ sent as soon as parked
+              last chunk, first token ─▶ last part ───────▶ sent; then decode.take(prompt + first token)
+
+The dispatcher needs the length prediction (TetriInfer's parallel mode computes
+it while the prompt prefills), so the decode worker can be chosen before the
+prefill ends only when the prediction is ready first: long prompts, a
+predictor with nothing queued. The choice waits for the prompt to enter the
+engine, so that it is made on loads no older than the prefill (not the queue
+wait before it). Then the KV of the chunks computed so far
+leaves at once and each later part as soon as the packer parks it, so at the
+first token only the last part is still to travel. When the prefill ends
+first, nothing was sent and the handoff goes as before (prediction or its
+instant fallback, then one send of the whole KV). Off with
+``transport.pipeline: false``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from tetriserve.common.length import LengthEstimate
+from tetriserve.prefill_worker.kv_sends import forward_parts
+
+if TYPE_CHECKING:
+    from tetriserve.prefill_worker.predictions import Ticket
+    from tetriserve.prefill_worker.views import ReqView
+    from tetriserve.prefill_worker.worker import PrefillWorker
+
+
+class EarlyHandoff:
+    """One request's chance at a pipelined handoff, started when it is submitted."""
+
+    def __init__(self, worker: PrefillWorker, key: str, view: ReqView, ticket: Ticket) -> None:
+        self._worker, self._key, self._view, self._ticket = worker, key, view, ticket
+        self.decode_id: str | None = None  # chosen before the prefill ended
+        self.estimate: LengthEstimate | None = None
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> str | None:
+        future = self._ticket.future
+        await asyncio.wait([future])
+        if future.cancelled() or (estimate := future.result()) is None:
+            return None
+        decode_id = self._worker.pick_decode(replace(self._view, estimate=estimate))
+        if decode_id is None:
+            return None
+        self.decode_id, self.estimate = decode_id, estimate
+        worker = self._worker
+        return await forward_parts(
+            worker.endpoint,
+            self._key,
+            worker.decode_addresses[decode_id],
+            worker.config.kv_transfer_timeout_s,
+            give_up=lambda: self._key in worker.aborted_keys,
+            on_send=lambda part, handle: worker.sent_kv(part, handle, decode_id),
+        )
+
+    async def outcome(self) -> tuple[str, str | None] | None:
+        """Once the prefill is done: (decode worker, error forwarding the KV or None) if one was chosen before
+        it ended, its KV forwarded to the last part; else None, and nothing was sent."""
+        if self.decode_id is None:
+            self._task.cancel()
+            return None
+        try:
+            return self.decode_id, await self._task
+        except asyncio.CancelledError:
+            return self.decode_id, "the KV's forwarding was cancelled"
+
+    def drop(self) -> None:
+        """The request goes no further: stop forwarding, and the chosen decode worker drops what it got."""
+        self._task.cancel()
+        if self.decode_id is not None:
+            handle: Any = self._worker.decode_handle(self.decode_id)
+            if handle is not None:
+                handle.discard.remote(self._key)
