@@ -87,6 +87,13 @@ SPECS: tuple[MetricSpec, ...] = (
         (*W, "predictor"),
     ),
     MetricSpec(
+        "kv_handoffs",
+        COUNTER,
+        "Requests a prefill worker handed to decode workers, by how their KV went: pipelined (each chunk's as it "
+        "was computed) or whole (after the prefill).",
+        (*W, "mode"),
+    ),
+    MetricSpec(
         "length_prediction_timing",
         COUNTER,
         "Handoffs with the prediction on time, late, or refined later.",
@@ -162,3 +169,4 @@ def _worker_series(w: WorkerStats) -> Iterator[Series]:
     for source, err in sorted(w.length_score.abs_error.items()):
         yield Series("length_prediction_abs_error_tokens", (*tags, ("predictor", source)), err)
     yield from (Series("length_prediction_timing", (*tags, ("timing", k)), v) for k, v in w.predictions.items())
+    yield from (Series("kv_handoffs", (*tags, ("mode", k)), v) for k, v in w.handoffs.items())

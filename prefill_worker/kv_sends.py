@@ -6,6 +6,7 @@ prompt's KV part by part while its later chunks compute (``forward_parts``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from tetriserve.transport.api import TransferState
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.05
+PART_POLL_S = 0.005  # a pipelined handoff's look for the next part while the prefill still runs
 
 
 async def watch_sends(
@@ -49,11 +51,14 @@ async def forward_parts(
     timeout_s: float,
     give_up: Callable[[], bool],
     on_send: Callable[[str, Any], None],
+    hurry: asyncio.Event,
 ) -> str | None:
     """Send ``key``'s KV to ``address`` part by part as the engine's packer parks them (``transport/parts.py``),
     up to and including the last part: the parts of the chunks computed so far at once, each later one as soon as
     it is parked. ``on_send(part key, handle)`` for each send; returns an error message, or None once the last
-    part is on its way."""
+    part is on its way. It looks for the next part every ``PART_POLL_S`` while the prefill runs (a chunk takes
+    longer than that) and every millisecond once ``hurry`` is set (the first token is out: the last part is
+    being packed)."""
     deadline = time.monotonic() + timeout_s
     index = 0
     while True:
@@ -73,4 +78,8 @@ async def forward_parts(
                 return why
             if time.monotonic() >= deadline:
                 return f"prefilled KV of {key} was not parked within {timeout_s:.0f} s"
-            await asyncio.sleep(0.001)
+            if hurry.is_set():
+                await asyncio.sleep(0.001)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(hurry.wait(), PART_POLL_S)

@@ -41,6 +41,8 @@ class EarlyHandoff:
         self._worker, self._key, self._view, self._ticket = worker, key, view, ticket
         self.decode_id: str | None = None  # chosen before the prefill ended
         self.estimate: LengthEstimate | None = None
+        self._prefilled = asyncio.Event()  # the first token is out: the last part is due any moment
+        self._dropped = False
         self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> str | None:
@@ -60,11 +62,13 @@ class EarlyHandoff:
             worker.config.kv_transfer_timeout_s,
             give_up=lambda: self._key in worker.aborted_keys,
             on_send=lambda part, handle: worker.sent_kv(part, handle, decode_id),
+            hurry=self._prefilled,
         )
 
     async def outcome(self) -> tuple[str, str | None] | None:
         """Once the prefill is done: (decode worker, error forwarding the KV or None) if one was chosen before
         it ended, its KV forwarded to the last part; else None, and nothing was sent."""
+        self._prefilled.set()
         if self.decode_id is None:
             self._task.cancel()
             return None
@@ -76,7 +80,8 @@ class EarlyHandoff:
     def drop(self) -> None:
         """The request goes no further: stop forwarding, and the chosen decode worker drops what it got."""
         self._task.cancel()
-        if self.decode_id is not None:
+        if self.decode_id is not None and not self._dropped:
+            self._dropped = True
             handle: Any = self._worker.decode_handle(self.decode_id)
             if handle is not None:
                 handle.discard.remote(self._key)

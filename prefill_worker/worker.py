@@ -226,8 +226,6 @@ class PrefillWorker(Handoff, EngineWorker):
                     out = await self._run_engine(req, replace(view, batch_seq=batch_seq), park=decodes)
                     spans.computed(computing, out.token_ids, out.finish_reason)
             except RequestAborted:
-                if early is not None:
-                    early.drop()
                 self.publish(subscriber, req, (), FinishReason.ABORT, index=done)
                 return
             tokens, lps = out.token_ids, out.logprobs
@@ -235,8 +233,6 @@ class PrefillWorker(Handoff, EngineWorker):
                 # finished at prefill (the GlobalScheduler feeds the outcome back through ``observe``)
                 self._aborted.pop(key, None)
                 self.endpoint.discard(key)
-                if early is not None:
-                    early.drop()
                 reason = FinishReason(out.finish_reason or FinishReason.LENGTH)
                 self.publish(subscriber, req, tokens, reason, out.error, index=done, logprobs=lps)
                 return
@@ -247,7 +243,10 @@ class PrefillWorker(Handoff, EngineWorker):
             wait_s = self.config.prefill.predictor_wait_ms / 1000 if chosen is None else 0.0
             estimate, refinement = await self.predictions.estimate(ticket, wait_s)  # chosen: the one it used
             spans.predicted(queued, estimate, late=refinement is not None)
+            early = None  # goes on to the handoff below (with the KV it sent, if it chose a decode worker)
         finally:
+            if early is not None:  # the request ends here (finished, aborted, failed): what it sent goes
+                early.drop()
             if ticket is not None and refinement is None:
                 self.predictions.withdraw(ticket)  # a no-op once estimated
         decode = await self._hand_off(req, (*req.resume, *tokens), replace(view, estimate=estimate), subscriber, chosen)
