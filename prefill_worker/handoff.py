@@ -56,6 +56,8 @@ class Handoff(_Base):
         if key in self._aborted:  # aborted after its first token, before the handoff
             del self._aborted[key]
             self.endpoint.discard(key)
+            if chosen is not None and decode_id is not None:  # parts of its KV went there already
+                self._decode_handles[decode_id].discard.remote(key)
             self.publish(subscriber, req, (), FinishReason.ABORT, index=index)
             return None
         if error is None and decode_id is not None:
@@ -79,6 +81,8 @@ class Handoff(_Base):
             if error is None:  # alive but not accepting: its copy of the KV goes
                 error = f"decode worker {decode_id} refused the request"
                 decode.discard.remote(key)
+        elif chosen is not None and decode_id is not None:  # a pipelined send broke off: the parts there go
+            self._decode_handles[decode_id].discard.remote(key)
             self.decode_loads.pop(decode_id, None)  # until the next broadcast says otherwise
         self.endpoint.discard(key)
         self.publish(subscriber, req, (), FinishReason.ERROR, error, index=index, retry=True)

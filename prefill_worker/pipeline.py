@@ -25,7 +25,6 @@ import asyncio
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from tetriserve.common.length import LengthEstimate
 from tetriserve.prefill_worker.kv_sends import forward_parts
 
 if TYPE_CHECKING:
@@ -35,12 +34,11 @@ if TYPE_CHECKING:
 
 
 class EarlyHandoff:
-    """One request's chance at a pipelined handoff, started when it is submitted."""
+    """One request's chance at a pipelined handoff, started when its prompt enters the engine."""
 
     def __init__(self, worker: PrefillWorker, key: str, view: ReqView, ticket: Ticket) -> None:
         self._worker, self._key, self._view, self._ticket = worker, key, view, ticket
         self.decode_id: str | None = None  # chosen before the prefill ended
-        self.estimate: LengthEstimate | None = None
         self._prefilled = asyncio.Event()  # the first token is out: the last part is due any moment
         self._dropped = False
         self._task = asyncio.create_task(self._run())
@@ -53,7 +51,7 @@ class EarlyHandoff:
         decode_id = self._worker.pick_decode(replace(self._view, estimate=estimate))
         if decode_id is None:
             return None
-        self.decode_id, self.estimate = decode_id, estimate
+        self.decode_id = decode_id
         worker = self._worker
         return await forward_parts(
             worker.endpoint,
@@ -72,10 +70,7 @@ class EarlyHandoff:
         if self.decode_id is None:
             self._task.cancel()
             return None
-        try:
-            return self.decode_id, await self._task
-        except asyncio.CancelledError:
-            return self.decode_id, "the KV's forwarding was cancelled"
+        return self.decode_id, await self._task
 
     def drop(self) -> None:
         """The request goes no further: stop forwarding, and the chosen decode worker drops what it got."""

@@ -106,6 +106,11 @@ def split_parts(buffers: Sequence[Received]) -> list[tuple[dict, Sequence[Receiv
     return out
 
 
+def payload_bytes(buffers: Sequence[Received]) -> int:
+    """The KV bytes in ``buffers`` (every part's layer buffers, not their headers)."""
+    return sum(len(b) for _, layer_bufs in split_parts(buffers) for b in layer_bufs)
+
+
 def unpack_into(
     layers: Mapping[str, torch.Tensor], dim: int, block_ids: Sequence[int], buffers: Sequence[Received]
 ) -> int:

@@ -273,7 +273,7 @@ class TetriKVConnector(KVConnectorBase_V1):
             self._dim,
             self._block_size,
             self._transport,
-            on_packed=lambda nbytes: _bump(bytes_packed=nbytes, requests_packed=1),
+            on_packed=lambda key, nbytes: _bump(bytes_packed=nbytes, requests_packed=int(parts.is_last(key))),
         )
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
@@ -324,8 +324,9 @@ class TetriKVConnector(KVConnectorBase_V1):
                 logger.error("kv load for %s rejected: %s", req_id, exc)
                 self._fail_load(spec)
                 continue
-            _bump(bytes_loaded=sum(len(b) for b in buffers[1:]), requests_loaded=1, tokens_loaded=tokens)
-            _trace_load(spec, deadline - self._deadline_s, self._transport, sum(len(b) for b in buffers[1:]), tokens)
+            nbytes = kv_codec.payload_bytes(buffers)
+            _bump(bytes_loaded=nbytes, requests_loaded=1, tokens_loaded=tokens)
+            _trace_load(spec, deadline - self._deadline_s, self._transport, nbytes, tokens)
         set_pending_loads(len(self._loading))
 
     def _fail_load(self, spec: LoadSpec) -> None:

@@ -52,10 +52,10 @@ class KVPacker:
         dim: int,
         block_size: int,
         transport: Any,
-        on_packed: Callable[[int], None] = lambda nbytes: None,
+        on_packed: Callable[[str, int], None] = lambda key, nbytes: None,
     ) -> None:
-        """``layers``/``dim``: the engine's KV caches and their block dimension; ``on_packed(nbytes)``: counted
-        on the packer thread after each pack is parked."""
+        """``layers``/``dim``: the engine's KV caches and their block dimension; ``on_packed(key, nbytes)``:
+        called on the packer thread after each pack is parked."""
         self._layers, self._dim, self._block_size = layers, dim, block_size
         self._transport = transport
         self._on_packed = on_packed
@@ -115,7 +115,7 @@ class KVPacker:
                 logger.exception("kv pack of %s failed", spec.key)
                 self._transport.fail(spec.key, f"packing its KV failed: {type(exc).__name__}: {exc}")
             else:
-                self._on_packed(nbytes)
+                self._on_packed(spec.key, nbytes)
             finally:
                 with self._lock:
                     self._pending[spec.req_id] -= 1

@@ -28,6 +28,12 @@ def split(key: str) -> tuple[str, int, bool] | None:
     return (base, int(digits), last) if digits.isdigit() else None
 
 
+def is_last(key: str) -> bool:
+    """Whether ``key`` is a last part's, or a key parked whole."""
+    parsed = split(key)
+    return parsed is None or parsed[2]
+
+
 def base_of(key: str) -> str:
     parsed = split(key)
     return key if parsed is None else parsed[0]

@@ -33,7 +33,7 @@ class GatedTransport(InProcTransport):
 
 def _packer(transport: Any, packed: list[int] | None = None) -> tuple[KVPacker, dict[str, torch.Tensor]]:
     layers = cpu_layout(12, torch.float32)
-    on_packed = packed.append if packed is not None else lambda nbytes: None
+    on_packed = (lambda key, nbytes: packed.append(nbytes)) if packed is not None else (lambda key, nbytes: None)
     return KVPacker(layers, 0, BLOCK, transport, on_packed=on_packed), layers
 
 

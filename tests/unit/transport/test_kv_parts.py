@@ -8,7 +8,7 @@ import torch
 
 from tests.unit.test_kv_codec import BLOCK, _assert_blocks_moved, _wire, cpu_layout
 from tetriserve.transport import parts
-from tetriserve.transport.kv_codec import pack, unpack_into
+from tetriserve.transport.kv_codec import pack, payload_bytes, unpack_into
 from tetriserve.transport.store import ReceiveStore
 
 
@@ -28,6 +28,7 @@ def test_a_producer_parks_the_blocks_each_chunk_filled_and_the_rest_last() -> No
     # all at once (a slice move, a short prompt): one last part
     assert parts.next_part("k", 10, 0, 0, 10, BLOCK) == ("k#part0.last", 0, 3, 10)
     assert parts.split("req@2#part3.last") == ("req@2", 3, True) and parts.split("req@2") is None
+    assert parts.is_last("k#part1.last") and parts.is_last("k") and not parts.is_last("k#part0")
 
 
 def test_the_store_answers_for_the_key_once_every_part_has_landed() -> None:
@@ -67,6 +68,7 @@ def test_parts_unpack_into_the_blocks_of_the_whole() -> None:
     rest = pack(src, 0, src_ids[2:], 1, BLOCK)  # the last part: the partial third block
     dst = cpu_layout(12, torch.float32, fill="zeros")
     assert unpack_into(dst, 0, dst_ids, _wire(first.buffers) + _wire(rest.buffers)) == tokens
+    assert payload_bytes(first.buffers + rest.buffers) == first.nbytes + rest.nbytes  # headers not counted
     _assert_blocks_moved(src, dst, 0, src_ids, dst_ids)
 
 
