@@ -93,11 +93,9 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class LoadSpec:
-    req_id: str
-    key: str
-    block_ids: tuple[int, ...]
-    num_tokens: int
+class LoadSpec(SaveSpec):
+    """KV to copy into a request's blocks: a save's fields, read the other way."""
+
     landed: bool = False  # a synchronous load: the KV is here, copy it in before this step's forward pass
 
 

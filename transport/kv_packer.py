@@ -96,11 +96,6 @@ class KVPacker:
         with self._idle:
             self._idle.wait_for(lambda: all(self._pending.get(r, 0) <= 0 for r in req_ids), timeout_s)
 
-    def busy(self) -> bool:
-        """Whether a pack is queued or running."""
-        with self._lock:
-            return any(n > 0 for n in self._pending.values())
-
     def close(self, timeout_s: float = 10.0) -> None:
         """Finish the packs queued, then stop the thread."""
         self._queue.put(None)

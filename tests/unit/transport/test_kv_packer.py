@@ -68,15 +68,14 @@ def test_blocks_free_once_packed_and_finished_whichever_comes_last() -> None:
         # finished by vLLM first, packed later: reported only after the pack
         transport.gate.clear()
         packer.submit(SaveSpec("early", "k-early", tuple(SRC_IDS), NUM_TOKENS))
-        assert packer.busy()
         assert packer.finished_sending({"early", "never-saved"}) is None
         transport.gate.set()
-        _until(lambda: not packer.busy())
+        packer.wait_for(["early"])
         assert packer.finished_sending(set()) == {"early"}
         assert packer.finished_sending(set()) is None  # once only
         # packed first, finished later (a slice move's request runs on after its save)
         packer.submit(SaveSpec("late", "k-late", tuple(SRC_IDS), NUM_TOKENS))
-        _until(lambda: not packer.busy())
+        packer.wait_for(["late"])
         assert packer.finished_sending(set()) is None
         assert packer.finished_sending({"late"}) == {"late"}
         # a request that never had a pack is not vLLM's to free through us
@@ -96,7 +95,7 @@ def test_two_packs_of_one_request_both_done_before_its_blocks_free() -> None:
         time.sleep(0.05)
         assert packer.finished_sending({"r"}) is None
         transport.gate.set()
-        _until(lambda: not packer.busy())
+        packer.wait_for(["r"])
         assert packer.finished_sending(set()) == {"r"}
     finally:
         packer.close()
@@ -108,7 +107,7 @@ def test_a_failed_pack_marks_its_key_failed_and_still_frees_the_blocks() -> None
     packer, _ = _packer(transport)
     try:
         packer.submit(SaveSpec("bad", "k-bad", (1,), NUM_TOKENS))  # 9 tokens need 3 blocks, it names one
-        _until(lambda: not packer.busy())
+        packer.wait_for(["bad"])
         assert "packing its KV failed" in (transport.failed("k-bad") or "")
         assert not transport.landed("k-bad")
         assert packer.finished_sending({"bad"}) == {"bad"}
