@@ -62,24 +62,31 @@ async def forward_parts(
     deadline = time.monotonic() + timeout_s
     index = 0
     while True:
-        for last in (False, True):
-            part = parts.part_key(key, index, last)
-            buffers = endpoint.recv(part)
-            if buffers is not None:
-                on_send(part, endpoint.send(address, part, buffers, timeout_s))
-                if last:
-                    return None
-                index += 1
-                break
+        found = _take_part(endpoint, key, index)
+        if found is not None:
+            part, buffers = found
+            on_send(part, endpoint.send(address, part, buffers, timeout_s))
+            if parts.is_last(part):
+                return None
+            index += 1
+            continue
+        if give_up():
+            return f"request of {key} was aborted"
+        if (why := endpoint.failed(key)) is not None:
+            return why
+        if time.monotonic() >= deadline:
+            return f"prefilled KV of {key} was not parked within {timeout_s:.0f} s"
+        if hurry.is_set():
+            await asyncio.sleep(0.001)
         else:
-            if give_up():
-                return f"request of {key} was aborted"
-            if (why := endpoint.failed(key)) is not None:
-                return why
-            if time.monotonic() >= deadline:
-                return f"prefilled KV of {key} was not parked within {timeout_s:.0f} s"
-            if hurry.is_set():
-                await asyncio.sleep(0.001)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(hurry.wait(), PART_POLL_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(hurry.wait(), PART_POLL_S)
+
+
+def _take_part(endpoint: Any, key: str, index: int) -> tuple[str, Any] | None:
+    """Part ``index`` of ``key`` (its key and buffers), last or not, if the packer has parked it."""
+    for last in (False, True):
+        part = parts.part_key(key, index, last)
+        if (buffers := endpoint.recv(part)) is not None:
+            return part, buffers
+    return None

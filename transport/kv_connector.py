@@ -238,7 +238,7 @@ class TetriKVConnector(KVConnectorBase_V1):
             return None
         key, start, end, tokens = part
         prod.saved_blocks, prod.part = end, prod.part + 1
-        if computed >= prod.num_tokens:
+        if parts.is_last(key):
             del self._producers[req_id]
         return SaveSpec(req_id, key, tuple(prod.block_ids[start:end]), tokens)
 

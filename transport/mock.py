@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from tetriserve.transport import kv_codec
 from tetriserve.transport.api import Buffer, TransferHandle
 from tetriserve.transport.tcp import TcpTransport
 
@@ -41,15 +42,14 @@ class MockTransport(TcpTransport):
 
 
 def _header_positions(buffers: Sequence[Buffer]) -> set[int]:
-    """Where the KV codec's headers sit among ``buffers``: each part's first buffer (``transport/parts.py``)."""
+    """Where the KV codec's headers sit among ``buffers``: each part's first buffer (``transport/parts.py``);
+    only the first where ``buffers`` are not the codec's."""
+    try:
+        pieces = kv_codec.split_parts(buffers)
+    except (ValueError, KeyError, TypeError):
+        return {0}
     out, at = set(), 0
-    while at < len(buffers):
-        out.add(at)  # the first buffer always travels
-        try:
-            n = len(json.loads(bytes(buffers[at]))["layers"])
-        except (ValueError, KeyError, TypeError):
-            break  # not the codec's: the rest is data
-        if n == 0:
-            break
-        at += 1 + n
+    for _, layer_bufs in pieces:
+        out.add(at)
+        at += 1 + len(layer_bufs)
     return out

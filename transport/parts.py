@@ -10,6 +10,8 @@ after another (``kv_codec.unpack_into`` reads them in order), so a receiver neve
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 SEP = "#part"
 LAST = ".last"
 
@@ -39,7 +41,7 @@ def base_of(key: str) -> str:
     return key if parsed is None else parsed[0]
 
 
-def complete(key: str, present: list[str]) -> list[str] | None:
+def complete(key: str, present: Iterable[str]) -> list[str] | None:
     """The keys of ``key``'s parts in order, if ``present`` holds its last part and every part before it."""
     found: dict[int, str] = {}
     last = None

@@ -33,6 +33,7 @@ class ReceiveStore:
         self._ttl_s = ttl_s
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
+        self._parts: dict[str, set[str]] = {}  # key -> the keys of its parts here (``parts.py``)
         self._discarded: dict[str, float] = {}
         self._failed: dict[str, tuple[float, str]] = {}
         self.bytes_received = 0
@@ -48,6 +49,8 @@ class ReceiveStore:
                 return False
             self._failed.pop(key, None)
             self._entries[key] = _Entry(buffers, time.monotonic(), expires)
+            if (base := parts.base_of(key)) != key:
+                self._parts.setdefault(base, set()).add(key)
             if landed:
                 self.bytes_received += sum(len(b) for b in buffers)
                 self.transfers_received += 1
@@ -56,17 +59,18 @@ class ReceiveStore:
     def take(self, key: str) -> list[Any] | None:
         with self._lock:
             self._expire_locked()
-            entry = self._entries.pop(key, None)
+            entry = self._pop_locked(key)
             if entry is not None:
                 return entry.buffers
-            whole = parts.complete(key, list(self._entries))
+            whole = parts.complete(key, self._parts.get(key, ()))
             if whole is None:
                 return None
-            return [buf for k in whole for buf in self._entries.pop(k).buffers]
+            taken = [self._pop_locked(k) for k in whole]
+            return [buf for e in taken if e is not None for buf in e.buffers]
 
     def has(self, key: str) -> bool:
         with self._lock:
-            return key in self._entries or parts.complete(key, list(self._entries)) is not None
+            return key in self._entries or parts.complete(key, self._parts.get(key, ())) is not None
 
     def fail(self, key: str, reason: str) -> None:
         with self._lock:
@@ -83,13 +87,12 @@ class ReceiveStore:
         with self._lock:
             self._expire_locked()
             self._failed.pop(key, None)
-            if self._entries.pop(key, None) is not None:
+            if self._pop_locked(key) is not None:
                 return True
             self._discarded[key] = time.monotonic()  # and so its parts still to land
-            prefix = f"{key}{parts.SEP}"
-            dropped = [k for k in self._entries if k.startswith(prefix) and parts.base_of(k) == key]
+            dropped = list(self._parts.get(key, ()))
             for k in dropped:
-                del self._entries[k]
+                self._pop_locked(k)
             return bool(dropped)
 
     def __len__(self) -> int:
@@ -97,10 +100,20 @@ class ReceiveStore:
             self._expire_locked()
             return len(self._entries)
 
+    def _pop_locked(self, key: str) -> _Entry | None:
+        entry = self._entries.pop(key, None)
+        base = parts.base_of(key)
+        if entry is not None and base != key:
+            group = self._parts[base]
+            group.discard(key)
+            if not group:
+                del self._parts[base]
+        return entry
+
     def _expire_locked(self) -> None:
         now = time.monotonic()
         for key in [k for k, e in self._entries.items() if e.expires and now - e.landed > self._ttl_s]:
-            del self._entries[key]
+            self._pop_locked(key)
             self.expired += 1
         for key in [k for k, t in self._discarded.items() if now - t > self._ttl_s]:
             del self._discarded[key]
