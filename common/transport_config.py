@@ -47,6 +47,16 @@ class TransportConfig(BaseModel):
             "false: the whole KV is sent once the prefill is done."
         ),
     )
+    sync_load_mib: float = Field(
+        4.0,
+        ge=0,
+        description=(
+            "A decode engine copies KV that has already landed when it first schedules the request into the "
+            "request's blocks inside that step when it is at most this many MiB: the request's first token then "
+            "comes a step sooner. Bigger KV, and KV that lands later, is copied on the engine's packer thread, "
+            "so that no step of the other requests waits for the copy. 0: always on the packer thread."
+        ),
+    )
     lease_s: float = Field(
         300.0,
         gt=0,

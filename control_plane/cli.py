@@ -72,6 +72,7 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--emulate-gbps": ("transport.emulate.gbps", float, "shape KV sends to a link of this many Gb/s"),
     "--emulate-latency-us": ("transport.emulate.latency_us", float, "... with this one-way latency, µs"),
     "--kv-lease": ("transport.lease_s", float, "seconds parked KV (sent or landed, not taken) is kept (300)"),
+    "--kv-sync-load-mib": ("transport.sync_load_mib", float, "landed KV up to this is copied in the step (4)"),
     "--kv-load-failure-policy": ("kv_load_failure_policy", str, "recompute | fail: a decode engine's lost KV transfer"),
     "--flip-policy": ("flip.policy", str, "off | tetriinfer | slo: workers change role by themselves"),
     "--flip-interval": ("flip.interval_s", float, "tetriinfer: seconds a worker stays idle before it flips"),

@@ -62,6 +62,7 @@ def build_engine_args(
     endpoint: str = "default",
     transport: str = "tcp",
     kv_deadline_s: float = 30.0,
+    sync_load_bytes: int | None = None,
     scheduler_cls: str | None = None,
     kv_load_failure_policy: Literal["recompute", "fail"] = "recompute",
 ) -> EngineArgs:
@@ -74,13 +75,16 @@ def build_engine_args(
     from vllm.config import KVTransferConfig
 
     kv_config = None
+    connector_extra: dict[str, Any] = {"endpoint": endpoint, "backend": transport, "deadline_s": kv_deadline_s}
+    if sync_load_bytes is not None:  # the connector's own default otherwise
+        connector_extra["sync_load_bytes"] = sync_load_bytes
     if role is not EngineRole.COLOCATED:
         kv_config = KVTransferConfig(
             kv_connector=CONNECTOR_CLASS,
             kv_connector_module_path=CONNECTOR_MODULE,
             kv_role="kv_both",
             kv_load_failure_policy=kv_load_failure_policy,
-            kv_connector_extra_config={"endpoint": endpoint, "backend": transport, "deadline_s": kv_deadline_s},
+            kv_connector_extra_config=connector_extra,
         )
     extra: dict[str, Any] = {}
     if role is not EngineRole.COLOCATED:  # tokens handed in as prompt may be output: penalties count them

@@ -287,6 +287,7 @@ def build_worker_engine(config: ClusterConfig, model_path: str, worker_id: str) 
         endpoint=worker_id,
         transport=config.transport.backend,
         kv_deadline_s=config.kv_transfer_timeout_s,
+        sync_load_bytes=int(config.transport.sync_load_mib * (1 << 20)),
         kv_load_failure_policy=config.kv_load_failure_policy,
     )
     return EngineLoop(

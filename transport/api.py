@@ -96,6 +96,10 @@ class Transport(Protocol):
         """Whether every byte of ``key`` is here (``recv`` would return it), without taking it."""
         ...
 
+    def landed_bytes(self, key: str) -> int | None:
+        """How many bytes ``recv(key)`` would return, without taking them; None unless all are here."""
+        ...
+
     def hold(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
         """Deposit ``buffers`` under ``key`` in this endpoint's own landing area, as if they had arrived.
 

@@ -90,6 +90,9 @@ class EmulatedLink:
     def landed(self, key: str) -> bool:
         return bool(self.inner.landed(key))
 
+    def landed_bytes(self, key: str) -> int | None:
+        return self.inner.landed_bytes(key)  # type: ignore[no-any-return]
+
     def hold(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
         self.inner.hold(key, buffers, expires)
 

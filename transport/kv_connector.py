@@ -18,15 +18,20 @@ Lifecycle (request-level transfer, as in the paper)::
            recv(k), send(dst, k)  ───────────TCP───────────▶  ReceiveStore[k]
                                                      sched: get_num_new_matched_tokens = (L, async)
                                                             request waits in WAITING_FOR_REMOTE_KVS
-                                                     worker.start_load_kv polls recv(k) every step,
-                                                            copies blocks in, reports finished_recving
+                                                     worker.start_load_kv polls recv(k) every step;
+                                                            once landed the packer thread copies the
+                                                            blocks in, off the step; get_finished then
+                                                            reports finished_recving
                                                      sched: request runs; only token L+1 is computed
 
 When the KV has already landed as the decode engine first schedules the request
 (the usual case: the bytes travel while the prefill worker's ``submit`` call
-does), the load is synchronous instead: ``get_num_new_matched_tokens`` returns
-(L, False), the worker copies the blocks in before that very step's forward
-pass, and token L+1 comes out of the request's first step, not its second.
+does) and is at most ``sync_load_bytes`` (the config's ``transport.sync_load_mib``),
+the load is synchronous instead: ``get_num_new_matched_tokens`` returns (L,
+False), the worker copies the blocks in before that very step's forward pass,
+and token L+1 comes out of the request's first step, not its second. A bigger
+load goes to the packer thread even when landed, so that no step of the other
+requests waits for its copy.
 
 A prompt's KV is parked in parts (``parts.py``), one per step of its chunked
 prefill: each covers the blocks that step filled, the last one the rest, so the
@@ -62,7 +67,6 @@ worker's endpoint, which loads it through ``recv`` as it would a prefill's.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -73,11 +77,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from tetriserve.common import tracing
 from tetriserve.transport import endpoints, kv_codec, parts
 from tetriserve.transport.instructions import KVInstruction, KVMode, instruction_of
 from tetriserve.transport.kv_counters import bump as _bump
-from tetriserve.transport.kv_counters import set_pending_loads
+from tetriserve.transport.kv_loads import KVLoads, LoadSpec
 from tetriserve.transport.kv_packer import KVPacker, SaveSpec
 
 if TYPE_CHECKING:
@@ -91,12 +94,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class LoadSpec(SaveSpec):
-    """KV to copy into a request's blocks: a save's fields, read the other way."""
-
-    landed: bool = False  # a synchronous load: the KV is here, copy it in before this step's forward pass
+SYNC_LOAD_BYTES = 4 << 20  # landed KV up to this size is copied in within the step (transport.sync_load_mib)
 
 
 @dataclass
@@ -128,6 +126,7 @@ class TetriKVConnector(KVConnectorBase_V1):
         self._block_size = vllm_config.cache_config.block_size
         self._deadline_s = float(extra.get("deadline_s", 30.0))
         self._endpoint = str(extra.get("endpoint", "default"))
+        self._sync_load_bytes = int(extra.get("sync_load_bytes", SYNC_LOAD_BYTES))
         # scheduler side
         self._landed: set[str] = set()  # requests whose load get_num_new_matched_tokens said is synchronous
         self._producers: dict[str, _Producer] = {}
@@ -140,10 +139,8 @@ class TetriKVConnector(KVConnectorBase_V1):
         # worker side
         self._layers: dict[str, torch.Tensor] = {}
         self._dim = 0
-        self._loading: dict[str, tuple[LoadSpec, float]] = {}
-        self._finished_recving: set[str] = set()
-        self._error_blocks: set[int] = set()
         self._packer: KVPacker | None = None
+        self._loads: KVLoads | None = None
         self._transport = None
         if role == KVConnectorRole.WORKER:
             self._transport = endpoints.get_or_create(
@@ -158,10 +155,11 @@ class TetriKVConnector(KVConnectorBase_V1):
         remaining = kv.num_tokens - num_computed_tokens
         if remaining <= 0:
             return 0, False
-        # the worker half shares this process's endpoint (in-process engine): a load whose bytes are all here
-        # can be synchronous, as long as one token is left for the step to compute
+        # the worker half shares this process's endpoint (in-process engine): a small load whose bytes are all
+        # here can be synchronous, as long as one token is left for the step to compute
         endpoint = endpoints.get(self._endpoint)
-        if kv.num_tokens < request.num_tokens and endpoint is not None and endpoint.landed(kv.key):
+        size = endpoint.landed_bytes(kv.key) if endpoint is not None else None
+        if kv.num_tokens < request.num_tokens and size is not None and size <= self._sync_load_bytes:
             self._landed.add(request.request_id)
             return remaining, False
         self._landed.discard(request.request_id)
@@ -273,6 +271,7 @@ class TetriKVConnector(KVConnectorBase_V1):
             self._transport,
             on_packed=lambda key, nbytes: _bump(bytes_packed=nbytes, requests_packed=int(parts.is_last(key))),
         )
+        self._loads = KVLoads(self._transport, self._packer, self._layers, self._dim, self._deadline_s)
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         """Swap-outs, before the step touches any block: the model runner zeroes blocks it hands out anew,
@@ -289,47 +288,8 @@ class TetriKVConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, TetriKVMetadata)
-        assert self._transport is not None
-        for spec in meta.loads:
-            self._loading[spec.req_id] = (spec, time.monotonic() + self._deadline_s)
-        for req_id, key in meta.cancelled:
-            loading = self._loading.pop(req_id, None)
-            if loading is not None and not loading[0].landed:
-                # vLLM holds an aborted request's blocks while its load is pending: report the load over
-                # so they free now, not never (the bytes, should they still land, are dropped on landing)
-                self._finished_recving.add(req_id)
-            if loading is not None or key:
-                self._transport.discard(key)
-        now = time.monotonic()
-        for req_id, (spec, deadline) in list(self._loading.items()):
-            buffers = self._transport.recv(spec.key)
-            broke = self._transport.failed(spec.key) if buffers is None else None
-            if buffers is None and now < deadline and not spec.landed and broke is None:
-                continue
-            del self._loading[req_id]
-            if not spec.landed:  # vLLM hears of synchronous loads through load errors only
-                self._finished_recving.add(req_id)
-            if buffers is None:
-                why = broke or ("gone" if spec.landed else "missed its deadline")
-                logger.error("kv load for %s: %s", req_id, why)
-                self._transport.discard(spec.key)  # a late arrival is dropped on landing
-                self._fail_load(spec)
-                _trace_load(spec, deadline - self._deadline_s, self._transport, 0, 0, why)
-                continue
-            try:
-                tokens = kv_codec.unpack_into(self._layers, self._dim, spec.block_ids, buffers)
-            except ValueError as exc:
-                logger.error("kv load for %s rejected: %s", req_id, exc)
-                self._fail_load(spec)
-                continue
-            nbytes = kv_codec.payload_bytes(buffers)
-            _bump(bytes_loaded=nbytes, requests_loaded=1, tokens_loaded=tokens)
-            _trace_load(spec, deadline - self._deadline_s, self._transport, nbytes, tokens)
-        set_pending_loads(len(self._loading))
-
-    def _fail_load(self, spec: LoadSpec) -> None:
-        self._error_blocks.update(spec.block_ids)
-        _bump(load_failures=1)
+        assert self._loads is not None
+        self._loads.start(meta.loads, meta.cancelled)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -348,35 +308,13 @@ class TetriKVConnector(KVConnectorBase_V1):
             self._packer.submit(spec)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        done, self._finished_recving = self._finished_recving, set()
+        recving = self._loads.finished() if self._loads is not None else None
         sent = self._packer.finished_sending(finished_req_ids) if self._packer is not None else None
-        return sent, (done or None)
+        return sent, recving
 
     def shutdown(self) -> None:
         if self._packer is not None:
             self._packer.close()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        errors, self._error_blocks = self._error_blocks, set()
-        return errors
-
-
-def _trace_load(
-    spec: LoadSpec, since: float, transport: Any, nbytes: int, tokens: int, error: str | None = None
-) -> None:
-    """The ``tetriserve.kv.load`` span of a load (engine thread): from the step that asked for it (``since``,
-    monotonic) until its blocks are in, under the decode worker's span of its request (``tracing.link_key``)."""
-    parent = tracing.key_parent(spec.key)
-    if parent is None:  # tracing off, a swap-in, or a request nobody traces
-        return
-    from tetriserve.transport.registry import backend_of
-
-    attributes = {
-        "tetriserve.kv.key": spec.key,
-        "tetriserve.kv.bytes": nbytes,
-        "tetriserve.kv.tokens": tokens,
-        "tetriserve.kv.backend": backend_of(transport.address),
-        "tetriserve.kv.synchronous": spec.landed,
-    }
-    started = tracing.now_ns() - int((time.monotonic() - since) * 1e9)
-    tracing.record("tetriserve.kv.load", parent, started, attributes, error)
+        return self._loads.errors() if self._loads is not None else set()

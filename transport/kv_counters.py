@@ -25,6 +25,7 @@ class KVCounters:
     bytes_loaded: int = 0
     requests_loaded: int = 0
     tokens_loaded: int = 0
+    requests_loaded_off_step: int = 0  # of requests_loaded, those copied in on the packer thread (``kv_loads.py``)
     load_failures: int = 0
     pending_loads: int = 0
 

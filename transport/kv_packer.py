@@ -1,8 +1,12 @@
-"""Packing parked KV out of an engine's blocks, off the engine step (issue #16).
+"""Packing KV out of an engine's blocks and unpacking it into them, off the engine step (issue #16).
 
     engine thread (in the step that computes the KV)        packer thread
     submit(SaveSpec) ─────────── queue ──────────────────▶  kv_codec.pack(blocks) → transport.hold(key)
     finished_sending(ids vLLM has finished) ◀─ done ─────── (or transport.fail(key) if the pack failed)
+
+    engine thread (a step that finds a load's KV landed)
+    submit_load(spec, buffers) ─ same queue ─────────────▶  kv_codec.unpack_into(blocks)
+    unpacked() (in get_finished) ◀──────── Unpacked ─────── tokens restored, or why not
 
 The step that computes the last of a parked request's tokens only queues its
 pack; a thread copies the blocks out and parks them in the endpoint. vLLM
@@ -18,6 +22,13 @@ packer's own stream waits for it, so the copy starts once the forward pass that
 wrote the KV has, and never waits for the steps after it. A pack that fails marks
 its key failed in the endpoint (``transport.fail``): whoever waits for the parked
 KV learns it at once instead of at the transfer deadline.
+
+A load runs the other way on the same thread: the connector hands over the
+buffers that landed for a request waiting in vLLM's WAITING_FOR_REMOTE_KVS, the
+thread copies them into the request's blocks (which no step reads or writes
+until vLLM hears the load is over), and the next ``unpacked()`` reports it, so
+vLLM schedules the request only once its KV is in. On a CUDA cache the copy runs
+on the packer's stream, which it waits for before reporting.
 """
 
 from __future__ import annotations
@@ -45,6 +56,30 @@ class SaveSpec:
     num_tokens: int
 
 
+@dataclass(frozen=True)
+class Unpacked:
+    """A load the packer thread is done with: ``tokens`` restored into ``spec``'s blocks, or ``error``."""
+
+    spec: SaveSpec  # the connector's LoadSpec
+    since: float  # monotonic: when the load was asked for (its trace span starts there)
+    tokens: int = 0
+    nbytes: int = 0  # KV bytes copied in (headers not counted)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class _Pack:
+    spec: SaveSpec
+    ready: Any  # a CUDA event the copy waits for (None on CPU)
+
+
+@dataclass(frozen=True)
+class _Unpack:
+    spec: SaveSpec
+    buffers: Sequence[Any]
+    since: float
+
+
 class KVPacker:
     def __init__(
         self,
@@ -59,11 +94,13 @@ class KVPacker:
         self._layers, self._dim, self._block_size = layers, dim, block_size
         self._transport = transport
         self._on_packed = on_packed
-        self._queue: queue.Queue[tuple[SaveSpec, Any] | None] = queue.Queue()
+        self._queue: queue.Queue[_Pack | _Unpack | None] = queue.Queue()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified whenever a pack is done
         self._pending: Counter[str] = Counter()  # request id -> packs submitted and not done
         self._finished: set[str] = set()  # requests vLLM has finished whose blocks wait for packs
+        self._unpacking: set[str] = set()  # requests whose load is queued or running
+        self._unpacked: list[Unpacked] = []  # loads done since the last ``unpacked()``
         cuda = next(iter(layers.values())).device.type == "cuda" if layers else False
         self._stream = torch.cuda.Stream(next(iter(layers.values())).device) if cuda else None
         self._thread = threading.Thread(target=self._run, name="kv-packer", daemon=True)
@@ -77,7 +114,25 @@ class KVPacker:
             ready.record()  # on the engine's current stream, after this step's forward pass
         with self._lock:
             self._pending[spec.req_id] += 1
-        self._queue.put((spec, ready))
+        self._queue.put(_Pack(spec, ready))
+
+    def submit_load(self, spec: SaveSpec, buffers: Sequence[Any], since: float) -> None:
+        """Engine thread: copy ``buffers`` (landed KV) into ``spec``'s blocks on the packer thread. The blocks
+        must stay untouched by the steps until ``unpacked()`` has named the load."""
+        with self._lock:
+            self._unpacking.add(spec.req_id)
+        self._queue.put(_Unpack(spec, buffers, since))
+
+    def unpacked(self) -> list[Unpacked]:
+        """Engine thread: the loads finished since the last call."""
+        with self._lock:
+            done, self._unpacked = self._unpacked, []
+        return done
+
+    def unpacking(self, req_id: str | None = None) -> int:
+        """Loads queued or running (of ``req_id`` only, if given)."""
+        with self._lock:
+            return int(req_id in self._unpacking) if req_id is not None else len(self._unpacking)
 
     def finished_sending(self, finished_req_ids: set[str]) -> set[str] | None:
         """Engine thread (``get_finished``): of the requests with packs submitted, those whose packs are all done
@@ -103,9 +158,12 @@ class KVPacker:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            spec, ready = item
+            if isinstance(item, _Unpack):
+                self._unpack(item)
+                continue
+            spec = item.spec
             try:
-                nbytes = self._pack(spec, ready)
+                nbytes = self._pack(spec, item.ready)
             except Exception as exc:
                 logger.exception("kv pack of %s failed", spec.key)
                 self._transport.fail(spec.key, f"packing its KV failed: {type(exc).__name__}: {exc}")
@@ -125,3 +183,21 @@ class KVPacker:
                 packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)
         self._transport.hold(spec.key, packed.buffers)
         return packed.nbytes
+
+    def _unpack(self, item: _Unpack) -> None:
+        spec = item.spec
+        try:
+            if self._stream is None:
+                tokens = kv_codec.unpack_into(self._layers, self._dim, spec.block_ids, item.buffers)
+            else:
+                with torch.cuda.stream(self._stream):
+                    tokens = kv_codec.unpack_into(self._layers, self._dim, spec.block_ids, item.buffers)
+                self._stream.synchronize()  # in the blocks before vLLM may schedule the request
+            done = Unpacked(spec, item.since, tokens, kv_codec.payload_bytes(item.buffers))
+        except Exception as exc:
+            if not isinstance(exc, ValueError):  # a ValueError is a refused payload, the connector says why
+                logger.exception("kv unpack of %s failed", spec.key)
+            done = Unpacked(spec, item.since, error=f"{type(exc).__name__}: {exc}")
+        with self._lock:
+            self._unpacking.discard(spec.req_id)
+            self._unpacked.append(done)

@@ -69,8 +69,18 @@ class ReceiveStore:
             return [buf for e in taken if e is not None for buf in e.buffers]
 
     def has(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def size(self, key: str) -> int | None:
+        """The bytes ``take(key)`` would return, None unless all of them (every part) are here."""
         with self._lock:
-            return key in self._entries or parts.complete(key, self._parts.get(key, ())) is not None
+            entry = self._entries.get(key)
+            if entry is not None:
+                return sum(len(b) for b in entry.buffers)
+            whole = parts.complete(key, self._parts.get(key, ()))
+            if whole is None:
+                return None
+            return sum(len(b) for k in whole for b in self._entries[k].buffers)
 
     def fail(self, key: str, reason: str) -> None:
         with self._lock:
@@ -155,6 +165,9 @@ class StoreBackedEndpoint:
 
     def landed(self, key: str) -> bool:
         return self._store.has(key)
+
+    def landed_bytes(self, key: str) -> int | None:
+        return self._store.size(key)
 
     def discard(self, key: str) -> bool:
         return self._store.discard(key)

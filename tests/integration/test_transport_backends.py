@@ -5,7 +5,9 @@ covered by test_disaggregation.py and every other cluster.
 One cluster per backend, one after another (the backend is fixed when a worker opens its endpoint); the
 colocated reference is computed once, in the first, and reused. One prompt spans three prefill chunks, so its
 KV travels in three parts: over tcp with the baseline predictor, whose estimate is ready before the prefill ends,
-the handoff is pipelined (parts sent as they are computed); over nccl the pipeline is off (the parts go as one).
+the handoff is pipelined (parts sent as they are computed); over nccl the pipeline is off (the parts go as one);
+over ucx every load is copied into the decode engine's blocks on its packer thread, off the step, even KV that has
+landed before its request is scheduled (``transport.sync_load_mib: 0``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def backend_cluster(request: pytest.FixtureRequest, model_path: str) -> Iterator
         overrides["prefill.predictor"] = "baseline"  # its estimates are ready at once: pipelined handoffs
     if kind == "nccl":
         overrides["transport"]["pipeline"] = False
+    if kind == "ucx":
+        overrides["transport"]["sync_load_mib"] = 0  # every load copied in on the packer thread, off the step
     with own_cluster(model_path, overrides) as handle:
         yield kind, handle
 
@@ -102,6 +106,8 @@ def test_serving_over_each_backend_matches_a_colocated_engine(
         assert handoffs["pipelined"] >= 1, handoffs
     if kind == "nccl":
         assert handoffs["pipelined"] == 0, handoffs
+    if kind == "ucx":
+        assert after["kv"].requests_loaded_off_step == len(PROMPTS)
     reference = _colocated(cluster, model_path)
     for rid, (tokens, logprobs) in reference.items():
         got_tokens, got_logprobs = served[rid]

@@ -36,8 +36,10 @@ def test_the_store_answers_for_the_key_once_every_part_has_landed() -> None:
     store.put("k#part1", [b"c", b"d"])
     store.put("k#part2.last", [b"e"])
     assert not store.has("k") and store.take("k") is None  # part 0 is missing
+    assert store.size("k") is None
     store.put("k#part0", [b"a", b"b"])
     assert store.has("k")
+    assert store.size("k") == 5  # every part's bytes, nothing taken
     assert store.take("k") == [b"a", b"b", b"c", b"d", b"e"]
     assert not store.has("k") and len(store) == 0  # taken with its parts
     store.put("whole", [b"x"])
