@@ -47,6 +47,16 @@ class TransportConfig(BaseModel):
             "false: the whole KV is sent once the prefill is done."
         ),
     )
+    pull: bool = Field(
+        True,
+        description=(
+            "One-sided pull within a host (shm, auto): a prefill worker publishes each part of a prompt's KV in a "
+            "shared-memory slab as it is computed, and the decode worker chosen for the request maps those slabs "
+            "and takes the parts itself, as they come; nothing is copied between the processes "
+            "(transport/shm_pull.py). A decode worker on another host, or any other backend, is sent the KV. "
+            "false: always sent."
+        ),
+    )
     sync_load_mib: float = Field(
         4.0,
         ge=0,

@@ -105,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
         help="send each prefill chunk's KV as it is computed once the decode worker is chosen (default: on)",
     )
     s.add_argument(
+        "--kv-pull",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="shm within a host: decode workers pull published KV from the prefill's slabs (default: on)",
+    )
+    s.add_argument(
         "--enforce-eager",
         action="store_true",
         default=None,
@@ -165,6 +171,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides["engine.enforce_eager"] = args.enforce_eager
     overrides["engine.borrow_idle_cores"] = args.borrow_idle_cores
     overrides["transport.pipeline"] = args.kv_pipeline
+    overrides["transport.pull"] = args.kv_pull
     overrides.update(serve_security_overrides(args))
     overrides.update(tracing_overrides(args))
     serve(ClusterConfig.load(args.config, overrides))

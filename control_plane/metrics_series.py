@@ -68,7 +68,7 @@ SPECS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec("engine_steps", COUNTER, "Engine steps taken (engine_step_seconds / engine_steps: time per step).", W),
     MetricSpec("kv_transfer_bytes", COUNTER, "KV cache bytes sent / received.", (*W, "direction")),
-    MetricSpec("kv_transfers", COUNTER, "KV transfers sent / received.", (*W, "direction")),
+    MetricSpec("kv_transfers", COUNTER, "KV transfers sent / received / pulled (one-sided).", (*W, "direction")),
     MetricSpec("kv_transfer_failures", COUNTER, "KV sends that failed.", W),
     MetricSpec("kv_transfer_seconds", COUNTER, "Seconds spent on completed KV sends (send to acknowledgement).", W),
     MetricSpec("worker_role", GAUGE, "1 for the worker's role now, 0 for the other.", W, ray=False),

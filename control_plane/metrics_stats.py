@@ -185,6 +185,7 @@ def worker_stats(status: Any, raw: Mapping[str, Any] | None) -> WorkerStats:
             "sent": int(tx.transfers_sent),
             "received": int(tx.transfers_received),
             "failed": int(tx.transfers_failed),
+            "pulled": int(tx.transfers_pulled),
         }
         extra["kv_seconds_sending"] = float(tx.seconds_sending)
     score = raw.get("length_score")

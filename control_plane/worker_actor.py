@@ -190,6 +190,10 @@ class Worker:
     async def refine(self, request_id: str, attempt: int, estimate: LengthEstimate) -> bool:
         return isinstance(self.role, DecodeWorker) and await self.role.refine(request_id, attempt, estimate)
 
+    def pull_kv(self, src: str, key: str) -> None:
+        """A prefill worker on this host published ``key``'s KV: take it from there, one-sided, as it comes."""
+        self.role.pull_kv(src, key)
+
     def kv_failed(self, key: str, error: str) -> None:
         """The prefill worker's send of ``key`` failed: the engine's load of it fails now, not at its deadline."""
         self.role.endpoint.fail(key, error)

@@ -68,6 +68,7 @@ class EngineWorker:
                 (link.gbps, link.latency_us) if link is not None else None,
                 config.transport.lease_s,
                 across_hosts=config.transport.backend == "auto" and cluster_spans_hosts(),
+                pull=config.transport.pull,
             )
             self.engine: Any = None
             self.streams = StreamHub()
@@ -215,6 +216,14 @@ class EngineWorker:
         if handle is not None:
             handle.abort.remote(request_id, attempt)
         return handle is not None
+
+    def pull_kv(self, src: str, key: str) -> None:
+        """Take ``key``'s KV, every part as it is published, from the endpoint at ``src`` into this one, one-sided
+        (``transport/shm_pull.py``); the engine loads it from here as it would KV sent to it. A pull that fails
+        marks the key failed here, and the load fails at once."""
+        handle = self.endpoint.pull(src, key, self.config.kv_transfer_timeout_s)
+        if handle is None:  # the publisher thought we could; we cannot (never between matching endpoints)
+            self.endpoint.fail(key, f"{self.worker_id} cannot pull from {src}")
 
     async def parked_kv(self, key: str, give_up: Callable[[], bool] = lambda: False) -> list[Received] | None:
         """The KV the engine parked in this endpoint under ``key`` (packed off the step that computed it), or

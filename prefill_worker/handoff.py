@@ -1,5 +1,6 @@
 """The prefill worker's handoff to a decode worker (TetriInfer §3.3.3-§3.3.4): choose one with the dispatcher,
-send it the parked KV (whole, or part by part in a pipelined handoff: ``pipeline.py``), give it the request.
+send it the parked KV (whole, or part by part in a pipelined handoff: ``pipeline.py``) or, on one host, have it
+pull the KV from this worker's slabs (``transport/shm_pull.py``), give it the request.
 
 A mixin of ``PrefillWorker`` (``worker.py``), whose state it uses: the decode workers' loads, addresses and
 handles from the ClusterMonitor's broadcast, the dispatcher, the KV sends in flight.
@@ -88,9 +89,20 @@ class Handoff(_Base):
         self.publish(subscriber, req, (), FinishReason.ERROR, error, index=index, retry=True)
         return None
 
+    def pulled_by(self, decode_id: str, key: str) -> bool:
+        """Have ``decode_id`` pull ``key``'s KV from this endpoint, each part as it is published, where it can
+        (an shm endpoint of this host: ``transport/shm_pull.py``); False: it must be sent."""
+        if not self.endpoint.lends_to(self.decode_addresses[decode_id]):
+            return False
+        self._decode_handles[decode_id].pull_kv.remote(self.endpoint.address, key)
+        return True
+
     async def _forward_kv(self, key: str, decode_id: str) -> str | None:
-        """Send the parked KV to the chosen decode worker; returns an error message or None. A send that fails
-        later is reported to that decode worker at once (``kv_failed``), so it does not wait out the deadline."""
+        """Send the parked KV to the chosen decode worker (or have it pull the KV); returns an error message or
+        None. A send that fails later is reported to that decode worker at once (``kv_failed``), so it does not
+        wait out the deadline; a pull that fails is known there first."""
+        if self.pulled_by(decode_id, key):
+            return None
         buffers = await self.parked_kv(key, lambda: key in self._aborted)  # parked with the first token
         if buffers is None:
             return f"prefilled KV of {key} was not found on {self.worker_id}"

@@ -6,6 +6,9 @@
               prefill chunk 1 ─▶ part 1 parked ───────────▶ sent as soon as parked
               last chunk, first token ─▶ last part ───────▶ sent; then decode.take(prompt + first token)
 
+    (on one host, with ``transport.pull``: the chosen decode worker is asked to pull the key instead, and maps
+    each part from this worker's slabs as it is published)
+
 The dispatcher needs the length prediction (TetriInfer's parallel mode computes
 it while the prompt prefills), so the decode worker can be chosen before the
 prefill ends only when the prediction is ready first: long prompts, a
@@ -53,6 +56,8 @@ class EarlyHandoff:
             return None
         self.decode_id = decode_id
         worker = self._worker
+        if worker.pulled_by(decode_id, self._key):  # it takes each part as the packer publishes it
+            return None
         return await forward_parts(
             worker.endpoint,
             self._key,

@@ -12,9 +12,12 @@ failure are states and return values, not exceptions. A transfer that breaks
 is known on both sides at once: the sender's handle turns ``FAILED``, and the
 receiver marks the key failed (``failed(key)`` says why) when the bytes stop
 mid-transfer or when the sender tells it (``fail``), so nobody waits out a
-deadline for bytes that will not come. One-sided backends
-(``read``/``write``, e.g. RDMA or NVLink) are a later addition behind the same
-registry; the TCP and in-process backends are two-sided.
+deadline for bytes that will not come.
+
+One-sided: a producer ``publish``es what a peer may take; a peer for which
+``lends_to`` holds ``pull``s it, reading the producer's memory in place (``shm``
+within a host, ``shm_pull.py``). Backends without it publish as they hold and
+are pushed to.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class TransportStats:
     transfers_failed: int = 0
     expired: int = 0
     seconds_sending: float = 0.0  # summed over sends that completed, from ``send`` to the receiver's acknowledgement
+    transfers_pulled: int = 0  # keys pulled whole from publishers (one-sided; their parts count as received)
 
     @property
     def send_gbps(self) -> float:
@@ -107,6 +111,21 @@ class Transport(Protocol):
         ``expires=False`` keeps it past the landing area's TTL, for an owner that always takes or
         discards it (a swapped-out request's KV).
         """
+        ...
+
+    def publish(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
+        """``hold``, and where the backend offers a one-sided pull (``shm`` within a host: ``shm_pull.py``) in
+        memory a peer reads in place: a peer for which ``lends_to`` holds ``pull``s it without a ``send``."""
+        ...
+
+    def lends_to(self, dst: str) -> bool:
+        """Whether the endpoint at ``dst`` can ``pull`` what this one publishes."""
+        ...
+
+    def pull(self, src: str, key: str, deadline_s: float) -> TransferHandle | None:
+        """One-sided: bring ``key`` (every part, as it is published) from the endpoint at ``src`` into this
+        endpoint's landing area, where ``recv`` finds it; a handle (``DONE`` once the last part landed), or None
+        where this backend cannot pull from ``src``."""
         ...
 
     def discard(self, key: str) -> bool:

@@ -40,10 +40,10 @@ def ucx_port(address: str) -> int | None:
 class AutoTransport(ShmTransport):
     def __init__(
         self, listen: str = "127.0.0.1:0", ttl_s: float = 300.0, send_threads: int = 4, pool_bytes: int = 1 << 30,
-        host: str | None = None,
+        host: str | None = None, pull: bool = True,
     ) -> None:  # fmt: skip
         """``host``: this endpoint's host id (tests give two endpoints different ones to cross "hosts")."""
-        super().__init__(listen, ttl_s, send_threads, pool_bytes, host)
+        super().__init__(listen, ttl_s, send_threads, pool_bytes, host, pull)
         from tetriserve.transport.ucx import UcxTransport, split_ucx_address  # imports ucxx here only
 
         self._ucx = UcxTransport(f"{parse_address(listen)[0]}:0", ttl_s, store=self.store)

@@ -96,6 +96,15 @@ class EmulatedLink:
     def hold(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
         self.inner.hold(key, buffers, expires)
 
+    def publish(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
+        self.inner.hold(key, buffers, expires)  # pushed over the emulated link: nobody pulls it
+
+    def lends_to(self, dst: str) -> bool:
+        return False  # a pull would bypass the emulated link
+
+    def pull(self, src: str, key: str, deadline_s: float) -> TransferHandle | None:
+        return None
+
     def discard(self, key: str) -> bool:
         return bool(self.inner.discard(key))
 

@@ -24,14 +24,18 @@ def get_or_create(
     emulate: tuple[float, float] | None = None,
     lease_s: float = 300.0,
     across_hosts: bool = False,
+    pull: bool = True,
 ) -> Transport:
     """``emulate``: (Gb/s, latency µs) of a slower link to shape this endpoint's sends to; ``lease_s``: how long
     KV parked in it (held, or landed and not taken) is kept; ``across_hosts``: the cluster spans hosts (``auto``
-    then listens on UCX too)."""
+    then listens on UCX too); ``pull``: where the backend offers it (``shm``, ``auto``), peers of this host pull
+    what this endpoint publishes, one-sided, instead of being sent it."""
     with _LOCK:
         endpoint = _ENDPOINTS.get(name)
         if endpoint is None:
-            options = {"across_hosts": True} if across_hosts and backend == "auto" else {}
+            options: dict[str, bool] = {"across_hosts": True} if across_hosts and backend == "auto" else {}
+            if backend in ("auto", "shm"):
+                options["pull"] = pull
             endpoint = make_transport(backend, listen, ttl_s=lease_s, **options)
             if emulate is not None:
                 from tetriserve.transport.emulate import EmulatedLink

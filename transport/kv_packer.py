@@ -1,7 +1,7 @@
 """Packing KV out of an engine's blocks and unpacking it into them, off the engine step (issue #16).
 
     engine thread (in the step that computes the KV)        packer thread
-    submit(SaveSpec) ─────────── queue ──────────────────▶  kv_codec.pack(blocks) → transport.hold(key)
+    submit(SaveSpec) ─────────── queue ──────────────────▶  kv_codec.pack(blocks) → transport.publish(key)
     finished_sending(ids vLLM has finished) ◀─ done ─────── (or transport.fail(key) if the pack failed)
 
     engine thread (a step that finds a load's KV landed)
@@ -181,7 +181,7 @@ class KVPacker:
             with torch.cuda.stream(self._stream):
                 self._stream.wait_event(ready)
                 packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)
-        self._transport.hold(spec.key, packed.buffers)
+        self._transport.publish(spec.key, packed.buffers)  # where a decode worker on this host may pull it
         return packed.nbytes
 
     def _unpack(self, item: _Unpack) -> None:

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from tetriserve.transport.api import TransferHandle
+from tetriserve.transport.shm_pull import ShmPull
 from tetriserve.transport.tcp import TcpTransport, _recv_exact, parse_address, split_views
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ logger = logging.getLogger(__name__)
 MIN_SLAB = 1 << 20
 _LEN = struct.Struct("!I")  # header length, then the JSON header
 _ACK = struct.Struct("!BI")  # stored?, how many released slab ids (u32 each) follow
+_CLOSING = threading.Lock()  # a slab's fd is closed once, whoever lets it go last
 
 
 def host_id() -> str:
@@ -88,8 +90,14 @@ class _Slab:
             raise
 
     def close(self) -> None:
-        self.map.close()
-        os.close(self.fd)
+        """Idempotent: a slab may be let go by its last view's finalizer and by an abandon or a shutdown."""
+        with _CLOSING:
+            fd, self.fd = self.fd, -1
+        if fd < 0:
+            return
+        os.close(fd)  # the mapping stays until closed here and wherever else it is mapped
+        with contextlib.suppress(BufferError):  # views of it still alive: unmapped once the last goes
+            self.map.close()
 
 
 @dataclass
@@ -101,7 +109,7 @@ class _Conn:
     lent: set[int] = field(default_factory=set)
 
 
-class ShmTransport(TcpTransport):
+class ShmTransport(ShmPull, TcpTransport):
     def __init__(
         self,
         listen: str = "127.0.0.1:0",
@@ -109,9 +117,12 @@ class ShmTransport(TcpTransport):
         send_threads: int = 4,
         pool_bytes: int = 1 << 30,
         host: str | None = None,
+        pull: bool = True,
     ) -> None:
-        """``host``: this endpoint's host id, ``host_id()`` by default (tests play two hosts on one)."""
+        """``host``: this endpoint's host id, ``host_id()`` by default (tests play two hosts on one); ``pull``:
+        publish into slabs and pull from peers of this host (``shm_pull.py``), else push only."""
         super().__init__(listen, ttl_s, send_threads)
+        self._init_pull(pull)
         self._host_id = host or host_id()
         self._pool_bytes = pool_bytes
         self._slab_lock = threading.Lock()
@@ -269,6 +280,11 @@ class ShmTransport(TcpTransport):
                 head = bytes(head) + bytes(_recv_exact(conn, _LEN.size - len(head)))
                 header = json.loads(_recv_exact(conn, _LEN.unpack(head)[0]))
             except (OSError, ConnectionError, ValueError):
+                return
+            if "pull" in header:  # a reader's pull: this connection is its alone from now on
+                for fd in fds:
+                    os.close(fd)
+                self._serve_pull(conn, header)
                 return
             key = str(header["key"])
             try:

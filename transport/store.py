@@ -36,6 +36,8 @@ class ReceiveStore:
         self._parts: dict[str, set[str]] = {}  # key -> the keys of its parts here (``parts.py``)
         self._discarded: dict[str, float] = {}
         self._failed: dict[str, tuple[float, str]] = {}
+        self._changed = threading.Condition(self._lock)  # notified on every put, take, fail and discard
+        self._version = 0
         self.bytes_received = 0
         self.transfers_received = 0
         self.expired = 0
@@ -49,12 +51,17 @@ class ReceiveStore:
                 return False
             self._failed.pop(key, None)
             self._entries[key] = _Entry(buffers, time.monotonic(), expires)
+            self._bump_locked()
             if (base := parts.base_of(key)) != key:
                 self._parts.setdefault(base, set()).add(key)
             if landed:
                 self.bytes_received += sum(len(b) for b in buffers)
                 self.transfers_received += 1
             return True
+
+    @property
+    def ttl_s(self) -> float:
+        return self._ttl_s
 
     def take(self, key: str) -> list[Any] | None:
         with self._lock:
@@ -67,6 +74,28 @@ class ReceiveStore:
                 return None
             taken = [self._pop_locked(k) for k in whole]
             return [buf for e in taken if e is not None for buf in e.buffers]
+
+    def take_exact(self, key: str) -> list[Any] | None:
+        """What was put under exactly ``key`` (one part, not a whole assembled from parts), as it was put."""
+        with self._lock:
+            self._expire_locked()
+            entry = self._pop_locked(key)
+            return entry.buffers if entry is not None else None
+
+    def dropped(self, key: str) -> str | None:
+        """Why ``key`` will not be here, if it was discarded (what lands for it is dropped)."""
+        with self._lock:
+            return f"{key} was discarded" if key in self._discarded else None
+
+    def version(self) -> int:
+        """Changes whenever something is put, taken, failed or discarded (``wait_newer``)."""
+        with self._lock:
+            return self._version
+
+    def wait_newer(self, version: int, timeout_s: float) -> None:
+        """Block until the store changed since ``version`` was read, or ``timeout_s`` passed."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._version != version, timeout_s)
 
     def has(self, key: str) -> bool:
         return self.size(key) is not None
@@ -87,6 +116,7 @@ class ReceiveStore:
             for k in {key, parts.base_of(key)}:  # a part that fails fails its whole key
                 if k not in self._entries and k not in self._discarded:
                     self._failed[k] = (time.monotonic(), reason)
+            self._bump_locked()
 
     def failed(self, key: str) -> str | None:
         with self._lock:
@@ -96,6 +126,7 @@ class ReceiveStore:
     def discard(self, key: str) -> bool:
         with self._lock:
             self._expire_locked()
+            self._bump_locked()
             self._failed.pop(key, None)
             if self._pop_locked(key) is not None:
                 return True
@@ -110,8 +141,14 @@ class ReceiveStore:
             self._expire_locked()
             return len(self._entries)
 
+    def _bump_locked(self) -> None:
+        self._version += 1
+        self._changed.notify_all()
+
     def _pop_locked(self, key: str) -> _Entry | None:
         entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._bump_locked()
         base = parts.base_of(key)
         if entry is not None and base != key:
             group = self._parts[base]
@@ -142,6 +179,7 @@ class StoreBackedEndpoint:
         self._sent = 0
         self._failed = 0
         self._send_s = 0.0
+        self._pulled = 0  # keys pulled whole (``pull``, where the backend has it)
 
     def _finish(self, handle: TransferHandle, error: str | None) -> None:
         """Complete a send exactly once and count its outcome."""
@@ -181,6 +219,16 @@ class StoreBackedEndpoint:
     def hold(self, key: str, buffers: Sequence[Any], expires: bool = True) -> None:
         self._store.put(key, list(buffers), landed=False, expires=expires)
 
+    def publish(self, key: str, buffers: Sequence[Any], expires: bool = True) -> None:
+        """``hold``, on a backend with no one-sided pull."""
+        self.hold(key, buffers, expires)
+
+    def lends_to(self, dst: str) -> bool:
+        return False
+
+    def pull(self, src: str, key: str, deadline_s: float) -> TransferHandle | None:
+        return None
+
     def stats(self) -> TransportStats:
         s = self._store
         with self._stats_lock:
@@ -192,4 +240,5 @@ class StoreBackedEndpoint:
                 self._failed,
                 s.expired,
                 self._send_s,
+                self._pulled,
             )

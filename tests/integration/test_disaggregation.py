@@ -2,7 +2,8 @@
 
 32 ShareGPT prompts, greedy, float32. The decode engine's own counters must show
 it computed one token per request (the first generated token, fed back as
-input) and received every prompt token's KV from the connector. With presence,
+input) and received every prompt token's KV from the connector (pulled from the prefill worker's shared-memory
+slabs: the default transport, one host). With presence,
 frequency and repetition penalties, ``min_tokens`` and stop tokens the output is
 still the colocated engine's: the prefill worker's token counts as output on the
 decode worker.
@@ -115,6 +116,8 @@ def test_disaggregated_equals_colocated(cluster: Any, colocated: Any, prompts: d
     assert after_p["kv"].requests_packed - before_p["kv"].requests_packed == len(prompts)
     assert after_p["kv"].bytes_packed - before_p["kv"].bytes_packed == kv_d1.bytes_loaded - kv_d0.bytes_loaded
     assert after_p["transport"].transfers_failed == before_p["transport"].transfers_failed
+    # one host, shm: every request's KV was pulled by the decode worker from the prefill's slabs (one-sided)
+    assert after_d["transport"].transfers_pulled - before_d["transport"].transfers_pulled == len(prompts)
     # prefill engine: computed (or prefix-cached) every prompt token, generated exactly one token per request
     e_p0, e_p1 = before_p["engine"], after_p["engine"]
     assert (e_p1.prompt_tokens_computed + e_p1.prompt_tokens_cached) - (

@@ -1,0 +1,299 @@
+"""One-sided pull over shared memory (issue #16): the reader takes published KV out of the publisher's own slabs.
+
+The ``shm`` backend's push copies the KV into a slab at send time and lends it to
+the receiver. A pull turns that around, as NIXL's READ does: the publisher
+(a prefill worker) copies each part of a prompt's KV into a slab of its pool when
+its packer parks it (``publish``), and the reader (the decode worker chosen for
+the request) asks for the key once and maps those slabs itself, each part as it
+is published, then lands views of them in its own store; no byte is copied
+between the two processes, and the publisher sends nothing but where the bytes
+are::
+
+    reader (decode worker)                         publisher (prefill worker)
+    pull(src, k) ─UNIX socket─ {pull: k, mapped} ─▶ for each part of k, as its packer publishes it:
+                                                       take it from the store (the slab it lives in)
+    map the slab (its fd rides along once),  ◀──────── {key: k#part<i>, slab, sizes, last} (+ fd)
+    land views of it in the store
+    ... the load copies them into the blocks;
+    the last view dropped: ─────── release(slab) ────▶ the slab is free for the next publish
+
+What the reader has mapped of a publisher's pooled slabs stays mapped across
+pulls (keyed by the publisher's instance), so a part costs no new mapping and
+no page faults after the first. A pull's handle is ``DONE`` once the last part
+has landed; it is ``FAILED``, and the reader's store marks the key failed, when
+the publisher says the key failed or was discarded, when the connection breaks
+(the publisher died), or past the deadline. A reader that dies breaks the
+connection: the publisher abandons the slabs it had lent (never reused; the
+memory goes with the last mapping). Published KV nobody pulls or takes is
+dropped with the lease (the store's TTL) and its slab freed.
+
+Only between endpoints of one host (``lends_to``); a reader elsewhere gets the
+KV pushed, as before (the prefill side sends the published views inline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import mmap
+import os
+import queue
+import secrets
+import socket
+import struct
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tetriserve.transport import parts
+from tetriserve.transport.api import Buffer, TransferHandle, TransferState
+from tetriserve.transport.tcp import _recv_exact, split_views
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from tetriserve.transport.shm import ShmTransport, _Slab
+
+    _Base = ShmTransport
+else:
+    _Base = object
+
+logger = logging.getLogger(__name__)
+
+_LEN = struct.Struct("!I")
+_RELEASE = struct.Struct("!I")  # reader -> publisher: a slab id it no longer maps views of
+_WAIT_S = 0.05  # the publisher's longest wait for the store to change before it looks again
+
+
+class Published(list):  # type: ignore[type-arg]
+    """The views of one published key as its store entry holds them, with the slab they live in."""
+
+    slab: _Slab
+
+
+class ShmPull(_Base):
+    """Mixed into ``ShmTransport``: ``publish``, ``lends_to`` and ``pull``, and the publisher's side of a pull."""
+
+    def _init_pull(self, enabled: bool) -> None:
+        self._pull_enabled = enabled
+        self._instance = secrets.token_hex(8)  # tells a restarted publisher's slab ids from its predecessor's
+        self._maps_lock = threading.Lock()
+        self._pulled_maps: dict[str, tuple[str, dict[int, mmap.mmap]]] = {}  # src -> (its instance, slab maps)
+
+    # -- publisher ---------------------------------------------------------------------------
+    def publish(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
+        """Park ``buffers`` under ``key`` as ``hold`` does, in a slab a reader on this host can map (``pull``)."""
+        views = [memoryview(b).cast("B") for b in buffers]
+        total = sum(v.nbytes for v in views)
+        if not self._pull_enabled or total == 0:
+            self.hold(key, buffers, expires)
+            return
+        self._store.put(key, self._into_slab(views, total), landed=False, expires=expires)
+
+    def _into_slab(self, views: Sequence[memoryview], total: int) -> Published:
+        slab = self._take_slab(total)
+        offset = 0
+        for v in views:
+            slab.map[offset : offset + v.nbytes] = v
+            offset += v.nbytes
+        base = np.frombuffer(slab.map, dtype=np.uint8, count=total)
+        held = Published(split_views(base, [v.nbytes for v in views]))
+        held.slab = slab
+        weakref.finalize(base, self._give_back, slab)  # every view gone: taken and dropped, discarded, released
+        return held
+
+    def lends_to(self, dst: str) -> bool:
+        """Whether the endpoint at ``dst`` can pull what this one publishes: an shm endpoint of this host."""
+        from tetriserve.transport.shm import split_address
+
+        return self._pull_enabled and dst.startswith("shm://") and split_address(dst)[0] == self._host_id
+
+    def _serve_pull(self, conn: socket.socket, header: dict[str, Any]) -> None:
+        """A reader's pull of ``header["pull"]``: each part, as it is published, goes as where it lies; then the
+        slabs lent are freed as the reader releases them (abandoned if it goes away first)."""
+        key, deadline = str(header["pull"]), time.monotonic() + float(header["deadline_s"])
+        mapped = set(header["mapped"]) if header.get("instance") == self._instance else set()
+        lent: dict[int, Published] = {}
+        index, last = 0, False
+        try:
+            while not last:
+                version = self._store.version()
+                found = self._next_part(key, index)
+                if found is None:
+                    why = self._store.failed(key) or self._store.dropped(key)
+                    if why is None and time.monotonic() >= deadline:
+                        why = f"{key} was not published within the pull's deadline"
+                    if why is not None:
+                        self._reply(conn, {"error": why})
+                        break
+                    if self._closed.is_set():
+                        return
+                    self._store.wait_newer(version, min(_WAIT_S, max(deadline - time.monotonic(), 0.0)))
+                    continue
+                part, held, last = found
+                slab = held.slab
+                reply = {"key": part, "sizes": [v.nbytes for v in held], "slab": slab.id, "size": slab.size,
+                         "pooled": slab.pooled, "last": last, "instance": self._instance}  # fmt: skip
+                self._reply(conn, reply, None if slab.id in mapped else slab.fd)
+                mapped.add(slab.id)
+                lent[slab.id] = held
+                self._count_lent(sum(v.nbytes for v in held))
+                index += 1
+            while lent:
+                (sid,) = _RELEASE.unpack(_recv_exact(conn, _RELEASE.size))
+                lent.pop(sid, None)  # its views go: the slab is free again
+        except (OSError, ConnectionError) as exc:
+            if lent:
+                logger.info("shm pull of %s: reader went away holding %d slab(s): %s", key, len(lent), exc)
+            self._abandon_lent(lent)
+
+    def _next_part(self, key: str, index: int) -> tuple[str, Published, bool] | None:
+        """Part ``index`` of ``key`` (or, at 0, the key published whole), in a slab, if it is here."""
+        candidates = [parts.part_key(key, index, False), parts.part_key(key, index, True)]
+        if index == 0:
+            candidates.append(key)
+        for part in candidates:
+            held = self._store.take_exact(part)
+            if held is None:
+                continue
+            if not isinstance(held, Published):  # held, not published: into a slab now
+                views = [memoryview(b).cast("B") for b in held]
+                held = self._into_slab(views, sum(v.nbytes for v in views))
+            return part, held, parts.is_last(part)
+        return None
+
+    @staticmethod
+    def _reply(conn: socket.socket, header: dict[str, Any], fd: int | None = None) -> None:
+        frame = json.dumps(header).encode()
+        frame = _LEN.pack(len(frame)) + frame
+        if fd is None:
+            conn.sendall(frame)
+        else:
+            socket.send_fds(conn, [frame], [fd])
+
+    def _count_lent(self, nbytes: int) -> None:
+        with self._stats_lock:
+            self._sent += 1
+            self._bytes_sent += nbytes
+
+    def _abandon_lent(self, lent: dict[int, Published]) -> None:
+        """The reader may still map these: never reuse them; this side lets go once its views are gone."""
+        slabs = [held.slab for held in lent.values()]
+        with self._slab_lock:
+            for slab in slabs:
+                self._slabs.pop(slab.id, None)  # so the views' finalizers do not give them back
+        lent.clear()
+        for slab in slabs:
+            with contextlib.suppress(BufferError):
+                slab.close()
+
+    # -- reader ------------------------------------------------------------------------------
+    def pull(self, src: str, key: str, deadline_s: float) -> TransferHandle | None:
+        """Bring ``key`` (every part, as it is published) from the endpoint at ``src`` into this endpoint's
+        store, reading the publisher's slabs in place; None where ``src`` does not lend to this endpoint."""
+        from tetriserve.transport.shm import split_address
+
+        if not (self._pull_enabled and src.startswith("shm://") and split_address(src)[0] == self._host_id):
+            return None
+        handle = TransferHandle(key, 0)
+        if self._closed.is_set():
+            handle.complete("transport closed")
+            return handle
+        args = (src, key, time.monotonic() + deadline_s, handle)
+        threading.Thread(target=self._pull_now, args=args, name="kv-shm-pull", daemon=True).start()
+        return handle
+
+    def _pull_now(self, src: str, key: str, deadline: float, handle: TransferHandle) -> None:
+        from tetriserve.transport.shm import _unix_name, split_address
+        from tetriserve.transport.tcp import parse_address
+
+        released: queue.SimpleQueue[int] = queue.SimpleQueue()  # fed by finalizers, wherever views are dropped
+        outstanding: set[int] = set()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with self._conns_lock:
+            self._conns.add(sock)
+        try:
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.connect(_unix_name(self._host_id, parse_address(split_address(src)[1])[1]))
+            with self._maps_lock:
+                known = self._pulled_maps.get(src, ("", {}))
+                request = {"pull": key, "deadline_s": max(deadline - time.monotonic(), 0.0), "instance": known[0],
+                           "mapped": list(known[1])}  # fmt: skip
+            self._reply(sock, request)
+            while True:
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                header, fds = self._read_reply(sock)
+                if "error" in header:
+                    raise ConnectionError(str(header["error"]))
+                known = self._pulled_map(src, known, header, fds)
+                outstanding.add(int(header["slab"]))
+                self._land_pulled(str(header["key"]), known[1][int(header["slab"])], header, released)
+                if not header["pooled"]:
+                    del known[1][int(header["slab"])]  # a one-off: mapped for this part only
+                handle.nbytes += sum(int(n) for n in header["sizes"])
+                if header["last"]:
+                    with self._stats_lock:
+                        self._pulled += 1
+                    handle.complete()
+                    break
+            while outstanding:  # the views live at most as long as the lease; a reader past it lets the slabs go
+                sid = released.get(timeout=self._store.ttl_s + 60)
+                outstanding.discard(sid)
+                sock.sendall(_RELEASE.pack(sid))
+        except (OSError, ConnectionError, ValueError, KeyError, queue.Empty) as exc:
+            why = f"pull of {key} from {src} failed: {type(exc).__name__}: {exc}"
+            if handle.state is TransferState.PENDING:
+                if not self._store.has(key):
+                    self._store.fail(key, why)
+                with self._stats_lock:
+                    self._failed += 1
+                handle.complete(why)
+            with self._maps_lock:
+                self._pulled_maps.pop(src, None)  # slabs it abandons stay mapped only by what still holds them
+        finally:
+            with self._conns_lock:
+                self._conns.discard(sock)
+            sock.close()
+
+    @staticmethod
+    def _read_reply(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+        head, fds, _, _ = socket.recv_fds(sock, _LEN.size, 1)
+        if not head:
+            raise ConnectionError("publisher closed the connection")
+        head = bytes(head) + bytes(_recv_exact(sock, _LEN.size - len(head)))
+        return json.loads(_recv_exact(sock, _LEN.unpack(head)[0])), fds
+
+    def _pulled_map(
+        self, src: str, known: tuple[str, dict[int, mmap.mmap]], header: dict[str, Any], fds: list[int]
+    ) -> tuple[str, dict[int, mmap.mmap]]:
+        """``known`` (the publisher's instance, the reader's maps of its slabs) with the slab ``header`` names
+        mapped: kept from an earlier pull, or a new mapping of the descriptor that came along. Pooled slabs stay
+        mapped for later pulls (they will carry other parts)."""
+        instance = str(header["instance"])
+        if known[0] != instance:  # the first reply, or the publisher restarted: its slab ids start over
+            known = (instance, {})
+        if fds:
+            try:
+                mapping = mmap.mmap(fds[0], int(header["size"]))
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            known[1][int(header["slab"])] = mapping
+        if header["pooled"]:
+            with self._maps_lock:
+                self._pulled_maps[src] = known
+        return known
+
+    def _land_pulled(
+        self, key: str, mapping: mmap.mmap, header: dict[str, Any], released: queue.SimpleQueue[int]
+    ) -> None:
+        sizes = [int(n) for n in header["sizes"]]
+        base = np.frombuffer(mapping, dtype=np.uint8, count=sum(sizes))
+        views = split_views(base, sizes)
+        weakref.finalize(base, released.put, int(header["slab"]))  # released even when the store drops it
+        del base
+        self._store.put(key, views)
