@@ -70,7 +70,12 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("kv_transfer_bytes", COUNTER, "KV cache bytes sent / received.", (*W, "direction")),
     MetricSpec("kv_transfers", COUNTER, "KV transfers sent / received / pulled (one-sided).", (*W, "direction")),
     MetricSpec("kv_transfer_failures", COUNTER, "KV sends that failed.", W),
-    MetricSpec("kv_transfer_seconds", COUNTER, "Seconds spent on completed KV sends (send to acknowledgement).", W),
+    MetricSpec(
+        "kv_transfer_seconds",
+        COUNTER,
+        "Seconds spent on completed KV sends (send to acknowledgement; a pulled part: handing over where it lies).",
+        W,
+    ),
     MetricSpec("worker_role", GAUGE, "1 for the worker's role now, 0 for the other.", W, ray=False),
     MetricSpec("worker_flips", COUNTER, "Role changes of the worker.", ("worker",), ray=False),
     MetricSpec("worker_restarts", COUNTER, "Times the supervisor re-created the worker.", ("worker",)),

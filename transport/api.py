@@ -77,7 +77,7 @@ class TransportStats:
     transfers_received: int = 0
     transfers_failed: int = 0
     expired: int = 0
-    seconds_sending: float = 0.0  # summed over sends that completed, from ``send`` to the receiver's acknowledgement
+    seconds_sending: float = 0.0  # summed over completed sends, ``send`` to acknowledgement (a part lent: hand-over)
     transfers_pulled: int = 0  # keys pulled whole from publishers (one-sided; their parts count as received)
 
     @property

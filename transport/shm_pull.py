@@ -135,13 +135,14 @@ class ShmPull(_Base):
                     self._store.wait_newer(version, min(_WAIT_S, max(deadline - time.monotonic(), 0.0)))
                     continue
                 part, held, last = found
+                started = time.monotonic()
                 slab = held.slab
                 reply = {"key": part, "sizes": [v.nbytes for v in held], "slab": slab.id, "size": slab.size,
                          "pooled": slab.pooled, "last": last, "instance": self._instance}  # fmt: skip
                 self._reply(conn, reply, None if slab.id in mapped else slab.fd)
                 mapped.add(slab.id)
                 lent[slab.id] = held
-                self._count_lent(sum(v.nbytes for v in held))
+                self._count_lent(sum(v.nbytes for v in held), time.monotonic() - started)
                 index += 1
             while lent:
                 (sid,) = _RELEASE.unpack(_recv_exact(conn, _RELEASE.size))
@@ -175,10 +176,12 @@ class ShmPull(_Base):
         else:
             socket.send_fds(conn, [frame], [fd])
 
-    def _count_lent(self, nbytes: int) -> None:
+    def _count_lent(self, nbytes: int, seconds: float) -> None:
+        """A part lent counts as sent; its seconds are those of handing over where it lies, not its bytes."""
         with self._stats_lock:
             self._sent += 1
             self._bytes_sent += nbytes
+            self._send_s += seconds
 
     def _abandon_lent(self, lent: dict[int, Published]) -> None:
         """The reader may still map these: never reuse them; this side lets go once its views are gone."""
