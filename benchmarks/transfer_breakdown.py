@@ -2,8 +2,10 @@
 
     python benchmarks/transfer_breakdown.py --requests 20 --prompt-tokens 1536
 
-Each configuration on a fresh `tetriserve serve` (defaults: 1 prefill + 1 decode, tiny model): `tcp`, `shm`,
-and `shm` shaped to 100, 10 and 1 Gb/s links (``transport.emulate``, 10 µs latency), each with the pipelined
+Each configuration on a fresh `tetriserve serve` (defaults: 1 prefill + 1 decode, tiny model): `tcp`, `shm`
+(the decode worker pulls the KV from the prefill worker's slabs, one-sided: ``transport.pull``, the default),
+`shm, pushed` (``--no-kv-pull``: the prefill worker sends it), and `shm` shaped to 100, 10 and 1 Gb/s links
+(``transport.emulate``, 10 µs latency; an emulated link is always pushed over), each with the pipelined
 handoff (``--kv-pipeline``: the KV of each prefill chunk leaves as it is computed once the decode worker is
 chosen) and without it (``--no-kv-pipeline``: the whole KV once the prefill is done); ``--pipeline on|off``
 runs one of the two. One streamed completion
@@ -12,11 +14,12 @@ hit); the GlobalScheduler's table (every worker's state events, one clock) split
 
     queue        arrival → its prompt enters the prefill engine (PREFILLING)
     prefill      → the first token out (TRANSFERRING): the client's TTFT ends about here
-    handoff      → the decode worker has the request (DECODE_QUEUED): dispatch, the KV send, the ``take`` call
+    handoff      → the decode worker has the request (DECODE_QUEUED): dispatch, the KV send (or the request to
+                   pull it), the ``take`` call
     first decode → the decode engine's first token (DECODING): the KV load and that engine's first step
 
-Writes ``benchmarks/results/transfer_breakdown.{md,json}``; the KV bytes per request come from the decode
-worker's connector counters.
+Writes ``benchmarks/results/<--out>.{md,json}`` (``transfer_breakdown`` by default); the KV bytes per request
+come from the decode worker's connector counters.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from vllm_bench_serve import prepare, stop, tetriserve_cmd, wait_ready
 PORT = 8100
 CONFIGS = {
     "tcp": ["--transport", "tcp"],
-    "shm": ["--transport", "shm"],
+    "shm": ["--transport", "shm"],  # the decode worker pulls the KV from the prefill's slabs (one host)
+    "shm, pushed": ["--transport", "shm", "--no-kv-pull"],  # the prefill worker sends it, as before the pull
     "shm @ 100 Gb/s": ["--transport", "shm", "--emulate-gbps", "100", "--emulate-latency-us", "10"],
     "shm @ 10 Gb/s": ["--transport", "shm", "--emulate-gbps", "10", "--emulate-latency-us", "10"],
     "shm @ 1 Gb/s": ["--transport", "shm", "--emulate-gbps", "1", "--emulate-latency-us", "10"],
@@ -117,8 +121,8 @@ def report(data: dict[str, Any]) -> str:
         "Each configuration on a fresh `tetriserve serve` (1 prefill + 1 decode, tiny random-weight Llama, this "
         "machine's 2 cores), warmed with 3 requests; then one streamed completion at a time. Medians, ms. "
         "Queue: arrival → prefill engine; prefill: → first token out; handoff: → the decode worker has the "
-        "request (dispatch, KV send, the `take` call); first decode: → the decode engine's first token (KV load, "
-        "its first step). Emulated links (`transport.emulate`) add 10 µs of latency.",
+        "request (dispatch, KV send or pull request, the `take` call); first decode: → the decode engine's first "
+        "token (KV load, its first step). Emulated links (`transport.emulate`) add 10 µs of latency.",
         "",
         "| transport · handoff | KV per request MB | pipelined handoffs | queue | prefill | handoff | first decode | "
         "client TTFT | client first → second token |",
@@ -144,6 +148,7 @@ def main() -> int:
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     ap.add_argument("--pipeline", choices=("on", "off", "both"), default="both", help="the pipelined handoff")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
+    ap.add_argument("--out", default="transfer_breakdown", help="report name under benchmarks/results (.md, .json)")
     args = ap.parse_args()
 
     def measure() -> dict[str, Any]:
@@ -151,7 +156,7 @@ def main() -> int:
         runs = variants(args.configs, args.pipeline)
         return {"configs": {name: run_config(name, flags, env, args) for name, flags in runs.items()}}
 
-    return measure_or_reload("transfer_breakdown", args.report_only, measure, report)
+    return measure_or_reload(args.out, args.report_only, measure, report, script="transfer_breakdown")
 
 
 if __name__ == "__main__":

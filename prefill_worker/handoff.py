@@ -94,7 +94,9 @@ class Handoff(_Base):
         (an shm endpoint of this host: ``transport/shm_pull.py``); False: it must be sent."""
         if not self.endpoint.lends_to(self.decode_addresses[decode_id]):
             return False
+        lent = self.endpoint.lending(key, self.config.kv_transfer_timeout_s)
         self._decode_handles[decode_id].pull_kv.remote(self.endpoint.address, key)
+        self.sent_kv(key, lent, decode_id)  # watched like a send: its span, and a failure told to the decode worker
         return True
 
     async def _forward_kv(self, key: str, decode_id: str) -> str | None:

@@ -36,7 +36,8 @@ async def watch_sends(
             if handle.state is TransferState.PENDING:
                 continue
             del sends[key]
-            tracing.end(send_spans.pop(key, tracing.INVALID_SPAN), error=handle.error)
+            span = send_spans.pop(key, tracing.INVALID_SPAN)  # a pull's bytes are known once it is over
+            tracing.end(span, {"tetriserve.kv.bytes": handle.nbytes}, error=handle.error)
             if handle.state is TransferState.FAILED:
                 logger.warning("prefill %s: KV send of %s failed: %s", worker_id, key, handle.error)
                 decode = decode_handles.get(decode_id)

@@ -122,6 +122,11 @@ class Transport(Protocol):
         """Whether the endpoint at ``dst`` can ``pull`` what this one publishes."""
         ...
 
+    def lending(self, key: str, deadline_s: float) -> TransferHandle:
+        """The publisher's handle on a reader's ``pull`` of ``key``, as ``send`` gives one on a push: ``DONE`` once
+        the last part is handed over, ``FAILED`` if the pull fails or none comes within ``deadline_s``."""
+        ...
+
     def pull(self, src: str, key: str, deadline_s: float) -> TransferHandle | None:
         """One-sided: bring ``key`` (every part, as it is published) from the endpoint at ``src`` into this
         endpoint's landing area, where ``recv`` finds it; a handle (``DONE`` once the last part landed), or None

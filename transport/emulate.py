@@ -102,6 +102,9 @@ class EmulatedLink:
     def lends_to(self, dst: str) -> bool:
         return False  # a pull would bypass the emulated link
 
+    def lending(self, key: str, deadline_s: float) -> TransferHandle:
+        return self.inner.lending(key, 0.0)  # type: ignore[no-any-return]  # never lent: it fails
+
     def pull(self, src: str, key: str, deadline_s: float) -> TransferHandle | None:
         return None
 

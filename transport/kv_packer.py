@@ -160,6 +160,7 @@ class KVPacker:
         while (item := self._queue.get()) is not None:
             if isinstance(item, _Unpack):
                 self._unpack(item)
+                del item  # its buffers (perhaps views of a peer's slab) go now, not when the next item comes
                 continue
             spec = item.spec
             try:

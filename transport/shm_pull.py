@@ -83,6 +83,7 @@ class ShmPull(_Base):
         self._instance = secrets.token_hex(8)  # tells a restarted publisher's slab ids from its predecessor's
         self._maps_lock = threading.Lock()
         self._pulled_maps: dict[str, tuple[str, dict[int, mmap.mmap]]] = {}  # src -> (its instance, slab maps)
+        self._lendings: dict[str, tuple[TransferHandle, float]] = {}  # key -> (its ``lending`` handle, deadline)
 
     # -- publisher ---------------------------------------------------------------------------
     def publish(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
@@ -106,6 +107,30 @@ class ShmPull(_Base):
         weakref.finalize(base, self._give_back, slab)  # every view gone: taken and dropped, discarded, released
         return held
 
+    def lending(self, key: str, deadline_s: float) -> TransferHandle:
+        """A handle on ``key``'s pull by a reader, as ``send`` gives on a push: ``DONE`` once its last part is
+        handed over (``nbytes`` counts the parts), ``FAILED`` if the pull fails or none comes within ``deadline_s``."""
+        handle = TransferHandle(key, 0)
+        now = time.monotonic()
+        with self._maps_lock:
+            expired = [k for k, (_, deadline) in self._lendings.items() if deadline <= now]
+            stale = [self._lendings.pop(k)[0] for k in expired]
+            self._lendings[key] = (handle, now + deadline_s)
+        for h in stale:
+            h.complete(f"{h.key} was not pulled within its deadline")
+        return handle
+
+    def _lent(self, key: str, nbytes: int = 0, done: bool = False, error: str | None = None) -> None:
+        with self._maps_lock:
+            entry = self._lendings.get(key)
+            if entry is None:
+                return
+            entry[0].nbytes += nbytes
+            if done or error is not None:
+                del self._lendings[key]
+        if done or error is not None:
+            entry[0].complete(error)
+
     def lends_to(self, dst: str) -> bool:
         """Whether the endpoint at ``dst`` can pull what this one publishes: an shm endpoint of this host."""
         from tetriserve.transport.shm import split_address
@@ -128,6 +153,7 @@ class ShmPull(_Base):
                     if why is None and time.monotonic() >= deadline:
                         why = f"{key} was not published within the pull's deadline"
                     if why is not None:
+                        self._lent(key, error=why)
                         self._reply(conn, {"error": why})
                         break
                     if self._closed.is_set():
@@ -135,19 +161,22 @@ class ShmPull(_Base):
                     self._store.wait_newer(version, min(_WAIT_S, max(deadline - time.monotonic(), 0.0)))
                     continue
                 part, held, last = found
-                started = time.monotonic()
-                slab = held.slab
+                started, slab, nbytes = time.monotonic(), held.slab, sum(v.nbytes for v in held)
                 reply = {"key": part, "sizes": [v.nbytes for v in held], "slab": slab.id, "size": slab.size,
                          "pooled": slab.pooled, "last": last, "instance": self._instance}  # fmt: skip
+                lent[slab.id] = held
+                self._count_lent(nbytes)  # before the reader can see it
                 self._reply(conn, reply, None if slab.id in mapped else slab.fd)
                 mapped.add(slab.id)
-                lent[slab.id] = held
-                self._count_lent(sum(v.nbytes for v in held), time.monotonic() - started)
+                with self._stats_lock:
+                    self._send_s += time.monotonic() - started
+                self._lent(key, nbytes, done=last)
                 index += 1
             while lent:
                 (sid,) = _RELEASE.unpack(_recv_exact(conn, _RELEASE.size))
                 lent.pop(sid, None)  # its views go: the slab is free again
         except (OSError, ConnectionError) as exc:
+            self._lent(key, error=f"the pull of {key} broke off: {exc}")
             if lent:
                 logger.info("shm pull of %s: reader went away holding %d slab(s): %s", key, len(lent), exc)
             self._abandon_lent(lent)
@@ -176,12 +205,12 @@ class ShmPull(_Base):
         else:
             socket.send_fds(conn, [frame], [fd])
 
-    def _count_lent(self, nbytes: int, seconds: float) -> None:
-        """A part lent counts as sent; its seconds are those of handing over where it lies, not its bytes."""
+    def _count_lent(self, nbytes: int) -> None:
+        """A part lent counts as sent (its seconds, added once it is handed over, are those of saying where it
+        lies, not of moving its bytes)."""
         with self._stats_lock:
             self._sent += 1
             self._bytes_sent += nbytes
-            self._send_s += seconds
 
     def _abandon_lent(self, lent: dict[int, Published]) -> None:
         """The reader may still map these: never reuse them; this side lets go once its views are gone."""

@@ -226,6 +226,11 @@ class StoreBackedEndpoint:
     def lends_to(self, dst: str) -> bool:
         return False
 
+    def lending(self, key: str, deadline_s: float) -> TransferHandle:
+        handle = TransferHandle(key, 0)
+        handle.complete(f"{key}: this backend has no pull")
+        return handle
+
     def pull(self, src: str, key: str, deadline_s: float) -> TransferHandle | None:
         return None
 

@@ -35,8 +35,10 @@ def test_a_published_key_is_pulled_in_place_and_taken_from_the_publisher(pub_rea
     payload = [b"header", bytes(range(256)) * 4096, b"", b"tail"]
     pub.publish("k", payload)
     assert pub.lends_to(reader.address) and reader.lends_to(pub.address)
+    lent = pub.lending("k", 10.0)  # the publisher's side of it, as a send's handle
     handle = reader.pull(pub.address, "k", 10.0)
     assert handle is not None and handle.wait(10.0) is TransferState.DONE, handle.error
+    assert lent.wait(10.0) is TransferState.DONE and lent.nbytes == sum(map(len, payload))
     got = recv_within(reader, "k")
     assert [bytes(b) for b in got] == payload
     assert all(not memoryview(b).readonly for b in got)  # the contract's writable bytes
@@ -75,6 +77,7 @@ def test_the_publishers_slabs_come_back_once_the_reader_drops_its_views(pub_read
 def test_a_key_failed_or_discarded_by_the_publisher_fails_the_pull(pub_reader: tuple[Any, Any], how: str) -> None:
     pub, reader = pub_reader
     pub.publish(parts.part_key("k", 0, False), [b"x" * 100])
+    lent = pub.lending("k", 30.0)
     handle = reader.pull(pub.address, "k", 30.0)
     assert handle is not None
     poll(lambda: reader.landed_bytes(parts.part_key("k", 0, False)), 10.0, "part 0 to land")
@@ -85,6 +88,16 @@ def test_a_key_failed_or_discarded_by_the_publisher_fails_the_pull(pub_reader: t
     assert handle.wait(5.0) is TransferState.FAILED
     expected = "packing its KV failed" if how == "fail" else "discarded"
     assert expected in (handle.error or "") and expected in (reader.failed("k") or "")
+    assert lent.wait(5.0) is TransferState.FAILED and lent.nbytes == 100
+
+
+def test_a_lending_nobody_pulls_fails_past_its_deadline(make: Callable[..., Any]) -> None:
+    pub = make("shm")
+    lent = pub.lending("k", 0.05)
+    time.sleep(0.1)
+    pub.lending("other", 10.0)  # the publisher notices on its next lending
+    assert lent.state is TransferState.FAILED and "not pulled" in (lent.error or "")
+    assert make("tcp").lending("k", 10.0).state is TransferState.FAILED  # no pull there: nothing to wait for
 
 
 def test_a_pull_past_its_deadline_fails_on_the_reader(pub_reader: tuple[Any, Any]) -> None:
