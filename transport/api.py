@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 Buffer = bytes | bytearray | memoryview
 # what ``recv`` returns: writable, one-dimensional unsigned bytes; a memoryview where the backend hands over
@@ -111,6 +111,11 @@ class Transport(Protocol):
         ``expires=False`` keeps it past the landing area's TTL, for an owner that always takes or
         discards it (a swapped-out request's KV).
         """
+        ...
+
+    def reserve(self, sizes: list[int]) -> list[Any]:
+        """Writable buffers of ``sizes`` bytes to fill and then ``publish``: where the backend has a pull, in the
+        memory a peer reads (one ``shm`` slab), so publishing them copies nothing."""
         ...
 
     def publish(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:

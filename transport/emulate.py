@@ -96,6 +96,9 @@ class EmulatedLink:
     def hold(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
         self.inner.hold(key, buffers, expires)
 
+    def reserve(self, sizes: list[int]) -> list[Any]:
+        return [memoryview(bytearray(n)) for n in sizes]  # held, then pushed over the emulated link
+
     def publish(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
         self.inner.hold(key, buffers, expires)  # pushed over the emulated link: nobody pulls it
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -45,7 +46,7 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 @dataclass(frozen=True)
 class PackedKV:
-    buffers: list[memoryview]
+    buffers: list[Any]  # memoryviews, or what the ``reserve`` given to ``pack`` returned, as it returned it
     nbytes: int
     num_blocks: int
     pinned: bool = False  # the layer buffers are page-locked host memory (packed from a GPU cache)
@@ -58,25 +59,18 @@ def pack(
     num_tokens: int,
     block_size: int,
     pinned: bool | None = None,
+    reserve: Callable[[list[int]], Sequence[Any]] | None = None,
 ) -> PackedKV:
     """Copy the first ``num_tokens`` tokens' blocks of every layer to host memory: page-locked from a CUDA cache
-    unless ``pinned`` is False (the benchmark's before/after)."""
+    unless ``pinned`` is False (the benchmark's before/after). From a CPU cache with ``reserve`` (an endpoint's:
+    writable buffers of the sizes asked, in memory it can publish without copying, ``Transport.reserve``) the
+    blocks are gathered straight into those buffers, which are returned; the header is padded with JSON
+    whitespace to a multiple of 64 bytes, so every layer's bytes start aligned."""
     n = blocks_for(num_tokens, block_size)
     if len(block_ids) < n:
         raise ValueError(f"pack: {num_tokens} tokens need {n} blocks, request holds {len(block_ids)}")
     names = list(layers)
     first = layers[names[0]]
-    pin = first.device.type == "cuda" and pinned is not False
-    idx = torch.tensor(list(block_ids[:n]), dtype=torch.long, device=first.device)
-    bufs: list[memoryview] = []
-    for name in names:
-        part = layers[name].index_select(dim, idx)
-        if first.device.type != "cpu":
-            host = torch.empty(part.shape, dtype=part.dtype, pin_memory=pin)
-            part = host.copy_(part, non_blocking=pin)  # pinned: queued; waited for once, below
-        bufs.append(memoryview(part.view(torch.uint8).numpy()).cast("B"))
-    if pin:
-        torch.cuda.current_stream(first.device).synchronize()
     shape = list(first.shape)
     shape[dim] = n
     header = {
@@ -87,8 +81,40 @@ def pack(
         "dtype": str(first.dtype),
         "dim": dim,
     }
-    head = memoryview(json.dumps(header).encode())
-    return PackedKV([head, *bufs], sum(b.nbytes for b in bufs), n, pin)
+    head = json.dumps(header).encode()
+    idx = torch.tensor(list(block_ids[:n]), dtype=torch.long, device=first.device)
+    if reserve is not None and first.device.type == "cpu":
+        return _pack_into(layers, dim, idx, shape, head, reserve)
+    pin = first.device.type == "cuda" and pinned is not False
+    bufs: list[memoryview] = []
+    for name in names:
+        part = layers[name].index_select(dim, idx)
+        if first.device.type != "cpu":
+            host = torch.empty(part.shape, dtype=part.dtype, pin_memory=pin)
+            part = host.copy_(part, non_blocking=pin)  # pinned: queued; waited for once, below
+        bufs.append(memoryview(part.view(torch.uint8).numpy()).cast("B"))
+    if pin:
+        torch.cuda.current_stream(first.device).synchronize()
+    return PackedKV([memoryview(head), *bufs], sum(b.nbytes for b in bufs), n, pin)
+
+
+def _pack_into(
+    layers: Mapping[str, torch.Tensor],
+    dim: int,
+    idx: torch.Tensor,
+    shape: list[int],
+    head: bytes,
+    reserve: Callable[[list[int]], Sequence[Any]],
+) -> PackedKV:
+    head += b" " * (-len(head) % 64)
+    sizes = [math.prod(shape) * t.element_size() for t in layers.values()]
+    buffers = reserve([len(head), *sizes])
+    memoryview(buffers[0]).cast("B")[:] = head
+    for layer, buf, size in zip(layers.values(), buffers[1:], sizes, strict=True):
+        if size:
+            out = torch.frombuffer(buf, dtype=torch.uint8).view(layer.dtype).view(shape)
+            torch.index_select(layer, dim, idx, out=out)
+    return PackedKV(buffers if isinstance(buffers, list) else list(buffers), sum(sizes), shape[dim])
 
 
 def split_parts(buffers: Sequence[Received]) -> list[tuple[dict, Sequence[Received]]]:

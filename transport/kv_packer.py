@@ -176,8 +176,10 @@ class KVPacker:
                     self._idle.notify_all()
 
     def _pack(self, spec: SaveSpec, ready: Any) -> int:
-        if self._stream is None:
-            packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)
+        if self._stream is None:  # straight into memory the endpoint publishes without a copy (an shm slab)
+            reserve = self._transport.reserve
+            packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size,
+                                   reserve=reserve)  # fmt: skip
         else:
             with torch.cuda.stream(self._stream):
                 self._stream.wait_event(ready)

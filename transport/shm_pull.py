@@ -76,7 +76,8 @@ class Published(list):  # type: ignore[type-arg]
 
 
 class ShmPull(_Base):
-    """Mixed into ``ShmTransport``: ``publish``, ``lends_to`` and ``pull``, and the publisher's side of a pull."""
+    """Mixed into ``ShmTransport``: ``reserve``, ``publish``, ``lending``, ``lends_to`` and ``pull``, and the
+    publisher's side of a pull."""
 
     def _init_pull(self, enabled: bool) -> None:
         self._pull_enabled = enabled
@@ -88,23 +89,36 @@ class ShmPull(_Base):
     # -- publisher ---------------------------------------------------------------------------
     def publish(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
         """Park ``buffers`` under ``key`` as ``hold`` does, in a slab a reader on this host can map (``pull``)."""
+        if isinstance(buffers, Published):  # filled in place (``reserve``): nothing to copy
+            self._store.put(key, buffers, landed=False, expires=expires)
+            return
         views = [memoryview(b).cast("B") for b in buffers]
-        total = sum(v.nbytes for v in views)
-        if not self._pull_enabled or total == 0:
+        if not self._pull_enabled or sum(v.nbytes for v in views) == 0:
             self.hold(key, buffers, expires)
             return
-        self._store.put(key, self._into_slab(views, total), landed=False, expires=expires)
+        self._store.put(key, self._into_slab(views), landed=False, expires=expires)
 
-    def _into_slab(self, views: Sequence[memoryview], total: int) -> Published:
-        slab = self._take_slab(total)
-        offset = 0
-        for v in views:
-            slab.map[offset : offset + v.nbytes] = v
-            offset += v.nbytes
-        base = np.frombuffer(slab.map, dtype=np.uint8, count=total)
-        held = Published(split_views(base, [v.nbytes for v in views]))
+    def reserve(self, sizes: list[int]) -> list[Any]:
+        """Writable buffers of ``sizes`` bytes in one slab, to fill and ``publish`` without a copy (``pack``
+        gathers a prompt's KV blocks straight into them)."""
+        if not self._pull_enabled or sum(sizes) == 0:
+            return super().reserve(sizes)
+        return self._slab_views(sizes)
+
+    def _slab_views(self, sizes: list[int]) -> Published:
+        """Views of a slab taken from the pool, one per size; the slab goes back once every view is gone (taken
+        and dropped, discarded, expired, or released by the reader it was lent to)."""
+        slab = self._take_slab(sum(sizes))
+        base = np.frombuffer(slab.map, dtype=np.uint8, count=sum(sizes))
+        held = Published(split_views(base, sizes))
         held.slab = slab
-        weakref.finalize(base, self._give_back, slab)  # every view gone: taken and dropped, discarded, released
+        weakref.finalize(base, self._give_back, slab)
+        return held
+
+    def _into_slab(self, views: Sequence[memoryview]) -> Published:
+        held = self._slab_views([v.nbytes for v in views])
+        for dst, v in zip(held, views, strict=True):
+            dst[:] = v
         return held
 
     def lending(self, key: str, deadline_s: float) -> TransferHandle:
@@ -191,8 +205,7 @@ class ShmPull(_Base):
             if held is None:
                 continue
             if not isinstance(held, Published):  # held, not published: into a slab now
-                views = [memoryview(b).cast("B") for b in held]
-                held = self._into_slab(views, sum(v.nbytes for v in views))
+                held = self._into_slab([memoryview(b).cast("B") for b in held])
             return part, held, parts.is_last(part)
         return None
 

@@ -219,6 +219,10 @@ class StoreBackedEndpoint:
     def hold(self, key: str, buffers: Sequence[Any], expires: bool = True) -> None:
         self._store.put(key, list(buffers), landed=False, expires=expires)
 
+    def reserve(self, sizes: list[int]) -> list[Any]:
+        """Writable buffers to fill and ``publish``: fresh memory, on a backend with no one-sided pull."""
+        return [memoryview(bytearray(n)) for n in sizes]
+
     def publish(self, key: str, buffers: Sequence[Any], expires: bool = True) -> None:
         """``hold``, on a backend with no one-sided pull."""
         self.hold(key, buffers, expires)

@@ -85,6 +85,31 @@ def test_pack_unpack_moves_blocks_to_other_ids(
     _assert_blocks_moved(src, dst, dim, SRC_IDS, DST_IDS)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn], ids=["f32", "bf16", "fp8"])
+@pytest.mark.parametrize(("layout", "make", "expected_dim"), LAYOUTS, ids=[x[0] for x in LAYOUTS])
+def test_pack_gathers_straight_into_reserved_buffers(
+    layout: str, make: Callable[..., Layers], expected_dim: int, dtype: torch.dtype
+) -> None:
+    src = {name: t.to(dtype) for name, t in make(12, torch.float32).items()}
+    dst = make(20, dtype, fill="zeros")
+    asked: list[list[int]] = []
+
+    class Reserved(list):  # type: ignore[type-arg]
+        pass
+
+    def reserve(sizes: list[int]) -> Reserved:
+        asked.append(sizes)
+        return Reserved(memoryview(bytearray(n)) for n in sizes)
+
+    packed = pack(src, expected_dim, SRC_IDS, NUM_TOKENS, BLOCK, reserve=reserve)
+    assert isinstance(packed.buffers, Reserved)  # the endpoint's own buffers, as it gave them: filled in place
+    (sizes,) = asked
+    assert sizes[0] % 64 == 0 and sizes[1:] == [len(b) for b in packed.buffers[1:]]  # layers start aligned
+    assert packed.nbytes == sum(sizes[1:]) == len(pack(src, expected_dim, SRC_IDS, NUM_TOKENS, BLOCK).buffers[1]) * 3
+    assert unpack_into(dst, expected_dim, DST_IDS, _wire(packed.buffers)) == NUM_TOKENS
+    _assert_blocks_moved(src, dst, expected_dim, SRC_IDS, DST_IDS)
+
+
 @pytest.mark.parametrize(("layout", "make", "expected_dim"), LAYOUTS, ids=[x[0] for x in LAYOUTS])
 def test_only_the_blocks_the_tokens_need_are_moved(layout: str, make: Callable[..., Layers], expected_dim: int) -> None:
     src, dst = make(12, torch.float32), make(12, torch.float32, fill="zeros")

@@ -154,3 +154,16 @@ def test_no_pull_across_hosts_from_other_backends_or_when_turned_off(make: Calla
     assert not off.lends_to(peer.address) and off.pull(peer.address, "k", 1.0) is None
     off.publish("k", [b"held"])
     assert [bytes(x) for x in off.recv("k")] == [b"held"]
+
+
+def test_buffers_reserved_in_a_slab_are_published_without_a_copy(pub_reader: tuple[Any, Any]) -> None:
+    pub, reader = pub_reader
+    reserved = pub.reserve([64, 2 << 20])
+    reserved[0][:5] = b"hello"
+    reserved[1][:] = bytes(range(256)) * (8 << 10)
+    pub.publish("k", reserved)
+    assert len(pub._slabs) == 1  # the one slab reserved: publishing took no other
+    handle = reader.pull(pub.address, "k", 10.0)
+    assert handle is not None and handle.wait(10.0) is TransferState.DONE, handle.error
+    got = recv_within(reader, "k")
+    assert bytes(got[0][:5]) == b"hello" and bytes(got[1]) == bytes(range(256)) * (8 << 10)
