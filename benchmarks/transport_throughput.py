@@ -7,7 +7,8 @@ workers), and the time runs from ``send`` until the receiver's ``recv`` has it (
 only once the receiver acknowledged it). Ceilings, measured in the same run:
 
     shm   one ``torch`` tensor copy of the same size, one thread (as in a worker process), into a buffer reused
-          every time (the shm backend copies into a slab it reuses) and into one allocated for it
+          every time (the shm backend copies into a slab it reuses) and into one allocated for it; shm's
+          one-sided pull (a published slab the other process maps, nothing copied) beside its push
     tcp   the same bytes through a plain loopback socket between the same two processes (sendall/recv_into)
     ucx   raw ``ucxx`` tag send/recv of the same bytes between two processes, a one-byte ack back (with the backend's
           UCX settings: UCX_RNDV_FRAG_MEM_TYPE=host without a GPU, UCX_TLS left to UCX)
@@ -55,13 +56,16 @@ def _receiver(kind: str, conn: Any) -> None:
             peer.sendall(b"\x01")
     from tetriserve.transport.registry import make_transport
 
-    endpoint = make_transport(kind, "127.0.0.1:0")
+    endpoint = make_transport("shm" if kind == "shm-pull" else kind, "127.0.0.1:0")
     conn.send(endpoint.address)
     while True:
         key = conn.recv()
         if key is None:
             endpoint.close()
             return
+        if kind == "shm-pull":  # (the publisher's address, the key): take it from there
+            src, key = key
+            endpoint.pull(src, key, 120.0)
         while (bufs := endpoint.recv(key)) is None:
             time.sleep(0.00005)  # the engine polls once a step; here, finely enough not to count
         conn.send(time.perf_counter())
@@ -94,6 +98,37 @@ def _backend(kind: str, sizes: list[int], repeats: int) -> dict[int, list[float]
         parent.send(None)
         proc.join(10)
         sender.close()
+    return out
+
+
+def _pull(sizes: list[int], repeats: int) -> dict[int, list[float]]:
+    """shm's one-sided pull: this process publishes a buffer in a slab (filled in place, as the packer does)
+    and the other pulls it; timed from asking for it until that process's ``recv`` has it."""
+    from tetriserve.transport.shm import ShmTransport
+
+    parent, child = mp.Pipe()
+    proc = mp.get_context("spawn").Process(target=_receiver, args=("shm-pull", child), daemon=True)
+    proc.start()
+    parent.recv()
+    publisher = ShmTransport("127.0.0.1:0")
+    out: dict[int, list[float]] = {}
+    try:
+        for size in sizes:
+            for r in range(repeats + 1):
+                key = f"{size}-{r}"
+                reserved = publisher.reserve([size * MIB])
+                reserved[0][:] = bytes(size * MIB)  # the packer's gather, before anyone asks
+                publisher.publish(key, reserved)
+                del reserved
+                t0 = time.perf_counter()
+                parent.send((publisher.address, key))
+                landed = parent.recv()
+                if r:
+                    out.setdefault(size, []).append(size * MIB / (landed - t0) / 1e9)
+    finally:
+        parent.send(None)
+        proc.join(10)
+        publisher.close()
     return out
 
 
@@ -288,6 +323,21 @@ def report(data: dict[str, Any]) -> str:
                 f"| {s} | {shm:.2f} | {reused:.2f} | {shm / reused:.2f} | {fresh:.2f} | {shm / fresh:.2f} | "
                 f"{tcp:.2f} | {sock:.2f} | {tcp / sock:.2f} |"
             )
+    if "shm_pull" in med:
+        lines += [
+            "",
+            "shm's one-sided pull (`transport/shm_pull.py`): the publisher's buffer already lies in a slab (the "
+            "packer gathers the KV straight into it); the reader asks for the key, maps the slab (its descriptor "
+            "comes along the first time) and lands views of it, so no byte is copied between the processes. GB/s: "
+            "the size over the time from asking until the reader's `recv` has it, beside the push above (`shm`: "
+            "the sender copies into a slab and lends it) and the copy that push makes.",
+            "",
+            "| MiB | shm pull | shm push | pull / push | torch copy, reused buffer | pull / that |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for s in sizes:
+            pull, push, reused = med["shm_pull"][s], med["shm"][s], med["copy_reused"][s]
+            lines.append(f"| {s} | {pull:.2f} | {push:.2f} | {pull / push:.2f} | {reused:.2f} | {pull / reused:.2f} |")
     for name, raw, label, what in (
         ("ucx", "raw_ucx", "raw ucxx", "raw `ucxx` tag send/recv between two processes, a one-byte ack back"),
         ("nccl", "raw_gloo", "raw gloo", "raw `torch.distributed` send/recv on a two-rank gloo group (no CUDA "
@@ -329,7 +379,7 @@ def main() -> int:
         if "shm" in groups:
             fresh, reused = _copies(sizes, n)
             gbps |= {"shm": _backend("shm", sizes, n), "tcp": _backend("tcp", sizes, n), "socket": _socket(sizes, n)}
-            gbps |= {"copy_fresh": fresh, "copy_reused": reused}
+            gbps |= {"copy_fresh": fresh, "copy_reused": reused, "shm_pull": _pull(sizes, n)}
         if "ucx" in groups:
             gbps |= {"ucx": _backend("ucx", sizes, n), "raw_ucx": _raw_ucx(sizes, n)}
         if "nccl" in groups:

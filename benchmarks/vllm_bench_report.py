@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 from collections.abc import Callable
@@ -221,7 +222,7 @@ def measure_or_reload(
         data = json.loads(out.read_text())
     else:
         WORK.mkdir(parents=True, exist_ok=True)
-        data = {"command": f"python benchmarks/{script or name}.py " + " ".join(sys.argv[1:]), **measure()}
+        data = {"command": f"python benchmarks/{script or name}.py " + shlex.join(sys.argv[1:]), **measure()}
         out.write_text(json.dumps(data, indent=1))
     md = report(data)
     (RESULTS / f"{name}.md").write_text(md)

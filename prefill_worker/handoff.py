@@ -19,6 +19,7 @@ from tetriserve.common.stream import FinishReason
 from tetriserve.prefill_worker import spans
 from tetriserve.prefill_worker.dispatch.base import account
 from tetriserve.prefill_worker.views import ReqView
+from tetriserve.transport.api import TransferState
 
 if TYPE_CHECKING:
     from tetriserve.prefill_worker.worker import PrefillWorker
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     _Base = PrefillWorker
 else:
     _Base = object
+
+
+PULL_SETTLE_S = 0.1  # the longest a handoff waits for a pulled KV's last part before it gives the request
 
 
 class Handoff(_Base):
@@ -63,6 +67,7 @@ class Handoff(_Base):
             return None
         if error is None and decode_id is not None:
             decode = self._decode_handles[decode_id]
+            await self._pulled_over(key, decode_id)
             try:
                 taken = await decode.take.remote(req, generated, view.estimate, subscriber)
             except Exception as exc:  # the decode worker died between the broadcast and now
@@ -98,6 +103,17 @@ class Handoff(_Base):
         self._decode_handles[decode_id].pull_kv.remote(self.endpoint.address, key)
         self.sent_kv(key, lent, decode_id)  # watched like a send: its span, and a failure told to the decode worker
         return True
+
+    async def _pulled_over(self, key: str, decode_id: str) -> None:
+        """Where ``decode_id`` pulls ``key``, wait (at most ``PULL_SETTLE_S``) until its last part is handed over,
+        so that the decode engine finds the KV landed when it first schedules the request and loads it within that
+        step, instead of waiting steps for it (a push is not waited for: its bytes are on their way already)."""
+        entry = self._sends.get(key)
+        if entry is None or not self.endpoint.lends_to(self.decode_addresses.get(decode_id, "")):
+            return
+        deadline = time.monotonic() + PULL_SETTLE_S
+        while entry[0].state is TransferState.PENDING and time.monotonic() < deadline:
+            await asyncio.sleep(0.0005)
 
     async def _forward_kv(self, key: str, decode_id: str) -> str | None:
         """Send the parked KV to the chosen decode worker (or have it pull the KV); returns an error message or

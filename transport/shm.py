@@ -281,11 +281,12 @@ class ShmTransport(ShmPull, TcpTransport):
                 header = json.loads(_recv_exact(conn, _LEN.unpack(head)[0]))
             except (OSError, ConnectionError, ValueError):
                 return
-            if "pull" in header:  # a reader's pull: this connection is its alone from now on
+            if "pull" in header:  # a reader's pull (its connection carries its pulls, one after another)
                 for fd in fds:
                     os.close(fd)
-                self._serve_pull(conn, header)
-                return
+                if not self._serve_pull(conn, header):
+                    return
+                continue
             key = str(header["key"])
             try:
                 mapping = self._map(header, fds, maps)
@@ -329,6 +330,7 @@ class ShmTransport(ShmPull, TcpTransport):
             self._unix.shutdown(socket.SHUT_RDWR)
         self._unix.close()
         super().close()
+        self._close_pull()
         for pool in self._shared.values():
             while True:
                 try:

@@ -45,12 +45,14 @@ import struct
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tetriserve.transport import parts
-from tetriserve.transport.api import Buffer, TransferHandle, TransferState
+from tetriserve.transport.api import Buffer, TransferHandle
 from tetriserve.transport.tcp import _recv_exact, split_views
 
 if TYPE_CHECKING:
@@ -75,6 +77,17 @@ class Published(list):  # type: ignore[type-arg]
     slab: _Slab
 
 
+@dataclass(eq=False)
+class _PullConn:
+    """A reader's connection to one publisher, one pull at a time: the slabs of the last pull still lent."""
+
+    src: str
+    sock: socket.socket
+    outstanding: set[int] = field(default_factory=set)
+    done: bool = False  # the pull's data phase is over: once nothing is outstanding, the connection is idle
+    broken: bool = False
+
+
 class ShmPull(_Base):
     """Mixed into ``ShmTransport``: ``reserve``, ``publish``, ``lending``, ``lends_to`` and ``pull``, and the
     publisher's side of a pull."""
@@ -85,6 +98,22 @@ class ShmPull(_Base):
         self._maps_lock = threading.Lock()
         self._pulled_maps: dict[str, tuple[str, dict[int, mmap.mmap]]] = {}  # src -> (its instance, slab maps)
         self._lendings: dict[str, tuple[TransferHandle, float]] = {}  # key -> (its ``lending`` handle, deadline)
+        # reader: data phases on pooled threads and connections, slab releases on one thread of their own
+        self._pull_executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix="kv-shm-pull")
+        self._pull_idle: dict[str, queue.SimpleQueue[_PullConn]] = {}
+        self._pull_lock = threading.Lock()
+        self._releases: queue.SimpleQueue[tuple[_PullConn, int] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._release_loop, name="kv-shm-release", daemon=True).start()
+
+    def _close_pull(self) -> None:
+        self._releases.put(None)
+        self._pull_executor.shutdown(wait=False, cancel_futures=True)
+        for idle in self._pull_idle.values():
+            while True:
+                try:
+                    self._close_pull_sock(idle.get_nowait().sock)
+                except queue.Empty:
+                    break
 
     # -- publisher ---------------------------------------------------------------------------
     def publish(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
@@ -151,9 +180,10 @@ class ShmPull(_Base):
 
         return self._pull_enabled and dst.startswith("shm://") and split_address(dst)[0] == self._host_id
 
-    def _serve_pull(self, conn: socket.socket, header: dict[str, Any]) -> None:
+    def _serve_pull(self, conn: socket.socket, header: dict[str, Any]) -> bool:
         """A reader's pull of ``header["pull"]``: each part, as it is published, goes as where it lies; then the
-        slabs lent are freed as the reader releases them (abandoned if it goes away first)."""
+        slabs lent are freed as the reader releases them (abandoned if it goes away first). True: the
+        connection serves the reader's next pull."""
         key, deadline = str(header["pull"]), time.monotonic() + float(header["deadline_s"])
         mapped = set(header["mapped"]) if header.get("instance") == self._instance else set()
         lent: dict[int, Published] = {}
@@ -171,7 +201,7 @@ class ShmPull(_Base):
                         self._reply(conn, {"error": why})
                         break
                     if self._closed.is_set():
-                        return
+                        return False
                     self._store.wait_newer(version, min(_WAIT_S, max(deadline - time.monotonic(), 0.0)))
                     continue
                 part, held, last = found
@@ -189,11 +219,13 @@ class ShmPull(_Base):
             while lent:
                 (sid,) = _RELEASE.unpack(_recv_exact(conn, _RELEASE.size))
                 lent.pop(sid, None)  # its views go: the slab is free again
+            return True
         except (OSError, ConnectionError) as exc:
             self._lent(key, error=f"the pull of {key} broke off: {exc}")
             if lent:
                 logger.info("shm pull of %s: reader went away holding %d slab(s): %s", key, len(lent), exc)
             self._abandon_lent(lent)
+            return False
 
     def _next_part(self, key: str, index: int) -> tuple[str, Published, bool] | None:
         """Part ``index`` of ``key`` (or, at 0, the key published whole), in a slab, if it is here."""
@@ -248,61 +280,126 @@ class ShmPull(_Base):
         if self._closed.is_set():
             handle.complete("transport closed")
             return handle
-        args = (src, key, time.monotonic() + deadline_s, handle)
-        threading.Thread(target=self._pull_now, args=args, name="kv-shm-pull", daemon=True).start()
+        self._pull_executor.submit(self._pull_now, src, key, time.monotonic() + deadline_s, handle)
         return handle
 
     def _pull_now(self, src: str, key: str, deadline: float, handle: TransferHandle) -> None:
+        """A pull's data phase, on a pooled connection (a fresh one if the pooled one had gone stale)."""
+        error = None
+        for attempt in (0, 1):
+            conn = None
+            try:
+                conn = self._checkout_pull(src, deadline, fresh=attempt > 0)
+                error = self._pull_on(conn, key, deadline, handle)
+                break
+            except (OSError, ConnectionError, ValueError, KeyError) as exc:
+                if conn is not None:
+                    self._break_pull(conn)
+                error = f"{type(exc).__name__}: {exc}"
+                if attempt or handle.nbytes or time.monotonic() >= deadline:  # a fresh start only from nothing
+                    break
+        if error is None:
+            with self._stats_lock:
+                self._pulled += 1
+            handle.complete()
+            return
+        why = f"pull of {key} from {src} failed: {error}"
+        if not self._store.has(key):
+            self._store.fail(key, why)
+        with self._stats_lock:
+            self._failed += 1
+        handle.complete(why)
+
+    def _pull_on(self, conn: _PullConn, key: str, deadline: float, handle: TransferHandle) -> str | None:
+        """Ask for ``key`` and land each part as the publisher hands it over; the publisher's refusal (the key
+        failed, was discarded, not published in time), or None once the last part is in. Raises on a broken
+        connection."""
+        with self._maps_lock:
+            known = self._pulled_maps.get(conn.src, ("", {}))
+            request = {"pull": key, "deadline_s": max(deadline - time.monotonic(), 0.0), "instance": known[0],
+                       "mapped": list(known[1])}  # fmt: skip
+        conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        self._reply(conn.sock, request)
+        try:
+            while True:
+                conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                header, fds = self._read_reply(conn.sock)
+                if "error" in header:
+                    return str(header["error"])
+                known = self._pulled_map(conn.src, known, header, fds)
+                slab = int(header["slab"])
+                with self._pull_lock:
+                    conn.outstanding.add(slab)
+                self._land_pulled(str(header["key"]), known[1][slab], header, conn)
+                if not header["pooled"]:
+                    del known[1][slab]  # a one-off: mapped for this part only
+                handle.nbytes += sum(int(n) for n in header["sizes"])
+                if header["last"]:
+                    return None
+        finally:
+            with self._pull_lock:
+                conn.done = True
+                idle = not conn.outstanding and not conn.broken
+            if idle:
+                self._checkin_pull(conn)
+
+    def _checkout_pull(self, src: str, deadline: float, fresh: bool) -> _PullConn:
         from tetriserve.transport.shm import _unix_name, split_address
         from tetriserve.transport.tcp import parse_address
 
-        released: queue.SimpleQueue[int] = queue.SimpleQueue()  # fed by finalizers, wherever views are dropped
-        outstanding: set[int] = set()
+        if not fresh:
+            with contextlib.suppress(queue.Empty, KeyError):
+                conn = self._pull_idle[src].get_nowait()
+                conn.done = False
+                return conn
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with self._conns_lock:
             self._conns.add(sock)
         try:
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
             sock.connect(_unix_name(self._host_id, parse_address(split_address(src)[1])[1]))
-            with self._maps_lock:
-                known = self._pulled_maps.get(src, ("", {}))
-                request = {"pull": key, "deadline_s": max(deadline - time.monotonic(), 0.0), "instance": known[0],
-                           "mapped": list(known[1])}  # fmt: skip
-            self._reply(sock, request)
-            while True:
-                sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                header, fds = self._read_reply(sock)
-                if "error" in header:
-                    raise ConnectionError(str(header["error"]))
-                known = self._pulled_map(src, known, header, fds)
-                outstanding.add(int(header["slab"]))
-                self._land_pulled(str(header["key"]), known[1][int(header["slab"])], header, released)
-                if not header["pooled"]:
-                    del known[1][int(header["slab"])]  # a one-off: mapped for this part only
-                handle.nbytes += sum(int(n) for n in header["sizes"])
-                if header["last"]:
-                    with self._stats_lock:
-                        self._pulled += 1
-                    handle.complete()
-                    break
-            while outstanding:  # the views live at most as long as the lease; a reader past it lets the slabs go
-                sid = released.get(timeout=self._store.ttl_s + 60)
-                outstanding.discard(sid)
-                sock.sendall(_RELEASE.pack(sid))
-        except (OSError, ConnectionError, ValueError, KeyError, queue.Empty) as exc:
-            why = f"pull of {key} from {src} failed: {type(exc).__name__}: {exc}"
-            if handle.state is TransferState.PENDING:
-                if not self._store.has(key):
-                    self._store.fail(key, why)
-                with self._stats_lock:
-                    self._failed += 1
-                handle.complete(why)
-            with self._maps_lock:
-                self._pulled_maps.pop(src, None)  # slabs it abandons stay mapped only by what still holds them
-        finally:
-            with self._conns_lock:
-                self._conns.discard(sock)
-            sock.close()
+        except OSError:
+            self._close_pull_sock(sock)
+            raise
+        return _PullConn(src, sock)
+
+    def _checkin_pull(self, conn: _PullConn) -> None:
+        """A connection whose pull is over and whose slabs are all released: ready for the next pull."""
+        if self._closed.is_set():
+            self._close_pull_sock(conn.sock)
+            return
+        self._pull_idle.setdefault(conn.src, queue.SimpleQueue()).put(conn)
+
+    def _break_pull(self, conn: _PullConn) -> None:
+        """A connection that broke: its slabs are the publisher's to abandon, its maps may be stale."""
+        with self._pull_lock:
+            conn.broken = True
+        self._close_pull_sock(conn.sock)
+        with self._maps_lock:
+            self._pulled_maps.pop(conn.src, None)  # slabs it abandons stay mapped only by what still holds them
+
+    def _close_pull_sock(self, sock: socket.socket) -> None:
+        with self._conns_lock:
+            self._conns.discard(sock)
+        sock.close()
+
+    def _release_loop(self) -> None:
+        """Tell publishers of the slabs whose last pulled view is gone (one thread for every pull of this
+        endpoint); a connection whose pull is over and has nothing left lent goes back to the pool."""
+        while (item := self._releases.get()) is not None:
+            conn, slab = item
+            with self._pull_lock:
+                if conn.broken:
+                    continue
+                conn.outstanding.discard(slab)
+                idle = conn.done and not conn.outstanding
+            try:
+                conn.sock.sendall(_RELEASE.pack(slab))
+            except OSError:
+                self._break_pull(conn)
+                continue
+            if idle:
+                self._checkin_pull(conn)
 
     @staticmethod
     def _read_reply(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -333,12 +430,10 @@ class ShmPull(_Base):
                 self._pulled_maps[src] = known
         return known
 
-    def _land_pulled(
-        self, key: str, mapping: mmap.mmap, header: dict[str, Any], released: queue.SimpleQueue[int]
-    ) -> None:
+    def _land_pulled(self, key: str, mapping: mmap.mmap, header: dict[str, Any], conn: _PullConn) -> None:
         sizes = [int(n) for n in header["sizes"]]
         base = np.frombuffer(mapping, dtype=np.uint8, count=sum(sizes))
         views = split_views(base, sizes)
-        weakref.finalize(base, released.put, int(header["slab"]))  # released even when the store drops it
+        weakref.finalize(base, self._releases.put, (conn, int(header["slab"])))  # even if the store drops it
         del base
         self._store.put(key, views)

@@ -167,3 +167,16 @@ def test_buffers_reserved_in_a_slab_are_published_without_a_copy(pub_reader: tup
     assert handle is not None and handle.wait(10.0) is TransferState.DONE, handle.error
     got = recv_within(reader, "k")
     assert bytes(got[0][:5]) == b"hello" and bytes(got[1]) == bytes(range(256)) * (8 << 10)
+
+
+def test_concurrent_pulls_from_one_publisher_each_land_their_own_parts(pub_reader: tuple[Any, Any]) -> None:
+    pub, reader = pub_reader
+    keys = [f"k{i}" for i in range(8)]
+    handles = [reader.pull(pub.address, key, 20.0) for key in keys]  # all waiting before anything is published
+    for index, last in ((0, False), (1, True)):
+        for i, key in enumerate(keys):
+            pub.publish(parts.part_key(key, index, last), [bytes([i, index]) * (300_000 + i)])
+    for i, (key, handle) in enumerate(zip(keys, handles, strict=True)):
+        assert handle is not None and handle.wait(20.0) is TransferState.DONE, handle.error
+        assert [bytes(b) for b in recv_within(reader, key)] == [bytes([i, part]) * (300_000 + i) for part in (0, 1)]
+    assert reader.stats().transfers_pulled == len(keys)
