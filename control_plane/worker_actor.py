@@ -178,9 +178,16 @@ class Worker:
 
     # -- decode ----------------------------------------------------------------------------
     async def take(
-        self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, subscriber: str
+        self,
+        req: Request,
+        generated: tuple[int, ...],
+        estimate: LengthEstimate | None,
+        subscriber: str,
+        pull_from: str | None = None,
     ) -> bool:
-        return isinstance(self.role, DecodeWorker) and await self.role.take(req, generated, estimate, subscriber)
+        if not isinstance(self.role, DecodeWorker):
+            return False
+        return await self.role.take(req, generated, estimate, subscriber, pull_from)
 
     async def adopt(
         self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, key: str, subscriber: str

@@ -170,12 +170,19 @@ class DecodeWorker(EngineWorker):
 
     # -- the request path -------------------------------------------------------------
     async def take(
-        self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, subscriber: str
+        self,
+        req: Request,
+        generated: tuple[int, ...],
+        estimate: LengthEstimate | None,
+        subscriber: str,
+        pull_from: str | None = None,
     ) -> bool:
         """Start decoding ``req`` after ``generated`` (the prefill's token; before it, for a migrated request, the
-        tokens the client already had), whose KV is (or will be) pushed here under ``req.kv_key``."""
+        tokens the client already had), whose KV is (or will be) pushed here under ``req.kv_key``, or pulled: from
+        ``pull_from`` (a prefill worker of this host), or by a pull under way (``pull_kv``)."""
         if not self._may_take(req):
             return False
+        await self.pulled(req.kv_key, pull_from)
         self._start(self._track(req, subscriber, estimate, list(generated)), req.kv_key)
         return True
 

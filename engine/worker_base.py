@@ -34,11 +34,12 @@ from tetriserve.common.load import DecodeLoad, PrefillLoad, same_load
 from tetriserve.common.outbox import StreamHub
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, Heartbeat, StateEvent, StreamChunk, TokenLogprobs
-from tetriserve.transport.api import Received
+from tetriserve.transport.api import Received, TransferState
 
 logger = logging.getLogger(__name__)
 
 HANDED_MEMORY = 4096  # requests handed on to another worker, remembered to forward a late abort
+PULL_SETTLE_S = 0.1  # the longest a request whose KV is pulled waits for its last part before it starts
 
 
 class EngineWorker:
@@ -56,7 +57,7 @@ class EngineWorker:
         self.config = config
         if predecessor is not None:
             self.endpoint, self.engine, self.streams = predecessor.endpoint, predecessor.engine, predecessor.streams
-            self._events, self._handed = predecessor._events, predecessor._handed
+            self._events, self._handed, self._pulls = predecessor._events, predecessor._handed, predecessor._pulls
             self._monitor, self._scheduler = predecessor._monitor, predecessor._scheduler
             self.length_score = predecessor.length_score
         else:
@@ -74,6 +75,7 @@ class EngineWorker:
             self.streams = StreamHub()
             self._events: list[StateEvent] = []
             self._handed: OrderedDict[str, Any] = OrderedDict()  # request id -> handle of the worker it went on to
+            self._pulls: dict[str, Any] = {}  # KV key -> handle of its pull in flight (``pull_kv``)
             self._monitor: Any = None
             self._scheduler: Any = None
             self.length_score = LengthScore()  # the length predictions of the requests that ended here
@@ -224,6 +226,21 @@ class EngineWorker:
         handle = self.endpoint.pull(src, key, self.config.kv_transfer_timeout_s)
         if handle is None:  # the publisher thought we could; we cannot (never between matching endpoints)
             self.endpoint.fail(key, f"{self.worker_id} cannot pull from {src}")
+            return
+        for done in [k for k, h in self._pulls.items() if h.state is not TransferState.PENDING]:
+            del self._pulls[done]  # pulls whose request never came (refused, aborted): nothing waits for them
+        self._pulls[key] = handle
+
+    async def pulled(self, key: str, src: str | None = None) -> None:
+        """Before a request whose KV is pulled starts here: pull it from ``src`` (unless already pulling it), and
+        wait, at most ``PULL_SETTLE_S``, until its last part has landed, so that the engine finds it here when it
+        first schedules the request and loads it within that step (a pushed KV is not waited for)."""
+        if src is not None and key not in self._pulls:
+            self.pull_kv(src, key)
+        handle = self._pulls.pop(key, None)
+        deadline = time.monotonic() + PULL_SETTLE_S
+        while handle is not None and handle.state is TransferState.PENDING and time.monotonic() < deadline:
+            await asyncio.sleep(0.0005)
 
     async def parked_kv(self, key: str, give_up: Callable[[], bool] = lambda: False) -> list[Received] | None:
         """The KV the engine parked in this endpoint under ``key`` (packed off the step that computed it), or

@@ -19,7 +19,6 @@ from tetriserve.common.stream import FinishReason
 from tetriserve.prefill_worker import spans
 from tetriserve.prefill_worker.dispatch.base import account
 from tetriserve.prefill_worker.views import ReqView
-from tetriserve.transport.api import TransferState
 
 if TYPE_CHECKING:
     from tetriserve.prefill_worker.worker import PrefillWorker
@@ -27,9 +26,6 @@ if TYPE_CHECKING:
     _Base = PrefillWorker
 else:
     _Base = object
-
-
-PULL_SETTLE_S = 0.1  # the longest a handoff waits for a pulled KV's last part before it gives the request
 
 
 class Handoff(_Base):
@@ -67,9 +63,9 @@ class Handoff(_Base):
             return None
         if error is None and decode_id is not None:
             decode = self._decode_handles[decode_id]
-            await self._pulled_over(key, decode_id)
+            pull_from = self.endpoint.address if chosen is None and self._lent_to(key, decode_id) else None
             try:
-                taken = await decode.take.remote(req, generated, view.estimate, subscriber)
+                taken = await decode.take.remote(req, generated, view.estimate, subscriber, pull_from)
             except Exception as exc:  # the decode worker died between the broadcast and now
                 taken, error = False, f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
                 known = self.decode_loads.get(decode_id)
@@ -95,31 +91,27 @@ class Handoff(_Base):
         return None
 
     def pulled_by(self, decode_id: str, key: str) -> bool:
-        """Have ``decode_id`` pull ``key``'s KV from this endpoint, each part as it is published, where it can
-        (an shm endpoint of this host: ``transport/shm_pull.py``); False: it must be sent."""
-        if not self.endpoint.lends_to(self.decode_addresses[decode_id]):
+        """Have ``decode_id`` pull ``key``'s KV from this endpoint now, each part as it is published, where it
+        can (an shm endpoint of this host: ``transport/shm_pull.py``); False: it must be sent."""
+        if not self._lent_to(key, decode_id):
             return False
-        lent = self.endpoint.lending(key, self.config.kv_transfer_timeout_s)
         self._decode_handles[decode_id].pull_kv.remote(self.endpoint.address, key)
-        self.sent_kv(key, lent, decode_id)  # watched like a send: its span, and a failure told to the decode worker
         return True
 
-    async def _pulled_over(self, key: str, decode_id: str) -> None:
-        """Where ``decode_id`` pulls ``key``, wait (at most ``PULL_SETTLE_S``) until its last part is handed over,
-        so that the decode engine finds the KV landed when it first schedules the request and loads it within that
-        step, instead of waiting steps for it (a push is not waited for: its bytes are on their way already)."""
-        entry = self._sends.get(key)
-        if entry is None or not self.endpoint.lends_to(self.decode_addresses.get(decode_id, "")):
-            return
-        deadline = time.monotonic() + PULL_SETTLE_S
-        while entry[0].state is TransferState.PENDING and time.monotonic() < deadline:
-            await asyncio.sleep(0.0005)
+    def _lent_to(self, key: str, decode_id: str) -> bool:
+        """Whether ``decode_id`` can pull ``key`` from here; if so its pull is watched like a send (its span, and
+        a failure told to the decode worker)."""
+        if not self.endpoint.lends_to(self.decode_addresses.get(decode_id, "")):
+            return False
+        if key not in self._sends:
+            self.sent_kv(key, self.endpoint.lending(key, self.config.kv_transfer_timeout_s), decode_id)
+        return True
 
     async def _forward_kv(self, key: str, decode_id: str) -> str | None:
-        """Send the parked KV to the chosen decode worker (or have it pull the KV); returns an error message or
-        None. A send that fails later is reported to that decode worker at once (``kv_failed``), so it does not
-        wait out the deadline; a pull that fails is known there first."""
-        if self.pulled_by(decode_id, key):
+        """Send the parked KV to the chosen decode worker; returns an error message or None. A send that fails
+        later is reported to that decode worker at once (``kv_failed``), so it does not wait out the deadline.
+        Where the decode worker can pull the KV instead, nothing is sent: ``take`` tells it where from."""
+        if self._lent_to(key, decode_id):
             return None
         buffers = await self.parked_kv(key, lambda: key in self._aborted)  # parked with the first token
         if buffers is None:

@@ -48,7 +48,8 @@ from pathlib import Path
 import numpy as np
 
 from tetriserve.transport.api import TransferHandle
-from tetriserve.transport.shm_pull import ShmPull
+from tetriserve.transport.shm_pull import ShmPublisher
+from tetriserve.transport.shm_pull_reader import ShmReader
 from tetriserve.transport.tcp import TcpTransport, _recv_exact, parse_address, split_views
 
 logger = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class _Conn:
     lent: set[int] = field(default_factory=set)
 
 
-class ShmTransport(ShmPull, TcpTransport):
+class ShmTransport(ShmPublisher, ShmReader, TcpTransport):
     def __init__(
         self,
         listen: str = "127.0.0.1:0",
@@ -122,7 +123,8 @@ class ShmTransport(ShmPull, TcpTransport):
         """``host``: this endpoint's host id, ``host_id()`` by default (tests play two hosts on one); ``pull``:
         publish into slabs and pull from peers of this host (``shm_pull.py``), else push only."""
         super().__init__(listen, ttl_s, send_threads)
-        self._init_pull(pull)
+        self._init_publisher(pull)
+        self._init_reader()
         self._host_id = host or host_id()
         self._pool_bytes = pool_bytes
         self._slab_lock = threading.Lock()
@@ -330,7 +332,7 @@ class ShmTransport(ShmPull, TcpTransport):
             self._unix.shutdown(socket.SHUT_RDWR)
         self._unix.close()
         super().close()
-        self._close_pull()
+        self._close_reader()
         for pool in self._shared.values():
             while True:
                 try:
