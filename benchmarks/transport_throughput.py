@@ -73,6 +73,8 @@ def _receiver(kind: str, conn: Any) -> None:
 
 
 def _backend(kind: str, sizes: list[int], repeats: int) -> dict[int, list[float]]:
+    """``kind``'s send (``shm-pull``: shm's one-sided pull, this process publishing a buffer in a slab, filled in
+    place as the packer does, and the other pulling it), timed until the other process's ``recv`` has it."""
     from tetriserve.transport.api import TransferState
     from tetriserve.transport.registry import make_transport
 
@@ -80,17 +82,25 @@ def _backend(kind: str, sizes: list[int], repeats: int) -> dict[int, list[float]
     proc = mp.get_context("spawn").Process(target=_receiver, args=(kind, child), daemon=True)
     proc.start()
     address = parent.recv()
-    sender = make_transport(kind, "127.0.0.1:0")
+    sender = make_transport("shm" if kind == "shm-pull" else kind, "127.0.0.1:0")
     out: dict[int, list[float]] = {}
     try:
         for size in sizes:
             payload = bytearray(size * MIB)
             for r in range(repeats + 1):  # the first of each size warms the path
                 key = f"{size}-{r}"
-                parent.send(key)
-                t0 = time.perf_counter()
-                handle = sender.send(address, key, [payload], 120.0)
-                assert handle.wait(120.0) is TransferState.DONE, handle.error
+                if kind == "shm-pull":
+                    reserved = sender.reserve([size * MIB])
+                    reserved[0][:] = payload  # the packer's gather, before anyone asks
+                    sender.publish(key, reserved)
+                    del reserved
+                    t0 = time.perf_counter()
+                    parent.send((sender.address, key))
+                else:
+                    parent.send(key)
+                    t0 = time.perf_counter()
+                    handle = sender.send(address, key, [payload], 120.0)
+                    assert handle.wait(120.0) is TransferState.DONE, handle.error
                 landed = parent.recv()
                 if r:
                     out.setdefault(size, []).append(size * MIB / (landed - t0) / 1e9)
@@ -98,37 +108,6 @@ def _backend(kind: str, sizes: list[int], repeats: int) -> dict[int, list[float]
         parent.send(None)
         proc.join(10)
         sender.close()
-    return out
-
-
-def _pull(sizes: list[int], repeats: int) -> dict[int, list[float]]:
-    """shm's one-sided pull: this process publishes a buffer in a slab (filled in place, as the packer does)
-    and the other pulls it; timed from asking for it until that process's ``recv`` has it."""
-    from tetriserve.transport.shm import ShmTransport
-
-    parent, child = mp.Pipe()
-    proc = mp.get_context("spawn").Process(target=_receiver, args=("shm-pull", child), daemon=True)
-    proc.start()
-    parent.recv()
-    publisher = ShmTransport("127.0.0.1:0")
-    out: dict[int, list[float]] = {}
-    try:
-        for size in sizes:
-            for r in range(repeats + 1):
-                key = f"{size}-{r}"
-                reserved = publisher.reserve([size * MIB])
-                reserved[0][:] = bytes(size * MIB)  # the packer's gather, before anyone asks
-                publisher.publish(key, reserved)
-                del reserved
-                t0 = time.perf_counter()
-                parent.send((publisher.address, key))
-                landed = parent.recv()
-                if r:
-                    out.setdefault(size, []).append(size * MIB / (landed - t0) / 1e9)
-    finally:
-        parent.send(None)
-        proc.join(10)
-        publisher.close()
     return out
 
 
@@ -379,7 +358,7 @@ def main() -> int:
         if "shm" in groups:
             fresh, reused = _copies(sizes, n)
             gbps |= {"shm": _backend("shm", sizes, n), "tcp": _backend("tcp", sizes, n), "socket": _socket(sizes, n)}
-            gbps |= {"copy_fresh": fresh, "copy_reused": reused, "shm_pull": _pull(sizes, n)}
+            gbps |= {"copy_fresh": fresh, "copy_reused": reused, "shm_pull": _backend("shm-pull", sizes, n)}
         if "ucx" in groups:
             gbps |= {"ucx": _backend("ucx", sizes, n), "raw_ucx": _raw_ucx(sizes, n)}
         if "nccl" in groups:
