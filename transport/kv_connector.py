@@ -24,6 +24,9 @@ Lifecycle (request-level transfer, as in the paper)::
                                                             reports finished_recving
                                                      sched: request runs; only token L+1 is computed
 
+    (on one host the decode worker pulls k from the prefill worker's slabs instead of being sent it:
+    ``shm_pull.py``; either way it lands in the ReceiveStore the connector polls)
+
 When the KV has already landed as the decode engine first schedules the request
 (the usual case: the bytes travel while the prefill worker's ``submit`` call
 does) and is at most ``sync_load_bytes`` (the config's ``transport.sync_load_mib``),

@@ -79,3 +79,12 @@ def test_the_mock_sends_only_the_metadata_and_the_receiver_gets_zero_kv_of_the_r
         rx.close()
     with pytest.raises(ValidationError, match=r"needs transport\.emulate"):
         ClusterConfig.load(overrides={"transport.backend": "mock"})
+
+
+def test_an_emulated_link_is_never_pulled_over(make: Callable[..., Any]) -> None:
+    host = "one-host"
+    link, peer = EmulatedLink(make("shm", host=host), 1.0), make("shm", host=host)
+    assert not link.lends_to(peer.address) and link.pull(peer.address, "k", 1.0) is None
+    assert link.lending("k", 10.0).state is TransferState.FAILED
+    link.publish("k", [b"parked"])  # held in the endpoint, to be sent over the link
+    assert [bytes(b) for b in link.recv("k")] == [b"parked"]
