@@ -18,6 +18,8 @@ Writes ``benchmarks/results/pipelined_share.{md,json}``.
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +30,10 @@ from transfer_breakdown import PORT, handoffs
 from vllm_bench_report import WORK, measure_or_reload
 from vllm_bench_serve import prepare, run_bench, stop, tetriserve_cmd, wait_ready
 
+from tetriserve.common.prefill_config import PrefillConfig
+
 SCENARIOS = ("rate", "saturation")
+CHUNK = PrefillConfig().chunk_size  # tetriserve's default prefill chunk
 
 
 def run_scenario(scenario: str, args: argparse.Namespace, model: str, dataset: Path, env: dict[str, str]) -> Any:
@@ -45,7 +50,8 @@ def run_scenario(scenario: str, args: argparse.Namespace, model: str, dataset: P
             stop(proc)
     counted = {mode: after.get(mode, 0) - before.get(mode, 0) for mode in ("pipelined", "whole")}
     print(f"[{scenario}] {counted}", flush=True)
-    return {"client": client, "handoffs": counted}
+    detailed = json.loads((WORK / f"bench_pipelined_share_{scenario}.json").read_text())
+    return {"client": client, "handoffs": counted, "prompt_tokens": list(detailed.get("input_lens", []))}
 
 
 def report(data: dict[str, Any]) -> str:
@@ -59,16 +65,22 @@ def report(data: dict[str, Any]) -> str:
         "prediction was ready before the prefill ended (the decode worker chosen then, the KV moving during the "
         "prefill), whole otherwise.",
         "",
-        "| scenario | handoffs | pipelined | share | client median TTFT ms | client median TPOT ms |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        f"A prompt longer than one prefill chunk ({CHUNK} tokens, the default `prefill.chunk_size`) is the only "
+        "kind whose KV can move in more than one part.",
+        "",
+        f"| scenario | handoffs | pipelined | share | prompts over {CHUNK} tokens | median prompt tokens | "
+        "client median TTFT ms | client median TPOT ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for scenario, run in data["scenarios"].items():
         done, client = run["handoffs"], run["client"]
         total = done["pipelined"] + done["whole"]
         share = f"{done['pipelined'] / total:.2f}" if total else "-"
+        prompts = run["prompt_tokens"]
+        longer = sum(1 for n in prompts if n > CHUNK)
         lines.append(
-            f"| {scenario} | {total} | {done['pipelined']} | {share} | {client['median_ttft_ms']:.2f} | "
-            f"{client['median_tpot_ms']:.2f} |"
+            f"| {scenario} | {total} | {done['pipelined']} | {share} | {longer} of {len(prompts)} | "
+            f"{statistics.median(prompts):.0f} | {client['median_ttft_ms']:.2f} | {client['median_tpot_ms']:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
