@@ -50,8 +50,11 @@ class Handoff(_Base):
         rid, key, index = req.request_id, req.kv_key, len(generated)
         decode_id, error = chosen if chosen is not None else (await self._choose_decode(view), None)
         tracing.annotate({"tetriserve.decode_worker": decode_id or "", "tetriserve.dispatch": self.dispatcher.name})
+        pull_from = None  # where ``take`` tells the decode worker to pull the KV from, instead of being sent it
         if decode_id is None:
             error = "no decode worker is accepting requests"
+        elif chosen is None and self._lent_to(key, decode_id):
+            pull_from = self.endpoint.address
         elif chosen is None:
             error = await self._forward_kv(key, decode_id)
         if key in self._aborted:  # aborted after its first token, before the handoff
@@ -63,7 +66,6 @@ class Handoff(_Base):
             return None
         if error is None and decode_id is not None:
             decode = self._decode_handles[decode_id]
-            pull_from = self.endpoint.address if chosen is None and self._lent_to(key, decode_id) else None
             try:
                 taken = await decode.take.remote(req, generated, view.estimate, subscriber, pull_from)
             except Exception as exc:  # the decode worker died between the broadcast and now
@@ -103,16 +105,12 @@ class Handoff(_Base):
         a failure told to the decode worker)."""
         if not self.endpoint.lends_to(self.decode_addresses.get(decode_id, "")):
             return False
-        if key not in self._sends:
-            self.sent_kv(key, self.endpoint.lending(key, self.config.kv_transfer_timeout_s), decode_id)
+        self.sent_kv(key, self.endpoint.lending(key, self.config.kv_transfer_timeout_s), decode_id)
         return True
 
     async def _forward_kv(self, key: str, decode_id: str) -> str | None:
         """Send the parked KV to the chosen decode worker; returns an error message or None. A send that fails
-        later is reported to that decode worker at once (``kv_failed``), so it does not wait out the deadline.
-        Where the decode worker can pull the KV instead, nothing is sent: ``take`` tells it where from."""
-        if self._lent_to(key, decode_id):
-            return None
+        later is reported to that decode worker at once (``kv_failed``), so it does not wait out the deadline."""
         buffers = await self.parked_kv(key, lambda: key in self._aborted)  # parked with the first token
         if buffers is None:
             return f"prefilled KV of {key} was not found on {self.worker_id}"

@@ -53,6 +53,13 @@ class TransferHandle:
         self._state = TransferState.PENDING
         self._done = threading.Event()
 
+    @classmethod
+    def refused(cls, key: str, error: str) -> TransferHandle:
+        """A handle that failed before anything moved (a closed endpoint, a backend that cannot do it)."""
+        handle = cls(key, 0)
+        handle.complete(error)
+        return handle
+
     @property
     def state(self) -> TransferState:
         return self._state

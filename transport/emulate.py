@@ -106,9 +106,7 @@ class EmulatedLink:
         return False  # a pull would bypass the emulated link
 
     def lending(self, key: str, deadline_s: float) -> TransferHandle:
-        handle = TransferHandle(key, 0)
-        handle.complete(f"{key}: an emulated link is never pulled over")
-        return handle
+        return TransferHandle.refused(key, f"{key}: an emulated link is never pulled over")
 
     def pull(self, src: str, key: str, deadline_s: float) -> TransferHandle | None:
         return None

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import mmap
 import os
@@ -41,21 +40,21 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from tetriserve.transport.api import TransferHandle
-from tetriserve.transport.shm_pull import ShmPublisher
+from tetriserve.transport.shm_pull import ShmPublisher, map_slab, recv_frame, send_frame
 from tetriserve.transport.shm_pull_reader import ShmReader
 from tetriserve.transport.tcp import TcpTransport, _recv_exact, parse_address, split_views
 
 logger = logging.getLogger(__name__)
 
 MIN_SLAB = 1 << 20
-_LEN = struct.Struct("!I")  # header length, then the JSON header
 _ACK = struct.Struct("!BI")  # stored?, how many released slab ids (u32 each) follow
 _CLOSING = threading.Lock()  # a slab's fd is closed once, whoever lets it go last
 
@@ -149,12 +148,11 @@ class ShmTransport(ShmPublisher, ShmReader, TcpTransport):
     def _send_attempts(
         self, dst: str, key: str, views: list[memoryview], deadline: float, handle: TransferHandle
     ) -> None:
-        hid, hostport = split_address(dst)
         total = sum(v.nbytes for v in views)
         conn = None
-        if hid == self._host_id and total > 0:
+        if split_address(dst)[0] == self._host_id and total > 0:
             with contextlib.suppress(OSError):
-                conn = self._checkout_shared(dst, parse_address(hostport)[1], deadline)
+                conn = self._checkout_shared(dst, deadline)
         if conn is None:  # another host, nothing to map, or no shared path: the bytes go inline over TCP
             super()._send_attempts(dst, key, views, deadline, handle)
             return
@@ -164,15 +162,12 @@ class ShmTransport(ShmPublisher, ShmReader, TcpTransport):
             for v in views:
                 slab.map[offset : offset + v.nbytes] = v
                 offset += v.nbytes
-            header = json.dumps({"key": key, "sizes": [v.nbytes for v in views], "slab": slab.id,
-                                 "size": slab.size, "pooled": slab.pooled}).encode()  # fmt: skip
+            header = {"key": key, "sizes": [v.nbytes for v in views], "slab": slab.id, "size": slab.size,
+                      "pooled": slab.pooled}  # fmt: skip
             conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            frame = _LEN.pack(len(header)) + header
-            if slab.id in conn.mapped:
-                conn.sock.sendall(frame)
-            else:  # the receiver maps it once per connection (a one-off slab, every time: its id is new)
-                socket.send_fds(conn.sock, [frame], [slab.fd])
-                conn.mapped.add(slab.id)
+            # the receiver maps a slab once per connection (a one-off slab, every time: its id is new)
+            send_frame(conn.sock, header, None if slab.id in conn.mapped else slab.fd)
+            conn.mapped.add(slab.id)
             stored, count = _ACK.unpack(_recv_exact(conn.sock, _ACK.size))
             released = struct.unpack(f"!{count}I", _recv_exact(conn.sock, 4 * count)) if count else ()
         except (OSError, ConnectionError) as exc:
@@ -190,17 +185,21 @@ class ShmTransport(ShmPublisher, ShmReader, TcpTransport):
         self._shared.setdefault(dst, queue.SimpleQueue()).put(conn)
         self._finish(handle, None if stored else f"receiver dropped {key} (discarded)")
 
-    def _checkout_shared(self, dst: str, port: int, deadline: float) -> _Conn:
+    def _checkout_shared(self, dst: str, deadline: float) -> _Conn:
         with contextlib.suppress(queue.Empty, KeyError):
             return self._shared[dst].get_nowait()
+        return _Conn(self._connect_unix(dst, deadline))
+
+    def _connect_unix(self, dst: str, deadline: float) -> socket.socket:
+        """A new connection to the UNIX socket of ``dst``, an shm endpoint of this host (pushes and pulls)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(max(deadline - time.monotonic(), 0.001))
         try:
-            sock.connect(_unix_name(self._host_id, port))
+            sock.connect(_unix_name(self._host_id, parse_address(split_address(dst)[1])[1]))
         except OSError:
             sock.close()
             raise
-        return _Conn(sock)
+        return sock
 
     def _take_slab(self, nbytes: int) -> _Slab:
         """The smallest free pooled slab that fits, a new pooled one while the pool has room, else a one-off."""
@@ -276,11 +275,7 @@ class ShmTransport(ShmPublisher, ShmReader, TcpTransport):
         released: deque[int] = deque()  # appended by finalizers, in whatever thread drops a transfer's last view
         while not self._closed.is_set():
             try:
-                head, fds, _, _ = socket.recv_fds(conn, _LEN.size, 1)
-                if not head:
-                    return
-                head = bytes(head) + bytes(_recv_exact(conn, _LEN.size - len(head)))
-                header = json.loads(_recv_exact(conn, _LEN.unpack(head)[0]))
+                header, fds = recv_frame(conn)
             except (OSError, ConnectionError, ValueError):
                 return
             if "pull" in header:  # a reader's pull (its connection carries its pulls, one after another)
@@ -291,8 +286,14 @@ class ShmTransport(ShmPublisher, ShmReader, TcpTransport):
                 continue
             key = str(header["key"])
             try:
-                mapping = self._map(header, fds, maps)
-                stored = self._land(key, mapping, [int(n) for n in header["sizes"]], header, released)
+                slab = int(header["slab"])
+                mapping = map_slab(fds, int(header["size"])) if fds else maps[slab]
+                if fds and header["pooled"]:
+                    maps[slab] = mapping  # mapped once per connection
+                release = released.append if header["pooled"] else None  # a one-off goes with the ack
+                stored, token = self._land_views(key, mapping, [int(n) for n in header["sizes"]], release, (slab,))
+                if not stored and token is not None:
+                    token.detach()  # the sender frees it on this ack; no release must follow
                 ids = [released.popleft() for _ in range(len(released))]
                 conn.sendall(_ACK.pack(int(stored), len(ids)) + struct.pack(f"!{len(ids)}I", *ids))
             except (OSError, ConnectionError, ValueError, KeyError) as exc:
@@ -301,31 +302,16 @@ class ShmTransport(ShmPublisher, ShmReader, TcpTransport):
                     self._store.fail(key, f"transfer of {key} broke off: {exc}")
                 return
 
-    @staticmethod
-    def _map(header: dict[str, object], fds: list[int], maps: dict[int, mmap.mmap]) -> mmap.mmap:
-        slab, size = int(header["slab"]), int(header["size"])  # type: ignore[call-overload]
-        if fds:
-            try:
-                mapping = mmap.mmap(fds[0], size)
-            finally:
-                for fd in fds:
-                    os.close(fd)
-            if header["pooled"]:
-                maps[slab] = mapping
-            return mapping
-        return maps[slab]
-
-    def _land(
-        self, key: str, mapping: mmap.mmap, sizes: list[int], header: dict[str, object], released: deque[int]
-    ) -> bool:
+    def _land_views(
+        self, key: str, mapping: mmap.mmap, sizes: list[int], release: Callable[..., None] | None, args: tuple[Any, ...]
+    ) -> tuple[bool, weakref.finalize | None]:
+        """Store views of ``mapping`` (``sizes`` bytes each, one after another) under ``key``, pushed or pulled:
+        whether the store took them, and the finalizer that calls ``release(*args)`` once the last is dropped."""
         base = np.frombuffer(mapping, dtype=np.uint8, count=sum(sizes))
         views = split_views(base, sizes)
-        token = weakref.finalize(base, released.append, int(header["slab"])) if header["pooled"] else None  # type: ignore[call-overload]
+        token = weakref.finalize(base, release, *args) if release is not None else None
         del base
-        stored = self._store.put(key, views)
-        if not stored and token is not None:
-            token.detach()  # the sender frees it on this ack; no release must follow
-        return stored
+        return self._store.put(key, views), token
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

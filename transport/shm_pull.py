@@ -38,6 +38,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import mmap
+import os
 import secrets
 import socket
 import struct
@@ -167,7 +169,7 @@ class ShmPublisher(_Base):
                         why = f"{key} was not published within the pull's deadline"
                     if why is not None:
                         self._lent(key, error=why)
-                        reply(conn, {"error": why})
+                        send_frame(conn, {"error": why})
                         break
                     if self._closed.is_set():
                         return False
@@ -179,7 +181,7 @@ class ShmPublisher(_Base):
                          "pooled": slab.pooled, "last": last, "instance": self._instance}  # fmt: skip
                 lent[slab.id] = held
                 self._count_lent(nbytes)  # before the reader can see it
-                reply(conn, where, None if slab.id in mapped else slab.fd)
+                send_frame(conn, where, None if slab.id in mapped else slab.fd)
                 mapped.add(slab.id)
                 with self._stats_lock:
                     self._send_s += time.monotonic() - started
@@ -229,8 +231,9 @@ class ShmPublisher(_Base):
                 slab.close()
 
 
-def reply(conn: socket.socket, header: dict[str, Any], fd: int | None = None) -> None:
-    """One frame of the pull conversation: its length, its JSON; ``fd`` rides along (a slab's, once)."""
+def send_frame(conn: socket.socket, header: dict[str, Any], fd: int | None = None) -> None:
+    """One message over an shm endpoint's UNIX socket, push or pull: its length, its JSON; ``fd`` (a slab's, the
+    first time the peer sees it) rides along."""
     frame = json.dumps(header).encode()
     frame = _LEN.pack(len(frame)) + frame
     if fd is None:
@@ -239,10 +242,19 @@ def reply(conn: socket.socket, header: dict[str, Any], fd: int | None = None) ->
         socket.send_fds(conn, [frame], [fd])
 
 
-def read_reply(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """The next frame ``reply`` sent, and the descriptors that came with it."""
+def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """The next message ``send_frame`` sent, and the descriptors that came with it."""
     head, fds, _, _ = socket.recv_fds(sock, _LEN.size, 1)
     if not head:
         raise ConnectionError("the peer closed the connection")
     head = bytes(head) + bytes(_recv_exact(sock, _LEN.size - len(head)))
     return json.loads(_recv_exact(sock, _LEN.unpack(head)[0])), fds
+
+
+def map_slab(fds: list[int], size: int) -> mmap.mmap:
+    """Map the slab whose descriptor came with a message (closing every descriptor that came)."""
+    try:
+        return mmap.mmap(fds[0], size)
+    finally:
+        for fd in fds:
+            os.close(fd)

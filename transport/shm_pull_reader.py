@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-import os
 import queue
 import socket
 import threading
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from tetriserve.transport.api import TransferHandle
-from tetriserve.transport.shm_pull import RELEASE, read_reply, reply
-from tetriserve.transport.tcp import split_views
+from tetriserve.transport.shm_pull import RELEASE, map_slab, recv_frame, send_frame
 
 if TYPE_CHECKING:
     from tetriserve.transport.shm import ShmTransport
@@ -72,14 +67,11 @@ class ShmReader(_Base):
     def pull(self, src: str, key: str, deadline_s: float) -> TransferHandle | None:
         """Bring ``key`` (every part, as it is published) from the endpoint at ``src`` into this endpoint's
         store, reading the publisher's slabs in place; None where ``src`` does not lend to this endpoint."""
-        from tetriserve.transport.shm import split_address
-
-        if not (self._pull_enabled and src.startswith("shm://") and split_address(src)[0] == self._host_id):
+        if not self.lends_to(src):  # the same test either way: an shm endpoint of this host, pulls on
             return None
-        handle = TransferHandle(key, 0)
         if self._closed.is_set():
-            handle.complete("transport closed")
-            return handle
+            return TransferHandle.refused(key, "transport closed")
+        handle = TransferHandle(key, 0)
         self._pull_executor.submit(self._pull_now, src, key, time.monotonic() + deadline_s, handle)
         return handle
 
@@ -119,21 +111,22 @@ class ShmReader(_Base):
             request = {"pull": key, "deadline_s": max(deadline - time.monotonic(), 0.0), "instance": known[0],
                        "mapped": list(known[1])}  # fmt: skip
         conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        reply(conn.sock, request)
+        send_frame(conn.sock, request)
         try:
             while True:
                 conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                header, fds = read_reply(conn.sock)
+                header, fds = recv_frame(conn.sock)
                 if "error" in header:
                     return str(header["error"])
                 known = self._pulled_map(conn.src, known, header, fds)
                 slab = int(header["slab"])
                 with self._pull_lock:
                     conn.outstanding.add(slab)
-                self._land_pulled(str(header["key"]), known[1][slab], header, conn)
+                sizes = [int(n) for n in header["sizes"]]  # released even if the store drops them
+                self._land_views(str(header["key"]), known[1][slab], sizes, self._releases.put, ((conn, slab),))
                 if not header["pooled"]:
                     del known[1][slab]  # a one-off: mapped for this part only
-                handle.nbytes += sum(int(n) for n in header["sizes"])
+                handle.nbytes += sum(sizes)
                 if header["last"]:
                     return None
         finally:
@@ -144,23 +137,14 @@ class ShmReader(_Base):
                 self._checkin_pull(conn)
 
     def _checkout_pull(self, src: str, deadline: float, fresh: bool) -> _PullConn:
-        from tetriserve.transport.shm import _unix_name, split_address
-        from tetriserve.transport.tcp import parse_address
-
         if not fresh:
             with contextlib.suppress(queue.Empty, KeyError):
                 conn = self._pull_idle[src].get_nowait()
                 conn.done = False
                 return conn
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = self._connect_unix(src, deadline)
         with self._conns_lock:
-            self._conns.add(sock)
-        try:
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            sock.connect(_unix_name(self._host_id, parse_address(split_address(src)[1])[1]))
-        except OSError:
-            self._close_pull_sock(sock)
-            raise
+            self._conns.add(sock)  # shut down with the endpoint
         return _PullConn(src, sock)
 
     def _checkin_pull(self, conn: _PullConn) -> None:
@@ -211,21 +195,8 @@ class ShmReader(_Base):
         if known[0] != instance:  # the first reply, or the publisher restarted: its slab ids start over
             known = (instance, {})
         if fds:
-            try:
-                mapping = mmap.mmap(fds[0], int(header["size"]))
-            finally:
-                for fd in fds:
-                    os.close(fd)
-            known[1][int(header["slab"])] = mapping
+            known[1][int(header["slab"])] = map_slab(fds, int(header["size"]))
         if header["pooled"]:
             with self._maps_lock:
                 self._pulled_maps[src] = known
         return known
-
-    def _land_pulled(self, key: str, mapping: mmap.mmap, header: dict[str, Any], conn: _PullConn) -> None:
-        sizes = [int(n) for n in header["sizes"]]
-        base = np.frombuffer(mapping, dtype=np.uint8, count=sum(sizes))
-        views = split_views(base, sizes)
-        weakref.finalize(base, self._releases.put, (conn, int(header["slab"])))  # even if the store drops it
-        del base
-        self._store.put(key, views)

@@ -98,7 +98,8 @@ class ReceiveStore:
             self._changed.wait_for(lambda: self._version != version, timeout_s)
 
     def has(self, key: str) -> bool:
-        return self.size(key) is not None
+        with self._lock:
+            return key in self._entries or parts.complete(key, self._parts.get(key, ())) is not None
 
     def size(self, key: str) -> int | None:
         """The bytes ``take(key)`` would return, None unless all of them (every part) are here."""
@@ -231,9 +232,7 @@ class StoreBackedEndpoint:
         return False
 
     def lending(self, key: str, deadline_s: float) -> TransferHandle:
-        handle = TransferHandle(key, 0)
-        handle.complete(f"{key}: this backend has no pull")
-        return handle
+        return TransferHandle.refused(key, f"{key}: this backend has no pull")
 
     def pull(self, src: str, key: str, deadline_s: float) -> TransferHandle | None:
         return None
