@@ -11,10 +11,15 @@
 
 The dispatcher needs the length prediction (TetriInfer's parallel mode computes
 it while the prompt prefills), so the decode worker can be chosen before the
-prefill ends only when the prediction is ready first: long prompts, a
-predictor with nothing queued. The choice waits for the prompt to enter the
-engine, so that it is made on loads no older than the prefill (not the queue
-wait before it). Then the KV of the chunks computed so far
+prefill ends when the prediction is ready first: long prompts, a predictor
+with nothing queued. Under load the prediction is late for nearly every prompt
+(``benchmarks/results/pipelined_share.md``), so where it cannot change the
+choice — one decode worker to choose from — a prompt longer than one chunk
+(the only kind whose KV leaves in several parts) does not wait for it: the
+decode worker is chosen at once on the predictor's instant estimate, and the
+prediction follows the request as it does for any late one. The choice waits
+for the prompt to enter the engine, so that it is made on loads no older than
+the prefill (not the queue wait before it). Then the KV of the chunks computed so far
 leaves at once and each later part as soon as the packer parks it, so at the
 first token only the last part is still to travel. When the prefill ends
 first, nothing was sent and the handoff goes as before (prediction or its
@@ -47,15 +52,17 @@ class EarlyHandoff:
         self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> str | None:
-        future = self._ticket.future
-        await asyncio.wait([future])
-        if future.cancelled() or (estimate := future.result()) is None:
-            return None
-        decode_id = self._worker.pick_decode(replace(self._view, estimate=estimate))
+        worker, future = self._worker, self._ticket.future
+        if not future.done() and self._parts_without_choice():
+            estimate = worker.predictions.predictor.instant(self._ticket.item)
+        else:
+            await asyncio.wait([future])
+            if future.cancelled() or (estimate := future.result()) is None:
+                return None
+        decode_id = worker.pick_decode(replace(self._view, estimate=estimate))
         if decode_id is None:
             return None
         self.decode_id = decode_id
-        worker = self._worker
         if worker.pulled_by(decode_id, self._key):  # it takes each part as the packer publishes it
             return None
         return await forward_parts(
@@ -67,6 +74,12 @@ class EarlyHandoff:
             on_send=lambda part, handle: worker.sent_kv(part, handle, decode_id),
             hurry=self._prefilled,
         )
+
+    def _parts_without_choice(self) -> bool:
+        """The KV leaves in several parts and one decode worker is all there is to choose from."""
+        spec = self._worker.policy.spec
+        several = spec.chunking != "none" and self._view.prompt_len > spec.chunk_size
+        return several and len(self._worker.decode_loads) == 1
 
     async def outcome(self) -> tuple[str, str | None] | None:
         """Once the prefill is done: (decode worker, error forwarding the KV or None) if one was chosen before
