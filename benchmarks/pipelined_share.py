@@ -43,9 +43,11 @@ CHUNK = PrefillConfig().chunk_size  # tetriserve's default prefill chunk
 
 
 def run_scenario(
-    scenario: str, flags: str, args: argparse.Namespace, model: str, dataset: Path, env: dict[str, str]
+    scenario: str, variant: tuple[str, str], args: argparse.Namespace, model: str, dataset: Path, env: dict[str, str]
 ) -> Any:
-    with open(WORK / f"server_pipelined_share_{scenario}.log", "w") as log:
+    """One run of ``scenario`` on a fresh server with ``variant``'s (name, flags); its log names both."""
+    name, flags = variant
+    with open(WORK / f"server_pipelined_share_{name}_{scenario}.log", "w") as log:
         proc = subprocess.Popen(tetriserve_cmd(*shlex.split(flags)), env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
         try:
@@ -65,7 +67,7 @@ def run_scenario(
 def runs_of(data: dict[str, Any]) -> list[tuple[int, str, str, Any]]:
     """(round, variant, scenario, run) for every run saved; a report of one round and no variants (the
     first version of this benchmark) reads as round 1 of the defaults."""
-    rounds = data.get("rounds") or [{"defaults": data["scenarios"]}]
+    rounds = data["rounds"] if "rounds" in data else [{"defaults": data["scenarios"]}]
     return [
         (i, variant, scenario, run)
         for i, by_variant in enumerate(rounds, 1)
@@ -79,14 +81,16 @@ def report(data: dict[str, Any]) -> str:
         "# How often the pipelined handoff applies under load",
         "",
         f"Command: `{data['command']}`  ",
-        "Each scenario on a fresh `tetriserve serve` (defaults: 1 prefill + 1 decode, trained length predictor, "
-        "pipelined handoff on, tiny random-weight Llama, this machine's 2 cores), warmed with 64 prompts at once; "
-        "then vLLM's benchmark client on ShareGPT. Handoffs of the measured run only: pipelined where the "
-        "decode worker was chosen before the prefill ended (the prediction ready first, or one decode worker and "
-        "a prompt of several chunks), the KV moving during the prefill; whole otherwise.",
+        "Each scenario of each variant on a fresh `tetriserve serve` (defaults but for the variant's flags: 1 "
+        "prefill + 1 decode, trained length predictor, pipelined handoff on, tiny random-weight Llama, this "
+        "machine's 2 cores), warmed with 64 prompts at once; then vLLM's benchmark client on ShareGPT. Each round "
+        "runs every variant, in alternating order from round to round. Handoffs of the measured run only: "
+        "pipelined where the decode worker was chosen before the prefill ended (the prediction ready first, or one "
+        "decode worker and a prompt of several chunks), the KV moving during the prefill; whole otherwise.",
         "",
-        f"A prompt longer than one prefill chunk ({CHUNK} tokens, the default `prefill.chunk_size`) is the only "
-        "kind whose KV can move in more than one part.",
+        f"A prompt longer than one prefill chunk ({CHUNK} tokens, the default `prefill.chunk_size`) always moves "
+        "in more than one part (a shorter one only when a step splits it), and is the kind whose decode worker is "
+        "chosen without waiting for the prediction when there is one decode worker.",
         "",
         "Variants: "
         + ", ".join(
@@ -139,15 +143,22 @@ def main() -> int:
     )
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     args.single_prompts = 0  # not a scenario here; vllm_bench_serve's scenario arguments read it
-    variants = dict(v.split("=", 1) for v in args.variant or ("pipelined=", "whole=--no-kv-pipeline"))
+    variants: dict[str, str] = {}
+    for spec in args.variant or ("pipelined=", "whole=--no-kv-pipeline"):
+        name, sep, flags = spec.partition("=")
+        if not sep or not name or name in variants:
+            ap.error(f"--variant {spec!r}: give NAME=FLAGS, each NAME once")
+        variants[name] = flags
 
     def measure() -> dict[str, Any]:
         model, dataset, env = prepare()
         rounds = []
         for i in range(args.rounds):
             order = list(variants) if i % 2 == 0 else list(reversed(variants))
-            ran = {v: {s: run_scenario(s, variants[v], args, model, dataset, env) for s in args.scenarios}
+            ran = {v: {s: run_scenario(s, (v, variants[v]), args, model, dataset, env) for s in args.scenarios}
                    for v in order}  # fmt: skip
             rounds.append({v: ran[v] for v in variants})
         return {"variants": variants, "rounds": rounds}

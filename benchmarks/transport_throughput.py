@@ -291,16 +291,12 @@ def _measure_group(group: str, sizes: list[int], n: int, ceilings_first: bool) -
         kinds = {"shm": ("shm", "tcp", "shm-pull"), "ucx": ("ucx",), "nccl": ("nccl",)}[group]
         return {kind.replace("-", "_"): _backend(kind, sizes, n) for kind in kinds}
 
-    if ceilings_first:
-        first = ceilings()
-        return first | backends()
-    first = backends()
-    return first | ceilings()
+    return ceilings() | backends() if ceilings_first else backends() | ceilings()  # the left one runs first
 
 
 def _rounds(data: dict[str, Any]) -> list[dict[str, dict[int, float]]]:
     """Each round's median GB/s per path and size (a result saved before rounds existed is one round)."""
-    runs = data.get("rounds") or [data["gbps"]]
+    runs = data["rounds"] if "rounds" in data else [data["gbps"]]
     return [{name: {int(k): statistics.median(v) for k, v in by_size.items()} for name, by_size in run.items()}
             for run in runs]  # fmt: skip
 
@@ -407,7 +403,7 @@ def _target_lines(rounds: list[dict[str, dict[int, float]]], sizes: list[int], p
         if name not in paths or ceiling not in paths:
             continue
         meds = [statistics.median(_ratios(rounds, name, ceiling, s)) for s in sizes if s >= TARGET_FROM_MIB]
-        met = "yes" if meds and min(meds) >= TARGET else "no"
+        met = "-" if not meds else "yes" if min(meds) >= TARGET else "no"
         lines.append(f"| {name} | {ceiling} | " + " | ".join(f"{m:.2f}" for m in meds) + f" | {met} |")
     return lines
 
@@ -421,6 +417,8 @@ def main() -> int:
                     help="measure these (shm also measures tcp: one table), each beside its raw path")  # fmt: skip
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     groups = [g for g in BACKEND_GROUPS if g in args.backends]
 
     def measure() -> dict[str, Any]:

@@ -14,10 +14,12 @@ it while the prompt prefills), so the decode worker can be chosen before the
 prefill ends when the prediction is ready first: long prompts, a predictor
 with nothing queued. Under load the prediction is late for nearly every prompt
 (``benchmarks/results/pipelined_share.md``), so where it cannot change the
-choice — one decode worker to choose from — a prompt longer than one chunk
-(the only kind whose KV leaves in several parts) does not wait for it: the
-decode worker is chosen at once on the predictor's instant estimate, and the
-prediction follows the request as it does for any late one. The choice waits
+choice — one accepting decode worker to choose from — a prompt longer than one
+chunk (whose KV always leaves in several parts) does not wait for it: the
+decode worker is chosen at once on the predictor's instant estimate. The
+handoff then treats the prediction as for any late one: it waits for it up to
+``prefill.predictor_wait_ms``, and one the predictor has begun follows the
+request to the decode worker. The choice waits
 for the prompt to enter the engine, so that it is made on loads no older than
 the prefill (not the queue wait before it). Then the KV of the chunks computed so far
 leaves at once and each later part as soon as the packer parks it, so at the
@@ -33,7 +35,9 @@ import asyncio
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from tetriserve.prefill_worker.dispatch.base import accepting
 from tetriserve.prefill_worker.kv_sends import forward_parts
+from tetriserve.prefill_worker.policy import chunk_tokens
 
 if TYPE_CHECKING:
     from tetriserve.prefill_worker.predictions import Ticket
@@ -47,6 +51,7 @@ class EarlyHandoff:
     def __init__(self, worker: PrefillWorker, key: str, view: ReqView, ticket: Ticket) -> None:
         self._worker, self._key, self._view, self._ticket = worker, key, view, ticket
         self.decode_id: str | None = None  # chosen before the prefill ended
+        self.on_instant = False  # chosen on the predictor's instant estimate, the prediction still pending
         self._prefilled = asyncio.Event()  # the first token is out: the last part is due any moment
         self._dropped = False
         self._task = asyncio.create_task(self._run())
@@ -55,6 +60,7 @@ class EarlyHandoff:
         worker, future = self._worker, self._ticket.future
         if not future.done() and self._parts_without_choice():
             estimate = worker.predictions.predictor.instant(self._ticket.item)
+            self.on_instant = True
         else:
             await asyncio.wait([future])
             if future.cancelled() or (estimate := future.result()) is None:
@@ -76,10 +82,10 @@ class EarlyHandoff:
         )
 
     def _parts_without_choice(self) -> bool:
-        """The KV leaves in several parts and one decode worker is all there is to choose from."""
-        spec = self._worker.policy.spec
-        several = spec.chunking != "none" and self._view.prompt_len > spec.chunk_size
-        return several and len(self._worker.decode_loads) == 1
+        """The KV leaves in several parts and one accepting decode worker is all there is to choose from."""
+        policy = self._worker.policy
+        several = policy.spec.chunking != "none" and self._view.prompt_len > chunk_tokens(policy.spec, policy.cost)
+        return several and len(accepting(list(self._worker.decode_loads.values()))) == 1
 
     async def outcome(self) -> tuple[str, str | None] | None:
         """Once the prefill is done: (decode worker, error forwarding the KV or None) if one was chosen before

@@ -53,12 +53,17 @@ class PrefillPolicy:
     cost: CostEstimator | None = None
 
 
+def chunk_tokens(spec: PrefillPolicySpec, cost: CostEstimator | None) -> int:
+    """The prompt tokens of one prefill chunk: the cost profile's pivot with dynamic chunking (its budget
+    without an SLO, TetriInfer §3.3.1), else ``chunk_size``."""
+    return cost.pivot_tokens if cost is not None and spec.chunking == "dynamic" else spec.chunk_size
+
+
 def build_prefill_policy(spec: PrefillPolicySpec, cost: CostEstimator | None) -> PrefillPolicy:
     """Raises ValueError naming the field when a name is unknown or a needed cost model is missing."""
     if spec.sched_batch < 1:
         raise ValueError(f"prefill.sched_batch must be >= 1, got {spec.sched_batch}")
-    chunk_tokens = cost.pivot_tokens if cost is not None and spec.chunking == "dynamic" else spec.chunk_size
-    queue = make_queue_policy(spec.queue, cost, chunk_tokens)
+    queue = make_queue_policy(spec.queue, cost, chunk_tokens(spec, cost))
     chunking = make_chunking_policy(spec.chunking, spec.chunk_size, cost, spec.selection)
     return PrefillPolicy(spec, queue, chunking, cost)
 

@@ -240,8 +240,10 @@ class PrefillWorker(Handoff, EngineWorker):
             await asyncio.sleep(0)  # the stream's flush (queued by publish) sends it before the handoff's own work
             self.event(req.request_id, RequestState.TRANSFERRING)
             chosen = await early.outcome() if early is not None else None
-            wait_s = self.config.prefill.predictor_wait_ms / 1000 if chosen is None else 0.0
-            estimate, refinement = await self.predictions.estimate(ticket, wait_s)  # chosen: the one it used
+            # a choice made on the prediction hands off at once; otherwise the prediction may still be waited for
+            waits = chosen is None or (early is not None and early.on_instant)
+            wait_s = self.config.prefill.predictor_wait_ms / 1000 if waits else 0.0
+            estimate, refinement = await self.predictions.estimate(ticket, wait_s)
             spans.predicted(queued, estimate, late=refinement is not None)
             early = None  # goes on to the handoff below (with the KV it sent, if it chose a decode worker)
         finally:
