@@ -8,7 +8,10 @@ OTLP/HTTP to a collector in this process. One client sends ``--requests`` stream
 other (``--prompt-words`` words, ``--max-tokens`` tokens, ``ignore_eos``, ``--gap-s`` apart), so every stage is
 seen without a queue in front of it. For every span name the report gives the median start after the request's
 root span began and the median duration (ms), over the requests after the first ``--skip``, and the client's own
-median TTFT. Writes ``benchmarks/results/<out>.{md,json}``.
+median TTFT, and what the prefill engine did for a request: its steps and their wall time, from the worker's
+``tetriserve:engine_steps_total`` and ``engine_step_seconds_total`` read around the same requests (with
+``--max-tokens 1`` the request ends at the prefill, so nothing else runs). Writes
+``benchmarks/results/<out>.{md,json}``.
 """
 
 from __future__ import annotations
@@ -96,6 +99,20 @@ def one_request(i: int, words: int, max_tokens: int) -> float:
     return (first - t0) * 1e3
 
 
+def prefill_engine() -> tuple[float, float]:
+    """The prefill engines' (steps, wall seconds in steps) so far, from the front door's ``/metrics``."""
+    steps = seconds = 0.0
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if 'role="prefill"' not in line:
+                continue
+            if line.startswith("tetriserve:engine_steps_total{"):
+                steps += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("tetriserve:engine_step_seconds_total{") and 'clock="wall"' in line:
+                seconds += float(line.rsplit(" ", 1)[1])
+    return steps, seconds
+
+
 def breakdown(spans: list[tuple[str, str, int, int]], skip: int) -> dict[str, dict[str, float]]:
     """Per span name: median start after its trace's root began, median duration (ms), and how many."""
     traces: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
@@ -126,8 +143,11 @@ def run_variant(name: str, flags: str, args: argparse.Namespace) -> dict[str, An
             wait_ready(f"http://127.0.0.1:{PORT}", proc)
             ttfts = []
             for i in range(args.requests):
+                if i == args.skip:
+                    engine_before = prefill_engine()
                 ttfts.append(one_request(i, args.prompt_words, args.max_tokens))
                 time.sleep(args.gap_s)
+            steps, seconds = (after - before for after, before in zip(prefill_engine(), engine_before, strict=True))
             time.sleep(8)  # the span processors export every 5 s
         finally:
             stop(proc)
@@ -135,6 +155,8 @@ def run_variant(name: str, flags: str, args: argparse.Namespace) -> dict[str, An
     return {
         "flags": flags,
         "client_ttft_ms": statistics.median(ttfts[args.skip :]),
+        "prefill_steps_per_request": steps / (args.requests - args.skip),
+        "prefill_step_ms_per_request": 1e3 * seconds / (args.requests - args.skip),
         "spans": breakdown(collector.spans, args.skip),
     }
 
@@ -163,6 +185,10 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> Path:
             cells += [f"{row['start_ms']:.2f}", f"{row['duration_ms']:.2f}"] if row else ["-", "-"]
         lines.append(f"| `{span}` | " + " | ".join(cells) + " |")
     lines.append("| client's TTFT | " + " | ".join(f"{results[n]['client_ttft_ms']:.2f} | " for n in names) + "|")
+    for key, label in (("prefill_steps_per_request", "prefill engine: steps a request (mean)"),
+                       ("prefill_step_ms_per_request", "prefill engine: ms in steps a request (mean)")):  # fmt: skip
+        if all(key in results[n] for n in names):
+            lines.append(f"| {label} | " + " | ".join(f"{results[n][key]:.2f} | " for n in names) + "|")
     lines += ["", "Variants: " + "; ".join(f"`{n}`: `serve {results[n]['flags'] or '(defaults)'}`" for n in names), ""]
     out.write_text("\n".join(lines))
     return out
@@ -178,6 +204,8 @@ def main() -> int:
     ap.add_argument("--gap-s", type=float, default=0.1, help="pause between requests")
     ap.add_argument("--out", default="ttft_spans")
     args = ap.parse_args()
+    if args.requests <= args.skip:
+        ap.error("--requests must be more than --skip")
     variants = [v.split("=", 1) for v in (args.variant or ["defaults="])]
     results = {name: run_variant(name, flags, args) for name, flags in variants}
     print(write(results, args).read_text())

@@ -54,8 +54,8 @@ class PrefillPolicy:
 
 
 def chunk_tokens(spec: PrefillPolicySpec, cost: CostEstimator | None) -> int:
-    """The prompt tokens of one prefill chunk: the cost profile's pivot with dynamic chunking (its budget
-    without an SLO, TetriInfer §3.3.1), else ``chunk_size``."""
+    """The prompt tokens of one prefill chunk: the cost profile's pivot S_pf with dynamic chunking (its budget
+    without an SLO, AccelGen §4.2 eq. 6), else ``chunk_size``."""
     return cost.pivot_tokens if cost is not None and spec.chunking == "dynamic" else spec.chunk_size
 
 
