@@ -8,7 +8,11 @@ KV size of ``vllm_bench_serve.py``, warmed up the same way, then one scenario of
 (``rate``, ``single`` or ``saturation``, as there). Around the scenario it reads the front door's ``/metrics``
 (each worker's ``engine_steps``, ``engine_step_seconds`` by wall and CPU clock, generated tokens) and
 ``/proc/<pid>/task/<tid>/schedstat`` of every thread of the server's processes (CPU time, and time spent
-runnable but waiting for a core). Engine threads are found by their OS name (``eng-<worker>``). With
+runnable but waiting for a core). Engine threads are found by their OS name (``eng-<worker>``). During the
+scenario it also samples each engine thread's schedstat every ``SAMPLE_S``: in the samples where the thread had
+work (on a CPU or waiting for one at least half the time), the median shares of running, waiting for a core,
+and neither (blocked: on the interpreter lock, a sleep or a queue): the lock's direct cost to the engine is at
+most the last (``busy_*_share``). With
 ``--pin NAME`` that variant's decode engine threads get core 0 to themselves and every other thread of the
 server's processes the other cores (the benchmark client is left alone), as vLLM binds its model worker to a
 core. Variants alternate from one repeat to the next. Writes ``benchmarks/results/<out>.{md,json}``.
@@ -17,6 +21,7 @@ core. Variants alternate from one repeat to the next. Writes ``benchmarks/result
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -24,6 +29,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -35,6 +41,8 @@ from vllm_bench_serve import prepare, run_bench, session_processes, stop, tetris
 
 PORT = 8100  # tetriserve_cmd's HTTP port
 URL = f"http://127.0.0.1:{PORT}"
+SAMPLE_S = 0.5  # the schedstat timeline's interval
+BUSY = 0.5  # a sample counts as busy where the thread ran or waited for a core at least this share of it
 CLIENT = ("completed", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput")
 _KEYS = {  # figure -> (series, clock) on /metrics
     "steps": ("engine_steps", ""),
@@ -69,6 +77,51 @@ def threads(sid: int) -> dict[int, tuple[str, list[int]]]:
     return out
 
 
+class Timeline:
+    """Every ``SAMPLE_S``, the schedstat of the given threads (tid -> name), in a background thread."""
+
+    def __init__(self, tids: dict[int, str]) -> None:
+        self.tids = tids
+        self.samples: list[tuple[float, dict[int, tuple[int, int]]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now, row = time.monotonic(), {}
+            for tid in self.tids:
+                try:
+                    run, wait, _ = (int(x) for x in Path(f"/proc/{tid}/schedstat").read_text().split())
+                    row[tid] = (run, wait)
+                except OSError:
+                    continue
+            self.samples.append((now, row))
+            self._stop.wait(SAMPLE_S)
+
+    def stop(self) -> dict[str, dict[str, float]]:
+        """Per thread name: busy samples, and the median shares of run, runqueue wait and blocked over them."""
+        self._stop.set()
+        self._thread.join()
+        out = {}
+        for tid, name in self.tids.items():
+            shares = []
+            for (t0, a), (t1, b) in itertools.pairwise(self.samples):
+                if tid in a and tid in b:
+                    span = (t1 - t0) * 1e9
+                    run, wait = (b[tid][0] - a[tid][0]) / span, (b[tid][1] - a[tid][1]) / span
+                    if run + wait >= BUSY:
+                        shares.append((run, wait, max(0.0, 1 - run - wait)))
+            if shares:
+                out[name] = {
+                    "busy_samples": float(len(shares)),
+                    "busy_run_share": statistics.median(s[0] for s in shares),
+                    "busy_wait_share": statistics.median(s[1] for s in shares),
+                    "busy_blocked_share": statistics.median(s[2] for s in shares),
+                }
+        return out
+
+
 def pin(sid: int) -> int:
     """Decode engine threads on core 0, every other thread of the session on the other cores; returns how
     many decode engine threads were pinned."""
@@ -99,8 +152,10 @@ def measure(name: str, flags: str, scenario: str, pinned: bool, args: argparse.N
             n_pinned = pin(proc.pid) if pinned else 0
             time.sleep(2)  # the warm-up's last steps counted before the scrape
             before, t_before, started = engine_counters(), threads(proc.pid), time.monotonic()
+            timeline = Timeline({tid: n for tid, (n, _) in t_before.items() if n.startswith("eng-")})
             client = run_bench(f"steps_{name}", scenario, PORT, bench_args, model, dataset)
             t_after, seconds = threads(proc.pid), time.monotonic() - started
+            busy = timeline.stop()
             time.sleep(2)
             after = engine_counters()
         finally:
@@ -120,7 +175,7 @@ def measure(name: str, flags: str, scenario: str, pinned: bool, args: argparse.N
     for tid, (tname, (cpu, wait, _)) in t_after.items():
         if tname.startswith("eng-") and tid in t_before:
             cpu0, wait0, _ = t_before[tid][1]
-            waits[tname] = {"cpu_s": (cpu - cpu0) / 1e9, "runqueue_wait_s": (wait - wait0) / 1e9}
+            waits[tname] = {"cpu_s": (cpu - cpu0) / 1e9, "runqueue_wait_s": (wait - wait0) / 1e9, **busy.get(tname, {})}
     return {"client": {k: client.get(k) for k in CLIENT}, "engines": engines, "threads": waits, "pinned": n_pinned}
 
 
@@ -145,7 +200,10 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         "the 64-prompt warm-up; variants alternate from one repeat to the next. Each cell: the median over repeats "
         "(each repeat's value after it). `ms_per_step_*`: time inside engine steps per step by the wall clock and "
         "by the stepping thread's CPU clock; `runqueue_wait_s`: seconds the engine thread was runnable but waited "
-        "for a core (schedstat).",
+        "for a core (schedstat); `busy_*_share`: sampled every "
+        f"{SAMPLE_S} s, in the samples where the engine thread ran or waited for a core at least {BUSY:.0%} of the "
+        "time (`busy_samples`), the median share it ran, waited for a core, and was blocked (neither: the "
+        "interpreter lock, a sleep, a queue).",
         "",
         "| figure | " + " | ".join(f"{n}{' (decode pinned to core 0)' if n in args.pin else ''}" for n in names) + " |",
         "| --- |" + " ---: |" * len(names),

@@ -107,6 +107,9 @@ class TokenLog:
                 self.stats.duplicates += len(chunk.token_ids)
                 return self._next_ready()
             self.stats.duplicates += min(skip, len(chunk.token_ids))
+            if skip == 0:  # in order, the usual case: the chunk as it came
+                self.tokens.extend(chunk.token_ids)
+                return chunk
             new = chunk.token_ids[skip:]
             self.tokens.extend(new)
             return replace(chunk, token_ids=new, index=sent)
