@@ -53,12 +53,15 @@ _KEYS = {  # figure -> (series, clock) on /metrics
 _SERIES = re.compile(r"tetriserve:(engine_steps|engine_step_seconds|engine_generation_tokens)_total\{([^}]*)\} (\S+)")
 
 
-def engine_counters() -> dict[tuple[str, str, str], float]:
-    """(series, worker, clock) -> value of every worker's step counters on the front door's ``/metrics``."""
+def engine_counters(role: str | None = None) -> dict[tuple[str, str, str], float]:
+    """(series, worker, clock) -> value of every worker's step counters on the front door's ``/metrics`` (``role``:
+    of the workers in that role only)."""
     text = urllib.request.urlopen(f"{URL}/metrics", timeout=30).read().decode()
     out = {}
     for m in _SERIES.finditer(text):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        if role is not None and labels.get("role") != role:
+            continue
         out[(m.group(1), labels.get("worker", ""), labels.get("clock", ""))] = float(m.group(3))
     return out
 

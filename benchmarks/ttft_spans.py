@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_steps import engine_counters
 from vllm_bench_report import RESULTS, ROOT, WORK
 from vllm_bench_serve import stop, tetriserve_cmd, wait_ready
 
@@ -101,15 +102,9 @@ def one_request(i: int, words: int, max_tokens: int) -> float:
 
 def prefill_engine() -> tuple[float, float]:
     """The prefill engines' (steps, wall seconds in steps) so far, from the front door's ``/metrics``."""
-    steps = seconds = 0.0
-    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=10) as resp:
-        for line in resp.read().decode().splitlines():
-            if 'role="prefill"' not in line:
-                continue
-            if line.startswith("tetriserve:engine_steps_total{"):
-                steps += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("tetriserve:engine_step_seconds_total{") and 'clock="wall"' in line:
-                seconds += float(line.rsplit(" ", 1)[1])
+    counters = engine_counters(role="prefill").items()
+    steps = sum(v for (series, _, _), v in counters if series == "engine_steps")
+    seconds = sum(v for (series, _, clock), v in counters if series == "engine_step_seconds" and clock == "wall")
     return steps, seconds
 
 
