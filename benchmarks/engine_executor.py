@@ -6,8 +6,8 @@ Plain vLLM's server runs the model in a separate worker process and, with it, ov
 forward pass (async scheduling); tetriserve's engines step in-process (``uni`` executor, no async scheduling).
 This steps one offline engine of each kind on the tiny model, the same way: ``--batches`` requests at once,
 64-token prompts, ``--tokens`` greedy output tokens each, one OMP thread, ``torch.compile`` on (the service's
-default), two timed repeats after a warm-up. Each configuration runs in its own process. Writes
-``benchmarks/results/engine_executor.{md,json}``.
+default), ``--repeats`` timed repeats (default 2) after a warm-up. Each configuration runs in its own process. Writes
+``benchmarks/results/<--out>.{md,json}`` (default ``engine_executor``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from vllm_bench_report import RESULTS
 CONFIGS = {"uni (tetriserve's engines)": "uni", "mp + async scheduling (plain vLLM's server)": "mp"}
 
 
-def child(backend: str, batch: int, tokens: int) -> None:
+def child(backend: str, batch: int, tokens: int, repeats: int) -> None:
     """Runs in its own process: print ``RESULT`` and a JSON list of ms per engine step, per timed repeat."""
     from vllm import EngineArgs, SamplingParams
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -56,7 +56,7 @@ def child(backend: str, batch: int, tokens: int) -> None:
         return (time.perf_counter() - t0) * 1e3 / steps
 
     run(4, "warm")
-    print("RESULT " + json.dumps([run(batch, f"r{r}") for r in range(2)]), flush=True)
+    print("RESULT " + json.dumps([run(batch, f"r{r}") for r in range(repeats)]), flush=True)
     os._exit(0)  # the multiprocess executor's workers go with this process
 
 
@@ -64,29 +64,32 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="engine_executor", help="report name under benchmarks/results (.md, .json)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed repeats per configuration")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), int(args.child[2]))
+        child(args.child[0], int(args.child[1]), int(args.child[2]), int(args.child[3]))
         return 0
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
                VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")  # fmt: skip
     results: dict[str, dict[str, list[float]]] = {}
     for name, backend in CONFIGS.items():
         for batch in args.batches:
-            cmd = [sys.executable, __file__, "--child", backend, str(batch), str(args.tokens)]
+            cmd = [sys.executable, __file__, "--child", backend, str(batch), str(args.tokens), str(args.repeats)]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=900).stdout
             line = next(x for x in out.splitlines() if x.startswith("RESULT "))  # vLLM logs to stdout too
             results.setdefault(name, {})[str(batch)] = json.loads(line.removeprefix("RESULT "))
             print(f"{name}, batch {batch}: {results[name][str(batch)]} ms/step", flush=True)
     command = "python benchmarks/engine_executor.py " + " ".join(sys.argv[1:])
-    (RESULTS / "engine_executor.json").write_text(json.dumps({"command": command, "ms_per_step": results}, indent=1))
+    (RESULTS / f"{args.out}.json").write_text(json.dumps({"command": command, "ms_per_step": results}, indent=1))
     lines = [
         "# One CPU engine, in-process vs vLLM's multiprocess executor with async scheduling",
         "",
         f"Command: `{command}`  ",
         f"Tiny random-weight Llama, 64-token prompts, {args.tokens} greedy output tokens each, one OMP thread, "
-        "torch.compile on; ms per engine step, median of two timed repeats after a warm-up; each configuration "
+        f"torch.compile on; ms per engine step, median of {args.repeats} timed repeats after a warm-up (each "
+        "repeat's in the JSON); each configuration "
         "in its own process on this machine's 2 cores.",
         "",
         "| executor | " + " | ".join(f"batch {b}" for b in args.batches) + " |",
@@ -95,8 +98,8 @@ def main() -> int:
     for name, by_batch in results.items():
         cells = [f"{statistics.median(by_batch[str(b)]):.3f}" for b in args.batches]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    (RESULTS / "engine_executor.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / "engine_executor.md").read_text())
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    print((RESULTS / f"{args.out}.md").read_text())
     return 0
 
 

@@ -25,7 +25,6 @@ Without CUDA it says so and writes nothing (exit 0). Writes ``benchmarks/results
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import statistics
 import sys
@@ -36,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transport_throughput import MIB, _backend, exchange, free_port
-from vllm_bench_report import measure_or_reload
+from vllm_bench_report import gpu_args, measure_or_reload
 
 LLAMA8B = {"layers": 32, "kv_heads": 8, "head_dim": 128, "block_size": 16}
 PACK_TOKENS = (512, 2048, 8192)
@@ -331,17 +330,9 @@ def report(data: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 4, 16, 64, 256])
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
-    args = ap.parse_args()
-    if not args.report_only:
-        import torch
-
-        if not torch.cuda.is_available():
-            print("gpu_transport: no CUDA device here; nothing measured")
-            return 0
+    args = gpu_args(__doc__, "gpu_transport")
+    if args is None:
+        return 0
 
     def measure() -> dict[str, Any]:
         import torch

@@ -24,6 +24,7 @@ WORK = ROOT / "benchmarks" / "_work"
 METRICS = [
     "completed",
     "failed",
+    "total_output_tokens",
     "request_throughput",
     "output_throughput",
     "median_ttft_ms",
@@ -115,6 +116,8 @@ def median_of(runs: list[dict[str, float]], metric: str) -> float:
 def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: argparse.Namespace) -> None:
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
     flags = f" --tetriserve-flags={args.tetriserve_flags}" if args.tetriserve_flags else ""
+    eos = getattr(args, "ignore_eos", False)
+    flags += "" if eos else " --no-ignore-eos"
     out = f" --out {args.out}" if args.out != "vllm_bench_serve" else ""
     rounds = args.rounds
     lines = [
@@ -123,7 +126,14 @@ def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: ar
         f"Command: `python benchmarks/vllm_bench_serve.py --num-prompts {args.num_prompts} "
         f"--request-rate {args.request_rate} --single-prompts {args.single_prompts} --seed {args.seed} "
         f"--rounds {rounds}{flags}{out}`  ",
-        f"Client: `vllm.benchmarks.serve --backend openai --dataset-name sharegpt --seed {args.seed}`; "
+        f"Client: `vllm.benchmarks.serve --backend openai --dataset-name sharegpt --seed {args.seed}"
+        f"{' --ignore-eos' if eos else ''}`"
+        + (
+            " (every request generates its dataset output length on both systems)"
+            if eos
+            else " (a sampled EOS may end a response before its dataset length, at random on either system)"
+        )
+        + f"; "
         f"{rounds} rounds; in each, every scenario on a fresh server of each system, the two back to back, which one "
         f"goes first alternating; each server first serves {WARMUP_PROMPTS} prompts at once, not measured; "
         "a server starts only once every process of the one before has exited.  ",
@@ -187,9 +197,41 @@ def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: ar
     for (lo, hi), (n, t_ms), (_, v_ms) in zip(PROMPT_BANDS, bands["tetriserve"], bands["vllm"], strict=True):
         band = f"{lo}–{hi - 1}" if hi < 1 << 20 else f"≥ {lo}"
         lines.append(f"| {band} | {n} | {t_ms:.0f} | {v_ms:.0f} | {t_ms / v_ms:.2f} |")
+    lines += last_response_section(saturation_runs(rounds))
     lines += cpu_section(TITLES["rate"].format(**vars(args)))
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def saturation_runs(rounds: int) -> dict[str, dict[str, list[float]]]:
+    """Per round and system (``"<system> <round>"``), the saturation run's per-request output tokens, TTFT and
+    latency, in the client's request order."""
+    runs = {}
+    for r in range(rounds):
+        for n in ("tetriserve", "vllm"):
+            run = saved(run_name(n, r), "saturation")
+            runs[f"{n} {r + 1}"] = {k: run[k] for k in ("output_lens", "ttfts", "latencies")}
+    return runs
+
+
+def last_response_section(runs: dict[str, dict[str, list[float]]]) -> list[str]:
+    """At saturation a run lasts until its last response ends, so throughput (output tokens over that time)
+    hangs on that one request: per run (``saturation_runs``), which it was, its output tokens, its TTFT and its
+    end, and how many responses a sampled EOS ended before the longest length any run gave the same prompt."""
+    longest = [max(lens) for lens in zip(*(run["output_lens"] for run in runs.values()), strict=True)]
+    lines = ["", "## At saturation, the response that ended last", ""]
+    lines += [
+        "| run | output tokens | responses cut short | last: request | its tokens | its TTFT s | ends at s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, run in runs.items():
+        lens, lat = run["output_lens"], run["latencies"]
+        last = max(range(len(lat)), key=lat.__getitem__)
+        cut = sum(1 for got, most in zip(lens, longest, strict=True) if got < most)
+        lines.append(
+            f"| {name} | {sum(lens)} | {cut} | {last} | {lens[last]} | {run['ttfts'][last]:.2f} | {lat[last]:.1f} |"
+        )
+    return lines
 
 
 def cpu_section(title: str) -> list[str]:
@@ -205,6 +247,23 @@ def cpu_section(title: str) -> list[str]:
         lines += [f"| {n} | {label} | {cores:.2f} |" for label, cores in cpu.items()]
         lines.append(f"| {n} | **all** | **{sum(cpu.values()):.2f}** |")
     return lines
+
+
+def gpu_args(doc: str, name: str) -> argparse.Namespace | None:
+    """The command line of a GPU benchmark (``--sizes-mib``, ``--repeats``, ``--report-only``), or None, said
+    aloud, when there is nothing to measure on: no CUDA device and no ``--report-only``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
+    args = ap.parse_args()
+    if not args.report_only:
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"{name}: no CUDA device here; nothing measured")
+            return None
+    return args
 
 
 def measure_or_reload(
@@ -228,3 +287,7 @@ def measure_or_reload(
     (RESULTS / f"{name}.md").write_text(md)
     print(md)
     return 0
+
+
+if __name__ == "__main__":  # the saturation section from per-request runs kept as JSON (``saturation_runs``)
+    print("\n".join(last_response_section(json.loads(Path(sys.argv[1]).read_text()))))

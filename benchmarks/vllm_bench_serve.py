@@ -17,6 +17,15 @@ starts, every process of the one before it (Ray's included) has exited. A
 scenario's ratio (tetriserve / vLLM) is the median of its per-round ratios, each
 taken between two runs minutes apart; the report lists every round's ratio too.
 
+The client sends ``ignore_eos`` (``--no-ignore-eos`` turns it off), so both
+systems generate every request's ShareGPT output length. The model has random
+weights: a sampled EOS ends a response early at random, on either system.
+Throughput at saturation is output tokens over the time until the last response
+ends, and the last is the longest (1195 tokens at seed 0) unless an EOS cut it
+short: that draw swung the ratio from 0.69 to 1.35 between rounds (README, Known
+limits, session 40). The report's last section shows, for every saturation run,
+which response ended last, with its length, TTFT and end.
+
 Writes ``benchmarks/results/vllm_bench_serve.{md,json}``: per system, scenario
 and round the benchmark client's JSON summary; tables of medians over rounds, the
 per-round ratios, and the issue's targets judged on the median ratio.
@@ -176,6 +185,7 @@ def run_bench(
         "--result-filename",
         out.name,
         "--save-detailed",
+        *(["--ignore-eos"] if getattr(args, "ignore_eos", False) else []),
     ]
     print(f"[{name} / {scenario}] {' '.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
@@ -269,6 +279,13 @@ def main() -> int:
     ap.add_argument("--request-rate", type=float, default=2.0, help="Poisson arrival rate of the rate scenario")
     ap.add_argument("--single-prompts", type=int, default=50, help="prompts of the one-stream scenario")
     ap.add_argument("--seed", type=int, default=0, help="the benchmark client's seed (prompt sample, arrivals)")
+    ap.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="every request generates its dataset output length on both systems (see above); "
+        "--no-ignore-eos lets a sampled EOS end it",
+    )
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every scenario on both systems (see above)")
     ap.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS), help="which scenarios to run")
     ap.add_argument(

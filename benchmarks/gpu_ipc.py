@@ -1,0 +1,186 @@
+"""What a same-host GPU path for KV could reach: CUDA IPC between two processes on one GPU (issue #16).
+
+    python benchmarks/gpu_ipc.py --sizes-mib 1 4 16 64 256 --repeats 10
+
+Today a KV cache on a GPU is packed into pinned host memory, crosses to the other process in host memory
+(``shm``: a slab; ``tcp``/``ucx``/``nccl``: their own buffers) and is copied back up to the receiving GPU
+(``gpu_transport.md``: 63 ms for one 2048-token Llama-3-8B request over ``shm`` on an H100). Two processes on
+one host can instead share device memory itself: the producer exports a CUDA IPC handle for a buffer, the
+consumer opens it and copies GPU→GPU. This measures that path beside its alternatives, in one run:
+
+    in-process    GPU→GPU copy of each size within one process: the ceiling
+    ipc copy      the consumer copies the producer's buffer, opened once, into its own: what a transfer costs
+                  once a pool of exported buffers is mapped (as ``shm`` maps each slab once per connection)
+    ipc open      exporting a fresh buffer's handle and the consumer's first access to it: what a transfer
+                  costs on top when each one exports a new buffer
+    host staged   the producer copies GPU→pinned host→a shared-memory slab, the consumer the slab→its pinned
+                  buffer→its GPU: today's ``shm`` path without its socket, every host leg from pinned memory
+
+Each cell is the median of ``--repeats`` after one warm-up. Without CUDA it says so and writes nothing (exit 0).
+Writes ``benchmarks/results/gpu_ipc.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_bench_report import gpu_args, measure_or_reload
+
+MIB = 1 << 20
+
+
+def _sync_time(fn: Any, torch: Any) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def _copy_times(dst: Any, src: Any, repeats: int, torch: Any, warm: bool = True) -> list[float]:
+    """Seconds of each ``dst.copy_(src)`` (after one untimed copy with ``warm``)."""
+
+    def copy() -> None:
+        dst.copy_(src, non_blocking=True)
+
+    if warm:
+        copy()
+    return [_sync_time(copy, torch) for _ in range(repeats)]
+
+
+def _consumer(requests: Any, replies: Any) -> None:
+    """The decode side: opens what the producer shares, copies it into its own memory, says how long it took."""
+    import torch
+
+    torch.cuda.init()
+    while True:
+        msg = requests.get()
+        if msg is None:
+            return
+        kind, src, repeats = msg
+        dst = torch.empty_like(src) if kind != "staged" else torch.empty(src.numel(), dtype=torch.uint8, device="cuda")
+        if kind == "copy":  # opened once (src arrived above), then copied repeatedly
+            times = _copy_times(dst, src, repeats, torch)
+        elif kind == "open":  # the first touch of a freshly shared buffer, and its copy
+            times = _copy_times(dst, src, 1, torch, warm=False)
+        else:  # staged: src is the producer's shared host slab; host copy into our pinned buffer, up to the GPU
+            times = _staged_times(dst, src, repeats, torch)
+        del src
+        replies.put(times)
+
+
+def _staged_times(dst: Any, slab: Any, repeats: int, torch: Any) -> list[float]:
+    """The consumer's legs of the host-staged path: the producer's slab into a pinned buffer, then to the GPU."""
+    landing = torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=True)
+
+    def legs() -> None:
+        landing.copy_(slab)
+        dst.copy_(landing, non_blocking=True)
+
+    legs()
+    return [_sync_time(legs, torch) for _ in range(repeats)]
+
+
+def _pack_times(src: Any, pinned: Any, slab: Any, repeats: int, torch: Any) -> list[float]:
+    """The producer's legs of the host-staged path: GPU to a pinned buffer, then into the shared slab."""
+
+    def pack() -> None:
+        pinned.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        slab.copy_(pinned)
+
+    pack()
+    return [_sync_time(pack, torch) for _ in range(repeats)]
+
+
+def measure(sizes_mib: list[int], repeats: int) -> dict[str, Any]:
+    import torch
+    import torch.multiprocessing as tmp
+
+    ctx = tmp.get_context("spawn")
+    requests, replies = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_consumer, args=(requests, replies), daemon=True)
+    proc.start()
+    out: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "sizes_mib": sizes_mib,
+        "repeats": repeats,
+        "in_process": {},
+        "ipc_copy": {},
+        "ipc_open": {},
+        "host_staged": {},
+        "staged_d2h": {},
+    }
+    try:
+        for mib in sizes_mib:
+            n = mib * MIB
+            src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+            out["in_process"][mib] = _copy_times(torch.empty_like(src), src, repeats, torch)
+            requests.put(("copy", src, repeats))
+            out["ipc_copy"][mib] = replies.get(timeout=120)
+            opens = []
+            for _ in range(repeats + 1):
+                fresh = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                requests.put(("open", fresh, 1))
+                replies.get(timeout=120)
+                opens.append(time.perf_counter() - t)
+                del fresh
+            out["ipc_open"][mib] = opens[1:]
+            pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+            slab = torch.empty(n, dtype=torch.uint8).share_memory_()
+            out["staged_d2h"][mib] = _pack_times(src, pinned, slab, repeats, torch)
+            requests.put(("staged", slab, repeats))
+            out["host_staged"][mib] = replies.get(timeout=120)
+    finally:
+        requests.put(None)
+        proc.join(30)
+    return out
+
+
+def _gbps(mib: int, seconds: list[float]) -> float:
+    return mib * MIB / statistics.median(seconds) / 1e9
+
+
+def report(data: dict[str, Any]) -> str:
+    sizes = data["sizes_mib"]
+    lines = [
+        "# Same-host GPU KV path: CUDA IPC between two processes on one GPU",
+        "",
+        f"Command: `python benchmarks/gpu_ipc.py --sizes-mib {' '.join(map(str, sizes))} --repeats "
+        f"{data['repeats']}`  ",
+        f"Device: {data['device']}; torch {data['torch']}. Median of the repeats after one warm-up; GB/s of the "
+        "payload. `ipc open` is per transfer from the producer's export to the consumer's copy done, the queue "
+        "round trip included; `host staged` is the producer's legs (GPU→pinned→shared slab) plus the consumer's "
+        "(slab→pinned→GPU).",
+        "",
+        "| MiB | in-process GPU→GPU GB/s | IPC copy GB/s | IPC open + copy ms | host staged ms | host staged GB/s |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for mib in sizes:
+        key = str(mib) if str(mib) in data["in_process"] else mib
+        staged = [a + b for a, b in zip(data["staged_d2h"][key], data["host_staged"][key], strict=True)]
+        lines.append(
+            f"| {mib} | {_gbps(mib, data['in_process'][key]):.1f} | {_gbps(mib, data['ipc_copy'][key]):.1f} | "
+            f"{1000 * statistics.median(data['ipc_open'][key]):.2f} | {1000 * statistics.median(staged):.2f} | "
+            f"{_gbps(mib, staged):.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    args = gpu_args(__doc__, "gpu_ipc")
+    if args is None:
+        return 0
+    return measure_or_reload("gpu_ipc", args.report_only, lambda: measure(args.sizes_mib, args.repeats), report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
