@@ -22,9 +22,9 @@ systems generate every request's ShareGPT output length. The model has random
 weights: a sampled EOS ends a response early at random, on either system.
 Throughput at saturation is output tokens over the time until the last response
 ends, and the last is the longest (1195 tokens at seed 0) unless an EOS cut it
-short: that draw swung the ratio from 0.69 to 1.35 between rounds (README, Known
-limits, session 40). The report's last section shows, for every saturation run,
-which response ended last, with its length, TTFT and end.
+short, as one did on plain vLLM in two of session 39's three rounds (README,
+Known limits, session 40). The report's last section shows, for every saturation
+run, which response ended last, with its length, TTFT and end.
 
 Writes ``benchmarks/results/vllm_bench_serve.{md,json}``: per system, scenario
 and round the benchmark client's JSON summary; tables of medians over rounds, the
