@@ -29,28 +29,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_transport import MIB, _timed
 from vllm_bench_report import gpu_args, measure_or_reload
-
-MIB = 1 << 20
-
-
-def _sync_time(fn: Any, torch: Any) -> float:
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t
-
-
-def _copy_times(dst: Any, src: Any, repeats: int, torch: Any, warm: bool = True) -> list[float]:
-    """Seconds of each ``dst.copy_(src)`` (after one untimed copy with ``warm``)."""
-
-    def copy() -> None:
-        dst.copy_(src, non_blocking=True)
-
-    if warm:
-        copy()
-    return [_sync_time(copy, torch) for _ in range(repeats)]
 
 
 def _consumer(requests: Any, replies: Any) -> None:
@@ -58,44 +38,29 @@ def _consumer(requests: Any, replies: Any) -> None:
     import torch
 
     torch.cuda.init()
-    while True:
-        msg = requests.get()
-        if msg is None:
-            return
-        kind, src, repeats = msg
-        dst = torch.empty_like(src) if kind != "staged" else torch.empty(src.numel(), dtype=torch.uint8, device="cuda")
-        if kind == "copy":  # opened once (src arrived above), then copied repeatedly
-            times = _copy_times(dst, src, repeats, torch)
-        elif kind == "open":  # the first touch of a freshly shared buffer, and its copy
-            times = _copy_times(dst, src, 1, torch, warm=False)
-        else:  # staged: src is the producer's shared host slab; host copy into our pinned buffer, up to the GPU
-            times = _staged_times(dst, src, repeats, torch)
-        del src
-        replies.put(times)
+    while (msg := requests.get()) is not None:
+        replies.put(_take(*msg))
+        del msg  # the producer's buffer goes with the last reference to it
 
 
-def _staged_times(dst: Any, slab: Any, repeats: int, torch: Any) -> list[float]:
-    """The consumer's legs of the host-staged path: the producer's slab into a pinned buffer, then to the GPU."""
-    landing = torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=True)
+def _take(kind: str, src: Any, repeats: int) -> list[float]:
+    """One request to the consumer: seconds of each timed repeat (none for ``open``, which the producer times)."""
+    import torch
+
+    dst = torch.empty_like(src, device="cuda")
+    if kind == "copy":  # opened once (when src arrived), then copied repeatedly
+        return _timed(lambda: dst.copy_(src, non_blocking=True), repeats)
+    if kind == "open":  # the first touch of a freshly shared buffer
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        return []
+    landing = torch.empty_like(src, pin_memory=True)  # staged: src is the producer's shared host slab
 
     def legs() -> None:
-        landing.copy_(slab)
+        landing.copy_(src)
         dst.copy_(landing, non_blocking=True)
 
-    legs()
-    return [_sync_time(legs, torch) for _ in range(repeats)]
-
-
-def _pack_times(src: Any, pinned: Any, slab: Any, repeats: int, torch: Any) -> list[float]:
-    """The producer's legs of the host-staged path: GPU to a pinned buffer, then into the shared slab."""
-
-    def pack() -> None:
-        pinned.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
-        slab.copy_(pinned)
-
-    pack()
-    return [_sync_time(pack, torch) for _ in range(repeats)]
+    return _timed(legs, repeats)
 
 
 def measure(sizes_mib: list[int], repeats: int) -> dict[str, Any]:
@@ -106,42 +71,48 @@ def measure(sizes_mib: list[int], repeats: int) -> dict[str, Any]:
     requests, replies = ctx.Queue(), ctx.Queue()
     proc = ctx.Process(target=_consumer, args=(requests, replies), daemon=True)
     proc.start()
-    out: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "sizes_mib": sizes_mib,
-        "repeats": repeats,
-        "in_process": {},
-        "ipc_copy": {},
-        "ipc_open": {},
-        "host_staged": {},
-        "staged_d2h": {},
-    }
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "sizes_mib": sizes_mib,
+                           "repeats": repeats}  # fmt: skip
     try:
         for mib in sizes_mib:
-            n = mib * MIB
-            src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
-            out["in_process"][mib] = _copy_times(torch.empty_like(src), src, repeats, torch)
-            requests.put(("copy", src, repeats))
-            out["ipc_copy"][mib] = replies.get(timeout=120)
-            opens = []
-            for _ in range(repeats + 1):
-                fresh = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                requests.put(("open", fresh, 1))
-                replies.get(timeout=120)
-                opens.append(time.perf_counter() - t)
-                del fresh
-            out["ipc_open"][mib] = opens[1:]
-            pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-            slab = torch.empty(n, dtype=torch.uint8).share_memory_()
-            out["staged_d2h"][mib] = _pack_times(src, pinned, slab, repeats, torch)
-            requests.put(("staged", slab, repeats))
-            out["host_staged"][mib] = replies.get(timeout=120)
+            for name, times in _one_size(mib * MIB, repeats, requests, replies).items():
+                out.setdefault(name, {})[str(mib)] = times  # str: as the saved JSON has it
     finally:
         requests.put(None)
         proc.join(30)
+    return out
+
+
+def _one_size(n: int, repeats: int, requests: Any, replies: Any) -> dict[str, list[float]]:
+    """Every figure of one size of ``n`` bytes, in seconds per repeat."""
+    import torch
+
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    out = {"in_process": _timed(lambda: dst.copy_(src, non_blocking=True), repeats)}
+    requests.put(("copy", src, repeats))
+    out["ipc_copy"] = replies.get(timeout=120)
+    opens = []
+    for _ in range(repeats + 1):
+        fresh = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        requests.put(("open", fresh, 1))
+        replies.get(timeout=120)
+        opens.append(time.perf_counter() - t)
+        del fresh
+    out["ipc_open"] = opens[1:]
+    pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    slab = torch.empty(n, dtype=torch.uint8).share_memory_()
+
+    def pack() -> None:  # the producer's legs of the host-staged path
+        pinned.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        slab.copy_(pinned)
+
+    out["staged_d2h"] = _timed(pack, repeats)
+    requests.put(("staged", slab, repeats))
+    out["host_staged"] = replies.get(timeout=120)
     return out
 
 
@@ -165,7 +136,7 @@ def report(data: dict[str, Any]) -> str:
         "| ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for mib in sizes:
-        key = str(mib) if str(mib) in data["in_process"] else mib
+        key = str(mib)
         staged = [a + b for a, b in zip(data["staged_d2h"][key], data["host_staged"][key], strict=True)]
         lines.append(
             f"| {mib} | {_gbps(mib, data['in_process'][key]):.1f} | {_gbps(mib, data['ipc_copy'][key]):.1f} | "
