@@ -5,7 +5,8 @@
 
 Each ``--variant NAME=FLAGS`` runs on a fresh ``tetriserve serve`` (extra ``FLAGS``) with the benchmark ports and
 KV size of ``vllm_bench_serve.py``, warmed up the same way, then one scenario of vLLM's benchmark client
-(``rate``, ``single`` or ``saturation``, as there). Around the scenario it reads the front door's ``/metrics``
+(``rate``, ``single`` or ``saturation``, as there, with ``--ignore-eos``). Around the scenario it reads the
+front door's ``/metrics``
 (each worker's ``engine_steps``, ``engine_step_seconds`` by wall and CPU clock, generated tokens) and
 ``/proc/<pid>/task/<tid>/schedstat`` of every thread of the server's processes (CPU time, and time spent
 runnable but waiting for a core). Engine threads are found by their OS name (``eng-<worker>``). During the
@@ -144,7 +145,11 @@ def pin(sid: int) -> int:
 def measure(name: str, flags: str, scenario: str, pinned: bool, args: argparse.Namespace, env: Any) -> dict:
     model, dataset = args.model, args.dataset
     bench_args = argparse.Namespace(
-        num_prompts=args.num_prompts, request_rate=args.request_rate, single_prompts=args.single_prompts, seed=0
+        num_prompts=args.num_prompts,
+        request_rate=args.request_rate,
+        single_prompts=args.single_prompts,
+        seed=0,
+        ignore_eos=True,
     )
     with open(WORK / f"server_steps_{name}.log", "w") as log:
         cmd = tetriserve_cmd(*shlex.split(flags))
@@ -199,11 +204,11 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         "# Engine steps, CPU and waits for a core in service",
         "",
         f"Command: `python benchmarks/{Path(__file__).name} {' '.join(shlex.quote(a) for a in sys.argv[1:])}`  ",
-        f"Scenario `{args.scenario}` of vLLM's benchmark client (ShareGPT, seed 0), on a fresh server per run after "
-        "the 64-prompt warm-up; variants alternate from one repeat to the next. Each cell: the median over repeats "
-        "(each repeat's value after it). `ms_per_step_*`: time inside engine steps per step by the wall clock and "
-        "by the stepping thread's CPU clock; `runqueue_wait_s`: seconds the engine thread was runnable but waited "
-        "for a core (schedstat); `busy_*_share`: sampled every "
+        f"Scenario `{args.scenario}` of vLLM's benchmark client (ShareGPT, seed 0, `--ignore-eos`), on a fresh server "
+        "per run after the 64-prompt warm-up; variants alternate from one repeat to the next. Each cell: the median "
+        "over repeats (each repeat's value after it). `ms_per_step_*`: time inside engine steps per step by the "
+        "wall clock and by the stepping thread's CPU clock; `runqueue_wait_s`: seconds the engine thread was "
+        "runnable but waited for a core (schedstat); `busy_*_share`: sampled every "
         f"{SAMPLE_S} s, in the samples where the engine thread ran or waited for a core at least {BUSY:.0%} of the "
         "time (`busy_samples`), the median share it ran, waited for a core, and was blocked (neither: the "
         "interpreter lock, a sleep, a queue).",

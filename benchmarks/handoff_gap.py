@@ -14,17 +14,23 @@ tetriserve, per request      from the GlobalScheduler's request table (each work
 
     python benchmarks/handoff_gap.py --requests 30 --prompt-tokens 64 512 1536 --max-tokens 256
 
-Writes ``benchmarks/results/handoff_gap.{md,json}``.
+With ``--background-rate R`` other requests arrive meanwhile, Poisson at R per second (non-streamed,
+``BACKGROUND_PROMPT`` prompt tokens and ``BACKGROUND_TOKENS`` output tokens each, ``ignore_eos``), so the
+handoff is measured on servers under load; tetriserve's state events then cover every request of the window,
+the background's too. Writes ``benchmarks/results/<--out>.{md,json}`` (default ``handoff_gap``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
+import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -35,6 +41,9 @@ from vllm_bench_report import RESULTS, WORK
 from vllm_bench_serve import prepare, stop, tetriserve_cmd, vllm_server, wait_ready
 
 NAMESPACE = "tetriserve"
+BACKGROUND_PROMPT = 256
+BACKGROUND_TOKENS = 128
+OUT = "handoff_gap"
 PORTS = {"tetriserve": 8100, "vllm": 8101}
 
 
@@ -73,6 +82,43 @@ def stream_one(port: int, prompt: list[int], max_tokens: int) -> dict[str, float
     }
 
 
+class Background:
+    """Poisson arrivals at ``rate`` per second until ``stop``: each a non-streamed completion in a thread of its own;
+    ``stop`` waits for the ones in flight."""
+
+    def __init__(self, port: int, rate: float) -> None:
+        self.port, self.rate = port, rate
+        self.requests: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        if rate > 0:
+            self._thread.start()
+
+    def _run(self) -> None:
+        rng = random.Random(0)
+        while not self._stop.wait(rng.expovariate(self.rate)):
+            prompt = prompt_ids(BACKGROUND_PROMPT, 100_000 + len(self.requests))
+            self.requests.append(threading.Thread(target=self._one, args=(prompt,), daemon=True))
+            self.requests[-1].start()
+
+    def _one(self, prompt: list[int]) -> None:
+        body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": BACKGROUND_TOKENS, "ignore_eos": True}
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/completions",
+            json.dumps(body).encode(),
+            {"content-type": "application/json"},
+        )
+        with contextlib.suppress(OSError):  # a refused or failed background request only lightens the load
+            urllib.request.urlopen(req, timeout=120).read()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        for request in self.requests:
+            request.join()
+
+
 def handoff_events(n: int) -> list[dict[str, float]]:
     """The last ``n`` finished requests' handoff intervals from the GlobalScheduler's table, oldest first."""
     import ray
@@ -108,11 +154,15 @@ def run_system(name: str, cmd: list[str], env: dict[str, str], args: argparse.Na
             salt = 0
             for length in args.prompt_tokens:
                 rows[length] = []
-                for _ in range(args.requests):
-                    salt += 1
-                    rows[length].append(stream_one(port, prompt_ids(length, salt), args.max_tokens))
+                background = Background(port, args.background_rate)
+                try:
+                    for _ in range(args.requests):
+                        salt += 1
+                        rows[length].append(stream_one(port, prompt_ids(length, salt), args.max_tokens))
+                finally:
+                    background.stop()
                 if name == "tetriserve":
-                    events[length] = handoff_events(args.requests)
+                    events[length] = handoff_events(args.requests + len(background.requests))
                 print(f"[{name}] {length}-token prompts: {len(rows[length])} requests", flush=True)
             return {"client": rows, "events": events}
         finally:
@@ -129,6 +179,17 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         f"python benchmarks/handoff_gap.py --requests {args.requests} --prompt-tokens {lengths} "
         f"--max-tokens {args.max_tokens}"
     )
+    if args.background_rate:
+        cmd += f" --background-rate {args.background_rate:g}"
+    if args.out != OUT:
+        cmd += f" --out {args.out}"
+    load = (
+        f"Meanwhile other requests arrive, Poisson at {args.background_rate:g} per second ({BACKGROUND_PROMPT} "
+        f"prompt tokens, {BACKGROUND_TOKENS} output tokens, not streamed); tetriserve's state events cover every "
+        "request of the window, the background's too. "
+        if args.background_rate
+        else ""
+    )
     lines = [
         "# The pause after the first token: tetriserve's prefill→decode handoff vs plain vLLM",
         "",
@@ -136,7 +197,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
         "One streamed completion at a time, `ignore_eos`, temperature 1; the same prompts for both "
         "systems, each on a fresh server warmed with 3 requests. Machine: 2 CPU cores, no GPU; tiny random-weight "
         "Llama. tetriserve: defaults (1 prefill + 1 decode). vLLM: `vllm.entrypoints.openai.api_server` as in "
-        "`vllm_bench_serve.py`. Medians over the requests of each prompt length.",
+        f"`vllm_bench_serve.py`. {load}Medians over the requests of each prompt length.",
         "",
         "## Client side (ms)",
         "",
@@ -164,8 +225,8 @@ def write_report(results: dict[str, Any], args: argparse.Namespace) -> None:
     for length in args.prompt_tokens:
         ev = results["tetriserve"]["events"][length]
         lines.append(f"| {length} | {len(ev)} | {med(ev, 'submit_ms'):.2f} | {med(ev, 'to_decode_token_ms'):.2f} |")
-    (RESULTS / "handoff_gap.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "handoff_gap.json").write_text(
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.out}.json").write_text(
         json.dumps({"args": {k: v for k, v in vars(args).items() if k != "report_only"}, "results": results}, indent=1)
     )
     print("\n".join(lines))
@@ -176,10 +237,14 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=30, help="requests per prompt length")
     ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[64, 512, 1536], help="prompt lengths")
     ap.add_argument("--max-tokens", type=int, default=256, help="output tokens per request")
+    ap.add_argument("--background-rate", type=float, default=0.0, help="other requests per second meanwhile")
+    ap.add_argument("--out", default=OUT, help="report name under benchmarks/results (.md, .json)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON; run nothing")
     args = ap.parse_args()
     if args.report_only:
-        saved = json.loads((RESULTS / "handoff_gap.json").read_text())["results"]
+        data = json.loads((RESULTS / f"{args.out}.json").read_text())
+        vars(args).update({k: v for k, v in data["args"].items() if k != "out"})  # the run's own
+        saved = data["results"]
         results = {
             n: {part: {int(k): v for k, v in rows.items()} for part, rows in r.items()} for n, r in saved.items()
         }

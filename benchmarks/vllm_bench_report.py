@@ -3,7 +3,9 @@
 Each run of a system in a scenario and round is the client's JSON under
 ``benchmarks/_work``; the report takes the median of each system's rounds, the
 median of the per-round ratios (tetriserve / vLLM) with every round's listed,
-judges the issue's targets on that median, and pools TTFT by prompt length.
+judges the issue's targets on that median, and pools TTFT by prompt length. From
+the per-request runs, which it keeps as ``<out>_per_request.json``, it splits TPOT
+at 2 req/s at the second token and shows the response that ended last at saturation.
 """
 
 from __future__ import annotations
@@ -197,40 +199,74 @@ def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: ar
     for (lo, hi), (n, t_ms), (_, v_ms) in zip(PROMPT_BANDS, bands["tetriserve"], bands["vllm"], strict=True):
         band = f"{lo}–{hi - 1}" if hi < 1 << 20 else f"≥ {lo}"
         lines.append(f"| {band} | {n} | {t_ms:.0f} | {v_ms:.0f} | {t_ms / v_ms:.2f} |")
-    lines += last_response_section(saturation_runs(rounds))
+    kept = {scenario: per_request_runs(rounds, scenario) for scenario in ("rate", "saturation")}
+    lines += handoff_section(kept["rate"], TITLES["rate"].format(**vars(args)))
+    lines += last_response_section(kept["saturation"])
     lines += cpu_section(TITLES["rate"].format(**vars(args)))
+    (RESULTS / f"{args.out}_per_request.json").write_text(json.dumps(kept))
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
-def saturation_runs(rounds: int) -> dict[str, dict[str, list[float]]]:
-    """Per round and system (``"<system> <round>"``), the saturation run's per-request output tokens, TTFT and
-    latency, in the client's request order."""
+def per_request_runs(rounds: int, scenario: str) -> dict[str, dict[str, list[float]]]:
+    """Per round and system (``"<system> <round>"``), a run's per-request output tokens, TTFT, latency and wait
+    from the first token to the second (``first_itls``, 0 for one-token responses), in the client's request
+    order: what the sections below read, small enough to keep beside the report."""
     runs = {}
     for r in range(rounds):
         for n in ("tetriserve", "vllm"):
-            run = saved(run_name(n, r), "saturation")
+            run = saved(run_name(n, r), scenario)
             runs[f"{n} {r + 1}"] = {k: run[k] for k in ("output_lens", "ttfts", "latencies")}
+            runs[f"{n} {r + 1}"]["first_itls"] = [itl[0] if itl else 0.0 for itl in run["itls"]]
     return runs
+
+
+def handoff_section(runs: dict[str, dict[str, list[float]]], title: str) -> list[str]:
+    """TPOT split in two, per run (``per_request_runs`` of the rate scenario): the wait from a response's first
+    token to its second (on tetriserve the handoff from the prefill worker to the decode worker) and the time per
+    token after the second; medians over the responses of three tokens or more."""
+    lines = ["", f"## TPOT split at the second token, {title}", ""]
+    lines += [
+        "| run | median TPOT ms | median first → second token ms | median per token after the second ms |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name, run in runs.items():
+        tpot, first, after = [], [], []
+        for n, ttft, lat, gap in zip(
+            run["output_lens"], run["ttfts"], run["latencies"], run["first_itls"], strict=True
+        ):
+            if n >= 3:
+                tpot.append((lat - ttft) / (n - 1))
+                first.append(gap)
+                after.append((lat - ttft - gap) / (n - 2))
+        if tpot:
+            med = [1e3 * statistics.median(x) for x in (tpot, first, after)]
+            lines.append(f"| {name} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} |")
+    return lines
 
 
 def last_response_section(runs: dict[str, dict[str, list[float]]]) -> list[str]:
     """At saturation a run lasts until its last response ends, so throughput (output tokens over that time)
-    hangs on that one request: per run (``saturation_runs``), which it was, its output tokens, its TTFT and its
-    end, and how many responses a sampled EOS ended before the longest length any run gave the same prompt."""
+    hangs on that one request: per run (``per_request_runs`` of the saturation scenario), which it was, its
+    output tokens, its TTFT and its end (and, where the runs kept it, its wait from the first token to the
+    second: on tetriserve a request prefilled before the decode engine has a slot for it waits there), and how
+    many responses a sampled EOS ended before the longest length any run gave the same prompt."""
     longest = [max(lens) for lens in zip(*(run["output_lens"] for run in runs.values()), strict=True)]
+    gaps = all("first_itls" in run for run in runs.values())
     lines = ["", "## At saturation, the response that ended last", ""]
     lines += [
-        "| run | output tokens | responses cut short | last: request | its tokens | its TTFT s | ends at s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| run | output tokens | responses cut short | last: request | its tokens | its TTFT s | "
+        + ("first → second token s | " if gaps else "")
+        + "ends at s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if gaps else ""),
     ]
     for name, run in runs.items():
         lens, lat = run["output_lens"], run["latencies"]
         last = max(range(len(lat)), key=lat.__getitem__)
         cut = sum(1 for got, most in zip(lens, longest, strict=True) if got < most)
-        lines.append(
-            f"| {name} | {sum(lens)} | {cut} | {last} | {lens[last]} | {run['ttfts'][last]:.2f} | {lat[last]:.1f} |"
-        )
+        gap = f" {run['first_itls'][last]:.2f} |" if gaps else ""
+        ttft = run["ttfts"][last]
+        lines.append(f"| {name} | {sum(lens)} | {cut} | {last} | {lens[last]} | {ttft:.2f} |{gap} {lat[last]:.1f} |")
     return lines
 
 
@@ -289,5 +325,10 @@ def measure_or_reload(
     return 0
 
 
-if __name__ == "__main__":  # the saturation section from per-request runs kept as JSON (``saturation_runs``)
-    print("\n".join(last_response_section(json.loads(Path(sys.argv[1]).read_text()))))
+if __name__ == "__main__":  # the sections read from per-request runs kept as JSON (``per_request_runs``)
+    kept = json.loads(Path(sys.argv[1]).read_text())
+    if "saturation" not in kept:  # session 39's file: saturation runs only
+        kept = {"saturation": kept}
+    if "rate" in kept:
+        print("\n".join(handoff_section(kept["rate"], "Poisson arrivals")))
+    print("\n".join(last_response_section(kept["saturation"])))

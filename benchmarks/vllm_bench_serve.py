@@ -26,9 +26,12 @@ short, as one did on plain vLLM in two of session 39's three rounds (README,
 Known limits, session 40). The report's last section shows, for every saturation
 run, which response ended last, with its length, TTFT and end.
 
-Writes ``benchmarks/results/vllm_bench_serve.{md,json}``: per system, scenario
+Writes ``benchmarks/results/vllm_bench_serve.{md,json}`` (``--out``): per system, scenario
 and round the benchmark client's JSON summary; tables of medians over rounds, the
-per-round ratios, and the issue's targets judged on the median ratio.
+per-round ratios, and the issue's targets judged on the median ratio. Beside them,
+``<out>_per_request.json`` keeps the rate and saturation runs' per-request figures
+the report's last sections read (TPOT split at the second token; the response that
+ended last): ``python benchmarks/vllm_bench_report.py <that file>`` prints them again.
 """
 
 from __future__ import annotations
