@@ -200,7 +200,7 @@ def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: ar
         band = f"{lo}–{hi - 1}" if hi < 1 << 20 else f"≥ {lo}"
         lines.append(f"| {band} | {n} | {t_ms:.0f} | {v_ms:.0f} | {t_ms / v_ms:.2f} |")
     kept = {scenario: per_request_runs(rounds, scenario) for scenario in ("rate", "saturation")}
-    lines += handoff_section(kept["rate"], TITLES["rate"].format(**vars(args)))
+    lines += tpot_split_section(kept["rate"], TITLES["rate"].format(**vars(args)))
     lines += last_response_section(kept["saturation"])
     lines += cpu_section(TITLES["rate"].format(**vars(args)))
     (RESULTS / f"{args.out}_per_request.json").write_text(json.dumps(kept))
@@ -221,7 +221,7 @@ def per_request_runs(rounds: int, scenario: str) -> dict[str, dict[str, list[flo
     return runs
 
 
-def handoff_section(runs: dict[str, dict[str, list[float]]], title: str) -> list[str]:
+def tpot_split_section(runs: dict[str, dict[str, list[float]]], title: str) -> list[str]:
     """TPOT split in two, per run (``per_request_runs`` of the rate scenario): the wait from a response's first
     token to its second (on tetriserve the handoff from the prefill worker to the decode worker) and the time per
     token after the second; medians over the responses of three tokens or more."""
@@ -330,5 +330,5 @@ if __name__ == "__main__":  # the sections read from per-request runs kept as JS
     if "saturation" not in kept:  # session 39's file: saturation runs only
         kept = {"saturation": kept}
     if "rate" in kept:
-        print("\n".join(handoff_section(kept["rate"], "Poisson arrivals")))
+        print("\n".join(tpot_split_section(kept["rate"], "Poisson arrivals")))
     print("\n".join(last_response_section(kept["saturation"])))
