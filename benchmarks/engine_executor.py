@@ -1,18 +1,22 @@
 """Does vLLM's multiprocess executor with asynchronous scheduling step a CPU engine faster than ours? (issue #12)
 
     python benchmarks/engine_executor.py --batches 1 64 --tokens 256
+    python benchmarks/engine_executor.py --executors uni --threads 1 2 --batches 4 16 64 128
 
 Plain vLLM's server runs the model in a separate worker process and, with it, overlaps scheduling with the
 forward pass (async scheduling); tetriserve's engines step in-process (``uni`` executor, no async scheduling).
 This steps one offline engine of each kind on the tiny model, the same way: ``--batches`` requests at once,
-64-token prompts, ``--tokens`` greedy output tokens each, one OMP thread, ``torch.compile`` on (the service's
-default), ``--repeats`` timed repeats (default 2) after a warm-up. Each configuration runs in its own process. Writes
-``benchmarks/results/<--out>.{md,json}`` (default ``engine_executor``).
+64-token prompts, ``--tokens`` greedy output tokens each, ``--threads`` OMP threads (default one, as each of the
+service's engines has; several values: each is a configuration of its own, to see what a second core buys a step at
+each batch size), ``torch.compile`` on (the service's default), ``--repeats`` timed repeats (default 2) after a
+warm-up. Each configuration runs in its own process. Writes ``benchmarks/results/<--out>.{md,json}`` (default
+``engine_executor``).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -66,15 +70,20 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--out", default="engine_executor", help="report name under benchmarks/results (.md, .json)")
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats per configuration")
+    ap.add_argument("--executors", nargs="+", choices=sorted(CONFIGS.values()), default=list(CONFIGS.values()))
+    ap.add_argument("--threads", type=int, nargs="+", default=[1], help="OMP threads per engine (one run each)")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]), int(args.child[2]), int(args.child[3]))
         return 0
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
-               VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")  # fmt: skip
     results: dict[str, dict[str, list[float]]] = {}
-    for name, backend in CONFIGS.items():
+    for (label, backend), threads in itertools.product(CONFIGS.items(), args.threads):
+        if backend not in args.executors:
+            continue
+        name = label if args.threads == [1] else f"{label}, {threads} OMP thread{'s' if threads > 1 else ''}"
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=str(threads),
+                   VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")  # fmt: skip
         for batch in args.batches:
             cmd = [sys.executable, __file__, "--child", backend, str(batch), str(args.tokens), str(args.repeats)]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=900).stdout
@@ -87,7 +96,8 @@ def main() -> int:
         "# One CPU engine, in-process vs vLLM's multiprocess executor with async scheduling",
         "",
         f"Command: `{command}`  ",
-        f"Tiny random-weight Llama, 64-token prompts, {args.tokens} greedy output tokens each, one OMP thread, "
+        f"Tiny random-weight Llama, 64-token prompts, {args.tokens} greedy output tokens each, "
+        f"{' or '.join(map(str, args.threads))} OMP thread(s), "
         f"torch.compile on; ms per engine step, median of {args.repeats} timed repeats after a warm-up (each "
         "repeat's in the JSON); each configuration "
         "in its own process on this machine's 2 cores.",

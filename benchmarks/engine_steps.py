@@ -47,11 +47,13 @@ BUSY = 0.5  # a sample counts as busy where the thread ran or waited for a core 
 CLIENT = ("completed", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput")
 _KEYS = {  # figure -> (series, clock) on /metrics
     "steps": ("engine_steps", ""),
+    "borrowed": ("engine_borrowed_steps", ""),
     "tokens": ("engine_generation_tokens", ""),
     "wall": ("engine_step_seconds", "wall"),
     "cpu": ("engine_step_seconds", "cpu"),
 }
-_SERIES = re.compile(r"tetriserve:(engine_steps|engine_step_seconds|engine_generation_tokens)_total\{([^}]*)\} (\S+)")
+_NAMES = "engine_steps|engine_borrowed_steps|engine_step_seconds|engine_generation_tokens"
+_SERIES = re.compile(rf"tetriserve:({_NAMES})_total\{{([^}}]*)\}} (\S+)")
 
 
 def engine_counters(role: str | None = None) -> dict[tuple[str, str, str], float]:
@@ -178,6 +180,7 @@ def measure(name: str, flags: str, scenario: str, pinned: bool, args: argparse.N
             "ms_per_step_wall": 1e3 * d["wall"] / steps,
             "ms_per_step_cpu": 1e3 * d["cpu"] / steps,
             "tokens_per_step": d["tokens"] / steps,
+            "borrowed_share": d["borrowed"] / steps,
         }
     waits = {}
     for tid, (tname, (cpu, wait, _)) in t_after.items():
@@ -207,7 +210,8 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         f"Scenario `{args.scenario}` of vLLM's benchmark client (ShareGPT, seed 0, `--ignore-eos`), on a fresh server "
         "per run after the 64-prompt warm-up; variants alternate from one repeat to the next. Each cell: the median "
         "over repeats (each repeat's value after it). `ms_per_step_*`: time inside engine steps per step by the "
-        "wall clock and by the stepping thread's CPU clock; `runqueue_wait_s`: seconds the engine thread was "
+        "wall clock and by the stepping thread's CPU clock; `borrowed_share`: the share of steps taken with cores "
+        "borrowed from an idle engine (`--borrow-idle-cores`); `runqueue_wait_s`: seconds the engine thread was "
         "runnable but waited for a core (schedstat); `busy_*_share`: sampled every "
         f"{SAMPLE_S} s, in the samples where the engine thread ran or waited for a core at least {BUSY:.0%} of the "
         "time (`busy_samples`), the median share it ran, waited for a core, and was blocked (neither: the "

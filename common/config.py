@@ -53,14 +53,19 @@ class EngineConfig(BaseModel):
         ),
     )
     borrow_idle_cores: bool = Field(
-        False,
+        True,
         description=(
-            "CPU engines: a decode engine steps with its own threads plus the cores that idle engines on the same "
-            "machine leave (a prefill engine between prompts), and gives them back at its next step once they "
-            "start stepping. Helps one stream and the tail of a burst; hurts under steady arrivals, where the "
-            "borrowed core is wanted by prompts and the front door (README). False: every engine keeps "
-            "threads_per_engine."
+            "CPU engines: a decode engine whose batch has at least borrow_min_batch running requests steps with "
+            "its own threads plus the cores that idle engines on the same machine leave (a prefill engine "
+            "between prompts), while the rest of the machine leaves them idle, and gives them back at its next "
+            "step once they start stepping. Pays at large batches (a burst's decode); a small step has too little "
+            "work to split (README). False: every engine keeps threads_per_engine."
         ),
+    )
+    borrow_min_batch: int = Field(
+        4,
+        ge=1,
+        description="Smallest running batch for which a decode engine borrows idle cores (borrow_idle_cores).",
     )
     stream_interval_ms: float = Field(
         0.0,

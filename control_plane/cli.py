@@ -31,6 +31,11 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--kv-cache-gb": ("engine.kv_cache_gb", float, "KV cache per CPU engine, GiB"),
     "--threads-per-engine": ("engine.threads_per_engine", int, "OMP threads per engine"),
     "--decode-niceness": ("engine.decode_niceness", int, "niceness of decode engine threads (0-19; 0: equal share)"),
+    "--borrow-min-batch": (
+        "engine.borrow_min_batch",
+        int,
+        "CPU: a decode engine borrows idle cores only for steps of at least this many running requests",
+    ),
     "--stream-interval-ms": (
         "engine.stream_interval_ms",
         float,
@@ -96,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
         "--borrow-idle-cores",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="CPU: decode engines step with the cores idle prefill engines leave (default: off)",
+        help="CPU: decode engines step with the cores idle prefill engines leave, at large batches (default: on)",
     )
     s.add_argument(
         "--kv-pipeline",

@@ -67,6 +67,12 @@ SPECS: tuple[MetricSpec, ...] = (
         (*W, "clock"),
     ),
     MetricSpec("engine_steps", COUNTER, "Engine steps taken (engine_step_seconds / engine_steps: time per step).", W),
+    MetricSpec(
+        "engine_borrowed_steps",
+        COUNTER,
+        "Engine steps taken with cores borrowed from idle engines (CPU; engine.borrow_idle_cores).",
+        W,
+    ),
     MetricSpec("kv_transfer_bytes", COUNTER, "KV cache bytes sent / received.", (*W, "direction")),
     MetricSpec("kv_transfers", COUNTER, "KV transfers sent / received / pulled (one-sided).", (*W, "direction")),
     MetricSpec("kv_transfer_failures", COUNTER, "KV sends that failed.", W),
@@ -162,6 +168,7 @@ def _worker_series(w: WorkerStats) -> Iterator[Series]:
     yield Series("engine_generation_tokens", tags, w.generation_tokens)
     yield from (Series("engine_step_seconds", (*tags, ("clock", k)), v) for k, v in w.step_seconds.items())
     yield Series("engine_steps", tags, w.steps)
+    yield Series("engine_borrowed_steps", tags, w.borrowed_steps)
     yield from (Series("kv_transfer_bytes", (*tags, ("direction", k)), v) for k, v in w.kv_bytes.items())
     for k, v in w.kv_transfers.items():
         if k == "failed":

@@ -121,6 +121,7 @@ class WorkerStats:
     kv_seconds_sending: float = 0.0
     step_seconds: Mapping[str, float] = field(default_factory=dict)  # wall, cpu: time inside engine steps
     steps: int = 0  # engine steps taken
+    borrowed_steps: int = 0  # of them, steps with cores borrowed from idle engines
     flips: int = 0
     restarts: int = 0
     predictions: Mapping[str, int] = field(default_factory=dict)  # prefill: on_time, late, refined
@@ -179,6 +180,7 @@ def worker_stats(status: Any, raw: Mapping[str, Any] | None) -> WorkerStats:
         }
         extra["step_seconds"] = {"wall": float(eng.step_seconds), "cpu": float(eng.step_cpu_seconds)}
         extra["steps"] = int(eng.steps)
+        extra["borrowed_steps"] = int(eng.borrowed_steps)
     if tx is not None:
         extra["kv_bytes"] = {"sent": int(tx.bytes_sent), "received": int(tx.bytes_received)}
         extra["kv_transfers"] = {

@@ -106,6 +106,7 @@ class DecodeWorker(EngineWorker):
             lambda s: s.snapshot(),
             niceness=engine.decode_niceness,
             borrows=engine.borrow_idle_cores,
+            borrow_min_batch=engine.borrow_min_batch,
         )
         self.accepting = True
         self.running: dict[str, Running] = {}

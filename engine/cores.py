@@ -23,10 +23,13 @@ own process's, over 200 ms) and borrows only while that has left at least
 ``MIN_IDLE_CORES`` idle beyond its own threads: the front door, Ray and the
 length predictor post nothing on the board but use cores all the same.
 
-Borrowing is off by default: without the meter it paid with one stream and in a
-burst's tail but cost under steady arrivals, and the metered version did worse
-than none in its one on/off pair (README, "Engines can share the machine's
-cores"; benchmarks/results/borrow_ab.md). Engines post on the board either way.
+A borrower borrows only for steps of at least ``min_batch`` running requests
+(``engine.borrow_min_batch``, default 4): offline, a second thread cut a decode
+step by 30-58% from a batch of 4 on and bought nothing at a batch of one
+(benchmarks/results/engine_threads_by_batch.md). A borrower below that batch
+shows on the board as no borrower, so the spare goes to one that can use it.
+Borrowing is on by default (README, "Engines can share the machine's cores").
+Engines post on the board either way.
 
 The board is a small shared-memory file (``/dev/shm``), one slot per engine:
 pid, threads, stepping, borrows. A slot whose process has died is reclaimed, and
@@ -123,13 +126,15 @@ class CoreBoard:
 
 
 class CoreShare:
-    """One engine's slot. ``stepping(True)`` before a step; ``threads()`` says how many threads to step with."""
+    """One engine's slot. ``stepping(True)`` before a step; ``threads(batch)`` says how many threads to step with."""
 
-    def __init__(self, board: CoreBoard, slot: int, threads: int, borrows: bool) -> None:
+    def __init__(self, board: CoreBoard, slot: int, threads: int, borrows: bool, min_batch: int = 0) -> None:
         self.board = board
         self.slot = slot
         self.own = threads
         self.borrows = borrows
+        self.min_batch = min_batch  # a borrower borrows only for steps of at least this many requests
+        self._wants = borrows  # what the board shows: a borrower, whose next step is large enough (``threads``)
         self.cpus = usable_cpus()
         self._stepping = False
         self._dead: set[int] = set()  # slots whose process has died (re-checked every second)
@@ -137,21 +142,31 @@ class CoreShare:
         self.meter: CpuMeter | None = CpuMeter() if borrows and CpuMeter.available() else None
         self.release = weakref.finalize(self, _release, board, slot, os.getpid())  # idempotent; also on GC
 
-    def set_borrows(self, borrows: bool) -> None:
+    def set_borrows(self, borrows: bool, min_batch: int = 0) -> None:
         """Become (or stop being) a borrower: the engine's worker changed role."""
+        self.min_batch = min_batch
         if borrows != self.borrows:
             self.borrows = borrows
-            self.board._set(self.slot, _BORROWS, int(borrows))
+            self._post(borrows)
             self.meter = CpuMeter() if borrows and CpuMeter.available() else None
+
+    def _post(self, wants: bool) -> None:
+        if wants != self._wants:
+            self._wants = wants
+            self.board._set(self.slot, _BORROWS, int(wants))
 
     def stepping(self, on: bool) -> None:
         if on != self._stepping:
             self._stepping = on
             self.board._set(self.slot, _STEPPING, int(on))
 
-    def threads(self) -> int:
-        """Threads for this engine's next step: its own, plus the spare cores if it is the borrower."""
-        if not self.borrows:
+    def threads(self, batch: int | None = None) -> int:
+        """Threads for this engine's next step: its own, plus the spare cores if it is the borrower. ``batch``: the
+        requests that step runs; below ``min_batch`` the engine keeps its own threads and, on the board, leaves the
+        spare to another borrower (a small step has too little work to split across cores)."""
+        wants = self.borrows and (batch is None or batch >= self.min_batch)
+        self._post(wants)
+        if not wants:
             return self.own
         now = time.monotonic()
         if now - self._checked >= LIVENESS_INTERVAL_S:

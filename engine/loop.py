@@ -27,7 +27,8 @@ with a prefill engine and the front door the prompts go first. The thread carrie
 an OS name, ``eng-<worker id>`` (``top -H``, ``/proc/<pid>/task/*/comm``). On CPUs each
 engine posts on the machine's core board whether it is stepping (``cores``,
 engine/cores.py), and a borrowing engine sets its thread count before each step
-from what the board leaves idle.
+from what the board leaves idle and the size of its running batch (``borrowed_steps``
+counts the steps it took with borrowed cores).
 
 The engine thread blocks on the command queue when idle and never waits on a
 transfer: requests whose KV is still in flight sit in vLLM's
@@ -102,6 +103,7 @@ class EngineLoop:
         self.steps = 0  # engine steps taken (the liveness heartbeat's proof that the engine moves)
         self.busy_s = 0.0  # seconds spent inside engine steps (published as the stats' ``step_seconds``)
         self.busy_cpu_s = 0.0  # the engine thread's own CPU time inside them (below busy_s: it waited)
+        self.borrowed_steps = 0  # steps taken with more threads than the engine's own (borrowed cores)
         self._stale = False
         self._published = 0.0
         self.snapshot = EngineSnapshot(self.collector.snapshot(), self._extra())
@@ -158,11 +160,17 @@ class EngineLoop:
         return self._schedule(fn).result(timeout_s)
 
     def take_role(
-        self, install: Callable[[Any], Any], snapshot_fn: Callable[[Any], Any], niceness: int, borrows: bool
+        self,
+        install: Callable[[Any], Any],
+        snapshot_fn: Callable[[Any], Any],
+        niceness: int,
+        borrows: bool,
+        borrow_min_batch: int = 0,
     ) -> None:
         """Give the engine to a worker role (at start, and at a flip, with the engine idle): on the engine
         thread, between steps, ``install(scheduler)`` makes the scheduler the role's, and the thread takes the
-        role's niceness; the role's ``snapshot_fn`` and core borrowing apply from the next step."""
+        role's niceness; the role's ``snapshot_fn`` and core borrowing (for steps of at least
+        ``borrow_min_batch`` running requests) apply from the next step."""
 
         def switch(scheduler: Any) -> None:
             install(scheduler)
@@ -173,7 +181,7 @@ class EngineLoop:
                 else:
                     logger.warning("engine %s: could not set niceness %d", self.name, niceness)
             if self._cores is not None:
-                self._cores.set_borrows(borrows)
+                self._cores.set_borrows(borrows, borrow_min_batch)
             self._publish()
 
         self.call_now(switch)
@@ -220,10 +228,12 @@ class EngineLoop:
     def _step_once(self) -> None:
         if self._cores is not None:
             self._cores.stepping(True)
-            threads = self._cores.threads()
+            threads = self._cores.threads(len(self.scheduler().running))
             if threads != self._threads:
                 set_engine_threads(threads)
                 self._threads = threads
+            if threads > self._cores.own:
+                self.borrowed_steps += 1
         self.steps += 1
         started, cpu = time.perf_counter(), time.thread_time()
         try:
@@ -253,6 +263,7 @@ class EngineLoop:
             steps=self.steps,
             step_seconds=self.busy_s,
             step_cpu_seconds=self.busy_cpu_s,
+            borrowed_steps=self.borrowed_steps,
         )
         self.snapshot = EngineSnapshot(stats, self._extra())
 

@@ -29,6 +29,7 @@ class EngineStats:
     preemptions: int = 0
     step_seconds: float = 0.0  # wall time spent inside engine steps (``EngineLoop``'s, not vLLM's)
     step_cpu_seconds: float = 0.0  # the stepping thread's own CPU time inside them
+    borrowed_steps: int = 0  # steps taken with cores borrowed from idle engines (``engine/cores.py``)
 
     @property
     def free_blocks(self) -> int:

@@ -46,6 +46,21 @@ def test_only_one_borrower_takes_the_spare(board: CoreBoard) -> None:
     assert second.threads() == 2
 
 
+def test_a_small_batch_keeps_its_own_threads_and_leaves_the_spare_to_another_borrower(board: CoreBoard) -> None:
+    small, large = board.claim(1, borrows=True), CoreBoard(board.path).claim(1, borrows=True)
+    for share in (small, large):
+        share.cpus = 3
+        share.set_borrows(True, min_batch=16)
+    small.stepping(True)
+    assert small.threads(batch=16) == 3  # one engine stepping on 3 cores: it takes both spare ones
+    assert small.threads(batch=4) == 1  # too little work to split: its own thread only
+    large.stepping(True)
+    assert large.threads(batch=64) == 2  # the borrower in the lower slot stands aside at its small batch
+    assert small.threads(batch=32) == 2  # large enough again: the lower slot is the borrower ...
+    assert large.threads(batch=64) == 1  # ... and the spare goes to one borrower only
+    assert small.threads() == 2  # no batch given: no gate
+
+
 def test_more_own_threads_than_cores_is_never_cut(board: CoreBoard) -> None:
     big = board.claim(4, borrows=True)
     big.stepping(True)

@@ -57,6 +57,7 @@ def _cluster() -> ClusterStats:
             step_seconds=2.0,
             step_cpu_seconds=1.5,
             steps=40,
+            borrowed_steps=7,
         ),
         "transport": TransportStats(bytes_received=4096, transfers_received=2),
         "length_score": score.snapshot(),
@@ -101,6 +102,7 @@ def test_front_door_and_cluster_series() -> None:
     assert s[("tetriserve:engine_step_seconds_total", (("clock", "wall"), *d))] == 2.0
     assert s[("tetriserve:engine_step_seconds_total", (("clock", "cpu"), *d))] == 1.5
     assert s[("tetriserve:engine_steps_total", d)] == 40
+    assert s[("tetriserve:engine_borrowed_steps_total", d)] == 7
     assert s[("tetriserve:engine_prompt_tokens_total", (*p[:1], ("source", "computed"), p[1]))] == 100
     assert s[("tetriserve:kv_transfer_bytes_total", (("direction", "sent"), *p))] == 4096
     assert s[("tetriserve:kv_transfer_bytes_total", (("direction", "received"), *d))] == 4096
