@@ -25,10 +25,10 @@ length predictor post nothing on the board but use cores all the same.
 
 A borrower borrows only for steps of at least ``min_batch`` running requests
 (``engine.borrow_min_batch``, default 4): offline, a second thread cut a decode
-step by 30-58% from a batch of 4 on and bought nothing at a batch of one
+step by 29-57% from a batch of 4 on and bought nothing at a batch of one
 (benchmarks/results/engine_threads_by_batch.md). A borrower below that batch
 shows on the board as no borrower, so the spare goes to one that can use it.
-Borrowing is on by default (README, "Engines can share the machine's cores").
+Borrowing is on by default (README, "Engines share the machine's cores").
 Engines post on the board either way.
 
 The board is a small shared-memory file (``/dev/shm``), one slot per engine:
