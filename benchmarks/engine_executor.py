@@ -93,7 +93,9 @@ def main() -> int:
     command = "python benchmarks/engine_executor.py " + " ".join(sys.argv[1:])
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"command": command, "ms_per_step": results}, indent=1))
     lines = [
-        "# One CPU engine, in-process vs vLLM's multiprocess executor with async scheduling",
+        "# One CPU engine, in-process vs vLLM's multiprocess executor with async scheduling"
+        if len(args.executors) > 1
+        else f"# One CPU engine's steps ({args.executors[0]} executor) by batch and OMP threads",
         "",
         f"Command: `{command}`  ",
         f"Tiny random-weight Llama, 64-token prompts, {args.tokens} greedy output tokens each, "
