@@ -78,9 +78,8 @@ def main() -> int:
         child(args.child[0], int(args.child[1]), int(args.child[2]), int(args.child[3]))
         return 0
     results: dict[str, dict[str, list[float]]] = {}
-    for (label, backend), threads in itertools.product(CONFIGS.items(), args.threads):
-        if backend not in args.executors:
-            continue
+    chosen = [(label, backend) for label, backend in CONFIGS.items() if backend in args.executors]
+    for (label, backend), threads in itertools.product(chosen, args.threads):
         name = label if args.threads == [1] else f"{label}, {threads} OMP thread{'s' if threads > 1 else ''}"
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=str(threads),
                    VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")  # fmt: skip

@@ -128,12 +128,12 @@ class CoreBoard:
 class CoreShare:
     """One engine's slot. ``stepping(True)`` before a step; ``threads(batch)`` says how many threads to step with."""
 
-    def __init__(self, board: CoreBoard, slot: int, threads: int, borrows: bool, min_batch: int = 0) -> None:
+    def __init__(self, board: CoreBoard, slot: int, threads: int, borrows: bool) -> None:
         self.board = board
         self.slot = slot
         self.own = threads
         self.borrows = borrows
-        self.min_batch = min_batch  # a borrower borrows only for steps of at least this many requests
+        self.min_batch = 0  # a borrower borrows only for steps of at least this many requests (``set_borrows``)
         self._wants = borrows  # what the board shows: a borrower, whose next step is large enough (``threads``)
         self.cpus = usable_cpus()
         self._stepping = False
