@@ -6,11 +6,14 @@
 Plain vLLM's server runs the model in a separate worker process and, with it, overlaps scheduling with the
 forward pass (async scheduling); tetriserve's engines step in-process (``uni`` executor, no async scheduling).
 This steps one offline engine of each kind on the tiny model, the same way: ``--batches`` requests at once,
-64-token prompts, ``--tokens`` greedy output tokens each, ``--threads`` OMP threads (default one, as each of the
-service's engines has; several values: each is a configuration of its own, to see what a second core buys a step at
-each batch size), ``torch.compile`` on (the service's default), ``--repeats`` timed repeats (default 2) after a
-warm-up. Each configuration runs in its own process. Writes ``benchmarks/results/<--out>.{md,json}`` (default
-``engine_executor``).
+64-token prompts, ``--tokens`` output tokens each (greedy, or sampled at ``--temperature``), ``--threads`` OMP
+threads (default one, as each of the service's engines has; several values: each is a configuration of its own,
+to see what a second core buys a step at each batch size), ``torch.compile`` on (the service's default),
+``--repeats`` timed repeats (default 2) after a warm-up. Each configuration runs in its own process. Writes
+``benchmarks/results/<--out>.{md,json}`` (default ``engine_executor``).
+
+``--executors uni tetri`` asks what tetriserve's decode engine adds to vLLM's own in-process engine offline (its
+scheduler subclass, KV connector, logits processor and CPU worker), apart from the service around it.
 """
 
 from __future__ import annotations
@@ -25,28 +28,52 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_bench_report import RESULTS
 
-CONFIGS = {"uni (tetriserve's engines)": "uni", "mp + async scheduling (plain vLLM's server)": "mp"}
+CONFIGS = {
+    "uni (tetriserve's engines)": "uni",
+    "mp + async scheduling (plain vLLM's server)": "mp",
+    "uni, tetriserve's decode engine (its scheduler, KV connector, logits processor, worker)": "tetri",
+}
 
 
-def child(backend: str, batch: int, tokens: int, repeats: int) -> None:
-    """Runs in its own process: print ``RESULT`` and a JSON list of ms per engine step, per timed repeat."""
-    from vllm import EngineArgs, SamplingParams
-    from vllm.v1.engine.llm_engine import LLMEngine
+def engine_args(backend: str, model: str) -> Any:
+    """``uni``/``mp``: vLLM's own engine with that executor; ``tetri``: a tetriserve worker's engine as its decode
+    role runs it (``build_engine_args``: the decode scheduler, the KV connector, the prior-output logits
+    processor, tetriserve's CPU worker), with the same sizes as the others."""
+    from vllm import EngineArgs
 
-    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    if backend == "tetri":
+        from tetriserve.common.config import EngineConfig
+        from tetriserve.engine.settings import EngineRole, build_engine_args
 
-    args = EngineArgs(
-        model=str(build_tiny_model(default_tiny_model_dir())), max_model_len=2048, block_size=32,
+        args = build_engine_args(
+            EngineConfig(max_model_len=2048, block_size=32, kv_cache_gb=1.0, seed=0), model, EngineRole.DECODE,
+            chunk_size=2048, endpoint="engine-executor", transport="tcp",
+            scheduler_cls="tetriserve.decode_worker.vllm_scheduler.TetriDecodeScheduler",
+        )  # fmt: skip
+        args.max_num_seqs, args.max_num_active_seqs, args.disable_log_stats = 256, None, True
+        return args
+    return EngineArgs(
+        model=model, max_model_len=2048, block_size=32,
         max_num_seqs=256, max_num_batched_tokens=2048, enable_chunked_prefill=True, enforce_eager=False,
         seed=0, distributed_executor_backend=backend, async_scheduling=backend == "mp",
         kv_cache_memory_bytes=1 << 30, disable_log_stats=True,
     )  # fmt: skip
-    engine = LLMEngine.from_engine_args(args)
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0, detokenize=False)
+
+
+def child(backend: str, batch: int, tokens: int, repeats: int, temperature: float) -> None:
+    """Runs in its own process: print ``RESULT`` and a JSON list of ms per engine step, per timed repeat."""
+    from vllm import SamplingParams
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+
+    engine = LLMEngine.from_engine_args(engine_args(backend, str(build_tiny_model(default_tiny_model_dir()))))
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=temperature, detokenize=False)
     rng = random.Random(0)
 
     def run(n: int, tag: str) -> float:
@@ -70,12 +97,13 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--out", default="engine_executor", help="report name under benchmarks/results (.md, .json)")
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats per configuration")
-    ap.add_argument("--executors", nargs="+", choices=sorted(CONFIGS.values()), default=list(CONFIGS.values()))
+    ap.add_argument("--executors", nargs="+", choices=sorted(CONFIGS.values()), default=["uni", "mp"])
     ap.add_argument("--threads", type=int, nargs="+", default=[1], help="OMP threads per engine (one run each)")
-    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), int(args.child[2]), int(args.child[3]))
+        child(args.child[0], int(args.child[1]), int(args.child[2]), int(args.child[3]), float(args.child[4]))
         return 0
     results: dict[str, dict[str, list[float]]] = {}
     chosen = [(label, backend) for label, backend in CONFIGS.items() if backend in args.executors]
@@ -84,7 +112,8 @@ def main() -> int:
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=str(threads),
                    VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")  # fmt: skip
         for batch in args.batches:
-            cmd = [sys.executable, __file__, "--child", backend, str(batch), str(args.tokens), str(args.repeats)]
+            child_args = (backend, batch, args.tokens, args.repeats, args.temperature)
+            cmd = [sys.executable, __file__, "--child", *map(str, child_args)]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=900).stdout
             line = next(x for x in out.splitlines() if x.startswith("RESULT "))  # vLLM logs to stdout too
             results.setdefault(name, {})[str(batch)] = json.loads(line.removeprefix("RESULT "))
@@ -92,12 +121,15 @@ def main() -> int:
     command = "python benchmarks/engine_executor.py " + " ".join(sys.argv[1:])
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"command": command, "ms_per_step": results}, indent=1))
     lines = [
-        "# One CPU engine, in-process vs vLLM's multiprocess executor with async scheduling"
+        "# One CPU engine, vLLM's own against tetriserve's decode engine, in-process"
+        if "tetri" in args.executors
+        else "# One CPU engine, in-process vs vLLM's multiprocess executor with async scheduling"
         if len(args.executors) > 1
         else f"# One CPU engine's steps ({args.executors[0]} executor) by batch and OMP threads",
         "",
         f"Command: `{command}`  ",
-        f"Tiny random-weight Llama, 64-token prompts, {args.tokens} greedy output tokens each, "
+        f"Tiny random-weight Llama, 64-token prompts, {args.tokens} output tokens each "
+        f"({'greedy' if args.temperature == 0 else f'sampled at temperature {args.temperature:g}'}), "
         f"{' or '.join(map(str, args.threads))} OMP thread(s), "
         f"torch.compile on; ms per engine step, median of {args.repeats} timed repeats after a warm-up (each "
         "repeat's in the JSON); each configuration "

@@ -16,7 +16,9 @@ and neither (blocked: on the interpreter lock, a sleep or a queue): the lock's d
 most the last (``busy_*_share``). With
 ``--pin NAME`` that variant's decode engine threads get core 0 to themselves and every other thread of the
 server's processes the other cores (the benchmark client is left alone), as vLLM binds its model worker to a
-core. Variants alternate from one repeat to the next. Writes ``benchmarks/results/<out>.{md,json}``.
+core; with ``--pin-engines NAME`` the decode engine threads get core 0 and the prefill engine threads the
+others, every other thread left to the kernel. Variants alternate from one repeat to the next. Writes
+``benchmarks/results/<out>.{md,json}``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ _KEYS = {  # figure -> (series, clock) on /metrics
     "wall": ("engine_step_seconds", "wall"),
     "cpu": ("engine_step_seconds", "cpu"),
 }
+PINNED = {1: " (decode pinned to core 0)", 2: " (engines pinned: decode to core 0, prefill to the others)"}
 _NAMES = "engine_steps|engine_borrowed_steps|engine_step_seconds|engine_generation_tokens"
 _SERIES = re.compile(rf"tetriserve:({_NAMES})_total\{{([^}}]*)\}} (\S+)")
 
@@ -69,18 +72,41 @@ def engine_counters(role: str | None = None) -> dict[tuple[str, str, str], float
     return out
 
 
-def threads(sid: int) -> dict[int, tuple[str, list[int]]]:
-    """tid -> (OS thread name, schedstat: ns on CPU, ns runnable waiting for a core, time slices) of every
-    thread of session ``sid``."""
+def threads(sid: int) -> dict[int, tuple[str, list[int], int]]:
+    """tid -> (OS thread name, schedstat: ns on CPU, ns runnable waiting for a core, time slices; its process's
+    pid) of every thread of session ``sid``."""
     out = {}
     for proc, _ in session_processes(sid):
         for task in (proc / "task").glob("[0-9]*"):
             try:
                 name = (task / "comm").read_text().strip()
-                out[int(task.name)] = (name, [int(x) for x in (task / "schedstat").read_text().split()])
+                out[int(task.name)] = (name, [int(x) for x in (task / "schedstat").read_text().split()], int(proc.name))
             except OSError:
                 continue
     return out
+
+
+def engine_threads(reading: dict[int, tuple[str, list[int], int]]) -> dict[int, str]:
+    """tid -> name of each engine's stepping thread (``eng-<worker>``) in a ``threads`` reading. The OpenMP
+    threads an engine starts when it borrows cores inherit its name; the stepping thread is the one that ran
+    longest."""
+    best: dict[str, tuple[int, int]] = {}
+    for tid, (name, stat, _) in reading.items():
+        if name.startswith("eng-") and stat[0] >= best.get(name, (0, -1))[1]:
+            best[name] = (tid, stat[0])
+    return {tid: name for name, (tid, _) in best.items()}
+
+
+def peers_cpu_s(tid: int, before: dict, after: dict) -> float:
+    """CPU seconds the threads of thread ``tid``'s process other than engine threads ran between two ``threads``
+    readings (a thread started in between counts from 0): for an engine thread, its worker actor's event loop,
+    Ray's threads and the rest, which share its process's interpreter lock."""
+    pid = after[tid][2]
+    return sum(
+        (stat[0] - (before[t][1][0] if t in before else 0)) / 1e9
+        for t, (name, stat, p) in after.items()
+        if p == pid and not name.startswith("eng-")
+    )
 
 
 class Timeline:
@@ -128,14 +154,17 @@ class Timeline:
         return out
 
 
-def pin(sid: int) -> int:
-    """Decode engine threads on core 0, every other thread of the session on the other cores; returns how
-    many decode engine threads were pinned."""
+def pin(sid: int, engines_only: bool = False) -> int:
+    """Decode engine threads on core 0, every other thread of the session on the other cores (``engines_only``:
+    only the prefill engine threads there, every thread but the engines' left to the kernel, as vLLM binds its
+    engine's threads and nothing else); returns how many decode engine threads were pinned."""
     cores = os.sched_getaffinity(0)
     rest = cores - {0} or cores
     pinned = 0
-    for tid, (name, _) in threads(sid).items():
+    for tid, (name, _, _) in threads(sid).items():
         decode = name.startswith("eng-decode")
+        if engines_only and not name.startswith("eng-"):
+            continue
         try:
             os.sched_setaffinity(tid, {0} if decode else rest)
             pinned += decode
@@ -144,7 +173,7 @@ def pin(sid: int) -> int:
     return pinned
 
 
-def measure(name: str, flags: str, scenario: str, pinned: bool, args: argparse.Namespace, env: Any) -> dict:
+def measure(name: str, flags: str, scenario: str, args: argparse.Namespace, env: Any) -> dict:
     model, dataset = args.model, args.dataset
     bench_args = argparse.Namespace(
         num_prompts=args.num_prompts,
@@ -159,10 +188,11 @@ def measure(name: str, flags: str, scenario: str, pinned: bool, args: argparse.N
         try:
             wait_ready(URL, proc)
             run_bench(f"steps_{name}", "warmup", PORT, bench_args, model, dataset)  # not measured
-            n_pinned = pin(proc.pid) if pinned else 0
+            n_pinned = pin(proc.pid, name in args.pin_engines) if name in args.pin + args.pin_engines else 0
             time.sleep(2)  # the warm-up's last steps counted before the scrape
             before, t_before, started = engine_counters(), threads(proc.pid), time.monotonic()
-            timeline = Timeline({tid: n for tid, (n, _) in t_before.items() if n.startswith("eng-")})
+            steppers = engine_threads(t_before)
+            timeline = Timeline(steppers)
             client = run_bench(f"steps_{name}", scenario, PORT, bench_args, model, dataset)
             t_after, seconds = threads(proc.pid), time.monotonic() - started
             busy = timeline.stop()
@@ -183,10 +213,16 @@ def measure(name: str, flags: str, scenario: str, pinned: bool, args: argparse.N
             "borrowed_share": d["borrowed"] / steps,
         }
     waits = {}
-    for tid, (tname, (cpu, wait, _)) in t_after.items():
-        if tname.startswith("eng-") and tid in t_before:
+    for tid, tname in steppers.items():
+        if tid in t_after:
+            cpu, wait, _ = t_after[tid][1]
             cpu0, wait0, _ = t_before[tid][1]
-            waits[tname] = {"cpu_s": (cpu - cpu0) / 1e9, "runqueue_wait_s": (wait - wait0) / 1e9, **busy.get(tname, {})}
+            waits[tname] = {
+                "cpu_s": (cpu - cpu0) / 1e9,
+                "peers_cpu_s": peers_cpu_s(tid, t_before, t_after),
+                "runqueue_wait_s": (wait - wait0) / 1e9,
+                **busy.get(tname, {}),
+            }
     return {"client": {k: client.get(k) for k in CLIENT}, "engines": engines, "threads": waits, "pinned": n_pinned}
 
 
@@ -211,13 +247,17 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         "per run after the 64-prompt warm-up; variants alternate from one repeat to the next. Each cell: the median "
         "over repeats (each repeat's value after it). `ms_per_step_*`: time inside engine steps per step by the "
         "wall clock and by the stepping thread's CPU clock; `borrowed_share`: the share of steps taken with cores "
-        "borrowed from an idle engine (`--borrow-idle-cores`); `runqueue_wait_s`: seconds the engine thread was "
+        "borrowed from an idle engine (`--borrow-idle-cores`); `cpu_s`: the engine thread's CPU seconds, "
+        "`peers_cpu_s`: those of the other threads of its process (the worker actor's event loop, Ray's threads), "
+        "which share its interpreter lock; `runqueue_wait_s`: seconds the engine thread was "
         "runnable but waited for a core (schedstat); `busy_*_share`: sampled every "
         f"{SAMPLE_S} s, in the samples where the engine thread ran or waited for a core at least {BUSY:.0%} of the "
         "time (`busy_samples`), the median share it ran, waited for a core, and was blocked (neither: the "
         "interpreter lock, a sleep, a queue).",
         "",
-        "| figure | " + " | ".join(f"{n}{' (decode pinned to core 0)' if n in args.pin else ''}" for n in names) + " |",
+        "| figure | "
+        + " | ".join(n + PINNED.get((n in args.pin) + 2 * (n in args.pin_engines), "") for n in names)
+        + " |",
         "| --- |" + " ---: |" * len(names),
     ]
     for key in keys:
@@ -237,6 +277,12 @@ def main() -> int:
     ap.add_argument("--scenario", choices=("rate", "single", "saturation"), default="saturation")
     ap.add_argument("--variant", action="append", required=True, help="NAME=FLAGS (extra `tetriserve serve` flags)")
     ap.add_argument("--pin", action="append", default=[], help="a variant NAME whose decode engines get core 0")
+    ap.add_argument(
+        "--pin-engines",
+        action="append",
+        default=[],
+        help="a variant NAME whose decode engines get core 0 and prefill engines the others, the rest left alone",
+    )
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--request-rate", type=float, default=2.0)
@@ -250,7 +296,7 @@ def main() -> int:
         order = list(variants) if rep % 2 == 0 else list(variants)[::-1]
         for n in order:
             print(f"== repeat {rep + 1}/{args.repeats}: {n}", flush=True)
-            runs[n].append(measure(n, variants[n], args.scenario, n in args.pin, args, env))
+            runs[n].append(measure(n, variants[n], args.scenario, args, env))
     write_report(runs, args)
     return 0
 

@@ -66,8 +66,11 @@ def _receiver(kind: str, conn: Any) -> None:
         if kind == "shm-pull":  # (the publisher's address, the key): take it from there
             src, key = key
             endpoint.pull(src, key, 120.0)
-        while (bufs := endpoint.recv(key)) is None:
-            time.sleep(0.00005)  # the engine polls once a step; here, finely enough not to count
+        while True:  # asleep until the store changes: no poller here competes with the receiving thread
+            version = endpoint.store.version()
+            if (bufs := endpoint.recv(key)) is not None:
+                break
+            endpoint.store.wait_newer(version, 1.0)
         conn.send(time.perf_counter())
         del bufs
 
