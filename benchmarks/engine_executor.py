@@ -120,12 +120,14 @@ def main() -> int:
             print(f"{name}, batch {batch}: {results[name][str(batch)]} ms/step", flush=True)
     command = "python benchmarks/engine_executor.py " + " ".join(sys.argv[1:])
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"command": command, "ms_per_step": results}, indent=1))
+    if "tetri" in args.executors:
+        title = "# One CPU engine, vLLM's own against tetriserve's decode engine, in-process"
+    elif len(args.executors) > 1:
+        title = "# One CPU engine, in-process vs vLLM's multiprocess executor with async scheduling"
+    else:
+        title = f"# One CPU engine's steps ({args.executors[0]} executor) by batch and OMP threads"
     lines = [
-        "# One CPU engine, vLLM's own against tetriserve's decode engine, in-process"
-        if "tetri" in args.executors
-        else "# One CPU engine, in-process vs vLLM's multiprocess executor with async scheduling"
-        if len(args.executors) > 1
-        else f"# One CPU engine's steps ({args.executors[0]} executor) by batch and OMP threads",
+        title,
         "",
         f"Command: `{command}`  ",
         f"Tiny random-weight Llama, 64-token prompts, {args.tokens} output tokens each "

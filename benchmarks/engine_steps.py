@@ -54,7 +54,10 @@ _KEYS = {  # figure -> (series, clock) on /metrics
     "wall": ("engine_step_seconds", "wall"),
     "cpu": ("engine_step_seconds", "cpu"),
 }
-PINNED = {1: " (decode pinned to core 0)", 2: " (engines pinned: decode to core 0, prefill to the others)"}
+PINNED = {
+    "pin": " (decode pinned to core 0)",
+    "pin_engines": " (engines pinned: decode to core 0, prefill to the others)",
+}
 _NAMES = "engine_steps|engine_borrowed_steps|engine_step_seconds|engine_generation_tokens"
 _SERIES = re.compile(rf"tetriserve:({_NAMES})_total\{{([^}}]*)\}} (\S+)")
 
@@ -173,6 +176,11 @@ def pin(sid: int, engines_only: bool = False) -> int:
     return pinned
 
 
+def pinning(name: str, args: argparse.Namespace) -> str | None:
+    """How variant ``name`` is pinned: ``pin``, ``pin_engines`` (the flag that named it) or not at all."""
+    return "pin" if name in args.pin else "pin_engines" if name in args.pin_engines else None
+
+
 def measure(name: str, flags: str, scenario: str, args: argparse.Namespace, env: Any) -> dict:
     model, dataset = args.model, args.dataset
     bench_args = argparse.Namespace(
@@ -188,7 +196,8 @@ def measure(name: str, flags: str, scenario: str, args: argparse.Namespace, env:
         try:
             wait_ready(URL, proc)
             run_bench(f"steps_{name}", "warmup", PORT, bench_args, model, dataset)  # not measured
-            n_pinned = pin(proc.pid, name in args.pin_engines) if name in args.pin + args.pin_engines else 0
+            mode = pinning(name, args)
+            n_pinned = pin(proc.pid, engines_only=mode == "pin_engines") if mode else 0
             time.sleep(2)  # the warm-up's last steps counted before the scrape
             before, t_before, started = engine_counters(), threads(proc.pid), time.monotonic()
             steppers = engine_threads(t_before)
@@ -255,9 +264,7 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         "time (`busy_samples`), the median share it ran, waited for a core, and was blocked (neither: the "
         "interpreter lock, a sleep, a queue).",
         "",
-        "| figure | "
-        + " | ".join(n + PINNED.get((n in args.pin) + 2 * (n in args.pin_engines), "") for n in names)
-        + " |",
+        "| figure | " + " | ".join(n + PINNED.get(pinning(n, args) or "", "") for n in names) + " |",
         "| --- |" + " ---: |" * len(names),
     ]
     for key in keys:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from transport_throughput import recv_landed
 from vllm_bench_report import measure_or_reload
 
 MIB = 1 << 20
@@ -46,11 +47,7 @@ def _receiver(conn: Any) -> None:
     store.put = timed_put  # type: ignore[method-assign]
     conn.send(endpoint.address)
     while (key := conn.recv()) is not None:
-        while True:
-            version = store.version()
-            if (buffers := endpoint.recv(key)) is not None:
-                break
-            store.wait_newer(version, 1.0)
+        buffers = recv_landed(endpoint, key)
         conn.send(("woke", time.perf_counter()))
         del buffers
     endpoint.close()

@@ -38,6 +38,16 @@ MIB = 1 << 20
 BACKEND_GROUPS = ("shm", "ucx", "nccl")  # shm's table has tcp beside it
 
 
+def recv_landed(endpoint: Any, key: str) -> list[Any]:
+    """``key``'s buffers once they land in ``endpoint``, asleep on its store until then: no poller here competes
+    with the thread that receives them."""
+    while True:
+        version = endpoint.store.version()
+        if (buffers := endpoint.recv(key)) is not None:
+            return buffers
+        endpoint.store.wait_newer(version, 1.0)
+
+
 def _receiver(kind: str, conn: Any) -> None:
     """The receiving process: an endpoint (or a plain socket) that takes what arrives and says when."""
     if kind == "socket":
@@ -66,11 +76,7 @@ def _receiver(kind: str, conn: Any) -> None:
         if kind == "shm-pull":  # (the publisher's address, the key): take it from there
             src, key = key
             endpoint.pull(src, key, 120.0)
-        while True:  # asleep until the store changes: no poller here competes with the receiving thread
-            version = endpoint.store.version()
-            if (bufs := endpoint.recv(key)) is not None:
-                break
-            endpoint.store.wait_newer(version, 1.0)
+        bufs = recv_landed(endpoint, key)
         conn.send(time.perf_counter())
         del bufs
 
