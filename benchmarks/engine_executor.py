@@ -38,15 +38,17 @@ CONFIGS = {
     "mp + async scheduling (plain vLLM's server)": "mp",
     "uni, tetriserve's decode engine (its scheduler, KV connector, logits processor, worker)": "tetri",
 }
+PIECES = ("scheduler", "connector", "logits_processor", "worker")  # what ``--without`` can take from ``tetri``
 
 
 def engine_args(backend: str, model: str) -> Any:
     """``uni``/``mp``: vLLM's own engine with that executor; ``tetri``: a tetriserve worker's engine as its decode
     role runs it (``build_engine_args``: the decode scheduler, the KV connector, the prior-output logits
-    processor, tetriserve's CPU worker), with the same sizes as the others."""
+    processor, tetriserve's CPU worker), with the same sizes as the others; ``tetri-PIECE``: that engine without
+    one of those (``PIECES``), vLLM's own in its place."""
     from vllm import EngineArgs
 
-    if backend == "tetri":
+    if backend.startswith("tetri"):
         from tetriserve.common.config import EngineConfig
         from tetriserve.engine.settings import EngineRole, build_engine_args
 
@@ -56,6 +58,15 @@ def engine_args(backend: str, model: str) -> Any:
             scheduler_cls="tetriserve.decode_worker.vllm_scheduler.TetriDecodeScheduler",
         )  # fmt: skip
         args.max_num_seqs, args.max_num_active_seqs, args.disable_log_stats = 256, None, True
+        without = backend.removeprefix("tetri").removeprefix("-")
+        if without == "scheduler":
+            args.scheduler_cls = None
+        elif without == "connector":
+            args.kv_transfer_config = None
+        elif without == "logits_processor":
+            args.logits_processors = None
+        elif without == "worker":
+            args.worker_cls = "auto"
         return args
     return EngineArgs(
         model=model, max_model_len=2048, block_size=32,
@@ -100,6 +111,10 @@ def main() -> int:
     ap.add_argument("--executors", nargs="+", choices=sorted(CONFIGS.values()), default=["uni", "mp"])
     ap.add_argument("--threads", type=int, nargs="+", default=[1], help="OMP threads per engine (one run each)")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    ap.add_argument(
+        "--without", nargs="+", choices=PIECES, default=[],
+        help="also run tetri without each of these pieces (one configuration each)",
+    )  # fmt: skip
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -107,6 +122,8 @@ def main() -> int:
         return 0
     results: dict[str, dict[str, list[float]]] = {}
     chosen = [(label, backend) for label, backend in CONFIGS.items() if backend in args.executors]
+    without = "uni, tetriserve's decode engine without its "
+    chosen += [(without + piece.replace("_", " "), f"tetri-{piece}") for piece in args.without]
     for (label, backend), threads in itertools.product(chosen, args.threads):
         name = label if args.threads == [1] else f"{label}, {threads} OMP thread{'s' if threads > 1 else ''}"
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=str(threads),
@@ -120,7 +137,7 @@ def main() -> int:
             print(f"{name}, batch {batch}: {results[name][str(batch)]} ms/step", flush=True)
     command = "python benchmarks/engine_executor.py " + " ".join(sys.argv[1:])
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"command": command, "ms_per_step": results}, indent=1))
-    if "tetri" in args.executors:
+    if "tetri" in args.executors or args.without:
         title = "# One CPU engine, vLLM's own against tetriserve's decode engine, in-process"
     elif len(args.executors) > 1:
         title = "# One CPU engine, in-process vs vLLM's multiprocess executor with async scheduling"

@@ -20,6 +20,15 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return math.ceil(max(0, tokens) / block_size)
 
 
+def predicted_remaining(
+    estimate: LengthEstimate | None, max_tokens: int, generated: int, end: LengthEnd = "lower"
+) -> int:
+    """Tokens still to generate by the predicted range's ``end`` (TetriInfer uses the lower end); without an
+    estimate, all of ``max_tokens``."""
+    total = getattr(estimate, end) if estimate is not None else max_tokens
+    return max(0, min(total, max_tokens) - generated)
+
+
 @dataclass(frozen=True)
 class DecodeReqView:
     request_id: str
@@ -37,10 +46,7 @@ class DecodeReqView:
         return self.prompt_len + self.generated
 
     def predicted_remaining(self, end: LengthEnd = "lower") -> int:
-        """Tokens still to generate by the predicted range's ``end`` (TetriInfer uses the lower end);
-        without an estimate, all of ``max_tokens``."""
-        total = getattr(self.estimate, end) if self.estimate is not None else self.max_tokens
-        return max(0, min(total, self.max_tokens) - self.generated)
+        return predicted_remaining(self.estimate, self.max_tokens, self.generated, end)
 
     def blocks_at(self, steps: int, block_size: int, end: LengthEnd = "lower") -> int:
         """KV blocks it holds ``steps`` iterations from now, if it is still running then."""

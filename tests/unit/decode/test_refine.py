@@ -58,3 +58,27 @@ def test_a_prediction_for_another_attempt_or_a_request_gone_changes_nothing() ->
     assert not asyncio.run(worker.refine("gone", 1, MODEL))
     assert worker.running["r1"].estimate == INSTANT
     assert tags_of(scheduler.requests["r1-0a1b"].sampling_params.extra_args).estimate == INSTANT
+
+
+def test_the_snapshots_remaining_tokens_add_up_what_each_requests_view_predicts() -> None:
+    """The engine thread sums the predicted remaining tokens of every request without building views; the sum
+    is what the views would give: the point estimate less what was generated, capped by ``max_tokens``, all of
+    ``max_tokens`` without an estimate, never below 0."""
+    from tetriserve.decode_worker.vllm_scheduler import TetriDecodeScheduler
+
+    def req(rid: str, estimate: LengthEstimate | None, max_tokens: int | None, generated: int) -> Any:
+        extra = EngineTags(request_id=rid, estimate=estimate).extra() if estimate is not None else None
+        params = SimpleNamespace(extra_args=extra, max_tokens=max_tokens)
+        out = [1] * generated
+        return SimpleNamespace(
+            request_id=rid, sampling_params=params, output_token_ids=out, num_output_tokens=generated,
+            num_prompt_tokens=5, arrival_time=0.0, num_computed_tokens=5 + generated,
+        )  # fmt: skip
+
+    running = [req("a", MODEL, 1000, 10), req("b", MODEL, 100, 20), req("c", None, 64, 4)]
+    waiting = [req("d", INSTANT, 50, 0), req("e", MODEL, 1000, 400), req("f", None, None, 0)]
+    scheduler = SimpleNamespace(running=running, kv_holding_waiting=waiting[:1], waiting=waiting[1:], block_size=16)
+    views = [TetriDecodeScheduler._view(scheduler, r) for r in running + waiting]  # type: ignore[arg-type]
+    expected = sum(v.predicted_remaining("estimate") for v in views)
+    assert expected == (300 - 10) + (100 - 20) + (64 - 4) + 20 + 0 + 1
+    assert TetriDecodeScheduler.remaining_tokens(scheduler) == expected  # type: ignore[arg-type]
