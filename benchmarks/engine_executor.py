@@ -13,7 +13,8 @@ to see what a second core buys a step at each batch size), ``torch.compile`` on 
 ``benchmarks/results/<--out>.{md,json}`` (default ``engine_executor``).
 
 ``--executors uni tetri`` asks what tetriserve's decode engine adds to vLLM's own in-process engine offline (its
-scheduler subclass, KV connector, logits processor and CPU worker), apart from the service around it.
+scheduler subclass, KV connector, logits processor and CPU worker), apart from the service around it;
+``--without PIECE ...`` adds that engine without each piece named, one configuration each.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_steps import CLIENT, PORT, URL, engine_threads, threads
+from engine_steps import CLIENT, PORT, URL, client_args, engine_threads, threads
 from vllm_bench_report import RESULTS, ROOT, WORK
 from vllm_bench_serve import prepare, run_bench, stop, tetriserve_cmd, wait_ready
 
@@ -82,13 +82,7 @@ def main() -> int:
     ap.add_argument("--out", default="engine_profile")
     args = ap.parse_args()
     model, dataset, env = prepare()
-    bench = argparse.Namespace(
-        num_prompts=args.num_prompts,
-        request_rate=args.request_rate,
-        single_prompts=args.single_prompts,
-        seed=0,
-        ignore_eos=True,
-    )
+    bench = client_args(args)
     raws: dict[str, str] = {}
     with open(WORK / "server_profile.log", "w") as log:
         cmd = tetriserve_cmd(*shlex.split(args.flags))

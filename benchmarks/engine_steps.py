@@ -157,6 +157,17 @@ class Timeline:
         return out
 
 
+def client_args(args: argparse.Namespace) -> argparse.Namespace:
+    """What ``run_bench`` takes: the scenario sizes in ``args``, seed 0, ``--ignore-eos``."""
+    return argparse.Namespace(
+        num_prompts=args.num_prompts,
+        request_rate=args.request_rate,
+        single_prompts=args.single_prompts,
+        seed=0,
+        ignore_eos=True,
+    )
+
+
 def pin(sid: int, engines_only: bool = False) -> int:
     """Decode engine threads on core 0, every other thread of the session on the other cores (``engines_only``:
     only the prefill engine threads there, every thread but the engines' left to the kernel, as vLLM binds its
@@ -183,13 +194,7 @@ def pinning(name: str, args: argparse.Namespace) -> str | None:
 
 def measure(name: str, flags: str, scenario: str, args: argparse.Namespace, env: Any) -> dict:
     model, dataset = args.model, args.dataset
-    bench_args = argparse.Namespace(
-        num_prompts=args.num_prompts,
-        request_rate=args.request_rate,
-        single_prompts=args.single_prompts,
-        seed=0,
-        ignore_eos=True,
-    )
+    bench_args = client_args(args)
     with open(WORK / f"server_steps_{name}.log", "w") as log:
         cmd = tetriserve_cmd(*shlex.split(flags))
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -114,8 +114,8 @@ class TetriDecodeScheduler(Scheduler):
     def remaining_tokens(self) -> int:
         """Σ predicted tokens still to generate over running and queued requests. Published every
         ``SNAPSHOT_INTERVAL_S`` over every request the engine holds, so without building their views: at
-        saturation that was 5% of the engine thread's time under the interpreter lock
-        (benchmarks/results/engine_profile_saturation.md)."""
+        saturation building them was 3.3% of the engine thread's time under the interpreter lock
+        (benchmarks/results/engine_profile_saturation_before.md)."""
         total = 0
         for queue in (self.running, self.kv_holding_waiting, self.waiting):
             for r in list(queue):
