@@ -39,7 +39,12 @@ CONFIGS = {
     "mp + async scheduling (plain vLLM's server)": "mp",
     "uni, tetriserve's decode engine (its scheduler, KV connector, logits processor, worker)": "tetri",
 }
-PIECES = ("scheduler", "connector", "logits_processor", "worker")  # what ``--without`` can take from ``tetri``
+PIECES = {  # what ``--without`` can take from ``tetri``: the engine argument that carries it, and vLLM's own value
+    "scheduler": ("scheduler_cls", None),
+    "connector": ("kv_transfer_config", None),
+    "logits_processor": ("logits_processors", None),
+    "worker": ("worker_cls", "auto"),
+}
 
 
 def engine_args(backend: str, model: str) -> Any:
@@ -59,15 +64,8 @@ def engine_args(backend: str, model: str) -> Any:
             scheduler_cls="tetriserve.decode_worker.vllm_scheduler.TetriDecodeScheduler",
         )  # fmt: skip
         args.max_num_seqs, args.max_num_active_seqs, args.disable_log_stats = 256, None, True
-        without = backend.removeprefix("tetri").removeprefix("-")
-        if without == "scheduler":
-            args.scheduler_cls = None
-        elif without == "connector":
-            args.kv_transfer_config = None
-        elif without == "logits_processor":
-            args.logits_processors = None
-        elif without == "worker":
-            args.worker_cls = "auto"
+        if piece := backend.removeprefix("tetri").removeprefix("-"):
+            setattr(args, *PIECES[piece])
         return args
     return EngineArgs(
         model=model, max_model_len=2048, block_size=32,
@@ -123,8 +121,8 @@ def main() -> int:
         return 0
     results: dict[str, dict[str, list[float]]] = {}
     chosen = [(label, backend) for label, backend in CONFIGS.items() if backend in args.executors]
-    without = "uni, tetriserve's decode engine without its "
-    chosen += [(without + piece.replace("_", " "), f"tetri-{piece}") for piece in args.without]
+    label = "uni, tetriserve's decode engine without its "
+    chosen += [(label + piece.replace("_", " "), f"tetri-{piece}") for piece in args.without]
     for (label, backend), threads in itertools.product(chosen, args.threads):
         name = label if args.threads == [1] else f"{label}, {threads} OMP thread{'s' if threads > 1 else ''}"
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=str(threads),

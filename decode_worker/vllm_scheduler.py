@@ -37,7 +37,7 @@ from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from tetriserve.common.engine_tags import TAGS_KEY, tags_of
+from tetriserve.common.engine_tags import TAGS_KEY, EngineTags, tags_of
 from tetriserve.common.length import LengthEstimate
 from tetriserve.decode_worker.admission import AdmissionPolicy, make_admission_policy
 from tetriserve.decode_worker.preemption import PreemptionOrder, PreemptionStrategy, make_preemption_order
@@ -46,6 +46,17 @@ from tetriserve.decode_worker.views import DecodeReqView, DecodeSnapshot, Decode
 from tetriserve.transport.instructions import KVMode, instruction_of
 
 STEP_SMOOTHING = 0.2
+
+
+def _tags(req: Any) -> EngineTags:
+    """The tetriserve tags a vLLM request carries (``NO_TAGS`` for one without)."""
+    params = req.sampling_params
+    return tags_of(params.extra_args if params is not None else None)
+
+
+def _max_tokens(req: Any) -> int:
+    params = req.sampling_params
+    return params.max_tokens if params is not None and params.max_tokens else 1
 
 
 class TetriDecodeScheduler(Scheduler):
@@ -91,12 +102,11 @@ class TetriDecodeScheduler(Scheduler):
         return self.stats.count
 
     def _view(self, req: Any, in_flight: set[str] | frozenset[str] = frozenset()) -> DecodeReqView:
-        params = req.sampling_params
-        tags = tags_of(params.extra_args if params is not None else None)
+        tags = _tags(req)
         return DecodeReqView(
             request_id=req.request_id,
             prompt_len=req.num_prompt_tokens,
-            max_tokens=params.max_tokens if params is not None and params.max_tokens else 1,
+            max_tokens=_max_tokens(req),
             arrival_time=req.arrival_time,
             generated=len(req.output_token_ids),
             estimate=tags.estimate,
@@ -116,20 +126,16 @@ class TetriDecodeScheduler(Scheduler):
         ``SNAPSHOT_INTERVAL_S`` over every request the engine holds, so without building their views: at
         saturation building them was 3.3% of the engine thread's time under the interpreter lock
         (benchmarks/results/engine_profile_saturation_before.md)."""
-        total = 0
-        for queue in (self.running, self.kv_holding_waiting, self.waiting):
-            for r in list(queue):
-                params = r.sampling_params
-                max_tokens = params.max_tokens if params is not None and params.max_tokens else 1
-                estimate = tags_of(params.extra_args if params is not None else None).estimate
-                total += predicted_remaining(estimate, max_tokens, r.num_output_tokens, "estimate")
-        return total
+        return sum(
+            predicted_remaining(_tags(r).estimate, _max_tokens(r), r.num_output_tokens, "estimate")
+            for queue in (self.running, self.kv_holding_waiting, self.waiting)
+            for r in queue
+        )
 
     @staticmethod
     def _worker_id_of(req: Any) -> str:
         """The id the decode worker knows ``req`` by (vLLM suffixes its own ``request_id``)."""
-        params = req.sampling_params
-        tags = tags_of(params.extra_args if params is not None else None)
+        tags = _tags(req)
         return tags.request_id if tags.request_id is not None else str(req.request_id)
 
     def running_views(self) -> list[DecodeReqView]:
