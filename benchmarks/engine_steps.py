@@ -13,7 +13,9 @@ runnable but waiting for a core). Engine threads are found by their OS name (``e
 scenario it also samples each engine thread's schedstat every ``SAMPLE_S``: in the samples where the thread had
 work (on a CPU or waiting for one at least half the time), the median shares of running, waiting for a core,
 and neither (blocked: on the interpreter lock, a sleep or a queue): the lock's direct cost to the engine is at
-most the last (``busy_*_share``). With
+most the last (``busy_*_share``). With ``--who`` it also samples the CPU time of every thread of the server and
+of every other process on the machine (the benchmark client's included), and reports which used the cores in
+each engine thread's busy samples. With
 ``--pin NAME`` that variant's decode engine threads get core 0 to themselves and every other thread of the
 server's processes the other cores (the benchmark client is left alone), as vLLM binds its model worker to a
 core; with ``--pin-engines NAME`` the decode engine threads get core 0 and the prefill engine threads the
@@ -40,11 +42,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_bench_report import RESULTS, ROOT, WORK
-from vllm_bench_serve import prepare, run_bench, session_processes, stop, tetriserve_cmd, wait_ready
+from vllm_bench_serve import (
+    prepare,
+    process_label,
+    run_bench,
+    session_processes,
+    stop,
+    tetriserve_cmd,
+    wait_ready,
+)
 
 PORT = 8100  # tetriserve_cmd's HTTP port
 URL = f"http://127.0.0.1:{PORT}"
 SAMPLE_S = 0.5  # the schedstat timeline's interval
+COMPETITORS = 12  # threads and processes listed by the cores they used in an engine thread's busy samples
 BUSY = 0.5  # a sample counts as busy where the thread ran or waited for a core at least this share of it
 CLIENT = ("completed", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput")
 _KEYS = {  # figure -> (series, clock) on /metrics
@@ -113,11 +124,15 @@ def peers_cpu_s(tid: int, before: dict, after: dict) -> float:
 
 
 class Timeline:
-    """Every ``SAMPLE_S``, the schedstat of the given threads (tid -> name), in a background thread."""
+    """Every ``SAMPLE_S``, the schedstat of the given threads (tid -> name), in a background thread; with ``sid``,
+    also the CPU time of every thread of that session and of every other process on the machine (the
+    benchmark client included), to tell what ran while an engine thread waited for a core."""
 
-    def __init__(self, tids: dict[int, str]) -> None:
+    def __init__(self, tids: dict[int, str], sid: int | None = None) -> None:
         self.tids = tids
-        self.samples: list[tuple[float, dict[int, tuple[int, int]]]] = []
+        self.sid = sid
+        self.samples: list[tuple[float, dict[int, tuple[int, int]], dict[str, float]]] = []
+        self._labels: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -131,22 +146,62 @@ class Timeline:
                     row[tid] = (run, wait)
                 except OSError:
                     continue
-            self.samples.append((now, row))
+            self.samples.append((now, row, self._machine() if self.sid is not None else {}))
             self._stop.wait(SAMPLE_S)
 
-    def stop(self) -> dict[str, dict[str, float]]:
-        """Per thread name: busy samples, and the median shares of run, runqueue wait and blocked over them."""
+    def _machine(self) -> dict[str, float]:
+        """CPU seconds so far by competitor: each thread of the server's session, named ``<process>/<thread>``
+        (a worker's process by its engine, ``eng-<worker>``; an engine's OpenMP helpers, which carry its name,
+        apart from its stepping thread), and every other process by its command line."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = {}
+        server = threads(self.sid) if self.sid is not None else {}
+        procs: dict[int, str] = {}
+        for _, (name, _, pid) in server.items():
+            if name.startswith("eng-"):
+                procs[pid] = name.removeprefix("eng-") + " worker"
+        for tid, (name, stat, pid) in server.items():
+            where = procs.get(pid) or self._label(pid)
+            what = name if tid not in self.tids else f"{name} (stepping)"
+            key = f"{where}/{what}"
+            out[key] = out.get(key, 0.0) + stat[0] / 1e9
+        pids = {pid for _, _, pid in server.values()}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            pid = int(stat.parent.name)
+            if pid in pids or pid == os.getpid():
+                continue
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            key = self._label(pid)
+            out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        return out
+
+    def _label(self, pid: int) -> str:
+        if pid not in self._labels:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                cmdline = ""
+            self._labels[pid] = process_label(cmdline)
+        return self._labels[pid]
+
+    def stop(self) -> dict[str, dict[str, Any]]:
+        """Per thread name: busy samples, the median shares of run, runqueue wait and blocked over them, and
+        (with ``sid``) the mean cores each competitor used in them, the largest ``COMPETITORS``."""
         self._stop.set()
         self._thread.join()
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
         for tid, name in self.tids.items():
-            shares = []
-            for (t0, a), (t1, b) in itertools.pairwise(self.samples):
+            shares, used = [], []
+            for (t0, a, ma), (t1, b, mb) in itertools.pairwise(self.samples):
                 if tid in a and tid in b:
                     span = (t1 - t0) * 1e9
                     run, wait = (b[tid][0] - a[tid][0]) / span, (b[tid][1] - a[tid][1]) / span
                     if run + wait >= BUSY:
                         shares.append((run, wait, max(0.0, 1 - run - wait)))
+                        used.append({k: (v - ma.get(k, v)) * 1e9 / span for k, v in mb.items()})
             if shares:
                 out[name] = {
                     "busy_samples": float(len(shares)),
@@ -154,6 +209,10 @@ class Timeline:
                     "busy_wait_share": statistics.median(s[1] for s in shares),
                     "busy_blocked_share": statistics.median(s[2] for s in shares),
                 }
+                if self.sid is not None:
+                    mean = {k: sum(u.get(k, 0.0) for u in used) / len(used) for k in {k for u in used for k in u}}
+                    top = sorted(mean.items(), key=lambda kv: -kv[1])[:COMPETITORS]
+                    out[name]["busy_cores"] = {"all": sum(mean.values()), **dict(top)}
         return out
 
 
@@ -206,7 +265,7 @@ def measure(name: str, flags: str, scenario: str, args: argparse.Namespace, env:
             time.sleep(2)  # the warm-up's last steps counted before the scrape
             before, t_before, started = engine_counters(), threads(proc.pid), time.monotonic()
             steppers = engine_threads(t_before)
-            timeline = Timeline(steppers)
+            timeline = Timeline(steppers, proc.pid if args.who else None)
             client = run_bench(f"steps_{name}", scenario, PORT, bench_args, model, dataset)
             t_after, seconds = threads(proc.pid), time.monotonic() - started
             busy = timeline.stop()
@@ -246,8 +305,36 @@ def _flat(run: dict) -> dict[str, float]:
     for worker, e in run["engines"].items():
         out.update({f"{worker} {k}": float(v) for k, v in e.items()})
     for tname, t in run["threads"].items():
-        out.update({f"{tname} {k}": float(v) for k, v in t.items()})
+        out.update({f"{tname} {k}": float(v) for k, v in t.items() if k != "busy_cores"})
     return out
+
+
+def competitors(runs: dict[str, list[dict]]) -> list[str]:
+    """``--who``'s section: per variant and engine thread, the cores each competitor used in the thread's busy
+    samples (median over the repeats where the thread had any, each repeat's after it), largest first."""
+    lines: list[str] = []
+    for n, rs in runs.items():
+        for tname in sorted({t for r in rs for t, v in r["threads"].items() if "busy_cores" in v}):
+            per = [r["threads"][tname]["busy_cores"] for r in rs if "busy_cores" in r["threads"].get(tname, {})]
+            keys = sorted({k for p in per for k in p}, key=lambda k: -statistics.median(p.get(k, 0.0) for p in per))
+            lines += ["", f"### `{n}`: what used the cores while `{tname}` was busy", ""]
+            lines += ["| thread or process | cores |", "| --- | ---: |"]
+            for k in keys:
+                vals = [p.get(k, 0.0) for p in per]
+                cell = f"{statistics.median(vals):.3f} ({', '.join(f'{v:.3f}' for v in vals)})"
+                lines.append(f"| {k} | {cell} |")
+    if lines:
+        lines = [
+            "",
+            "## What used the cores while each engine thread was busy (`--who`)",
+            "",
+            f"Mean cores over the engine thread's busy samples: `all` is the whole machine; the {COMPETITORS} "
+            "largest users of each repeat follow (a server thread as `<process>/<thread>`, a worker's process "
+            "by its engine; every other process by its command line). Other processes' CPU time comes in clock "
+            "ticks (`/proc/<pid>/stat`), so over few busy samples `all` can read above the machine's cores.",
+            *lines,
+        ]
+    return lines
 
 
 def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
@@ -279,6 +366,7 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
             vals = [v for v in vals if v is not None]
             cells.append(f"{statistics.median(vals):.4g} ({', '.join(f'{v:.4g}' for v in vals)})" if vals else "-")
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    lines += competitors(runs)
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"args": sys.argv[1:], "runs": runs}, indent=1) + "\n")
     print("\n".join(lines))
@@ -294,6 +382,12 @@ def main() -> int:
         action="append",
         default=[],
         help="a variant NAME whose decode engines get core 0 and prefill engines the others, the rest left alone",
+    )
+    ap.add_argument(
+        "--who",
+        action="store_true",
+        help="also sample every thread of the server and every other process, and report what used the cores "
+        "while each engine thread was busy",
     )
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--num-prompts", type=int, default=200)
