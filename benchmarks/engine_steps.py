@@ -152,10 +152,11 @@ class Timeline:
     def _machine(self) -> dict[str, float]:
         """CPU seconds so far by competitor: each thread of the server's session, named ``<process>/<thread>``
         (a worker's process by its engine, ``eng-<worker>``; an engine's OpenMP helpers, which carry its name,
-        apart from its stepping thread), and every other process by its command line."""
+        apart from its stepping thread; threads of one name summed, so one that exits between two samples
+        counts 0 there), and every other process by its command line."""
         tick = os.sysconf("SC_CLK_TCK")
         out: dict[str, float] = {}
-        server = threads(self.sid) if self.sid is not None else {}
+        server = threads(self.sid)
         procs: dict[int, str] = {}
         for _, (name, _, pid) in server.items():
             if name.startswith("eng-"):
@@ -201,7 +202,7 @@ class Timeline:
                     run, wait = (b[tid][0] - a[tid][0]) / span, (b[tid][1] - a[tid][1]) / span
                     if run + wait >= BUSY:
                         shares.append((run, wait, max(0.0, 1 - run - wait)))
-                        used.append({k: (v - ma.get(k, v)) * 1e9 / span for k, v in mb.items()})
+                        used.append({k: max(0.0, v - ma.get(k, v)) * 1e9 / span for k, v in mb.items()})
             if shares:
                 out[name] = {
                     "busy_samples": float(len(shares)),
