@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_steps import CLIENT, PORT, URL, client_args, engine_threads, threads
+from engine_steps import CLIENT, PORT, URL, client_args
+from thread_timeline import engine_threads, threads
 from vllm_bench_report import RESULTS, ROOT, WORK
 from vllm_bench_serve import prepare, run_bench, stop, tetriserve_cmd, wait_ready
 
