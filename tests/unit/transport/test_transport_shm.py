@@ -39,11 +39,15 @@ def test_a_slab_comes_back_only_once_every_view_of_its_transfer_is_dropped(make:
         del got
         gc.collect()
     assert bytes(kept[0]) == b"a" * 300_000  # never overwritten by a later transfer
-    assert len(tx._slabs) == 3  # kept's; one in use while the last was released; no more: the rest were reused
+    assert len(tx._slabs) == 2  # kept's, and one every later transfer reused: free again once its views went
     del kept
     gc.collect()
-    _send(tx, rx, "after", [b"z" * 10])  # this ack brings the releases back
+    after = _send(tx, rx, "after", [b"z" * 10])  # its slab taken, the other one back in the pool
     assert len(tx._free) == len(tx._slabs) - 1
+    del after
+    gc.collect()
+    _send(tx, rx, "again", [b"y" * 10])
+    assert len(tx._slabs) == 2  # nothing new: both came back
 
 
 def test_past_the_pool_a_transfer_gets_a_slab_of_its_own(make: Callable[..., Any]) -> None:
