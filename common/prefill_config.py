@@ -98,6 +98,13 @@ class PrefillConfig(BaseModel):
             "worker's event loop while a prompt is prefilled. False: a thread of the worker's process."
         ),
     )
+    predictor_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description=(
+            "The trained predictor's encoder dtype: auto is bfloat16 on a GPU or a CPU that multiplies bfloat16 "
+            "in hardware (AMX, AVX512-BF16), float32 elsewhere."
+        ),
+    )
     predictor_artifact: str | None = Field(
         None, description="Trained heads' JSON (default: length_predictor/artifacts/heads-g200.json)."
     )

@@ -67,6 +67,7 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     ),
     "--predictor": ("prefill.predictor", str, "output-length predictor: auto | trained | baseline | oracle"),
     "--predictor-artifact": ("prefill.predictor_artifact", str, "trained heads' JSON (default: the committed g200)"),
+    "--predictor-dtype": ("prefill.predictor_dtype", str, "trained predictor's encoder: auto | float32 | bfloat16"),
     "--predictor-workload": ("prefill.predictor_workload", str, "oracle predictor's JSONL of true lengths"),
     "--host": ("host", str, "address the front doors bind to"),
     "--grpc-port": ("grpc_port", int, "gRPC port"),

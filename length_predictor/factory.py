@@ -71,7 +71,7 @@ def build_predictor(config: PrefillConfig, model_path: str | None) -> LengthPred
         return BucketQuantilePredictor()
     from tetriserve.length_predictor.served import TrainedPredictor
 
-    predictor = TrainedPredictor(artifact, model_path, padding=_padding(config))
+    predictor = TrainedPredictor(artifact, model_path, padding=_padding(config), encoder_dtype=config.predictor_dtype)
     logger.info("length predictor: %s from %s", predictor.name, artifact)
     if config.predictor_process:
         from tetriserve.length_predictor.process import ProcessPredictor

@@ -18,7 +18,7 @@ from tetriserve.length_predictor import artifact as art_io
 from tetriserve.length_predictor.baseline import BucketQuantilePredictor
 from tetriserve.length_predictor.batcher import CoalescingBatcher
 from tetriserve.length_predictor.buckets import BucketSpec
-from tetriserve.length_predictor.encoder import FEATURE_DIM
+from tetriserve.length_predictor.encoder import FEATURE_DIM, resolve_dtype
 from tetriserve.length_predictor.factory import build_predictor
 from tetriserve.length_predictor.heads import HeadsConfig, LengthHeads
 from tetriserve.length_predictor.oracle import OraclePredictor
@@ -125,6 +125,22 @@ def test_missing_artifact_is_an_error(tmp_path: Path) -> None:
         TrainedPredictor(tmp_path / "nope.json")
 
 
+@pytest.mark.parametrize(
+    ("amx", "avx512_bf16", "want"),
+    [(True, False, torch.bfloat16), (False, True, torch.bfloat16), (False, False, torch.float32)],
+)
+def test_auto_dtype_is_bfloat16_where_the_cpu_multiplies_it_in_hardware(
+    monkeypatch: pytest.MonkeyPatch, amx: bool, avx512_bf16: bool, want: torch.dtype
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    assert resolve_dtype("auto") is want
+    assert resolve_dtype("float32") is torch.float32  # an explicit dtype is taken as it is
+    with pytest.raises(ValueError):
+        resolve_dtype("int8")
+
+
 def test_plan_batches_runs_long_prompts_alone() -> None:
     assert plan_batches([5, 300, 10, 200, 0], pad_cutoff=128, max_batch=2) == [[4, 0], [2], [1], [3]]
     assert plan_batches([], 128, 8) == []
@@ -225,9 +241,10 @@ def test_factory_selection(artifact: Path, tmp_path: Path) -> None:
     assert isinstance(chosen, ProcessPredictor) and chosen.niceness == PrefillConfig().predictor_niceness
     trained = chosen.inner
     assert isinstance(trained, TrainedPredictor) and trained.padding_override is not None
-    assert trained.padding_override.alpha == 0.8
-    in_thread = build_predictor(PrefillConfig(predictor_artifact=str(artifact), predictor_process=False), None)
-    assert isinstance(in_thread, TrainedPredictor)
+    assert trained.padding_override.alpha == 0.8 and trained.encoder_dtype == "auto"
+    config = PrefillConfig(predictor_artifact=str(artifact), predictor_process=False, predictor_dtype="float32")
+    in_thread = build_predictor(config, None)
+    assert isinstance(in_thread, TrainedPredictor) and in_thread.encoder_dtype == "float32"
     workload = tmp_path / "oracle.jsonl"
     workload.write_text(json.dumps({"prompt_token_ids": [1], "response_len": 9}) + "\n")
     oracle = build_predictor(PrefillConfig(predictor="oracle", predictor_workload=str(workload)), None)
