@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_bench_serve import process_label, session_processes
+from vllm_bench_serve import all_processes, cpu_seconds, label_of, session_processes
 
 SAMPLE_S = 0.5  # the schedstat timeline's interval
 COMPETITORS = 12  # threads and processes listed by the cores they used in an engine thread's busy samples
@@ -92,7 +92,6 @@ class Timeline:
         (a worker's process by its engine, ``eng-<worker>``; an engine's OpenMP helpers, which carry its name,
         apart from its stepping thread; threads of one name summed, so one that exits between two samples
         counts 0 there), and every other process by its command line."""
-        tick = os.sysconf("SC_CLK_TCK")
         out: dict[str, float] = {}
         server = threads(self.sid)
         procs: dict[int, str] = {}
@@ -105,25 +104,17 @@ class Timeline:
             key = f"{where}/{what}"
             out[key] = out.get(key, 0.0) + stat[0] / 1e9
         pids = {pid for _, _, pid in server.values()}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            pid = int(stat.parent.name)
+        for proc, fields in all_processes():
+            pid = int(proc.name)
             if pid in pids or pid == os.getpid():
                 continue
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
             key = self._label(pid)
-            out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+            out[key] = out.get(key, 0.0) + cpu_seconds(fields)
         return out
 
     def _label(self, pid: int) -> str:
         if pid not in self._labels:
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                cmdline = ""
-            self._labels[pid] = process_label(cmdline)
+            self._labels[pid] = label_of(Path(f"/proc/{pid}")) or "?"
         return self._labels[pid]
 
     def stop(self) -> dict[str, dict[str, Any]]:

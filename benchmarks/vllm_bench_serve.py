@@ -85,29 +85,41 @@ def stop(proc: subprocess.Popen[bytes], settle_s: float = 3.0) -> None:
     time.sleep(settle_s)
 
 
-def session_processes(sid: int) -> Iterator[tuple[Path, list[str]]]:
-    """Every process of session ``sid``: its ``/proc/<pid>`` and the fields of its ``stat`` after the name
-    (state ppid pgrp session ... utime stime at 11 and 12)."""
+def all_processes() -> Iterator[tuple[Path, list[str]]]:
+    """Every process on the machine: its ``/proc/<pid>`` and the fields of its ``stat`` after the name (state ppid
+    pgrp session ... utime stime at 11 and 12)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            yield stat.parent, stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[3]) == sid:
-            yield stat.parent, fields
+
+
+def session_processes(sid: int) -> Iterator[tuple[Path, list[str]]]:
+    """Every process of session ``sid``, as ``all_processes`` gives them."""
+    return ((proc, fields) for proc, fields in all_processes() if int(fields[3]) == sid)
+
+
+def cpu_seconds(fields: list[str]) -> float:
+    """User + system CPU seconds in a process's ``stat`` fields (as ``all_processes`` gives them)."""
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def label_of(proc: Path) -> str | None:
+    """``process_label`` of the process at ``/proc/<pid>``; None once it is gone."""
+    try:
+        return process_label((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    except OSError:
+        return None
 
 
 def session_cpu(sid: int) -> dict[str, tuple[str, float]]:
     """CPU seconds (user + system) so far of every live process of session ``sid``: pid -> (its command line,
     shortened; seconds)."""
-    tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for proc, fields in session_processes(sid):
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        out[proc.name] = (process_label(cmdline), (int(fields[11]) + int(fields[12])) / tick)
+        if (label := label_of(proc)) is not None:
+            out[proc.name] = (label, cpu_seconds(fields))
     return out
 
 
