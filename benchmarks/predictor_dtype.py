@@ -4,11 +4,11 @@
 
 The trained predictor's MiniLM encoder (``length_predictor/encoder.py``) runs beside the engines on the same cores;
 ``dtype="auto"`` picks bfloat16 where the CPU multiplies bfloat16 matrices in hardware. This embeds the first
-human turn of ``--prompts`` ShareGPT conversations one at a time (as the served predictor does at low load), one
-thread, as the predictor's process does; float32 and bfloat16 alternate, ``--repeats`` times each, and the
-figure is the median over repeats of ms per prompt. Then both sets of embeddings go through the committed heads:
-the cosine between the two embeddings of a prompt, the share of prompts given the same bucket, and the relative
-difference of the predicted length. Writes ``benchmarks/results/predictor_dtype.{md,json}``.
+human turn of ``--prompts`` ShareGPT conversations (``first_human_prompt``) one at a time, as the served predictor
+does at low load, on one thread, as the predictor's process does; float32 and bfloat16 alternate, ``--repeats``
+times each, and the figure is the median over repeats of ms per prompt. Then both sets of embeddings go through
+the committed heads: the cosine between the two embeddings of a prompt, the share of prompts given the same
+bucket, and the relative difference of the predicted length. Writes ``benchmarks/results/predictor_dtype.{md,json}``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from tetriserve.common.sharegpt import iter_conversations
+    from tetriserve.common.sharegpt import first_human_prompt, iter_conversations
     from tetriserve.length_predictor.artifact import load
     from tetriserve.length_predictor.encoder import Encoder, cpu_has_bf16, features
     from tetriserve.length_predictor.heads import infer
@@ -39,11 +39,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     texts: list[str] = []
     for record in iter_conversations():
-        turn = next(
-            (t for t in record.get("conversations") or () if isinstance(t, dict) and t.get("from") == "human"), None
-        )
-        if turn and isinstance(turn.get("value"), str) and turn["value"].strip():
-            texts.append(turn["value"])
+        if isinstance(record, dict) and (prompt := first_human_prompt(record)) is not None:
+            texts.append(prompt)
         if len(texts) >= args.prompts:
             break
     art = load(default_artifact())
