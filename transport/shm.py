@@ -13,8 +13,8 @@ that are already there::
                                                               the last view of the transfer dropped: the
                                                               receiver sets the slab's control byte (shared)
     the next take sees the byte: the slab is free again, and taken before slabs that came back earlier (its
-    pages are still in the cache: a one-thread 16 MiB copy into a buffer just used ran at 15.0 GB/s here, into
-    one of two used in turn at 11.6)
+    pages are still in the cache: a one-thread 16 MiB copy into a buffer just used ran at 15.9 GB/s here, into
+    one of two used in turn at 11.9, ``benchmarks/copy_reuse.py``)
 
 Slabs have no name anywhere: memory goes when the last process that maps it
 lets go, so a dead peer strands nothing (a sender whose connection breaks
