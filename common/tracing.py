@@ -7,7 +7,10 @@
                         │                      ├─ tetriserve.prefill.compute      the engine's prefill
                         │                      ├─ tetriserve.length_prediction    submit → the estimate handed off
                         │                      └─ tetriserve.kv.send              send → acknowledged (bytes, backend)
-    decode worker       └─ tetriserve.decode ──┬─ tetriserve.decode.admission     take → first token here
+    decode worker       └─ tetriserve.decode ──┬─ tetriserve.decode.admission     take → first token here, split in
+                                               ├─ tetriserve.decode.pull_wait       take → a pulled KV landed
+                                               ├─ tetriserve.decode.engine_queue    → the engine thread has it
+                                               ├─ tetriserve.decode.first_step      → its first token here
                                                ├─ tetriserve.kv.load              engine thread: KV copied in
                                                └─ tetriserve.decode.run           first token → finish
 

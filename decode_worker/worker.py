@@ -183,8 +183,9 @@ class DecodeWorker(EngineWorker):
         ``pull_from`` (a prefill worker of this host), or by a pull under way (``pull_kv``)."""
         if not self._may_take(req):
             return False
-        await self.pulled(req.kv_key, pull_from)
-        self._start(self._track(req, subscriber, estimate, list(generated)), req.kv_key)
+        arrived = tracing.now_ns()
+        pulled = await self.pulled(req.kv_key, pull_from)
+        self._start(self._track(req, subscriber, estimate, list(generated), arrived, pulled), req.kv_key)
         return True
 
     def _may_take(self, req: Request) -> bool:
@@ -222,10 +223,18 @@ class DecodeWorker(EngineWorker):
         self.event(req.request_id, RequestState.DECODE_QUEUED)
         return True
 
-    def _track(self, req: Request, subscriber: str, estimate: LengthEstimate | None, generated: list[int]) -> Running:
+    def _track(
+        self,
+        req: Request,
+        subscriber: str,
+        estimate: LengthEstimate | None,
+        generated: list[int],
+        arrived_ns: int | None = None,
+        pulled: bool = False,
+    ) -> Running:
         heavy = estimate is not None and estimate.is_heavy(self.config.prefill.heavy_threshold_tokens)
         run = Running(req, subscriber, heavy, estimate, generated)
-        run.spans = DecodeSpans.open(self.worker_id, req, len(generated))
+        run.spans = DecodeSpans.open(self.worker_id, req, len(generated), arrived_ns, pulled)
         self.running[req.request_id] = run
         return run
 
@@ -251,7 +260,8 @@ class DecodeWorker(EngineWorker):
         if key is not None:
             tracing.link_key(key, run.spans.span)  # the KV connector's load span goes under it
         on_delta = log_context.within(req.request_id, req.trace, functools.partial(self._on_delta, run))
-        self.engine.add(req.kv_key, prompt, params, on_delta)
+        run.spans.queued()
+        self.engine.add(req.kv_key, prompt, params, on_delta, run.spans.on_added)
 
     def _on_delta(self, run: Running, delta: Delta) -> None:
         """One engine step's output for ``run`` (on the actor's event loop)."""

@@ -30,14 +30,13 @@ engine/cores.py), and a borrowing engine sets its thread count before each step
 from what the board leaves idle and the size of its running batch (``borrowed_steps``
 counts the steps it took with borrowed cores).
 
-The engine thread blocks on the command queue when idle and never waits on a
-transfer: requests whose KV is still in flight sit in vLLM's
-WAITING_FOR_REMOTE_KVS state while the loop keeps stepping (with a 1 ms pause
-on steps that produced nothing, so a waiting engine does not burn a core). It
-also steps while vLLM's scheduler still holds finished requests: the blocks of
-one aborted while its KV was in flight are freed only in a later step.
-A failure inside ``step`` finishes every in-flight request with an error and
-the loop goes on serving new ones.
+The engine thread blocks on the command queue when idle and never waits on a transfer: requests whose KV is
+still in flight sit in vLLM's WAITING_FOR_REMOTE_KVS state while the loop keeps stepping (with a 1 ms pause on
+steps that produced nothing, so a waiting engine does not burn a core). It also steps while vLLM's scheduler still
+holds finished requests: the blocks of one aborted while its KV was in flight are freed only in a later step. A
+failure inside ``step`` finishes every in-flight request with an error and the loop goes on serving new ones.
+An ``add``'s ``on_added`` hook runs on the engine thread once vLLM has the request (the decode worker's tracing
+spans time the wait for the step in progress with it).
 """
 
 from __future__ import annotations
@@ -61,6 +60,7 @@ from tetriserve.engine.loop_messages import (
     Command,
     Delta,
     EngineSnapshot,
+    Hook,
     Output,
     Sink,
     Stop,
@@ -119,8 +119,11 @@ class EngineLoop:
     def in_flight(self) -> int:
         return self._live
 
-    def add(self, request_id: str, prompt_token_ids: Sequence[int], params: Any, sink: Sink) -> None:
-        """Start a request; ``sink`` gets its deltas on this event loop, the last with ``finish_reason``."""
+    def add(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: Any, sink: Sink, on_added: Hook | None = None
+    ) -> None:
+        """Start a request; ``sink`` gets its deltas on this event loop, the last with ``finish_reason``.
+        ``on_added`` runs on the engine thread once vLLM has the request (between two steps): it must be quick."""
         from vllm.sampling_params import RequestOutputKind
 
         loop = asyncio.get_running_loop()
@@ -132,7 +135,7 @@ class EngineLoop:
                 self._live -= 1
             sink(delta)
 
-        self._commands.put(AddRequest(request_id, tuple(prompt_token_ids), params, Output(loop, counted)))
+        self._commands.put(AddRequest(request_id, tuple(prompt_token_ids), params, Output(loop, counted), on_added))
 
     async def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: Any) -> AsyncIterator[Delta]:
         """Run one request; yields deltas until one carries ``finish_reason``. Closing early aborts it."""
@@ -335,6 +338,12 @@ class EngineLoop:
             except Exception as exc:  # rejected by vLLM's own validation
                 del self._outputs[cmd.request_id]
                 out.append((cmd.output, Delta((), "error", f"{type(exc).__name__}: {exc}")))
+                return
+            if cmd.on_added is not None:
+                try:
+                    cmd.on_added()
+                except Exception:  # a hook's bug must not stop the engine thread
+                    logger.exception("engine %s: on_added of %s failed", self.name, cmd.request_id)
         elif isinstance(cmd, Stop):
             self._stopped = True
             self._fail_all("engine closed")

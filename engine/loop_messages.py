@@ -25,6 +25,7 @@ class Delta:
 
 
 Sink = Callable[[Delta], None]
+Hook = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class AddRequest:
     prompt_token_ids: tuple[int, ...]
     params: Any  # vLLM SamplingParams
     output: Output
+    on_added: Hook | None = None  # called on the engine thread once vLLM has the request (tracing)
 
 
 @dataclass(frozen=True)

@@ -231,16 +231,18 @@ class EngineWorker:
             del self._pulls[done]  # pulls whose request never came (refused, aborted): nothing waits for them
         self._pulls[key] = handle
 
-    async def pulled(self, key: str, src: str | None = None) -> None:
+    async def pulled(self, key: str, src: str | None = None) -> bool:
         """Before a request whose KV is pulled starts here: pull it from ``src`` (unless already pulling it), and
         wait, at most ``PULL_SETTLE_S``, until its last part has landed, so that the engine finds it here when it
-        first schedules the request and loads it within that step (a pushed KV is not waited for)."""
+        first schedules the request and loads it within that step (a pushed KV is not waited for). Returns
+        whether its KV was pulled."""
         if src is not None and key not in self._pulls:
             self.pull_kv(src, key)
         handle = self._pulls.pop(key, None)
         deadline = time.monotonic() + PULL_SETTLE_S
         while handle is not None and handle.state is TransferState.PENDING and time.monotonic() < deadline:
             await asyncio.sleep(0.0005)
+        return handle is not None
 
     async def parked_kv(self, key: str, give_up: Callable[[], bool] = lambda: False) -> list[Received] | None:
         """The KV the engine parked in this endpoint under ``key`` (packed off the step that computed it), or

@@ -95,6 +95,29 @@ def test_a_stream_interval_hands_over_the_same_tokens_in_fewer_deltas(loop: Any)
     assert coalesced[-1].finish_reason == "length" and all(d.finish_reason is None for d in coalesced[:-1])
 
 
+def test_an_added_hook_runs_on_the_engine_thread_before_the_first_delta(loop: Any) -> None:
+    import threading
+
+    from vllm import SamplingParams
+
+    seen: list[str] = []
+
+    async def run() -> None:
+        done = asyncio.Event()
+
+        def sink(delta: Any) -> None:
+            seen.append("delta")
+            if delta.finish_reason is not None:
+                done.set()
+
+        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        loop.add("hooked", list(range(10, 40)), params, sink, lambda: seen.append(threading.current_thread().name))
+        await asyncio.wait_for(done.wait(), 60)
+
+    asyncio.run(run())
+    assert seen[0].startswith("engine-") and seen[1:] and set(seen[1:]) == {"delta"}
+
+
 def test_the_engine_feeds_our_stats_and_no_prometheus_registry_of_its_own(loop: Any) -> None:
     """vLLM adds its own Prometheus logger unless one is given; the loop gives a stand-in that registers and records
     nothing (nobody scrapes a worker's in-process registry), and our collector still counts every step."""

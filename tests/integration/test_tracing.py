@@ -128,6 +128,8 @@ EXPECTED = {  # span -> the process that records it
     "tetriserve.kv.send": "prefill-0",
     "tetriserve.decode": "decode-0",
     "tetriserve.decode.admission": "decode-0",
+    "tetriserve.decode.engine_queue": "decode-0",
+    "tetriserve.decode.first_step": "decode-0",
     "tetriserve.kv.load": "decode-0",
     "tetriserve.decode.run": "decode-0",
 }
@@ -166,6 +168,8 @@ def test_one_request_has_spans_from_every_component_it_crossed(traced: tuple[Col
     for name in ("tetriserve.prefill.queue", "tetriserve.prefill.compute", "tetriserve.kv.send"):
         assert by_name[name].parent_id == prefill.span_id, name
     for name in ("tetriserve.decode.admission", "tetriserve.kv.load", "tetriserve.decode.run"):
+        assert by_name[name].parent_id == decode.span_id, name
+    for name in ("tetriserve.decode.engine_queue", "tetriserve.decode.first_step"):
         assert by_name[name].parent_id == decode.span_id, name
     assert by_name["tetriserve.place"].attributes["tetriserve.prefill_worker"] == "prefill-0"
     assert prefill.attributes["tetriserve.decode_worker"] == "decode-0"

@@ -197,8 +197,41 @@ def test_decode_spans_from_take_to_finish(exported: InMemorySpanExporter) -> Non
     assert done["tetriserve.decode.run"].attributes["tetriserve.output_tokens"] == 4
 
 
+def test_decode_admission_splits_into_pull_wait_engine_queue_and_first_step(exported: InMemorySpanExporter) -> None:
+    arrived = tracing.now_ns()
+    spans = DecodeSpans.open("decode-0", Request("r-split", (1, 2, 3)), 1, arrived, pulled=True)
+    spans.queued()
+    assert spans.on_added is not None
+    spans.on_added()  # the engine loop calls it on its thread once vLLM has the request
+    spans.first_token()
+    spans.close(4, "length", None)
+    done = _by_name(exported)
+    decode = done["tetriserve.decode"]
+    assert decode.start_time == arrived  # from the take's arrival, before the wait for the pull
+    parts = [done[f"tetriserve.decode.{name}"] for name in ("pull_wait", "engine_queue", "first_step")]
+    assert all(part.parent.span_id == decode.context.span_id for part in parts)
+    admission = done["tetriserve.decode.admission"]
+    assert admission.start_time == parts[0].start_time == arrived and parts[2].end_time == admission.end_time
+    assert parts[0].end_time <= parts[1].start_time and parts[1].end_time == parts[2].start_time
+
+
+def test_decode_spans_without_a_pull_or_the_engine_hook_record_only_what_they_saw(
+    exported: InMemorySpanExporter,
+) -> None:
+    spans = DecodeSpans.open("decode-0", Request("r-bare", (1, 2)), 1)
+    spans.first_token()
+    spans.close(2, "stop", None)
+    assert {s.name for s in exported.get_finished_spans()} == {
+        "tetriserve.decode",
+        "tetriserve.decode.admission",
+        "tetriserve.decode.run",
+    }
+
+
 def test_decode_spans_are_shared_no_ops_when_off() -> None:
     spans = DecodeSpans.open("decode-0", Request("r", (1,)), 1)
     assert spans is NO_SPANS and not spans.span.is_recording()
+    assert spans.on_added is None  # the engine loop gets no hook to call
+    spans.queued()
     spans.first_token()
     spans.close(2, "stop", None)
