@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import pickle
 import statistics
 import sys
@@ -29,9 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_bench_report import measure_or_reload
+
 GAP_S = 0.01
+WARM_CALLS = 20
 
 
 def make_actors() -> tuple[Any, Any]:
@@ -100,12 +101,7 @@ def summary(samples: list[tuple[float, float]]) -> dict[str, float]:
     }
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=300, help="timed calls per channel (after 20 not timed)")
-    ap.add_argument("--prompt-tokens", type=int, default=300, help="ids in each call's payload")
-    ap.add_argument("--out", default="handoff_call")
-    args = ap.parse_args()
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
@@ -116,30 +112,39 @@ def main() -> int:
         results = {}
         for name, call in (("ray", lambda n: prefill.over_ray.remote(decode, n, payload)),
                            ("zmq", lambda n: prefill.over_zmq.remote(address, n, payload))):  # fmt: skip
-            ray.get(call(20))  # warm-up
+            ray.get(call(WARM_CALLS))
             results[name] = summary(ray.get(call(args.calls)))
     finally:
         ray.shutdown()
-    cmd = f"python benchmarks/handoff_call.py --calls {args.calls} --prompt-tokens {args.prompt_tokens}"
-    cmd += f" --out {args.out}" if args.out != "handoff_call" else ""
+    return {"calls": args.calls, "prompt_tokens": args.prompt_tokens, "results": results}
+
+
+def report(d: dict[str, Any]) -> str:
     lines = [
         "# The handoff's `take` call: a Ray actor call against a direct ZeroMQ request",
         "",
-        f"Command: `{cmd}`  ",
-        f"Two idle async Ray actors on this machine; each call carries {args.prompt_tokens} token ids and is "
-        f"answered; {args.calls} timed calls per channel, {GAP_S * 1e3:.0f} ms apart, after 20 not timed. ms.",
+        f"Command: `{d['command'].strip()}`  ",
+        f"Two idle async Ray actors on this machine; each call carries {d['prompt_tokens']} token ids and is "
+        f"answered; {d['calls']} timed calls per channel, {GAP_S * 1e3:.0f} ms apart, after {WARM_CALLS} not timed. "
+        "ms.",
         "",
         "| channel | round trip, median | round trip, p90 | one way (callee's receipt), median |",
         "| --- | ---: | ---: | ---: |",
     ]
-    for name, r in results.items():
+    for name, r in d["results"].items():
         trips = f"{r['round_trip_median_ms']:.3f} | {r['round_trip_p90_ms']:.3f}"
         lines.append(f"| {name} | {trips} | {r['one_way_median_ms']:.3f} |")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{args.out}.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
-    print("\n".join(lines))
-    return 0
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=300, help=f"timed calls per channel (after {WARM_CALLS} not timed)")
+    ap.add_argument("--prompt-tokens", type=int, default=300, help="ids in each call's payload")
+    ap.add_argument("--out", default="handoff_call", help="report name under benchmarks/results (.md, .json)")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
+    args = ap.parse_args()
+    return measure_or_reload(args.out, args.report_only, lambda: measure(args), report, script="handoff_call")
 
 
 if __name__ == "__main__":
