@@ -80,6 +80,7 @@ def main() -> int:
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--request-rate", type=float, default=2.0)
     ap.add_argument("--single-prompts", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0, help="the benchmark client's seed (prompt sample, arrivals)")
     ap.add_argument("--out", default="engine_profile")
     args = ap.parse_args()
     model, dataset, env = prepare()

@@ -75,12 +75,12 @@ def engine_counters(role: str | None = None) -> dict[tuple[str, str, str], float
 
 
 def client_args(args: argparse.Namespace) -> argparse.Namespace:
-    """What ``run_bench`` takes: the scenario sizes in ``args``, seed 0, ``--ignore-eos``."""
+    """What ``run_bench`` takes: the scenario sizes and seed in ``args``, ``--ignore-eos``."""
     return argparse.Namespace(
         num_prompts=args.num_prompts,
         request_rate=args.request_rate,
         single_prompts=args.single_prompts,
-        seed=0,
+        seed=args.seed,
         ignore_eos=True,
     )
 
@@ -174,7 +174,7 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         "# Engine steps, CPU and waits for a core in service",
         "",
         f"Command: `python benchmarks/{Path(__file__).name} {' '.join(shlex.quote(a) for a in sys.argv[1:])}`  ",
-        f"Scenario `{args.scenario}` of vLLM's benchmark client (ShareGPT, seed 0, `--ignore-eos`), on a fresh server "
+        f"Scenario `{args.scenario}` of vLLM's benchmark client (ShareGPT, seed {args.seed}, `--ignore-eos`), on a fresh server "
         "per run after the 64-prompt warm-up; variants alternate from one repeat to the next. Each cell: the median "
         "over repeats (each repeat's value after it). `ms_per_step_*`: time inside engine steps per step by the "
         "wall clock and by the stepping thread's CPU clock; `borrowed_share`: the share of steps taken with cores "
@@ -223,6 +223,7 @@ def main() -> int:
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--request-rate", type=float, default=2.0)
     ap.add_argument("--single-prompts", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0, help="the benchmark client's seed (prompt sample, arrivals)")
     ap.add_argument("--out", default="engine_steps")
     args = ap.parse_args()
     variants = dict(v.split("=", 1) for v in args.variant)

@@ -6,10 +6,10 @@ goes only to a prefill worker whose queue it would wait behind for at most
 
     queue_wait_s = Σ over queued prompts of the cost model's Cᵖ(r) (SOLA eq. 3, online-corrected), when a
                    cost profile is loaded; else queued prompt tokens × seconds_per_token
-    seconds_per_token = seconds the engine spent stepping / prompt tokens it prefilled, an EWMA over report
-                   intervals in which it prefilled prompts. Stepping time, not wall time: a worker that was
-                   idle for most of an interval is not slow. Read by wall time, a lightly loaded worker's
-                   burst was priced at 39–44 s of queue and refused while the prompts' TTFT stayed under
+    seconds_per_token = seconds the engine spent stepping / prompt tokens it prefilled, both summed over the recent
+                   past (each sum aged by stepping time, time constant ``TAU_S``). Stepping time, not wall time: a
+                   worker that was idle for most of an interval is not slow. Read by wall time, a lightly loaded
+                   worker's burst was priced at 39–44 s of queue and refused while the prompts' TTFT stayed under
                    0.2 s (benchmarks/results/flip_phases.json as of commit 5a74509, the run before this fix).
                    Prompt tokens whole, the ones the prefix cache held included, as the queue's prompts are
                    priced: per *computed* token, an interval of prompts mostly held by the cache (a client
@@ -17,6 +17,14 @@ goes only to a prefill worker whose queue it would wait behind for at most
                    GlobalScheduler refused 56 of 200 prompts at saturation (vllm_bench_serve_s32.md; the
                    refusal's log line, and the same run after this fix, 200 of 200 served:
                    benchmarks/results/saturation_pace_fix_s32.json).
+                   A ratio of sums, not an average of each report interval's ratio: the engine counts a prompt's
+                   tokens when its prefill ends, so an interval can hold the steps of other prompts' chunks and
+                   the end of one short prompt. Averaged per interval, one such interval of a served worker (11
+                   tokens in 72 ms of steps) put the pace at 2.1 ms a token, 20 times the run's 0.105, which prices
+                   a queue of 14,442 prompt tokens at the bound (benchmarks/results/prefill_pace_replay.md; one
+                   saturation run of issue #12's session 48 had 23 of 300 prompts refused, its reason not
+                   recorded: s48_probe_seqs256.md). Summed, the steps count once with the tokens they prefilled,
+                   whichever interval those are counted in.
     Both counters come from one snapshot of the engine (``EngineCounters``), so they cover the same steps.
 
 Pure (no Ray, no vLLM): the worker feeds it its engine's counters.
@@ -24,12 +32,13 @@ Pure (no Ray, no vLLM): the worker feeds it its engine's counters.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Protocol
 
 from tetriserve.common.cost_estimator import CostEstimator
 
-ALPHA = 0.3  # weight of the newest interval in the EWMA
+TAU_S = 2.0  # seconds of stepping over which the pace's sums are aged
 
 
 class EngineCounters(Protocol):
@@ -45,6 +54,8 @@ class EngineCounters(Protocol):
 class PrefillPace:
     def __init__(self) -> None:
         self.seconds_per_token = 0.0  # 0: not measured yet
+        self._seconds = 0.0  # aged stepping seconds
+        self._tokens = 0.0  # aged prompt tokens prefilled in them
         self._last: tuple[int, float] | None = None
 
     def observe(self, engine: EngineCounters) -> None:
@@ -52,11 +63,12 @@ class PrefillPace:
         now = (engine.prompt_tokens_total, engine.step_seconds)
         if self._last is not None:
             tokens, dt = now[0] - self._last[0], now[1] - self._last[1]
-            if tokens > 0 and dt > 0:
-                sample = dt / tokens
-                self.seconds_per_token = (
-                    sample if self.seconds_per_token == 0 else ALPHA * sample + (1 - ALPHA) * self.seconds_per_token
-                )
+            if dt > 0 or tokens > 0:  # steps of chunks whose prompts end later count now, their tokens then
+                decay = math.exp(-max(dt, 0.0) / TAU_S)
+                self._seconds = self._seconds * decay + max(dt, 0.0)
+                self._tokens = self._tokens * decay + max(tokens, 0)
+                if self._tokens > 0:
+                    self.seconds_per_token = self._seconds / self._tokens
         self._last = now
 
     def queue_wait_s(self, prompt_lens: Iterable[int], cost: CostEstimator | None, chunk: int | None) -> float:
