@@ -174,9 +174,10 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         "# Engine steps, CPU and waits for a core in service",
         "",
         f"Command: `python benchmarks/{Path(__file__).name} {' '.join(shlex.quote(a) for a in sys.argv[1:])}`  ",
-        f"Scenario `{args.scenario}` of vLLM's benchmark client (ShareGPT, seed {args.seed}, `--ignore-eos`), on a fresh server "
-        "per run after the 64-prompt warm-up; variants alternate from one repeat to the next. Each cell: the median "
-        "over repeats (each repeat's value after it). `ms_per_step_*`: time inside engine steps per step by the "
+        f"Scenario `{args.scenario}` of vLLM's benchmark client (ShareGPT, seed {args.seed}, `--ignore-eos`), on a "
+        "fresh server per run after the 64-prompt warm-up; variants alternate from one repeat to the next. Each "
+        "cell: the median over repeats (each repeat's value after it). `ms_per_step_*`: time inside engine steps per "
+        "step by the "
         "wall clock and by the stepping thread's CPU clock; `borrowed_share`: the share of steps taken with cores "
         "borrowed from an idle engine (`--borrow-idle-cores`); `cpu_s`: the engine thread's CPU seconds, "
         "`peers_cpu_s`: those of the other threads of its process (the worker actor's event loop, Ray's threads), "
