@@ -75,9 +75,7 @@ def groups(reqs: list[dict[str, tuple[float, float]]], cuts: list[int]) -> list[
         if not members:
             break
         rows = {}
-        for name in sorted(
-            {n for r in members for n in r}, key=lambda n: statistics.median(r[n][0] for r in members if n in r)
-        ):
+        for name in {n for r in members for n in r}:
             starts = [r[name][0] for r in members if name in r]
             durations = [r[name][1] - r[name][0] for r in members if name in r]
             rows[name] = {
@@ -88,7 +86,8 @@ def groups(reqs: list[dict[str, tuple[float, float]]], cuts: list[int]) -> list[
                 "duration_median": statistics.median(durations),
                 "duration_max": max(durations),
             }
-        out.append({"requests": [lo, lo + len(members)], "spans": rows})
+        by_start = dict(sorted(rows.items(), key=lambda kv: kv[1]["start_median"]))
+        out.append({"requests": [lo, lo + len(members)], "spans": by_start})
     return out
 
 

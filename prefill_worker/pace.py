@@ -62,11 +62,11 @@ class PrefillPace:
         """The engine's counters as of its latest snapshot."""
         now = (engine.prompt_tokens_total, engine.step_seconds)
         if self._last is not None:
-            tokens, dt = now[0] - self._last[0], now[1] - self._last[1]
+            tokens, dt = max(now[0] - self._last[0], 0), max(now[1] - self._last[1], 0.0)
             if dt > 0 or tokens > 0:  # steps of chunks whose prompts end later count now, their tokens then
-                decay = math.exp(-max(dt, 0.0) / TAU_S)
-                self._seconds = self._seconds * decay + max(dt, 0.0)
-                self._tokens = self._tokens * decay + max(tokens, 0)
+                decay = math.exp(-dt / TAU_S)
+                self._seconds = self._seconds * decay + dt
+                self._tokens = self._tokens * decay + tokens
                 if self._tokens > 0:
                     self.seconds_per_token = self._seconds / self._tokens
         self._last = now
