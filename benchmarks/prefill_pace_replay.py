@@ -7,7 +7,7 @@ The GlobalScheduler places a prompt on a prefill worker only if the worker's que
 take at most ``admission.max_wait_s`` (30 s). The intervals (``results/prefill_pace_intervals_s48.json``, how
 they were logged is in the file) come from a 64-prompt warm-up and then 300 prompts at once. For each way of
 reading them the report gives the pace's median and largest value over the intervals, and, at the largest, how
-many prompt tokens a burst could queue within the bound (the run's 300 prompts had 77,013). Writes
+many prompt tokens a burst could queue within the bound. Writes
 ``benchmarks/results/prefill_pace_replay.{md,json}``.
 """
 

@@ -22,9 +22,9 @@ goes only to a prefill worker whose queue it would wait behind for at most
                    the end of one short prompt. Averaged per interval, one such interval of a served worker (11
                    tokens in 72 ms of steps) put the pace at 2.1 ms a token, 20 times the run's 0.105, which prices
                    a queue of 14,442 prompt tokens at the bound (benchmarks/results/prefill_pace_replay.md; one
-                   saturation run of issue #12's session 48 had 23 of 300 prompts refused, its reason not
-                   recorded: s48_probe_seqs256.md). Summed, the steps count once with the tokens they prefilled,
-                   whichever interval those are counted in.
+                   saturation run of issue #12's session 48 left 23 of 300 prompts unserved, the refusal's
+                   reason not recorded: s48_probe_seqs256.md). Summed, the steps count once with the tokens
+                   they prefilled, whichever interval those are counted in.
     Both counters come from one snapshot of the engine (``EngineCounters``), so they cover the same steps.
 
 Pure (no Ray, no vLLM): the worker feeds it its engine's counters.
