@@ -2,17 +2,16 @@
 
     generate(request):
         GlobalScheduler.place(PlacementRequest) ─▶ Placement(prefill worker)      a decision, not a relay
-        prefill.submit(request, subscriber)
+        prefill.submit(request) ─▶ over this process's intake to the worker (ZeroMQ), or Ray where it has none
         chunks ◀══ this process's one stream from each worker (ZeroMQ; ``subscribe``) ══ prefill, then decode
                ─▶ the request's ``TokenLog``: in order, no duplicate, stale attempts dropped ─▶ caller
         lost  ─▶ migrate: next attempt, placed again with the tokens the caller already has (``resume``)
         finish ─▶ GlobalScheduler.record(finish event)
 
-Streams are opened per worker, not per request, and stay open (``worker_streams.py``):
-a worker's message carries every chunk of this process's requests that was
-ready, so the message rate follows the engine's steps. An abort goes to the
-worker the request is on now (the log knows, from ``moved_to`` markers); a
-worker it has left forwards it.
+Streams are opened per worker, not per request, and stay open (``worker_streams.py``): a worker's message
+carries every chunk of this process's requests that was ready, so the message rate follows the engine's steps.
+An abort goes to the worker the request is on now (the log knows, from ``moved_to`` markers); a worker it has
+left forwards it. Submits and aborts take the intake (``common/intake.py``) where the worker is attached.
 
 No request is lost to a worker's death (the log of delivered tokens is the
 truth, as in Dynamo's frontend migration). A request's attempt is *lost* when
@@ -47,6 +46,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+from tetriserve.common.intake import Abort, Submit
 from tetriserve.common.lifecycle import Lifecycle
 from tetriserve.common.request import Request
 from tetriserve.common.stream import (
@@ -126,8 +126,11 @@ class RayBackend:
                 worker = placement.prefill_worker
                 log.restart(attempt.attempt, worker)
                 req.seen = time.monotonic()
-                submitted = self._workers()[worker].submit.remote(attempt, streams.id)
-                watch = asyncio.ensure_future(_report_failure(submitted, req, worker))
+                req.over_ray = not streams.send(worker, Submit(attempt))  # else over Ray, watched for its failure
+                watch = None
+                if req.over_ray:
+                    submitted = self._workers()[worker].submit.remote(attempt, streams.id)
+                    watch = asyncio.ensure_future(_report_failure(submitted, req, worker))
                 try:
                     lost = None
                     while not log.done and lost is None:
@@ -143,7 +146,8 @@ class RayBackend:
                                     first_at = time.monotonic()
                                 yield chunk
                 finally:
-                    watch.cancel()
+                    if watch is not None:
+                        watch.cancel()
                 if lost is None:
                     return
                 logger.warning(
@@ -154,7 +158,7 @@ class RayBackend:
                     lost.reason,
                     len(log.tokens),
                 )
-                self._abort_everywhere(rid, lost.attempt)
+                self._abort_everywhere(rid, lost.attempt, req)
                 avoid = (lost.worker,)
                 if moves < self.migration_limit:
                     self.migrations[lost.cause] += 1
@@ -163,7 +167,7 @@ class RayBackend:
         finally:
             streams.requests.pop(rid, None)
             if log.worker:
-                self._finished(request, log)
+                self._finished(request, log, req)
                 self._observe(request, log, started, first_at)
 
     async def _place(self, request: Request, avoid: tuple[str, ...]) -> Placement:
@@ -197,28 +201,28 @@ class RayBackend:
                 return Placement(rid, None, f"service unavailable: {why}", retry=True)
             await asyncio.sleep(0.2)
 
-    def _abort_everywhere(self, request_id: str, attempt: int) -> None:
+    def _abort_everywhere(self, request_id: str, attempt: int, req: OpenRequest) -> None:
         """Abort a lost attempt on every worker that may still hold it (it may have reached a decode worker)."""
-        for handle in self._workers().values():
-            _forget(handle.abort.remote(request_id, attempt))
+        for worker_id in self._workers():
+            self._abort(worker_id, request_id, attempt, req)
 
-    def _finished(self, request: Request, log: TokenLog) -> None:
+    def _abort(self, worker_id: str, request_id: str, attempt: int, req: OpenRequest) -> None:
+        """Over the worker's intake, or over Ray where it has none or got the attempt over Ray (so that the abort
+        cannot overtake the submit)."""
+        over_ray = req.over_ray and worker_id == req.log.worker
+        if over_ray or self._streams is None or not self._streams.send(worker_id, Abort(request_id, attempt)):
+            handle = self._workers().get(worker_id)
+            if handle is not None:
+                _forget(handle.abort.remote(request_id, attempt))
+
+    def _finished(self, request: Request, log: TokenLog, req: OpenRequest) -> None:
         """Tell the table how the request ended; abort it where it is if the caller left before the end."""
         finish = log.finish
         reason = finish.finish_reason if finish is not None and finish.finish_reason else FinishReason.ABORT
         if finish is None or finish.worker != log.worker:  # the caller gave up, or the end did not come from there
-            handle = self._workers().get(log.worker)
-            if handle is not None:
-                _forget(handle.abort.remote(request.request_id, log.attempt))
-        event = StateEvent(
-            request.request_id,
-            reason.state,
-            time.time(),
-            "frontdoor",
-            reason.value,
-            len(log.tokens),
-            attempt=log.attempt,
-        )
+            self._abort(log.worker, request.request_id, log.attempt, req)
+        rid, n = request.request_id, len(log.tokens)
+        event = StateEvent(rid, reason.state, time.time(), "frontdoor", reason.value, n, attempt=log.attempt)
         _forget(self.cluster.scheduler.record.remote([event]))
 
     def _observe(self, request: Request, log: TokenLog, started: float, first_at: float | None) -> None:

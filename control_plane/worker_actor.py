@@ -34,6 +34,7 @@ from typing import Any
 
 from tetriserve.common import tracing
 from tetriserve.common.config import ClusterConfig
+from tetriserve.common.intake import IntakeMessage, Submit, serve_intake
 from tetriserve.common.length import LengthEstimate, LengthPredictor
 from tetriserve.common.load import DecodeLoad, PrefillLoad, Role
 from tetriserve.common.request import Request
@@ -76,6 +77,7 @@ class Worker:
         self.flips = 0
         self._flipping = False
         self._warm = False
+        self._intakes: dict[str, asyncio.Task[None] | None] = {}  # subscribed front door -> its intake's reader
 
     def __repr__(self) -> str:
         return f"Worker({self.role_name} {self.worker_id}, flips={self.flips})"
@@ -140,9 +142,33 @@ class Worker:
 
     async def subscribe(self, subscriber: str, address: str) -> AsyncIterator[Heartbeat]:
         """The front door's one stream from this worker: it outlives flips (the streams are the worker's)."""
+        self._intakes.setdefault(subscriber, None)
+        try:
+            async for heartbeat in serve_subscriber(lambda: self.role, subscriber, address):
+                yield heartbeat
+        finally:
+            self._detach(subscriber)
 
-        async for heartbeat in serve_subscriber(lambda: self.role, subscriber, address):
-            yield heartbeat
+    def attach_intake(self, subscriber: str, address: str, route: bytes) -> bool:
+        """While its subscription lasts, the front door ``subscriber``'s submits and aborts come over ZeroMQ from
+        its intake at ``address`` (``common/intake.py``); False when it has no subscription open here."""
+        if subscriber not in self._intakes:
+            return False
+        self._detach(subscriber)
+
+        def deliver(message: IntakeMessage) -> None:
+            if isinstance(message, Submit):
+                self.submit(message.request, subscriber)
+            else:
+                self.abort(message.request_id, message.attempt)
+
+        self._intakes[subscriber] = asyncio.get_running_loop().create_task(serve_intake(address, route, deliver))
+        return True
+
+    def _detach(self, subscriber: str) -> None:
+        reader = self._intakes.pop(subscriber, None)
+        if reader is not None:
+            reader.cancel()
 
     def stats(self) -> dict[str, Any]:
         return {**self.role.stats(), "role": self.role_name, "flips": self.flips}

@@ -10,6 +10,11 @@ when the worker is gone (``common/outbox.py``). ``tend`` runs every ``TEND_S``::
     worker handle replaced (the supervisor re-created it) ─▶ reopen
     request without a token or a heartbeat listing it for idle_timeout_s ─▶ Lost
 
+With each subscription the worker is also asked to attach to this process's intake (``attach_intake``,
+``common/intake.py``) under a routing id drawn for it: submits and aborts then go to it over ZeroMQ while the
+subscription lasts. ``send`` says False when the worker is not attached (not yet, not any more, or a release
+without the intake), and the caller makes the Ray call instead.
+
 Chunks of a worker's previous life are dropped; a ``moved_to`` naming a worker
 whose stream is down loses the request at once. ``RayBackend.generate`` turns a
 ``Lost`` into a re-placement or a migration.
@@ -19,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tetriserve.common.intake import IntakeMessage, IntakeRouter
 from tetriserve.common.outbox import HEARTBEAT_S
 from tetriserve.common.stream import Heartbeat, StreamChunk, decode_chunks
 from tetriserve.control_plane.token_log import TokenLog
@@ -52,6 +59,7 @@ class OpenRequest:
     log: TokenLog
     queue: asyncio.Queue[StreamChunk | Lost] = field(default_factory=asyncio.Queue)
     seen: float = field(default_factory=time.monotonic)  # last sign of life: a chunk, a heartbeat listing it
+    over_ray: bool = False  # its attempt's submit went over Ray (its prefill worker had no intake attached)
 
     def lose(self, worker: str, reason: str, cause: str = "worker_lost") -> None:
         if not self.log.done:
@@ -77,6 +85,9 @@ class WorkerStreams:
         self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.setsockopt(zmq.LINGER, 0)
         self.address = f"tcp://{host}:{self._socket.bind_to_random_port(f'tcp://{host}')}"
+        self._intake = IntakeRouter(host)
+        self._routes: dict[str, bytes] = {}  # worker -> the routing id its current subscription attaches under
+        self._settling: set[asyncio.Task[None]] = set()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._refs: dict[str, Any] = {}
         self._handles: dict[str, Any] = {}  # the handle each stream was opened with
@@ -97,9 +108,22 @@ class WorkerStreams:
         if task is not None:
             task.cancel()
         ref = handle.subscribe.remote(self.id, self.address)
+        route = self._routes[worker_id] = f"{worker_id}/{secrets.token_hex(8)}".encode()
+        try:
+            attached = handle.attach_intake.remote(self.id, self._intake.address, route)
+            settling = self.loop.create_task(_settle(attached, worker_id))
+            self._settling.add(settling)
+            settling.add_done_callback(self._settling.discard)
+        except AttributeError:  # a worker of a release without the intake: its calls go over Ray
+            pass
         self._refs[worker_id], self._handles[worker_id] = ref, handle
         self._opened[worker_id] = self._beats[worker_id] = time.monotonic()
         self._tasks[worker_id] = self.loop.create_task(self._watch(worker_id, ref))
+
+    def send(self, worker_id: str, message: IntakeMessage) -> bool:
+        """Send ``message`` to ``worker_id`` over the intake; False when its subscription has not attached it."""
+        route = self._routes.get(worker_id)
+        return route is not None and worker_id not in self.down and self._intake.send(route, message)
 
     async def _read(self) -> None:
         while True:
@@ -188,6 +212,15 @@ class WorkerStreams:
             except Exception:
                 logger.debug("cancel of stream %s from %s failed", self.id, worker_id, exc_info=True)
         self._socket.close()
+        self._intake.close()
+
+
+async def _settle(call: Any, worker_id: str) -> None:
+    """Wait for a fire-and-forget actor call, so that its failure (the worker is gone) is not left unread."""
+    try:
+        await call
+    except Exception as exc:
+        logger.debug("attaching the intake of %s failed: %s", worker_id, type(exc).__name__)
 
 
 def stream_host(config: Any) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.actor_fakes import FakeHandle
+from tetriserve.common.intake import Abort, IntakeMessage, Submit, serve_intake
 from tetriserve.common.load import PrefillLoad
 from tetriserve.common.outbox import StreamHub, coalesce
 from tetriserve.common.request import Request, RequestState, SamplingSpec
@@ -44,16 +45,39 @@ class FakeWorker:
         self.aborts: list[tuple[str, int | None]] = []
         self.broken = False  # set: its control stream fails at the next heartbeat, as Ray's does when it dies
         self.forgot: set[str] = set()  # requests its heartbeats leave out (lost without a word)
+        self.attaches = True  # unset: it leaves the front door's intake unattached (an older worker): Ray carries all
+        self.routes: list[tuple[str, bytes]] = []  # the intake each subscription attached to
+        self.reader: asyncio.Future[None] | None = None
+        self.intake: list[IntakeMessage] = []  # what came over the intake
 
     def _beat(self, subscriber: str) -> Heartbeat:
         held = [(rid, r.attempt) for rid, (r, sub) in self.submitted.items() if sub == subscriber]
         return Heartbeat(self.worker_id, 0, tuple(h for h in held if h[0] not in self.forgot))
 
     async def subscribe(self, subscriber: str, address: str) -> Any:
-        async for beat in self.streams.serve(subscriber, address, lambda: self._beat(subscriber), heartbeat_s=0.01):
-            if self.broken:
-                raise ConnectionError("the worker's stream broke")
-            yield beat
+        try:
+            async for beat in self.streams.serve(subscriber, address, lambda: self._beat(subscriber), heartbeat_s=0.01):
+                if self.broken:
+                    raise ConnectionError("the worker's stream broke")
+                yield beat
+        finally:
+            if self.reader is not None:
+                self.reader.cancel()
+
+    def attach_intake(self, subscriber: str, address: str, route: bytes) -> bool:
+        """The front door's submits and aborts over ZeroMQ, as a worker's (``WorkerActor.attach_intake``)."""
+        if not self.attaches:  # Ray's handle of a worker without the method raises at once, as this does
+            raise AttributeError("attach_intake")
+        self.routes.append((address, route))
+        self.reader = asyncio.ensure_future(serve_intake(address, route, lambda m: self._deliver(m, subscriber)))
+        return True
+
+    def _deliver(self, message: IntakeMessage, subscriber: str) -> None:
+        self.intake.append(message)
+        if isinstance(message, Submit):
+            self.submit(message.request, subscriber)
+        else:
+            self.abort(message.request_id, message.attempt)
 
     def submit(self, req: Request, subscriber: str) -> None:
         self.submitted[req.request_id] = (req, subscriber)
@@ -155,8 +179,9 @@ def test_a_chunk_of_another_attempt_is_dropped_and_a_client_that_leaves_aborts_w
         w["decode-1"].emit("a", (11,), 1)
         assert (await asyncio.wait_for(anext(stream), 5)).token_ids == (11,)
         await stream.aclose()  # the client went away
-        assert w["decode-1"].aborted == ["a"] and not w["prefill-0"].aborted
         await _wait(lambda: not gs.table)
+        await _wait(lambda: w["decode-1"].aborted == ["a"])  # over the intake, if attached: a moment later
+        assert not w["prefill-0"].aborted
         assert gs.counts["aborted"] == 1
 
     asyncio.run(main())
@@ -375,5 +400,54 @@ def test_a_hub_sends_one_coalesced_message_per_loop_turn_and_holds_chunks_until_
         hub.publish("fd", StreamChunk("x", (5,), worker="d0", index=4))
         await asyncio.sleep(0)
         assert len(sent) == 2  # detached: nothing goes to the old sink
+
+    asyncio.run(main())
+
+
+def test_submits_and_aborts_take_the_intake_where_the_worker_attached_it() -> None:
+    async def main() -> None:
+        cluster, _ = _cluster(decode=1)
+        w = cluster.workers
+        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
+        streams = backend.streams()
+        attached: set[str] = set()  # a probe each until it goes through: the worker's side has connected
+
+        def attach() -> bool:
+            attached.update(wid for wid in {"prefill-0", "decode-0"} - attached if streams.send(wid, Abort("probe")))
+            return len(attached) == 2
+
+        await _wait(attach)
+        stream = backend.generate(_req("a"))
+        first = asyncio.ensure_future(anext(stream))
+        await _wait(lambda: "a" in w["prefill-0"].submitted)
+        assert not cluster.prefill["prefill-0"].called("submit")  # the request went over ZeroMQ, not Ray
+        assert isinstance(w["prefill-0"].intake[-1], Submit) and w["prefill-0"].intake[-1].request.request_id == "a"
+        w["prefill-0"].emit("a", (10,), 0)
+        await asyncio.wait_for(first, 5)
+        await stream.aclose()  # the client left while the request was on the prefill worker
+        await _wait(lambda: w["prefill-0"].aborted == ["probe", "a"])
+        assert not cluster.prefill["prefill-0"].called("abort")
+        routes = w["prefill-0"].routes
+        assert routes and routes[0][1].startswith(b"prefill-0/") and routes[0][0] == streams._intake.address
+
+    asyncio.run(main())
+
+
+def test_a_worker_that_leaves_the_intake_unattached_gets_the_submit_and_its_abort_over_ray() -> None:
+    async def main() -> None:
+        cluster, gs = _cluster(decode=1)
+        w = cluster.workers
+        w["prefill-0"].attaches = False  # one of a release before the intake
+        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
+        stream = backend.generate(_req("b"))
+        first = asyncio.ensure_future(anext(stream))
+        await _wait(lambda: "b" in w["prefill-0"].submitted)
+        assert [args[0].request_id for args in cluster.prefill["prefill-0"].called("submit")] == ["b"]
+        w["prefill-0"].emit("b", (10,), 0)
+        await asyncio.wait_for(first, 5)
+        await stream.aclose()  # the abort follows its submit over Ray: over ZeroMQ it could overtake it
+        await _wait(lambda: cluster.prefill["prefill-0"].called("abort") == [("b", 0)])
+        assert not w["prefill-0"].intake
+        await _wait(lambda: not gs.table)
 
     asyncio.run(main())
