@@ -88,6 +88,7 @@ class WorkerStreams:
         self._intake = IntakeRouter(host)
         self._routes: dict[str, bytes] = {}  # worker -> the routing id its current subscription attaches under
         self._settling: set[asyncio.Task[None]] = set()
+        self._unattached: set[str] = set()  # workers whose attach came before their subscription: ask again
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._refs: dict[str, Any] = {}
         self._handles: dict[str, Any] = {}  # the handle each stream was opened with
@@ -108,17 +109,33 @@ class WorkerStreams:
         if task is not None:
             task.cancel()
         ref = handle.subscribe.remote(self.id, self.address)
-        route = self._routes[worker_id] = f"{worker_id}/{secrets.token_hex(8)}".encode()
-        try:
-            attached = handle.attach_intake.remote(self.id, self._intake.address, route)
-            settling = self.loop.create_task(_settle(attached, worker_id))
-            self._settling.add(settling)
-            settling.add_done_callback(self._settling.discard)
-        except AttributeError:  # a worker of a release without the intake: its calls go over Ray
-            pass
+        self._routes[worker_id] = f"{worker_id}/{secrets.token_hex(8)}".encode()
+        self._attach(worker_id, handle)
         self._refs[worker_id], self._handles[worker_id] = ref, handle
         self._opened[worker_id] = self._beats[worker_id] = time.monotonic()
         self._tasks[worker_id] = self.loop.create_task(self._watch(worker_id, ref))
+
+    def _attach(self, worker_id: str, handle: Any) -> None:
+        """Ask the worker to attach to this process's intake under its current route (``attach_intake``)."""
+        route = self._routes[worker_id]
+        self._unattached.discard(worker_id)
+        try:
+            call = handle.attach_intake.remote(self.id, self._intake.address, route)
+        except AttributeError:  # a worker of a release without the intake: its calls go over Ray
+            return
+        settling = self.loop.create_task(self._settle(call, worker_id, route))
+        self._settling.add(settling)
+        settling.add_done_callback(self._settling.discard)
+
+    async def _settle(self, call: Any, worker_id: str, route: bytes) -> None:
+        """Wait for the attach call; a worker that did not have the subscription yet is asked again by ``tend``."""
+        try:
+            attached = await call
+        except Exception as exc:  # the worker is gone: its stream's loss says so
+            logger.debug("attaching the intake of %s failed: %s", worker_id, type(exc).__name__)
+            return
+        if not attached and self._routes.get(worker_id) == route:
+            self._unattached.add(worker_id)
 
     def send(self, worker_id: str, message: IntakeMessage) -> bool:
         """Send ``message`` to ``worker_id`` over the intake; False when its subscription has not attached it."""
@@ -195,6 +212,8 @@ class WorkerStreams:
             replaced = self._handles.get(worker_id) is not handle
             if task is None or replaced or (task.done() and now - self._opened.get(worker_id, 0.0) >= 1.0):
                 self.open(worker_id)
+            elif worker_id in self._unattached and not task.done():
+                self._attach(worker_id, handle)
         for req in self.requests.values():
             if not req.log.done and now - req.seen > self._idle_timeout_s:
                 req.seen = now
@@ -213,14 +232,6 @@ class WorkerStreams:
                 logger.debug("cancel of stream %s from %s failed", self.id, worker_id, exc_info=True)
         self._socket.close()
         self._intake.close()
-
-
-async def _settle(call: Any, worker_id: str) -> None:
-    """Wait for a fire-and-forget actor call, so that its failure (the worker is gone) is not left unread."""
-    try:
-        await call
-    except Exception as exc:
-        logger.debug("attaching the intake of %s failed: %s", worker_id, type(exc).__name__)
 
 
 def stream_host(config: Any) -> str:

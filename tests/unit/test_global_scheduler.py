@@ -47,6 +47,7 @@ class FakeWorker:
         self.forgot: set[str] = set()  # requests its heartbeats leave out (lost without a word)
         self.attaches = True  # unset: it leaves the front door's intake unattached (an older worker): Ray carries all
         self.routes: list[tuple[str, bytes]] = []  # the intake each subscription attached to
+        self.early_attaches = 0  # attach calls to answer "no subscription here yet"
         self.reader: asyncio.Future[None] | None = None
         self.intake: list[IntakeMessage] = []  # what came over the intake
 
@@ -68,6 +69,9 @@ class FakeWorker:
         """The front door's submits and aborts over ZeroMQ, as a worker's (``WorkerActor.attach_intake``)."""
         if not self.attaches:  # Ray's handle of a worker without the method raises at once, as this does
             raise AttributeError("attach_intake")
+        if self.early_attaches > 0:  # the call overtook the subscription: not subscribed yet, as a worker says
+            self.early_attaches -= 1
+            return False
         self.routes.append((address, route))
         self.reader = asyncio.ensure_future(serve_intake(address, route, lambda m: self._deliver(m, subscriber)))
         return True
@@ -449,5 +453,25 @@ def test_a_worker_that_leaves_the_intake_unattached_gets_the_submit_and_its_abor
         await _wait(lambda: cluster.prefill["prefill-0"].called("abort") == [("b", 0)])
         assert not w["prefill-0"].intake
         await _wait(lambda: not gs.table)
+
+    asyncio.run(main())
+
+
+def test_an_attach_that_came_before_its_subscription_is_asked_again() -> None:
+    async def main() -> None:
+        cluster, _ = _cluster(decode=1)
+        w = cluster.workers
+        w["prefill-0"].early_attaches = 1
+        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
+        streams = backend.streams()
+        await _wait(lambda: len(w["prefill-0"].routes) == 1)  # asked again by the next tend, under the same route
+        assert len(cluster.prefill["prefill-0"].called("attach_intake")) == 2
+        await _wait(lambda: streams.send("prefill-0", Abort("probe")))
+        stream = backend.generate(_req("a"))
+        first = asyncio.ensure_future(anext(stream))
+        await _wait(lambda: "a" in w["prefill-0"].submitted)
+        assert not cluster.prefill["prefill-0"].called("submit")
+        w["prefill-0"].emit("a", (10,), 0, finish="length")
+        assert (await asyncio.wait_for(first, 5)).token_ids == (10,)
 
     asyncio.run(main())
