@@ -24,7 +24,6 @@ that is malformed or of another version is a ``ValueError``, which the worker lo
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 from collections.abc import Callable
@@ -177,8 +176,6 @@ async def serve_intake(address: str, routing_id: bytes, deliver: Callable[[Intak
                 deliver(message)
             except Exception:  # one request's failure must not close the channel of every other
                 logger.exception("intake from %s: %s failed", address, type(message).__name__)
-    except asyncio.CancelledError:
-        raise
     finally:
         socket.close()
 

@@ -13,22 +13,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
-
 from tests.actor_fakes import FakeHandle
-from tetriserve.common.intake import Abort, IntakeMessage, Submit, serve_intake
+from tetriserve.common.intake import IntakeMessage, Submit, serve_intake
 from tetriserve.common.load import PrefillLoad
-from tetriserve.common.outbox import StreamHub, coalesce
+from tetriserve.common.outbox import StreamHub
 from tetriserve.common.request import Request, RequestState, SamplingSpec
 from tetriserve.common.stream import (
-    PROTOCOL_VERSION,
     FinishReason,
     Heartbeat,
     PlacementRequest,
     StateEvent,
     StreamChunk,
-    decode_chunks,
-    encode_chunks,
 )
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
 from tetriserve.control_plane.ray_backend import RayBackend
@@ -351,127 +346,5 @@ def test_placement_is_least_loaded_refuses_duplicates_and_the_table_follows_even
         await gs.remove_prefill(b.prefill_worker or "")
         for rid in ("d", "e"):
             assert (await gs.place(PlacementRequest(rid, 10, 8, now))).prefill_worker == a.prefill_worker
-
-    asyncio.run(main())
-
-
-def test_outbox_coalesces_each_requests_contiguous_deltas_and_keeps_the_rest_apart() -> None:
-    chunks = [
-        StreamChunk("x", (1,), worker="d0", index=0),
-        StreamChunk("y", (5,), worker="d0", index=3),
-        StreamChunk("x", (2, 3), worker="d0", index=1),
-        StreamChunk("x", (4,), FinishReason.STOP, worker="d0", index=3),
-        StreamChunk("y", (), worker="d0", index=4, moved_to="d1"),
-        StreamChunk("y", (6,), worker="d0", index=4),
-    ]
-    out = coalesce(chunks)
-    assert [(c.request_id, c.token_ids, c.index, c.finish_reason) for c in out] == [
-        ("x", (1, 2, 3, 4), 0, "stop"),
-        ("y", (5,), 3, None),
-        ("y", (), 4, None),
-        ("y", (6,), 4, None),
-    ]
-
-
-def test_chunks_cross_the_wire_unchanged_and_a_foreign_protocol_version_is_refused() -> None:
-    import msgpack
-
-    chunks = [
-        StreamChunk("a", (1, 2), FinishReason.STOP, None, 3, "decode-0", {"queue_s": 0.5}, None, 4, 1),
-        StreamChunk("b", (), None, "why", 0, "prefill-0", None, "decode-1", 0, 0),
-    ]
-    assert decode_chunks(encode_chunks(chunks)) == chunks
-    assert decode_chunks(encode_chunks(chunks))[0].finish_reason is FinishReason.STOP
-    foreign = msgpack.packb([PROTOCOL_VERSION + 1, []])
-    with pytest.raises(ValueError, match="protocol version"):
-        decode_chunks(foreign)
-
-
-def test_a_hub_sends_one_coalesced_message_per_loop_turn_and_holds_chunks_until_a_sink_attaches() -> None:
-    async def main() -> None:
-        hub = StreamHub()
-        sent: list[list[StreamChunk]] = []
-        hub.publish("fd", StreamChunk("x", (1,), worker="d0", index=0))  # before anyone listens: held
-        with hub.attach("fd", sent.append):
-            assert [c.token_ids for b in sent for c in b] == [(1,)]
-            for i in range(2, 5):  # one engine step's deltas, published in one turn
-                hub.publish("fd", StreamChunk("x", (i,), worker="d0", index=i - 1))
-            hub.publish("other", StreamChunk("y", (9,), worker="d0"))  # nobody attached for it: held
-            await asyncio.sleep(0)
-            assert len(sent) == 2 and [(c.token_ids, c.index) for c in sent[1]] == [((2, 3, 4), 1)]
-            with pytest.raises(ValueError, match="already has a stream open"), hub.attach("fd", sent.append):
-                pass
-        hub.publish("fd", StreamChunk("x", (5,), worker="d0", index=4))
-        await asyncio.sleep(0)
-        assert len(sent) == 2  # detached: nothing goes to the old sink
-
-    asyncio.run(main())
-
-
-def test_submits_and_aborts_take_the_intake_where_the_worker_attached_it() -> None:
-    async def main() -> None:
-        cluster, _ = _cluster(decode=1)
-        w = cluster.workers
-        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
-        streams = backend.streams()
-        attached: set[str] = set()  # a probe each until it goes through: the worker's side has connected
-
-        def attach() -> bool:
-            attached.update(wid for wid in {"prefill-0", "decode-0"} - attached if streams.send(wid, Abort("probe")))
-            return len(attached) == 2
-
-        await _wait(attach)
-        stream = backend.generate(_req("a"))
-        first = asyncio.ensure_future(anext(stream))
-        await _wait(lambda: "a" in w["prefill-0"].submitted)
-        assert not cluster.prefill["prefill-0"].called("submit")  # the request went over ZeroMQ, not Ray
-        assert isinstance(w["prefill-0"].intake[-1], Submit) and w["prefill-0"].intake[-1].request.request_id == "a"
-        w["prefill-0"].emit("a", (10,), 0)
-        await asyncio.wait_for(first, 5)
-        await stream.aclose()  # the client left while the request was on the prefill worker
-        await _wait(lambda: w["prefill-0"].aborted == ["probe", "a"])
-        assert not cluster.prefill["prefill-0"].called("abort")
-        routes = w["prefill-0"].routes
-        assert routes and routes[0][1].startswith(b"prefill-0/") and routes[0][0] == streams._intake.address
-
-    asyncio.run(main())
-
-
-def test_a_worker_that_leaves_the_intake_unattached_gets_the_submit_and_its_abort_over_ray() -> None:
-    async def main() -> None:
-        cluster, gs = _cluster(decode=1)
-        w = cluster.workers
-        w["prefill-0"].attaches = False  # one of a release before the intake
-        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
-        stream = backend.generate(_req("b"))
-        first = asyncio.ensure_future(anext(stream))
-        await _wait(lambda: "b" in w["prefill-0"].submitted)
-        assert [args[0].request_id for args in cluster.prefill["prefill-0"].called("submit")] == ["b"]
-        w["prefill-0"].emit("b", (10,), 0)
-        await asyncio.wait_for(first, 5)
-        await stream.aclose()  # the abort follows its submit over Ray: over ZeroMQ it could overtake it
-        await _wait(lambda: cluster.prefill["prefill-0"].called("abort") == [("b", 0)])
-        assert not w["prefill-0"].intake
-        await _wait(lambda: not gs.table)
-
-    asyncio.run(main())
-
-
-def test_an_attach_that_came_before_its_subscription_is_asked_again() -> None:
-    async def main() -> None:
-        cluster, _ = _cluster(decode=1)
-        w = cluster.workers
-        w["prefill-0"].early_attaches = 1
-        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
-        streams = backend.streams()
-        await _wait(lambda: len(w["prefill-0"].routes) == 1)  # asked again by the next tend, under the same route
-        assert len(cluster.prefill["prefill-0"].called("attach_intake")) == 2
-        await _wait(lambda: streams.send("prefill-0", Abort("probe")))
-        stream = backend.generate(_req("a"))
-        first = asyncio.ensure_future(anext(stream))
-        await _wait(lambda: "a" in w["prefill-0"].submitted)
-        assert not cluster.prefill["prefill-0"].called("submit")
-        w["prefill-0"].emit("a", (10,), 0, finish="length")
-        assert (await asyncio.wait_for(first, 5)).token_ids == (10,)
 
     asyncio.run(main())

@@ -1,0 +1,62 @@
+"""A worker's multiplexed output streams (common/outbox.py) and their wire format (common/stream.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import pytest
+
+from tetriserve.common.outbox import StreamHub, coalesce
+from tetriserve.common.stream import PROTOCOL_VERSION, FinishReason, StreamChunk, decode_chunks, encode_chunks
+
+
+def test_outbox_coalesces_each_requests_contiguous_deltas_and_keeps_the_rest_apart() -> None:
+    chunks = [
+        StreamChunk("x", (1,), worker="d0", index=0),
+        StreamChunk("y", (5,), worker="d0", index=3),
+        StreamChunk("x", (2, 3), worker="d0", index=1),
+        StreamChunk("x", (4,), FinishReason.STOP, worker="d0", index=3),
+        StreamChunk("y", (), worker="d0", index=4, moved_to="d1"),
+        StreamChunk("y", (6,), worker="d0", index=4),
+    ]
+    out = coalesce(chunks)
+    assert [(c.request_id, c.token_ids, c.index, c.finish_reason) for c in out] == [
+        ("x", (1, 2, 3, 4), 0, "stop"),
+        ("y", (5,), 3, None),
+        ("y", (), 4, None),
+        ("y", (6,), 4, None),
+    ]
+
+
+def test_chunks_cross_the_wire_unchanged_and_a_foreign_protocol_version_is_refused() -> None:
+    chunks = [
+        StreamChunk("a", (1, 2), FinishReason.STOP, None, 3, "decode-0", {"queue_s": 0.5}, None, 4, 1),
+        StreamChunk("b", (), None, "why", 0, "prefill-0", None, "decode-1", 0, 0),
+    ]
+    assert decode_chunks(encode_chunks(chunks)) == chunks
+    assert decode_chunks(encode_chunks(chunks))[0].finish_reason is FinishReason.STOP
+    foreign = msgpack.packb([PROTOCOL_VERSION + 1, []])
+    with pytest.raises(ValueError, match="protocol version"):
+        decode_chunks(foreign)
+
+
+def test_a_hub_sends_one_coalesced_message_per_loop_turn_and_holds_chunks_until_a_sink_attaches() -> None:
+    async def main() -> None:
+        hub = StreamHub()
+        sent: list[list[StreamChunk]] = []
+        hub.publish("fd", StreamChunk("x", (1,), worker="d0", index=0))  # before anyone listens: held
+        with hub.attach("fd", sent.append):
+            assert [c.token_ids for b in sent for c in b] == [(1,)]
+            for i in range(2, 5):  # one engine step's deltas, published in one turn
+                hub.publish("fd", StreamChunk("x", (i,), worker="d0", index=i - 1))
+            hub.publish("other", StreamChunk("y", (9,), worker="d0"))  # nobody attached for it: held
+            await asyncio.sleep(0)
+            assert len(sent) == 2 and [(c.token_ids, c.index) for c in sent[1]] == [((2, 3, 4), 1)]
+            with pytest.raises(ValueError, match="already has a stream open"), hub.attach("fd", sent.append):
+                pass
+        hub.publish("fd", StreamChunk("x", (5,), worker="d0", index=4))
+        await asyncio.sleep(0)
+        assert len(sent) == 2  # detached: nothing goes to the old sink
+
+    asyncio.run(main())
