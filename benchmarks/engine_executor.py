@@ -15,6 +15,11 @@ to see what a second core buys a step at each batch size), ``torch.compile`` on 
 ``--executors uni tetri`` asks what tetriserve's decode engine adds to vLLM's own in-process engine offline (its
 scheduler subclass, KV connector, logits processor and CPU worker), apart from the service around it;
 ``--without PIECE ...`` adds that engine without each piece named, one configuration each.
+
+``--executors uni thread`` asks whether an in-process engine gains from vLLM's async scheduling when its model
+runs in a thread of its own (``ModelThreadExecutor``): the engine thread then schedules the next step and
+processes the last one's output while the model computes, the overlap plain vLLM's server gets from its worker
+process, without leaving the process.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ CONFIGS = {
     "uni (tetriserve's engines)": "uni",
     "mp + async scheduling (plain vLLM's server)": "mp",
     "uni, tetriserve's decode engine (its scheduler, KV connector, logits processor, worker)": "tetri",
+    "uni, the model in a thread of its own + async scheduling": "thread",
 }
 PIECES = {  # what ``--without`` can take from ``tetri``: the engine argument that carries it, and vLLM's own value
     "scheduler": ("scheduler_cls", None),
@@ -45,6 +51,42 @@ PIECES = {  # what ``--without`` can take from ``tetri``: the engine argument th
     "logits_processor": ("logits_processors", None),
     "worker": ("worker_cls", "auto"),
 }
+
+
+def model_thread_executor() -> type:
+    """vLLM's in-process executor, but a non-blocking call (async scheduling's) runs the model on a thread of its
+    own and returns a future, so the engine thread goes on scheduling while the model computes."""
+    import concurrent.futures
+
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+    from vllm.v1.outputs import AsyncModelRunnerOutput
+    from vllm.v1.serial_utils import run_method
+
+    class ModelThreadExecutor(UniProcExecutor):
+        def _init_executor(self) -> None:
+            super()._init_executor()
+            self._model_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model")
+
+        def collective_rpc(  # type: ignore[override]
+            self, method: Any, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None,
+            non_block: bool = False, single_value: bool = False,
+        ) -> Any:  # fmt: skip
+            if not non_block:
+                return super().collective_rpc(method, timeout, args, kwargs, non_block, single_value)
+
+            def call() -> Any:
+                result = run_method(self.driver_worker, method, args, kwargs or {})
+                if isinstance(result, AsyncModelRunnerOutput):
+                    result = result.get_output()
+                return result if single_value else [result]
+
+            return self._model_thread.submit(call)
+
+        def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:  # type: ignore[override]
+            call = "execute_model"
+            return self.collective_rpc(call, args=(scheduler_output,), non_block=non_block, single_value=True)
+
+    return ModelThreadExecutor
 
 
 def engine_args(backend: str, model: str) -> Any:
@@ -70,7 +112,8 @@ def engine_args(backend: str, model: str) -> Any:
     return EngineArgs(
         model=model, max_model_len=2048, block_size=32,
         max_num_seqs=256, max_num_batched_tokens=2048, enable_chunked_prefill=True, enforce_eager=False,
-        seed=0, distributed_executor_backend=backend, async_scheduling=backend == "mp",
+        seed=0, distributed_executor_backend=model_thread_executor() if backend == "thread" else backend,
+        async_scheduling=backend in ("mp", "thread"),
         kv_cache_memory_bytes=1 << 30, disable_log_stats=True,
     )  # fmt: skip
 
@@ -138,6 +181,8 @@ def main() -> int:
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"command": command, "ms_per_step": results}, indent=1))
     if "tetri" in args.executors or args.without:
         title = "# One CPU engine, vLLM's own against tetriserve's decode engine, in-process"
+    elif "thread" in args.executors:
+        title = "# One CPU engine, in-process: the model on the engine thread, or on one of its own (async scheduling)"
     elif len(args.executors) > 1:
         title = "# One CPU engine, in-process vs vLLM's multiprocess executor with async scheduling"
     else:
