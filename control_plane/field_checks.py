@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence, Set
 
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.common.request import MAX_LOGPROBS, SLO
@@ -24,11 +25,67 @@ def in_range(
     return float(value)
 
 
-def top_k_value(top_k: int | None) -> int:
+SEED_RANGE = (-(2**63), 2**63 - 1)  # vLLM's: a 64-bit integer
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)  # the gRPC API's int32
+HEAD_MARGIN_TOKENS = 64  # ``check_head``: a head this far past the context is past it whatever follows
+
+
+def request_id_value(asked: str | None, live: Set[str]) -> str:
+    """A new request's id: the one its client asked for (HTTP's ``x-request-id``), unless a request of that id, or
+    the first choice of one (``n`` > 1), is in flight (``live``): then that id with a suffix that makes it unique.
+    A fresh one when none was asked for."""
+    if not asked:
+        return uuid.uuid4().hex
+    if asked in live or f"0_{asked}" in live:
+        return f"{asked}-{uuid.uuid4().hex[:8]}"
+    return asked
+
+
+def int_value(name: str, value: int | None, low: int, high: int) -> int | None:
+    """``value`` checked to lie in [low, high] (None passes): an integer the engines and the wire can carry."""
+    if value is not None and not low <= value <= high:
+        raise InvalidRequestError(name, f"must be an integer in [{low}, {high}], got {value}")
+    return value
+
+
+def unicode_text(name: str, text: str) -> str:
+    """``text`` checked to be valid Unicode: JSON can carry a lone surrogate (``"\\ud800"``), which no UTF-8
+    tokenizer or wire encoding takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(
+            name, f"is not valid Unicode: a lone surrogate {text[exc.start]!r} at character {exc.start}"
+        ) from None
+    return text
+
+
+def check_head(
+    name: str, text: str, encode: Callable[..., list[int]], max_model_len: int, max_token_chars: int
+) -> None:
+    """Refuse a text far longer than the context from its head alone: tokenizing a body of tens of megabytes
+    would hold a tokenizer thread and a core for tens of seconds. Only a text longer than the context's tokens
+    at the vocabulary's longest (``max_token_chars``) can be; its head that long is tokenized, and if that alone
+    passes the context by ``HEAD_MARGIN_TOKENS`` the whole does too (the margin covers a token cut at the
+    head's end). Otherwise (a tokenizer that folds long runs into one token) the caller tokenizes it all."""
+    head = (max_model_len + HEAD_MARGIN_TOKENS) * max_token_chars
+    if len(text) <= head:
+        return
+    tokens = len(encode(text[:head], add_special_tokens=False))
+    if tokens >= max_model_len + HEAD_MARGIN_TOKENS:
+        raise InvalidRequestError(
+            name,
+            f"is far longer than the context: its first {head} of {len(text)} characters alone are {tokens} "
+            f"tokens (max_model_len is {max_model_len})",
+        )
+
+
+def top_k_value(top_k: int | None, vocab_size: int) -> int:
+    """0 for no top-k (None, 0, -1, or a k that keeps the whole vocabulary, however large)."""
     top_k = 0 if top_k is None or top_k == -1 else top_k
     if top_k < 0:
         raise InvalidRequestError("top_k", f"must be >= 1, or 0/-1 to disable, got {top_k}")
-    return top_k
+    return 0 if top_k >= vocab_size else top_k
 
 
 def min_tokens_value(min_tokens: int | None, max_tokens: int) -> int:

@@ -32,6 +32,7 @@ Field names in errors are the OpenAI ones (``max_tokens``, ``top_p``, ...);
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -49,15 +50,20 @@ from tetriserve.control_plane.backend import ServingBackend
 from tetriserve.control_plane.deltas import TextDelta, stop_token, take_output
 from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
 from tetriserve.control_plane.field_checks import (
+    PRIORITY_RANGE,
+    SEED_RANGE,
     allowed_ids_value,
+    check_head,
     check_ids,
     in_range,
+    int_value,
     logit_bias_value,
     logprobs_value,
     max_tokens_value,
     min_tokens_value,
     slo_value,
     top_k_value,
+    unicode_text,
 )
 from tetriserve.control_plane.logprobs import LogprobNamer, TokenStrings
 from tetriserve.control_plane.request_metrics import RequestMetrics
@@ -96,6 +102,7 @@ class FrontDoor:
         self.gate = AdmissionGate(limits or AdmissionConfig())
         self.metrics = RequestMetrics()  # what /metrics and `tetriserve top` show of this front door's requests
         self._background: set[asyncio.Task[None]] = set()
+        self.live_ids: set[str] = set()  # ids of the requests streaming from here (``stream``)
 
     @property
     def model_name(self) -> str:
@@ -125,9 +132,17 @@ class FrontDoor:
         )
 
     def tokenize(self, text: str, *, add_special_tokens: bool = True, field_name: str = "prompt") -> tuple[int, ...]:
+        """``text``'s token ids; a text far longer than the context is refused from its head (``check_head``)."""
         if not text:
             raise InvalidRequestError(field_name, "must not be empty")
+        unicode_text(field_name, text)
+        check_head(field_name, text, self.tokenizer.encode, self.max_model_len, self.max_token_chars)
         return tuple(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token of the vocabulary spells (its longest entry, special tokens included)."""
+        return max((len(token) for token in self.tokenizer.get_vocab()), default=1) or 1
 
     def chat_prompt(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, special: bool = False
@@ -191,8 +206,8 @@ class FrontDoor:
                 max_tokens=max_tokens,
                 temperature=in_range("temperature", temperature, 1.0, 0.0, 2.0),
                 top_p=in_range("top_p", top_p, 1.0, 0.0, 1.0, low_open=True),
-                top_k=top_k_value(top_k),
-                seed=seed,
+                top_k=top_k_value(top_k, self.vocab_size),
+                seed=int_value("seed", seed, *SEED_RANGE),
                 stop_token_ids=tuple(stop_token_ids),
                 ignore_eos=ignore_eos,
                 min_tokens=min_tokens_value(min_tokens, max_tokens),
@@ -209,6 +224,7 @@ class FrontDoor:
                 include_stop_str_in_output=include_stop_str_in_output,
                 skip_special_tokens=skip_special_tokens,
             )
+            priority = int_value("priority", priority, *PRIORITY_RANGE) or 0
             return Request(request_id, prompt, sampling, slo=slo_value(slo), priority=priority)
         except InvalidRequestError as exc:
             if rename and exc.field in rename:
@@ -239,10 +255,13 @@ class FrontDoor:
         (``admitted_stream``) starts at the second token and is released at the end. ``route`` names the
         gateway's route on the request's root span (``request_span.py``).
         """
+        rid = request.request_id
+        if rid in self.live_ids:  # refused before it touches anything of the one in flight
+            raise InvalidRequestError("request_id", f"request id {rid!r} is already in flight; each needs its own")
+        self.live_ids.add(rid)
         t0 = time.monotonic() if started_at is None else started_at
         span = RequestSpan(request, self.model_name, route, t0)  # sets request.trace: the workers continue it
         failure: BaseException | None = None
-        rid = request.request_id
         sampling = request.sampling
         detok = IncrementalDetokenizer(
             self.tokenizer, request.prompt_token_ids, skip_special_tokens=sampling.skip_special_tokens
@@ -332,6 +351,7 @@ class FrontDoor:
                 self.metrics.errored("backend_unavailable" if isinstance(exc, ConnectionError) else "internal")
             raise
         finally:
+            self.live_ids.discard(rid)
             span.close(generated, failure)
             if ticket is not None:
                 ticket.release(time.monotonic())

@@ -119,6 +119,9 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
                     await context.abort(code, f"request {rid} failed: {delta.error}")
         except grpc.aio.AbortError:
             raise
+        except InvalidRequestError as exc:  # its request id is in flight here already (``FrontDoor.stream``)
+            field = ((FIELD_METADATA_KEY, exc.field),)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc), trailing_metadata=field)
         except Overloaded as exc:  # every prefill worker is full (the GlobalScheduler's bound), before any token
             await _refuse(context, exc)
         except ConnectionError as exc:

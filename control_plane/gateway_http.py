@@ -34,7 +34,6 @@ import logging
 import math
 import socket
 import time
-import uuid
 from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -49,7 +48,7 @@ from tetriserve.common.errors import InvalidRequestError, UnknownModelError, err
 from tetriserve.common.request import Request as ServingRequest
 from tetriserve.control_plane.admission import Draining, Overloaded
 from tetriserve.control_plane.backend import ServingBackend
-from tetriserve.control_plane.field_checks import check_ids
+from tetriserve.control_plane.field_checks import check_ids, request_id_value, unicode_text
 from tetriserve.control_plane.frontdoor import FrontDoor
 from tetriserve.control_plane.http_auth import ApiKeyGuard
 from tetriserve.control_plane.http_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
@@ -117,6 +116,12 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def unavailable(_: Request, exc: ConnectionError) -> JSONResponse:
         logger.warning("backend unavailable: %s", exc)
         return error_response(503, f"backend unavailable: {exc}", None, "backend_unavailable")
+
+    @app.exception_handler(Exception)
+    async def internal(raw: Request, exc: Exception) -> JSONResponse:
+        """A bug, answered in OpenAI's error shape rather than as plain text (the traceback goes to the log)."""
+        logger.error("%s %s failed", raw.method, raw.url.path, exc_info=exc)
+        return error_response(500, "internal server error (the server's log has the details)", None, "internal_error")
 
 
 async def _cancel_on_disconnect(raw: Request, work: Awaitable[_T]) -> _T | None:
@@ -205,7 +210,8 @@ def build_app(
             ids = await front.encode_chat(messages, add_generation_prompt=body.add_generation_prompt, special=special)
         else:
             special = body.add_special_tokens is not False
-            ids = tuple(await asyncio.to_thread(front.tokenizer.encode, body.prompt, add_special_tokens=special))
+            text = unicode_text("prompt", body.prompt)
+            ids = tuple(await asyncio.to_thread(front.tokenizer.encode, text, add_special_tokens=special))
         strs = front.tokenizer.convert_ids_to_tokens(list(ids)) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": front.max_model_len, "tokens": list(ids), "token_strs": strs}
 
@@ -274,7 +280,7 @@ def _build(
     rename: dict[str, str] | None = None,
 ) -> ServingRequest:
     return front.build_request(
-        raw.headers.get("x-request-id") or uuid.uuid4().hex,
+        request_id_value(raw.headers.get("x-request-id"), front.live_ids),
         ids,
         max_tokens=max_tokens,
         default_max_tokens=default_max_tokens,

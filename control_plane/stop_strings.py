@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tetriserve.common.errors import InvalidRequestError
+from tetriserve.control_plane.field_checks import unicode_text
 
 MAX_STOP_STRINGS = 16
 
@@ -29,7 +30,7 @@ def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
         raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
     if any(not isinstance(s, str) or not s for s in stops):
         raise InvalidRequestError("stop", "stop strings must be non-empty strings")
-    return stops
+    return tuple(unicode_text("stop", s) for s in stops)
 
 
 class StopMatcher:
