@@ -91,6 +91,14 @@ def http(env: FakeFrontDoors) -> Iterator[httpx.Client]:
         yield c
 
 
+def error_of(r: httpx.Response, status: int) -> dict[str, Any]:
+    """The OpenAI-shaped error of a response that must have ``status``."""
+    assert r.status_code == status, r.text
+    err: dict[str, Any] = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    return err
+
+
 def sse_events(response: httpx.Response) -> list[Any]:
     """The decoded ``data:`` payloads of an SSE response (``"[DONE]"`` kept as a string)."""
     events: list[Any] = []

@@ -5,15 +5,15 @@ touches the request in flight), and a bug anywhere behind a route (500 in the sa
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.fakes import wait_until
-from tests.gateway_support import FakeFrontDoors, fake_front_doors
+from tests.fakes import FakeBackend, wait_until
+from tests.gateway_support import FakeFrontDoors, backend, env, error_of, http
 from tetriserve.client import InvalidArgument, TetriServeClient
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.common.request import Request
@@ -30,24 +30,7 @@ from tetriserve.control_plane.field_checks import (
 SURROGATE = '"a\\ud800b"'  # JSON for a string holding a lone surrogate
 
 
-@pytest.fixture(scope="module")
-def servers() -> Iterator[FakeFrontDoors]:
-    with fake_front_doors() as doors:
-        yield doors
-
-
-@pytest.fixture()
-def http(servers: FakeFrontDoors) -> Iterator[httpx.Client]:
-    servers.backend.reset()
-    with httpx.Client(base_url=servers.url, timeout=30) as c:
-        yield c
-
-
-def error_of(r: httpx.Response, status: int) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    err: dict[str, Any] = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    return err
+__all__ = ["backend", "env", "http"]  # fixtures
 
 
 def complete(http: httpx.Client, **fields: Any) -> httpx.Response:
@@ -59,7 +42,7 @@ def raw_post(http: httpx.Client, path: str, body: str) -> httpx.Response:
 
 
 @pytest.mark.parametrize("seed", [SEED_RANGE[0], -3, 0, SEED_RANGE[1]])
-def test_seeds_of_64_bits_are_served(http: httpx.Client, seed: int) -> None:
+def test_seeds_of_64_bits_are_served(http: httpx.Client, backend: FakeBackend, seed: int) -> None:
     assert complete(http, seed=seed).status_code == 200
 
 
@@ -74,10 +57,10 @@ def test_a_priority_beyond_32_bits_is_a_400_naming_it(http: httpx.Client) -> Non
     assert complete(http, priority=PRIORITY_RANGE[1]).status_code == 200
 
 
-def test_a_top_k_that_keeps_the_whole_vocabulary_is_no_top_k(http: httpx.Client, servers: FakeFrontDoors) -> None:
+def test_a_top_k_that_keeps_the_whole_vocabulary_is_no_top_k(http: httpx.Client, backend: FakeBackend) -> None:
     for asked, sent in [(5, 5), (2**70, 0), (-1, 0)]:
         assert complete(http, top_k=asked).status_code == 200
-        assert servers.backend.requests[-1].sampling.top_k == sent
+        assert backend.requests[-1].sampling.top_k == sent
 
 
 @pytest.mark.parametrize(
@@ -108,8 +91,10 @@ def test_a_prompt_far_past_the_context_is_refused_from_its_head(http: httpx.Clie
     assert err["param"] == "prompt" and "leaves no room to generate" in err["message"]
 
 
-def test_two_http_requests_with_one_x_request_id_are_both_served(http: httpx.Client, servers: FakeFrontDoors) -> None:
-    servers.backend.behavior.token_delay_s = 0.02  # the first is still streaming when the second comes
+def test_two_http_requests_with_one_x_request_id_are_both_served(
+    http: httpx.Client, backend: FakeBackend, env: FakeFrontDoors
+) -> None:
+    backend.behavior.token_delay_s = 0.02  # the first is still streaming when the second comes
 
     def ask(prompt: list[int]) -> httpx.Response:
         body = {"model": "tiny-test", "prompt": prompt, "max_tokens": 12, "ignore_eos": True}
@@ -117,39 +102,38 @@ def test_two_http_requests_with_one_x_request_id_are_both_served(http: httpx.Cli
 
     with ThreadPoolExecutor(2) as pool:
         first = pool.submit(ask, [5, 6])
-        wait_until(lambda: "dup" in servers.front.live_ids, what="the first request streaming")
+        wait_until(lambda: "dup" in env.front.live_ids, what="the first request streaming")
         second = pool.submit(ask, [7, 8])
         responses = [first.result(), second.result()]
     assert [r.status_code for r in responses] == [200, 200], [r.text for r in responses]
     ids = [r.headers["x-request-id"] for r in responses]
     assert ids[0] == "dup" and ids[1].startswith("dup-") and len(ids[1]) == len("dup-") + 8
     assert [r.json()["usage"]["completion_tokens"] for r in responses] == [12, 12]
-    assert servers.backend.abort_calls == []  # neither touched the other
+    assert backend.abort_calls == []  # neither touched the other
 
 
 def test_a_grpc_request_id_in_flight_is_refused_without_touching_the_first(
-    servers: FakeFrontDoors, monkeypatch: pytest.MonkeyPatch
+    backend: FakeBackend, env: FakeFrontDoors
 ) -> None:
-    servers.backend.reset()
-    servers.backend.behavior.token_delay_s = 0.02
-    with TetriServeClient(servers.target, timeout=10) as client:
+    backend.behavior.token_delay_s = 0.02
+    with TetriServeClient(env.target, timeout=10) as client:
         first = client.generate([5, 6], max_tokens=12, ignore_eos=True, request_id="grpc-dup")
         assert next(first).token_ids == (5,)
         with pytest.raises(InvalidArgument) as caught:
             list(client.generate([7, 8], max_tokens=4, request_id="grpc-dup"))
         assert caught.value.field == "request_id" and "already in flight" in str(caught.value)
         rest = list(first)
-    assert rest[-1].finish_reason == "length" and servers.backend.abort_calls == []
+    assert rest[-1].finish_reason == "length" and backend.abort_calls == []
 
 
 def test_a_bug_behind_a_route_is_a_500_in_openai_shape(
-    http: httpx.Client, servers: FakeFrontDoors, monkeypatch: pytest.MonkeyPatch
+    http: httpx.Client, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def broken(request: Request) -> AsyncIterator[StreamChunk]:
         raise RuntimeError("a bug")
         yield  # pragma: no cover  (an async generator)
 
-    monkeypatch.setattr(servers.backend, "generate", broken)
+    monkeypatch.setattr(backend, "generate", broken)
     err = error_of(complete(http), 500)
     assert err["type"] == "server_error" and err["code"] == "internal_error" and "a bug" not in err["message"]
 

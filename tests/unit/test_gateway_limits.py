@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.fakes import wait_until
-from tests.gateway_support import FakeFrontDoors, fake_front_doors
+from tests.gateway_support import FakeFrontDoors, error_of, fake_front_doors
 from tetriserve.client import ResourceExhausted, TetriServeClient
 from tetriserve.client.retry import NO_RETRY, RetryPolicy
 from tetriserve.common.admission_config import AdmissionConfig
@@ -33,13 +33,6 @@ def http(servers: FakeFrontDoors) -> Iterator[httpx.Client]:
     servers.backend.reset()
     with httpx.Client(base_url=servers.url, timeout=30) as c:
         yield c
-
-
-def error_of(r: httpx.Response, status: int) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    err: dict[str, Any] = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    return err
 
 
 def test_a_body_over_the_limit_gets_413_not_a_reset(http: httpx.Client) -> None:
