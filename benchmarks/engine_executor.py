@@ -80,11 +80,7 @@ def model_thread_executor() -> type:
                     result = result.get_output()
                 return result if single_value else [result]
 
-            return self._model_thread.submit(call)
-
-        def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:  # type: ignore[override]
-            call = "execute_model"
-            return self.collective_rpc(call, args=(scheduler_output,), non_block=non_block, single_value=True)
+            return self._model_thread.submit(call)  # execute_model and sample_tokens call this
 
     return ModelThreadExecutor
 

@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import math
-import uuid
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence
 
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.common.request import MAX_LOGPROBS, SLO
@@ -28,17 +27,6 @@ def in_range(
 SEED_RANGE = (-(2**63), 2**63 - 1)  # vLLM's: a 64-bit integer
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)  # the gRPC API's int32
 HEAD_MARGIN_TOKENS = 64  # ``check_head``: a head this far past the context is past it whatever follows
-
-
-def request_id_value(asked: str | None, live: Set[str]) -> str:
-    """A new request's id: the one its client asked for (HTTP's ``x-request-id``), unless a request of that id, or
-    the first choice of one (``n`` > 1), is in flight (``live``): then that id with a suffix that makes it unique.
-    A fresh one when none was asked for."""
-    if not asked:
-        return uuid.uuid4().hex
-    if asked in live or f"0_{asked}" in live:
-        return f"{asked}-{uuid.uuid4().hex[:8]}"
-    return asked
 
 
 def int_value(name: str, value: int | None, low: int, high: int) -> int | None:

@@ -32,7 +32,6 @@ Field names in errors are the OpenAI ones (``max_tokens``, ``top_p``, ...);
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import time
@@ -98,6 +97,7 @@ class FrontDoor:
         self.backend = backend
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(backend.model_path)
         self.vocab_size = len(self.tokenizer)
+        self.max_token_chars = max(1, max(map(len, self.tokenizer.get_vocab()), default=1))  # for ``check_head``
         self.token_strings = TokenStrings(self.tokenizer)
         self.gate = AdmissionGate(limits or AdmissionConfig())
         self.metrics = RequestMetrics()  # what /metrics and `tetriserve top` show of this front door's requests
@@ -138,11 +138,6 @@ class FrontDoor:
         unicode_text(field_name, text)
         check_head(field_name, text, self.tokenizer.encode, self.max_model_len, self.max_token_chars)
         return tuple(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
-
-    @functools.cached_property
-    def max_token_chars(self) -> int:
-        """The most characters one token of the vocabulary spells (its longest entry, special tokens included)."""
-        return max((len(token) for token in self.tokenizer.get_vocab()), default=1) or 1
 
     def chat_prompt(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, special: bool = False
@@ -224,7 +219,7 @@ class FrontDoor:
                 include_stop_str_in_output=include_stop_str_in_output,
                 skip_special_tokens=skip_special_tokens,
             )
-            priority = int_value("priority", priority, *PRIORITY_RANGE) or 0
+            int_value("priority", priority, *PRIORITY_RANGE)
             return Request(request_id, prompt, sampling, slo=slo_value(slo), priority=priority)
         except InvalidRequestError as exc:
             if rename and exc.field in rename:

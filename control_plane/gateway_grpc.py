@@ -73,6 +73,13 @@ _SLO = ("ttft_ms", "tbt_ms", "jct_ms")
 _RENAME = {name: f"sampling.{name}" for name in _SAMPLING}
 
 
+async def _invalid(context: grpc.aio.ServicerContext, exc: InvalidRequestError) -> None:
+    """A request field's refusal: INVALID_ARGUMENT, the field named in the trailing metadata."""
+    await context.abort(
+        grpc.StatusCode.INVALID_ARGUMENT, str(exc), trailing_metadata=((FIELD_METADATA_KEY, exc.field),)
+    )
+
+
 async def _refuse(context: grpc.aio.ServicerContext, exc: Overloaded) -> None:
     await context.abort(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -99,9 +106,7 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
             admitted = self._front.admitted_stream(req, started, GENERATE_ROUTE)
         except InvalidRequestError as exc:
             logger.debug("request %s rejected: %s", rid, exc)
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, str(exc), trailing_metadata=((FIELD_METADATA_KEY, exc.field),)
-            )
+            await _invalid(context, exc)
         except Overloaded as exc:
             await _refuse(context, exc)
         except Draining as exc:
@@ -120,8 +125,7 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
         except grpc.aio.AbortError:
             raise
         except InvalidRequestError as exc:  # its request id is in flight here already (``FrontDoor.stream``)
-            field = ((FIELD_METADATA_KEY, exc.field),)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc), trailing_metadata=field)
+            await _invalid(context, exc)
         except Overloaded as exc:  # every prefill worker is full (the GlobalScheduler's bound), before any token
             await _refuse(context, exc)
         except ConnectionError as exc:
@@ -230,9 +234,7 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
             )
         except InvalidRequestError as exc:
             logger.info("policy change %s on %s rejected: %s", dict(request.changes), target, exc)
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, str(exc), trailing_metadata=((FIELD_METADATA_KEY, exc.field),)
-            )
+            await _invalid(context, exc)
         except ValueError as exc:  # a backend that did not name the field
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except TimeoutError:
@@ -250,9 +252,7 @@ async def _abort_admin(context: grpc.aio.ServicerContext, exc: Exception, lookup
         meta = ((FIELD_METADATA_KEY, lookup_field),) if lookup_field else None
         await context.abort(grpc.StatusCode.NOT_FOUND, str(exc), trailing_metadata=meta)
     if isinstance(exc, InvalidRequestError):
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT, str(exc), trailing_metadata=((FIELD_METADATA_KEY, exc.field),)
-        )
+        await _invalid(context, exc)
     if isinstance(exc, ValueError):
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     raise exc

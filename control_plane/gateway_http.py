@@ -48,12 +48,12 @@ from tetriserve.common.errors import InvalidRequestError, UnknownModelError, err
 from tetriserve.common.request import Request as ServingRequest
 from tetriserve.control_plane.admission import Draining, Overloaded
 from tetriserve.control_plane.backend import ServingBackend
-from tetriserve.control_plane.field_checks import check_ids, request_id_value, unicode_text
+from tetriserve.control_plane.field_checks import check_ids, unicode_text
 from tetriserve.control_plane.frontdoor import FrontDoor
 from tetriserve.control_plane.http_auth import ApiKeyGuard
 from tetriserve.control_plane.http_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from tetriserve.control_plane.metrics import CONTENT_TYPE, MetricsExporter
-from tetriserve.control_plane.openai_generation import Generation, error_response, fan_out
+from tetriserve.control_plane.openai_generation import Generation, error_response, fan_out, request_id_for
 from tetriserve.control_plane.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -280,7 +280,7 @@ def _build(
     rename: dict[str, str] | None = None,
 ) -> ServingRequest:
     return front.build_request(
-        request_id_value(raw.headers.get("x-request-id"), front.live_ids),
+        request_id_for(raw.headers.get("x-request-id"), front.live_ids),
         ids,
         max_tokens=max_tokens,
         default_max_tokens=default_max_tokens,

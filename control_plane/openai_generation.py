@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Set
 from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
@@ -46,6 +47,22 @@ def error_response(status: int, message: str, param: str | None = None, code: st
     return JSONResponse(error_body(message, type_, param, code), status_code=status)
 
 
+def choice_id(index: int, request_id: str) -> str:
+    """The worker request id of choice ``index`` of a request with ``n`` > 1 choices (vLLM's child ids)."""
+    return f"{index}_{request_id}"
+
+
+def request_id_for(asked: str | None, live: Set[str]) -> str:
+    """A new request's id: the one its client asked for (``x-request-id``), unless a request of that id, or the
+    first choice of one, is in flight (``live``): then that id with a suffix that makes it unique. A fresh one
+    when none was asked for."""
+    if not asked:
+        return uuid.uuid4().hex
+    if asked in live or choice_id(0, asked) in live:
+        return f"{asked}-{uuid.uuid4().hex[:8]}"
+    return asked
+
+
 def fan_out(request: Request, n: int) -> list[Request]:
     """The ``n`` worker requests of one request with ``n`` choices (itself when ``n`` is 1)."""
     if n == 1:
@@ -54,7 +71,7 @@ def fan_out(request: Request, n: int) -> list[Request]:
     return [
         replace(
             request,
-            request_id=f"{i}_{request.request_id}",
+            request_id=choice_id(i, request.request_id),
             sampling=replace(request.sampling, seed=None if seed is None else seed + i),
             events=[],
         )
