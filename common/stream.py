@@ -181,7 +181,7 @@ class PlacementRequest:
     max_tokens: int
     arrival_time: float
     attempt: int = 0
-    avoid: tuple[str, ...] = ()  # prefill workers the previous attempt was lost on: others first
+    avoid: tuple[str, ...] = ()  # workers earlier attempts were lost on: other prefill workers first
     trace: str | None = None  # W3C traceparent of the request's span at the front door (``common/tracing.py``)
     version: int = PROTOCOL_VERSION
 

@@ -128,7 +128,8 @@ class ClusterMonitor:
         return True
 
     def mark_dead(self, worker_id: str, incarnation: int) -> None:
-        """The supervisor saw this life end: leave it out of every broadcast from now on."""
+        """The supervisor saw this life end, or a prefill worker's call found it dead (``Handoff.decode_died``):
+        leave it out of every broadcast from now on."""
         member = self.members.get(worker_id)
         if member is not None and member.incarnation == incarnation:
             member.dead = True

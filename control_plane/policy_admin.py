@@ -46,6 +46,7 @@ DECODE_KEYS: dict[str, type] = {
 KEYS: dict[Role, dict[str, type]] = {"prefill": PREFILL_KEYS, "decode": DECODE_KEYS}
 
 Setter = Callable[[dict[str, Any]], Awaitable[Mapping[str, str]]]
+SET_POLICY_TIMEOUT_S = 30.0  # one worker actor's ``set_policy`` call
 
 
 class UnknownWorkerError(LookupError):
@@ -148,3 +149,16 @@ async def apply_changes(
             raise exc
     logger.info("policy change %s applied to %s", changes, ", ".join(ids))
     return [WorkerPolicy(wid, role, dict(results[wid])) for wid in ids]
+
+
+def actor_setter(handle: Any) -> Setter:
+    """``handle.set_policy.remote`` as a coroutine that raises the worker's own ValueError, not Ray's wrapper."""
+
+    async def call(changes: dict[str, Any]) -> dict[str, str]:
+        try:
+            return dict(await asyncio.wait_for(handle.set_policy.remote(changes), SET_POLICY_TIMEOUT_S))
+        except ValueError as exc:  # Ray raises a RayTaskError that is also a ValueError; .cause is the worker's
+            cause = getattr(exc, "cause", None)
+            raise (cause if isinstance(cause, ValueError) else exc) from None
+
+    return call

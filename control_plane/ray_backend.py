@@ -13,6 +13,10 @@ carries every chunk of this process's requests that was ready, so the message ra
 An abort goes to the worker the request is on now (the log knows, from ``moved_to`` markers); a worker it has
 left forwards it. Submits and aborts take the intake (``common/intake.py``) where the worker is attached.
 
+A stream that fails with Ray's ``ActorDiedError`` tells the monitor at once (``mark_dead``): its next broadcast
+leaves that life out of placement and dispatch before the supervisor has noticed, so the requests migrated off
+it are not handed back to it.
+
 No request is lost to a worker's death (the log of delivered tokens is the
 truth, as in Dynamo's frontend migration). A request's attempt is *lost* when
 the stream from the worker it is on fails or goes silent, when a ``moved_to``
@@ -58,7 +62,7 @@ from tetriserve.common.stream import (
 )
 from tetriserve.control_plane.admission import Overloaded
 from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus, lifecycle_fields
-from tetriserve.control_plane.policy_admin import Setter, apply_changes, parse_changes, resolve_targets
+from tetriserve.control_plane.policy_admin import actor_setter, apply_changes, parse_changes, resolve_targets
 from tetriserve.control_plane.token_log import AT_ONCE, TokenLog
 from tetriserve.control_plane.worker_streams import Lost, OpenRequest, WorkerStreams, stream_host
 from tetriserve.transport.registry import backend_of
@@ -67,7 +71,6 @@ logger = logging.getLogger(__name__)
 
 POLICIES_TIMEOUT_S = 2.0  # status: a worker that does not answer by then shows no policy
 STATS_TIMEOUT_S = 4.0  # worker_stats (the metrics exporter's, which waits 5 s for the whole cluster)
-SET_POLICY_TIMEOUT_S = 30.0
 PLACE_TIMEOUT_S = 5.0  # one ``place`` call (the GlobalScheduler may be restarting)
 
 
@@ -103,8 +106,14 @@ class RayBackend:
         """This event loop's streams from every worker (opened on first use, reopened if one ended)."""
         loop = asyncio.get_running_loop()
         if self._streams is None or self._streams.loop is not loop:
-            self._streams = WorkerStreams(self._workers, stream_host(self.cluster.config), self.idle_timeout_s)
+            died = None if getattr(self.cluster, "monitor", None) is None else self._worker_died
+            host = stream_host(self.cluster.config)
+            self._streams = WorkerStreams(self._workers, host, self.idle_timeout_s, died)
         return self._streams
+
+    def _worker_died(self, worker_id: str, incarnation: int) -> None:
+        """A stream found that life of ``worker_id`` dead: the monitor leaves it out of placement and dispatch now."""
+        _forget(self.cluster.monitor.mark_dead.remote(worker_id, incarnation))
 
     async def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
         streams = self.streams()
@@ -159,7 +168,7 @@ class RayBackend:
                     len(log.tokens),
                 )
                 self._abort_everywhere(rid, lost.attempt, req)
-                avoid = (lost.worker,)
+                avoid = (*avoid, lost.worker) if lost.worker not in avoid else avoid
                 if moves < self.migration_limit:
                     self.migrations[lost.cause] += 1
             error = f"service unavailable: the request was lost {self.migration_limit + 1} times ({lost.reason})"
@@ -349,20 +358,7 @@ class RayBackend:
     async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:
         role, targets = resolve_targets(worker_id, self.cluster.prefill, self.cluster.decode)
         parsed = parse_changes(role, changes)
-        return await apply_changes({wid: _actor_setter(h) for wid, h in targets.items()}, parsed, role)
-
-
-def _actor_setter(handle: Any) -> Setter:
-    """``handle.set_policy.remote`` as a coroutine that raises the worker's own ValueError, not Ray's wrapper."""
-
-    async def call(changes: dict[str, Any]) -> dict[str, str]:
-        try:
-            return dict(await asyncio.wait_for(handle.set_policy.remote(changes), SET_POLICY_TIMEOUT_S))
-        except ValueError as exc:  # Ray raises a RayTaskError that is also a ValueError; .cause is the worker's
-            cause = getattr(exc, "cause", None)
-            raise (cause if isinstance(cause, ValueError) else exc) from None
-
-    return call
+        return await apply_changes({wid: actor_setter(h) for wid, h in targets.items()}, parsed, role)
 
 
 async def _report_failure(submitted: Any, req: OpenRequest, worker_id: str) -> None:

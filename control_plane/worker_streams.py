@@ -71,7 +71,15 @@ class WorkerStreams:
     chunks to (routed to the requests' queues), and per worker the Ray ``subscribe`` call that attached it, which
     carries heartbeats and fails when the worker is gone (``common/outbox.py``)."""
 
-    def __init__(self, workers: Callable[[], dict[str, Any]], host: str, idle_timeout_s: float) -> None:
+    def __init__(
+        self,
+        workers: Callable[[], dict[str, Any]],
+        host: str,
+        idle_timeout_s: float,
+        died: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """``died(worker, incarnation)``: Ray says that life of the worker is dead (its stream failed with
+        ``ActorDiedError``), the first anyone hears of it."""
         import zmq
         import zmq.asyncio
 
@@ -80,6 +88,7 @@ class WorkerStreams:
         self.requests: dict[str, OpenRequest] = {}
         self.down: set[str] = set()  # workers whose stream failed and has not beaten since
         self._workers = workers
+        self._died = died
         self._idle_timeout_s = idle_timeout_s
         self._socket = zmq.asyncio.Context.instance().socket(zmq.PULL)
         self._socket.setsockopt(zmq.RCVHWM, 0)
@@ -173,6 +182,8 @@ class WorkerStreams:
             raise
         except Exception as exc:
             reason = type(exc).__name__
+            if self._died is not None and _actor_died(exc) and worker_id not in self.down:
+                self._died(worker_id, self._incarnations.get(worker_id, 0))
         log = logger.debug if worker_id in self.down else logger.warning  # a dead worker's retries: once is enough
         log("stream %s from %s lost: %s", self.id, worker_id, reason)
         self._lost(worker_id, reason)
@@ -232,6 +243,12 @@ class WorkerStreams:
                 logger.debug("cancel of stream %s from %s failed", self.id, worker_id, exc_info=True)
         self._socket.close()
         self._intake.close()
+
+
+def _actor_died(exc: BaseException) -> bool:
+    from ray.exceptions import ActorDiedError
+
+    return isinstance(exc, ActorDiedError)
 
 
 def stream_host(config: Any) -> str:

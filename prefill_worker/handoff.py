@@ -70,9 +70,8 @@ class Handoff(_Base):
                 taken = await decode.take.remote(req, generated, view.estimate, subscriber, pull_from)
             except Exception as exc:  # the decode worker died between the broadcast and now
                 taken, error = False, f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
-                known = self.decode_loads.get(decode_id)
-                if _actor_died(exc) and known is not None:  # else it is marked already, or not ours to judge
-                    self._dead_decodes[decode_id] = known.incarnation
+                if _actor_died(exc):
+                    self.decode_died(decode_id)
             if taken:
                 self.handoffs["pipelined" if chosen is not None else "whole"] += 1
                 self.handed_on(rid, decode)
@@ -131,6 +130,17 @@ class Handoff(_Base):
     def aborted_keys(self) -> dict[str, None]:
         """KV keys of the requests aborted after they left the engine (or while it still prefilled them)."""
         return self._aborted
+
+    def decode_died(self, decode_id: str) -> None:
+        """A call of ours found ``decode_id``'s current life dead: dispatch passes over it from now on, and the
+        monitor hears of it at once, so its next broadcast drops it for every prefill worker before the supervisor
+        has noticed (``_found_dead`` ignores broadcasts of that life already on their way)."""
+        known = self.decode_loads.pop(decode_id, None)
+        if known is None:  # found already, or no longer in the view: not ours to judge
+            return
+        self._dead_decodes[decode_id] = known.incarnation
+        if self._monitor is not None:
+            self._monitor.mark_dead.remote(decode_id, known.incarnation)
 
     def pick_decode(self, view: ReqView) -> str | None:
         """A decode worker for ``view`` now, if the dispatcher finds one (accounted for in the local view)."""

@@ -113,8 +113,8 @@ class PrefillWorker(Handoff, EngineWorker):
         self._decode_handles.update(handles)
 
     def _found_dead(self, load: DecodeLoad) -> bool:
-        """Whether ``load`` comes from a decode worker's life that a call of ours found dead. The supervisor tells
-        the monitor within a tick, but broadcasts already on their way still list it, and every migrated request
+        """Whether ``load`` comes from a decode worker's life that a call of ours found dead. The monitor has been
+        told (``decode_died``), but broadcasts already on their way still list it, and every migrated request
         dispatched there meanwhile would fail again and spend its migration limit. A later incarnation is new."""
         dead = self._dead_decodes.get(load.worker_id)
         if dead is not None and load.incarnation > dead:

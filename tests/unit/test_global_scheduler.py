@@ -38,7 +38,7 @@ class FakeWorker:
         self.submitted: dict[str, tuple[Request, str]] = {}
         self.aborted: list[str] = []
         self.aborts: list[tuple[str, int | None]] = []
-        self.broken = False  # set: its control stream fails at the next heartbeat, as Ray's does when it dies
+        self.broken: bool | Exception = False  # set: its control stream fails at the next heartbeat (with this)
         self.forgot: set[str] = set()  # requests its heartbeats leave out (lost without a word)
         self.attaches = True  # unset: it leaves the front door's intake unattached (an older worker): Ray carries all
         self.routes: list[tuple[str, bytes]] = []  # the intake each subscription attached to
@@ -53,6 +53,8 @@ class FakeWorker:
     async def subscribe(self, subscriber: str, address: str) -> Any:
         try:
             async for beat in self.streams.serve(subscriber, address, lambda: self._beat(subscriber), heartbeat_s=0.01):
+                if isinstance(self.broken, Exception):
+                    raise self.broken
                 if self.broken:
                     raise ConnectionError("the worker's stream broke")
                 yield beat
@@ -242,6 +244,36 @@ def test_a_decode_worker_lost_mid_stream_migrates_with_the_delivered_tokens_and_
     asyncio.run(main())
 
 
+class _Monitor:
+    def __init__(self) -> None:
+        self.dead: list[tuple[str, int]] = []
+
+    def mark_dead(self, worker_id: str, incarnation: int) -> None:
+        self.dead.append((worker_id, incarnation))
+
+
+def test_a_stream_that_ray_says_died_takes_that_worker_out_of_dispatch_at_once() -> None:
+    from ray.exceptions import ActorDiedError
+
+    async def main() -> None:
+        cluster, _ = _cluster(prefill=1, decode=3)
+        monitor = _Monitor()
+        cluster.monitor = FakeHandle(monitor)
+        w = cluster.workers
+        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
+        run = asyncio.create_task(_collect(backend, _req("r", 1)))
+        await _wait(lambda: "r" in w["prefill-0"].submitted)
+        w["decode-1"].broken = ConnectionError("a broken connection: the worker may live")
+        w["decode-0"].broken = ActorDiedError()  # Ray: that life is over (killed, or its process gone)
+        await _wait(lambda: bool(monitor.dead))
+        await asyncio.sleep(0.1)
+        assert monitor.dead == [("decode-0", 0)]  # told once, for the dead one only
+        w["prefill-0"].emit("r", (5,), 0, "length")
+        await asyncio.wait_for(run, 5)
+
+    asyncio.run(main())
+
+
 def test_migration_gives_up_after_its_limit_with_an_unavailable_error() -> None:
     async def main() -> None:
         cluster, _ = _cluster(prefill=1, decode=1)
@@ -260,6 +292,30 @@ def test_migration_gives_up_after_its_limit_with_an_unavailable_error() -> None:
         assert chunks[-1].finish_reason == "error" and chunks[-1].retry
         assert (chunks[-1].error or "").startswith("service unavailable")
         assert backend.migrations == {"worker_gave_up": 2}  # placed again twice, then given up
+
+    asyncio.run(main())
+
+
+def test_each_attempt_goes_to_a_prefill_worker_no_earlier_attempt_was_lost_on_while_one_serves() -> None:
+    async def main() -> None:
+        cluster, _ = _cluster(prefill=3, decode=1)
+        w = cluster.workers
+        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
+        run = asyncio.create_task(_collect(backend, _req("r", 1)))
+        lost_on: list[str] = []
+
+        def holding(attempt: int) -> list[str]:
+            return [wid for wid, x in w.items() if "r" in x.submitted and x.submitted["r"][0].attempt == attempt]
+
+        for attempt in range(4):
+            await _wait(lambda a=attempt: bool(holding(a)))
+            (on,) = holding(attempt)
+            if attempt < 3:
+                assert on not in lost_on  # not a worker an earlier attempt was lost on
+                lost_on.append(on)
+                w[on].emit("r", (), 0, "error", error="decode-0 is unavailable", attempt=attempt, retry=True)
+        w[on].emit("r", (5,), 0, "length", attempt=3)  # every one was avoided: placed on any that serves
+        assert [t for c in await asyncio.wait_for(run, 5) for t in c.token_ids] == [5]
 
     asyncio.run(main())
 

@@ -17,7 +17,7 @@ import pytest
 from tests.actor_fakes import FakeHandle
 from tetriserve.common.config import DecodeConfig
 from tetriserve.common.errors import InvalidRequestError
-from tetriserve.control_plane import ray_backend
+from tetriserve.control_plane import policy_admin, ray_backend
 from tetriserve.control_plane.policy_admin import (
     DECODE_KEYS,
     PREFILL_KEYS,
@@ -127,7 +127,7 @@ class _Worker:
 
 
 def _setters(workers: dict[str, _Worker]) -> dict[str, Any]:
-    return {wid: ray_backend._actor_setter(FakeHandle(w)) for wid, w in workers.items()}
+    return {wid: policy_admin.actor_setter(FakeHandle(w)) for wid, w in workers.items()}
 
 
 def test_first_worker_goes_alone_so_a_rejected_value_changes_nothing() -> None:
