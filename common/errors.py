@@ -1,5 +1,5 @@
-"""Error types that front doors map to client-visible codes (HTTP 400 / gRPC INVALID_ARGUMENT), and the
-OpenAI error body every HTTP error is sent as."""
+"""Error types that front doors map to client-visible codes (HTTP 400 / gRPC INVALID_ARGUMENT), the OpenAI error
+body every HTTP error is sent as, and how to tell that a Ray call's actor is dead (``actor_died``)."""
 
 from __future__ import annotations
 
@@ -23,3 +23,11 @@ class InvalidRequestError(ValueError):
 class UnknownModelError(InvalidRequestError):
     def __init__(self, model: str, served: str) -> None:
         super().__init__("model", f"model '{model}' is not served here (serving '{served}')")
+
+
+def actor_died(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ray saying the called actor's life is over (killed, or its process gone): not a timeout,
+    not an error raised by the actor's own code."""
+    from ray.exceptions import ActorDiedError
+
+    return isinstance(exc, ActorDiedError)

@@ -50,6 +50,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+from tetriserve.common.errors import actor_died
 from tetriserve.common.intake import Abort, Submit
 from tetriserve.common.lifecycle import Lifecycle
 from tetriserve.common.request import Request
@@ -336,8 +337,9 @@ class RayBackend:
         async def one(worker_id: str, handle: Any) -> dict[str, str]:
             try:
                 return dict(await asyncio.wait_for(handle.policies.remote(), POLICIES_TIMEOUT_S))
-            except Exception as exc:
-                logger.warning("status: no policies from %s (%s: %s)", worker_id, type(exc).__name__, exc)
+            except Exception as exc:  # a dead one's death and restart are the supervisor's to report
+                log = logger.debug if actor_died(exc) else logger.warning
+                log("status: no policies from %s (%s: %s)", worker_id, type(exc).__name__, str(exc).split("\n")[0])
                 return {}
 
         answers = await asyncio.gather(*(one(wid, h) for wid, h in handles.items()))

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tetriserve.common.errors import actor_died
 from tetriserve.common.intake import IntakeMessage, IntakeRouter
 from tetriserve.common.outbox import HEARTBEAT_S
 from tetriserve.common.stream import Heartbeat, StreamChunk, decode_chunks
@@ -182,7 +183,7 @@ class WorkerStreams:
             raise
         except Exception as exc:
             reason = type(exc).__name__
-            if self._died is not None and _actor_died(exc) and worker_id not in self.down:
+            if self._died is not None and actor_died(exc) and worker_id not in self.down:
                 self._died(worker_id, self._incarnations.get(worker_id, 0))
         log = logger.debug if worker_id in self.down else logger.warning  # a dead worker's retries: once is enough
         log("stream %s from %s lost: %s", self.id, worker_id, reason)
@@ -243,12 +244,6 @@ class WorkerStreams:
                 logger.debug("cancel of stream %s from %s failed", self.id, worker_id, exc_info=True)
         self._socket.close()
         self._intake.close()
-
-
-def _actor_died(exc: BaseException) -> bool:
-    from ray.exceptions import ActorDiedError
-
-    return isinstance(exc, ActorDiedError)
 
 
 def stream_host(config: Any) -> str:

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tetriserve.common import tracing
+from tetriserve.common.errors import actor_died
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason
@@ -70,7 +71,7 @@ class Handoff(_Base):
                 taken = await decode.take.remote(req, generated, view.estimate, subscriber, pull_from)
             except Exception as exc:  # the decode worker died between the broadcast and now
                 taken, error = False, f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
-                if _actor_died(exc):
+                if actor_died(exc):
                     self.decode_died(decode_id)
             if taken:
                 self.handoffs["pipelined" if chosen is not None else "whole"] += 1
@@ -165,9 +166,3 @@ class Handoff(_Base):
         self.decode_loads[worker_id] = account(
             self.decode_loads[worker_id], view, self.config.prefill.heavy_threshold_tokens
         )
-
-
-def _actor_died(exc: BaseException) -> bool:
-    from ray.exceptions import ActorDiedError
-
-    return isinstance(exc, ActorDiedError)

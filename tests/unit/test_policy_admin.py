@@ -111,9 +111,14 @@ class _Worker:
     policy: dict[str, str] = field(default_factory=lambda: {"queue": "fcfs", "sched_batch": "16"})
     max_batch: int = 1000
     hang: bool = False
+    dead: bool = False  # its calls fail as Ray's do once the actor is gone
     received: list[dict[str, Any]] = field(default_factory=list)
 
     async def policies(self) -> dict[str, str]:
+        if self.dead:
+            from ray.exceptions import ActorDiedError
+
+            raise ActorDiedError()
         if self.hang:
             await asyncio.sleep(3600)
         return dict(self.policy)
@@ -195,6 +200,16 @@ def test_ray_backend_status_does_not_wait_for_a_stuck_worker(monkeypatch: pytest
     by_id = {w.worker_id: w for w in status.workers}
     assert by_id["prefill-0"].policy == {"queue": "fcfs", "sched_batch": "16"}
     assert by_id["decode-0"].policy == {} and by_id["decode-0"].state == "serving"
+
+
+def test_ray_backend_status_of_a_dead_worker_shows_no_policy_and_leaves_the_log_to_the_supervisor(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = _backend({"prefill-0": _Worker(dead=True)}, {"decode-0": _Worker(policy={"admission": "greedy"})})
+    with caplog.at_level("WARNING", logger=ray_backend.__name__):
+        status = asyncio.run(asyncio.wait_for(backend.status(), 5))
+    assert {w.worker_id: w.policy for w in status.workers} == {"prefill-0": {}, "decode-0": {"admission": "greedy"}}
+    assert not caplog.records  # asked every 10 s while it restarts: its death is logged once, by the supervisor
 
 
 def test_ray_backend_set_policy_converts_and_unwraps_errors() -> None:
