@@ -118,6 +118,9 @@ class WorkerStreams:
             return
         if task is not None:
             task.cancel()
+        before = self._handles.get(worker_id)
+        if before is not None and before is not handle:  # a new life: its predecessor's failure is not its own, and
+            self.down.discard(worker_id)  # a request handed to it before its first heartbeat is not lost
         ref = handle.subscribe.remote(self.id, self.address)
         self._routes[worker_id] = f"{worker_id}/{secrets.token_hex(8)}".encode()
         self._attach(worker_id, handle)

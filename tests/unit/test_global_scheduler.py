@@ -274,6 +274,43 @@ def test_a_stream_that_ray_says_died_takes_that_worker_out_of_dispatch_at_once()
     asyncio.run(main())
 
 
+class _SlowToSubscribe(FakeWorker):
+    """A new life of a worker whose stream from the front door is not up yet (no heartbeat) until ``go``."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__(worker_id)
+        self.go = asyncio.Event()
+
+    async def subscribe(self, subscriber: str, address: str) -> Any:
+        await self.go.wait()
+        async for beat in super().subscribe(subscriber, address):
+            yield beat
+
+
+def test_a_request_handed_to_a_new_life_before_its_first_heartbeat_is_not_lost() -> None:
+    async def main() -> None:
+        cluster, _ = _cluster(prefill=1, decode=1)
+        w = cluster.workers
+        backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
+        run = asyncio.create_task(_collect(backend, _req("r", 3)))
+        await _wait(lambda: "r" in w["prefill-0"].submitted)
+        w["decode-0"].broken = True  # its life ends: its stream is down
+        await _wait(lambda: "decode-0" in backend.streams().down)
+        w["decode-0"] = new = _SlowToSubscribe("decode-0")  # the supervisor re-creates it
+        cluster.decode = {"decode-0": FakeHandle(new)}
+        await _wait(lambda: backend.streams()._handles["decode-0"].obj is new, timeout=3)
+        w["prefill-0"].emit("r", (10,), 0)  # a waiting prefill worker hands it over at once
+        w["prefill-0"].emit("r", (), 1, moved_to="decode-0")
+        await asyncio.sleep(0.1)  # the moved_to marker is in before the new life's first heartbeat
+        new.submitted["r"] = w["prefill-0"].submitted["r"]
+        new.emit("r", (11, 12), 1, "length")  # waits in its hub for the stream
+        new.go.set()
+        assert [t for c in await asyncio.wait_for(run, 5) for t in c.token_ids] == [10, 11, 12]
+        assert not backend.migrations  # the same attempt, not placed again
+
+    asyncio.run(main())
+
+
 def test_migration_gives_up_after_its_limit_with_an_unavailable_error() -> None:
     async def main() -> None:
         cluster, _ = _cluster(prefill=1, decode=1)
