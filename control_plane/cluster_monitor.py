@@ -128,8 +128,8 @@ class ClusterMonitor:
         return True
 
     def mark_dead(self, worker_id: str, incarnation: int) -> None:
-        """The supervisor saw this life end, or a prefill worker's call found it dead (``Handoff.decode_died``):
-        leave it out of every broadcast from now on."""
+        """The supervisor saw this life end, or a call got Ray's ``ActorDiedError`` from it (a front door's stream,
+        a prefill worker's handoff): leave it out of every broadcast from now on."""
         member = self.members.get(worker_id)
         if member is not None and member.incarnation == incarnation:
             member.dead = True
