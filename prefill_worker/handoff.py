@@ -2,6 +2,10 @@
 send it the parked KV (whole, or part by part in a pipelined handoff: ``pipeline.py``) or, on one host, have it
 pull the KV from this worker's slabs (``transport/shm_pull.py``), give it the request.
 
+A decode worker found dead at ``take`` before any of the KV lent to it has left is passed over: the KV is lent
+to another decode worker and the request goes on in the same attempt (``_take``). One whose KV was sent or
+pipelined there ends the attempt, and the front door migrates the request.
+
 A mixin of ``PrefillWorker`` (``worker.py``), whose state it uses: the decode workers' loads, addresses and
 handles from the ClusterMonitor's broadcast, the dispatcher, the KV sends in flight.
 """
@@ -9,6 +13,7 @@ handles from the ClusterMonitor's broadcast, the dispatcher, the KV sends in fli
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +25,9 @@ from tetriserve.common.stream import FinishReason
 from tetriserve.prefill_worker import spans
 from tetriserve.prefill_worker.dispatch.base import account
 from tetriserve.prefill_worker.views import ReqView
+from tetriserve.transport.api import TransferState
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tetriserve.prefill_worker.worker import PrefillWorker
@@ -66,13 +74,8 @@ class Handoff(_Base):
             self.publish(subscriber, req, (), FinishReason.ABORT, index=index)
             return None
         if error is None and decode_id is not None:
+            decode_id, taken, error = await self._take(req, generated, view, subscriber, decode_id, pull_from)
             decode = self._decode_handles[decode_id]
-            try:
-                taken = await decode.take.remote(req, generated, view.estimate, subscriber, pull_from)
-            except Exception as exc:  # the decode worker died between the broadcast and now
-                taken, error = False, f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
-                if actor_died(exc):
-                    self.decode_died(decode_id)
             if taken:
                 self.handoffs["pipelined" if chosen is not None else "whole"] += 1
                 self.handed_on(rid, decode)
@@ -91,6 +94,42 @@ class Handoff(_Base):
         self.endpoint.discard(key)
         self.publish(subscriber, req, (), FinishReason.ERROR, error, index=index, retry=True)
         return None
+
+    async def _take(
+        self,
+        req: Request,
+        generated: tuple[int, ...],
+        view: ReqView,
+        subscriber: str,
+        decode_id: str,
+        pull_from: str | None,
+    ) -> tuple[str, bool, str | None]:
+        """``take`` on ``decode_id``: (the decode worker it ended with, taken, error). One that turns out dead
+        before any of the KV lent to it has left is passed over: the KV is lent to another decode worker (waited
+        for as ``_choose_decode`` does) and the request goes there, still in this attempt. A KV sent or pipelined
+        there is gone with it: that attempt ends (the front door migrates the request)."""
+        key = req.kv_key
+        while True:
+            try:
+                taken = await self._decode_handles[decode_id].take.remote(
+                    req, generated, view.estimate, subscriber, pull_from
+                )
+                return decode_id, bool(taken), None
+            except Exception as exc:  # the decode worker died between the broadcast and now
+                error = f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
+                if not actor_died(exc):
+                    return decode_id, False, error
+            self.decode_died(decode_id)
+            lent = self._sends.get(key)
+            if pull_from is None or lent is None or lent[0].state is not TransferState.PENDING or lent[0].nbytes:
+                return decode_id, False, error
+            other = await self._choose_decode(view)
+            address = self.decode_addresses.get(other or "", "")
+            if other is None or key in self._aborted or not self.endpoint.lends_to(address):
+                return decode_id, False, error
+            logger.warning("prefill %s: %s (%s); its KV goes to %s instead", self.worker_id, error, key, other)
+            self._sends[key] = (lent[0], other)  # a failed pull is told to the one pulling now
+            decode_id = other
 
     def pulled_by(self, decode_id: str, key: str) -> bool:
         """Have ``decode_id`` pull ``key``'s KV from this endpoint now, each part as it is published, where it
