@@ -121,11 +121,13 @@ class Handoff(_Base):
                     return decode_id, False, error
             self.decode_died(decode_id)
             lent = self._sends.get(key)
-            if pull_from is None or lent is None or lent[0].state is not TransferState.PENDING or lent[0].nbytes:
+            if pull_from is None or lent is None or lent[0].nbytes:
                 return decode_id, False, error
-            other = await self._choose_decode(view)
+            other = await self._choose_decode(view)  # none serving: waits, the lending's deadline running
             address = self.decode_addresses.get(other or "", "")
             if other is None or key in self._aborted or not self.endpoint.lends_to(address):
+                return decode_id, False, error
+            if lent[0].state is not TransferState.PENDING:  # over: its deadline passed, perhaps while waiting
                 return decode_id, False, error
             logger.warning("prefill %s: %s (%s); its KV goes to %s instead", self.worker_id, error, key, other)
             self._sends[key] = (lent[0], other)  # a failed pull is told to the one pulling now

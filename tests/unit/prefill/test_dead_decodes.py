@@ -118,3 +118,11 @@ def test_a_decode_worker_dead_at_take_after_some_kv_left_or_sent_ends_the_attemp
         decode_id, taken, error = asyncio.run(worker._take(req, (7,), view, "frontdoor-x", "decode-0", pull_from))
         assert (decode_id, taken) == ("decode-0", False) and "decode-0 is unavailable" in (error or "")
         assert not decodes["decode-1"].taken
+
+
+def test_a_lending_past_its_deadline_by_the_time_another_decode_worker_serves_ends_the_attempt() -> None:
+    decodes = {"decode-0": _Decode(dead=True), "decode-1": _Decode()}
+    worker, req, view = _handing_off(decodes, lent_bytes=0)
+    worker._sends[req.kv_key][0].complete(f"{req.kv_key} was not pulled within its deadline")
+    decode_id, taken, _ = asyncio.run(worker._take(req, (7,), view, "frontdoor-x", "decode-0", _Endpoint.address))
+    assert (decode_id, taken) == ("decode-0", False) and not decodes["decode-1"].taken
