@@ -19,8 +19,10 @@ each engine thread's busy samples. With
 ``--pin NAME`` that variant's decode engine threads get core 0 to themselves and every other thread of the
 server's processes the other cores (the benchmark client is left alone), as vLLM binds its model worker to a
 core; with ``--pin-engines NAME`` the decode engine threads get core 0 and the prefill engine threads the
-others, every other thread left to the kernel. Variants alternate from one repeat to the next. Writes
-``benchmarks/results/<out>.{md,json}``.
+others, every other thread left to the kernel; with ``--pin-model NAME`` every engine thread gets core 0 and
+every other thread is left to the kernel (vLLM's CPU server binds its one model worker to core 0); with
+``--renice-rest NAME`` every thread of the server but the engines' runs at niceness 10. Variants
+alternate from one repeat to the next. Writes ``benchmarks/results/<out>.{md,json}``.
 """
 
 from __future__ import annotations
@@ -53,9 +55,12 @@ _KEYS = {  # figure -> (series, clock) on /metrics
     "wall": ("engine_step_seconds", "wall"),
     "cpu": ("engine_step_seconds", "cpu"),
 }
+RENICE_REST = 10  # ``--renice-rest``: the niceness of every thread of the server but the engines'
 PINNED = {
     "pin": " (decode pinned to core 0)",
     "pin_engines": " (engines pinned: decode to core 0, prefill to the others)",
+    "pin_model": " (every engine pinned to core 0, the rest left to the kernel)",
+    "renice_rest": f" (every thread but the engines' at niceness {RENICE_REST})",
 }
 _NAMES = "engine_steps|engine_borrowed_steps|engine_step_seconds|engine_generation_tokens"
 _SERIES = re.compile(rf"tetriserve:({_NAMES})_total\{{([^}}]*)\}} (\S+)")
@@ -85,28 +90,48 @@ def client_args(args: argparse.Namespace) -> argparse.Namespace:
     )
 
 
-def pin(sid: int, engines_only: bool = False) -> int:
-    """Decode engine threads on core 0, every other thread of the session on the other cores (``engines_only``:
-    only the prefill engine threads there, every thread but the engines' left to the kernel, as vLLM binds its
-    engine's threads and nothing else); returns how many decode engine threads were pinned."""
+def pin(sid: int, mode: str) -> int:
+    """Pin the session's threads by ``mode``: ``pin``, decode engine threads on core 0 and every other thread on
+    the other cores; ``pin_engines``, decode engine threads on core 0 and prefill engine threads on the others,
+    every thread but the engines' left to the kernel; ``pin_model``, every engine thread (prefill and decode) on
+    core 0 and every other thread left to the kernel, as vLLM's CPU server binds its one model worker to core 0
+    and reserves the other for the rest (its ``reserve_cpu_num``). Returns how many engine threads were pinned
+    to core 0."""
+    if mode == "renice_rest":
+        return renice_rest(sid)
     cores = os.sched_getaffinity(0)
     rest = cores - {0} or cores
     pinned = 0
     for tid, (name, _, _) in threads(sid).items():
-        decode = name.startswith("eng-decode")
-        if engines_only and not name.startswith("eng-"):
+        engine = name.startswith("eng-")
+        zero = name.startswith("eng-decode") or (mode == "pin_model" and engine)
+        if mode != "pin" and not engine:
             continue
         try:
-            os.sched_setaffinity(tid, {0} if decode else rest)
-            pinned += decode
+            os.sched_setaffinity(tid, {0} if zero else rest)
+            pinned += zero
         except OSError:
             continue
     return pinned
 
 
+def renice_rest(sid: int) -> int:
+    """Every thread of the session but the engines' (front doors, Ray, the workers' event loops, the predictor)
+    at niceness ``RENICE_REST``, so that the engines go first on the cores; returns how many were reniced."""
+    done = 0
+    for tid, (name, _, _) in threads(sid).items():
+        if not name.startswith("eng-"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, RENICE_REST)
+                done += 1
+            except OSError:
+                continue
+    return done
+
+
 def pinning(name: str, args: argparse.Namespace) -> str | None:
-    """How variant ``name`` is pinned: ``pin``, ``pin_engines`` (the flag that named it) or not at all."""
-    return "pin" if name in args.pin else "pin_engines" if name in args.pin_engines else None
+    """How variant ``name`` is pinned or reniced: a key of ``PINNED`` (the flag that named it), or None."""
+    return next((mode for mode in PINNED if name in getattr(args, mode)), None)
 
 
 def measure(name: str, flags: str, scenario: str, args: argparse.Namespace, env: Any) -> dict:
@@ -119,7 +144,7 @@ def measure(name: str, flags: str, scenario: str, args: argparse.Namespace, env:
             wait_ready(URL, proc)
             run_bench(f"steps_{name}", "warmup", PORT, bench_args, model, dataset)  # not measured
             mode = pinning(name, args)
-            n_pinned = pin(proc.pid, engines_only=mode == "pin_engines") if mode else 0
+            n_pinned = pin(proc.pid, mode) if mode else 0
             time.sleep(2)  # the warm-up's last steps counted before the scrape
             before, t_before, started = engine_counters(), threads(proc.pid), time.monotonic()
             steppers = engine_threads(t_before)
@@ -213,6 +238,18 @@ def main() -> int:
         action="append",
         default=[],
         help="a variant NAME whose decode engines get core 0 and prefill engines the others, the rest left alone",
+    )
+    ap.add_argument(
+        "--pin-model",
+        action="append",
+        default=[],
+        help="a variant NAME whose engines (prefill and decode) all get core 0, the rest left alone (as vLLM binds)",
+    )
+    ap.add_argument(
+        "--renice-rest",
+        action="append",
+        default=[],
+        help=f"a variant NAME whose threads but the engines' run at niceness {RENICE_REST} (engines first)",
     )
     ap.add_argument(
         "--who",

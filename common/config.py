@@ -67,6 +67,15 @@ class EngineConfig(BaseModel):
         ge=1,
         description="Smallest running batch for which a decode engine borrows idle cores (borrow_idle_cores).",
     )
+    borrow_min_idle_cores: float = Field(
+        0.5,
+        ge=0,
+        description=(
+            "A decode engine borrows idle cores only while the rest of the machine (the front door, Ray, the "
+            "length predictor: processes that post nothing on the core board) has left at least this many cores "
+            "idle beyond the engine's own threads, over the last 200 ms (borrow_idle_cores)."
+        ),
+    )
     stream_interval_ms: float = Field(
         0.0,
         ge=0,

@@ -36,6 +36,11 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
         int,
         "CPU: a decode engine borrows idle cores only for steps of at least this many running requests",
     ),
+    "--borrow-min-idle": (
+        "engine.borrow_min_idle_cores",
+        float,
+        "CPU: ... and only while the rest of the machine leaves at least this many cores idle (0.5)",
+    ),
     "--stream-interval-ms": (
         "engine.stream_interval_ms",
         float,

@@ -107,6 +107,7 @@ class DecodeWorker(EngineWorker):
             niceness=engine.decode_niceness,
             borrows=engine.borrow_idle_cores,
             borrow_min_batch=engine.borrow_min_batch,
+            borrow_min_idle=engine.borrow_min_idle_cores,
         )
         self.accepting = True
         self.running: dict[str, Running] = {}

@@ -134,6 +134,7 @@ class CoreShare:
         self.own = threads
         self.borrows = borrows
         self.min_batch = 0  # a borrower borrows only for steps of at least this many requests (``set_borrows``)
+        self.min_idle = MIN_IDLE_CORES  # ... and while the rest of the machine leaves this many cores idle
         self._wants = borrows  # what the board shows: a borrower, whose next step is large enough (``threads``)
         self.cpus = usable_cpus()
         self._stepping = False
@@ -142,9 +143,10 @@ class CoreShare:
         self.meter: CpuMeter | None = CpuMeter() if borrows and CpuMeter.available() else None
         self.release = weakref.finalize(self, _release, board, slot, os.getpid())  # idempotent; also on GC
 
-    def set_borrows(self, borrows: bool, min_batch: int = 0) -> None:
+    def set_borrows(self, borrows: bool, min_batch: int = 0, min_idle: float = MIN_IDLE_CORES) -> None:
         """Become (or stop being) a borrower: the engine's worker changed role."""
         self.min_batch = min_batch
+        self.min_idle = min_idle
         if borrows != self.borrows:
             self.borrows = borrows
             self._post(borrows)
@@ -183,7 +185,7 @@ class CoreShare:
         spare = self.cpus - in_use
         if borrower != self.slot or spare <= 0:
             return self.own
-        if self.meter is not None and self.meter.others() > self.cpus - self.own - MIN_IDLE_CORES:
+        if self.meter is not None and self.meter.others() > self.cpus - self.own - self.min_idle:
             return self.own  # the board's spare core is busy with processes that post nothing (front door, Ray)
         return self.own + spare
 

@@ -52,7 +52,7 @@ from dataclasses import replace
 from typing import Any
 
 from tetriserve.common.stream import TokenLogprobs
-from tetriserve.engine.cores import CoreShare, name_os_thread, set_engine_threads, set_thread_niceness
+from tetriserve.engine.cores import MIN_IDLE_CORES, CoreShare, name_os_thread, set_engine_threads, set_thread_niceness
 from tetriserve.engine.loop_messages import (
     AbortRequest,
     AddRequest,
@@ -169,11 +169,13 @@ class EngineLoop:
         niceness: int,
         borrows: bool,
         borrow_min_batch: int = 0,
+        borrow_min_idle: float = MIN_IDLE_CORES,
     ) -> None:
         """Give the engine to a worker role (at start, and at a flip, with the engine idle): on the engine
         thread, between steps, ``install(scheduler)`` makes the scheduler the role's, and the thread takes the
         role's niceness; the role's ``snapshot_fn`` and core borrowing (for steps of at least
-        ``borrow_min_batch`` running requests) apply from the next step."""
+        ``borrow_min_batch`` running requests, while the rest of the machine leaves ``borrow_min_idle`` cores
+        idle) apply from the next step."""
 
         def switch(scheduler: Any) -> None:
             install(scheduler)
@@ -184,7 +186,7 @@ class EngineLoop:
                 else:
                     logger.warning("engine %s: could not set niceness %d", self.name, niceness)
             if self._cores is not None:
-                self._cores.set_borrows(borrows, borrow_min_batch)
+                self._cores.set_borrows(borrows, borrow_min_batch, borrow_min_idle)
             self._publish()
 
         self.call_now(switch)

@@ -129,3 +129,18 @@ def test_a_borrower_takes_no_core_the_rest_of_the_machine_is_using(board: CoreBo
     assert decode.threads() == 2
     proc.advance(0.2, machine_cores=1.9, own_cores=1.0)  # they now keep most of the spare core busy
     assert decode.threads() == 1
+
+
+def test_the_idle_a_borrower_leaves_the_rest_of_the_machine_is_a_setting(board: CoreBoard) -> None:
+    proc = _FakeProc()
+    strict, lax = board.claim(1, borrows=True), CoreBoard(board.path).claim(1, borrows=True)
+    lax.set_borrows(True, min_batch=1, min_idle=0.0)
+    assert (strict.min_idle, lax.min_idle) == (cores.MIN_IDLE_CORES, 0.0)
+    for share in (strict, lax):
+        share.meter = cores.CpuMeter(0.2, read=lambda: (proc.machine, proc.own), clock=lambda: proc.now)
+    proc.advance(0.2, machine_cores=1.8, own_cores=1.0)  # the rest of the machine keeps 0.8 of a core busy
+    strict.stepping(True)
+    assert strict.threads() == 1  # less than half a core idle beyond its own: it keeps its own thread
+    strict.stepping(False)
+    lax.stepping(True)
+    assert lax.threads() == 2  # asked to leave nothing idle: it borrows the core all the same
