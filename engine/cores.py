@@ -20,8 +20,10 @@ An OMP step runs at the pace of its slowest thread, so a borrowed thread that
 the front door or a prompt preempts slows the whole step. So a borrower also
 meters the rest of the machine (``CpuMeter``: ``/proc/stat`` busy time less its
 own process's, over 200 ms) and borrows only while that has left at least
-``MIN_IDLE_CORES`` idle beyond its own threads: the front door, Ray and the
-length predictor post nothing on the board but use cores all the same.
+``engine.borrow_min_idle_cores`` (default ``MIN_IDLE_CORES``) idle beyond its own
+threads: the front door, Ray and the length predictor post nothing on the board
+but use cores all the same. Less was worse at saturation (README, Known limits,
+session 52): a borrowed thread that another process preempts holds the step back.
 
 A borrower borrows only for steps of at least ``min_batch`` running requests
 (``engine.borrow_min_batch``, default 4): offline, a second thread cut a decode
