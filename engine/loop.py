@@ -51,7 +51,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from tetriserve.common.stream import TokenLogprobs
 from tetriserve.engine.cores import MIN_IDLE_CORES, CoreShare, name_os_thread, set_engine_threads, set_thread_niceness
 from tetriserve.engine.loop_messages import (
     AbortRequest,
@@ -66,6 +65,7 @@ from tetriserve.engine.loop_messages import (
     Stop,
     merged,
 )
+from tetriserve.engine.sampling import from_vllm_logprobs
 from tetriserve.engine.stats import EngineStats, StatsCollector, stat_loggers
 
 logger = logging.getLogger(__name__)
@@ -371,7 +371,7 @@ class EngineLoop:
             reason = (completion.finish_reason if completion is not None else None) or "stop"
             del self._outputs[out.request_id]
         error = "KV cache transfer failed" if reason == "error" else None
-        logprobs = _logprobs(completion.logprobs) if completion is not None else None
+        logprobs = from_vllm_logprobs(completion.logprobs) if completion is not None else None
         return output, Delta(tokens, reason, error, logprobs)
 
     def _fail_all(self, error: str) -> None:
@@ -381,17 +381,6 @@ class EngineLoop:
             self.engine.abort_request(ids)
         except Exception:
             logger.exception("engine %s: abort after failure also failed", self.name)
-
-
-def _logprobs(positions: Any) -> tuple[TokenLogprobs, ...] | None:
-    """vLLM's per-position ``{token_id: Logprob}`` (sampled token first, then by rank), as plain tuples."""
-    if positions is None:
-        return None
-    return tuple(
-        TokenLogprobs(tuple(position), tuple(lp.logprob for lp in position.values()))
-        for position in positions
-        if position is not None
-    )
 
 
 def _deliver(batch: list[tuple[Sink, Delta]]) -> None:

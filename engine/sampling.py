@@ -1,4 +1,5 @@
-"""Translate tetriserve's ``SamplingSpec`` into vLLM ``SamplingParams`` (the only place that does).
+"""Translate tetriserve's ``SamplingSpec`` into vLLM ``SamplingParams``, and vLLM's logprobs back into
+``TokenLogprobs`` (the only place that does either).
 
 Engines never detokenize (``detokenize=False``): the front door turns tokens
 into text once, and matches stop strings there over the whole output.
@@ -15,6 +16,7 @@ from typing import Any
 
 from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.request import SamplingSpec
+from tetriserve.common.stream import TokenLogprobs
 from tetriserve.transport.instructions import KV_PARAMS_KEY, KVInstruction
 
 PRIOR_KEY = "tetriserve_prior_outputs"  # SamplingParams.extra_args: how many prompt tokens are output tokens
@@ -53,4 +55,15 @@ def to_vllm(
         logprobs=spec.logprobs,
         detokenize=False,
         extra_args=extra_args or None,
+    )
+
+
+def from_vllm_logprobs(positions: Any) -> tuple[TokenLogprobs, ...] | None:
+    """vLLM's per-position ``{token_id: Logprob}`` (sampled token first, then by rank), as plain tuples."""
+    if positions is None:
+        return None
+    return tuple(
+        TokenLogprobs(tuple(position), tuple(lp.logprob for lp in position.values()))
+        for position in positions
+        if position is not None
     )
