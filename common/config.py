@@ -42,14 +42,27 @@ class EngineConfig(BaseModel):
         128, ge=1, description="Most sequences an engine runs in one step (vLLM's OpenAI server default on CPU)."
     )
     threads_per_engine: int = Field(1, ge=1, description="OMP/torch threads per engine (CPU).")
+    reserve_decode_cores: bool = Field(
+        True,
+        description=(
+            "CPU, `tetriserve serve` with a Ray cluster of its own: the decode engines get the lowest "
+            "num_decode x threads_per_engine cores to themselves, the prefill engines every core, and every "
+            "other thread of the service (front door, Ray, predictor) the remaining cores, as plain vLLM binds "
+            "its model worker to a core; only where at least one core is left for the rest. With it a decode "
+            "engine on its own cores runs at niceness 0 and borrows none (decode_niceness and "
+            "borrow_idle_cores do not apply to it). Sized at start: a decode worker added later by a flip or "
+            "scaling finds the reserved cores taken and shares every core, as without the reservation."
+        ),
+    )
     decode_niceness: int = Field(
         5,
         ge=0,
         le=19,
         description=(
-            "Linux niceness of each decode engine's stepping thread. Above 0 the decode engine, which always has "
-            "work, yields to prefill engines and the front door on shared cores, so prompts start sooner (lower "
-            "TTFT) while running streams' steps wait (higher TPOT). 0: an equal share."
+            "Linux niceness of each decode engine's stepping thread where it shares cores (no "
+            "reserve_decode_cores). Above 0 the decode engine, which always has work, yields to prefill engines "
+            "and the front door, so prompts start sooner (lower TTFT) while running streams' steps wait (higher "
+            "TPOT). 0: an equal share."
         ),
     )
     borrow_idle_cores: bool = Field(

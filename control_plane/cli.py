@@ -110,6 +110,13 @@ def _parser() -> argparse.ArgumentParser:
         help="CPU: decode engines step with the cores idle prefill engines leave, at large batches (default: on)",
     )
     s.add_argument(
+        "--reserve-decode-cores",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="CPU, a Ray cluster of its own: decode engines get cores of their own, the rest of the service "
+        "the others (default: on)",
+    )
+    s.add_argument(
         "--kv-pipeline",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -181,6 +188,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides = {dotted: getattr(args, flag[2:].replace("-", "_")) for flag, (dotted, _, _) in _SERVE_FLAGS.items()}
     overrides["engine.enforce_eager"] = args.enforce_eager
     overrides["engine.borrow_idle_cores"] = args.borrow_idle_cores
+    overrides["engine.reserve_decode_cores"] = args.reserve_decode_cores
     overrides["transport.pipeline"] = args.kv_pipeline
     overrides["transport.pull"] = args.kv_pull
     overrides.update(serve_security_overrides(args))

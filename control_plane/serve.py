@@ -165,6 +165,7 @@ def serve(config: ClusterConfig) -> None:
     print(f"tetriserve: model {name} ({model_path})", flush=True)
     check_prefill_policy(config, model_path)
     check_decode_policy(config)
+    reserve_cores(config)
     owns_ray, dashboard = init_ray(config)
     print(f"tetriserve: starting {config.num_prefill} prefill + {config.num_decode} decode workers ...", flush=True)
     handle = start_control_plane(config, model_path, name, dashboard)
@@ -192,6 +193,19 @@ def serve(config: ClusterConfig) -> None:
                 import ray
 
                 ray.shutdown()
+
+
+def reserve_cores(config: ClusterConfig) -> None:
+    """Before a Ray cluster of the service's own starts on a CPU machine: the decode engines' cores
+    (``engine.reserve_decode_cores``, ``engine/core_layout.py``)."""
+    if config.ray_address is not None or not config.engine.reserve_decode_cores or _on_ray():
+        return
+    from tetriserve.engine.core_layout import reserve_decode_cores
+
+    layout = reserve_decode_cores(config.num_decode, config.engine.threads_per_engine)
+    if layout is not None:
+        decode, rest = ",".join(map(str, sorted(layout.decode))), ",".join(map(str, sorted(layout.rest)))
+        print(f"tetriserve: decode engines on cores {decode}, the rest of the service on {rest}", flush=True)
 
 
 def stop_service(address: str, namespace: str) -> None:

@@ -47,6 +47,7 @@ from tetriserve.decode_worker.moves import Move, SliceMover
 from tetriserve.decode_worker.policy import decode_policies
 from tetriserve.decode_worker.slices import Order
 from tetriserve.decode_worker.spans import NO_SPANS, DecodeSpans
+from tetriserve.engine.core_layout import CoreLayout, RoleCpu, claim_decode_cores
 from tetriserve.engine.loop_messages import Delta
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.transport.instructions import KVInstruction, KVMode
@@ -101,13 +102,17 @@ class DecodeWorker(EngineWorker):
             self.engine = build_worker_engine(config, model_path, worker_id)
         self._decode_cfg = config.decode
         engine = config.engine
+        layout = CoreLayout.from_env()
+        self.core_claim = None if layout is None else claim_decode_cores(layout, engine.threads_per_engine)
+        cpu = RoleCpu.decode(engine, layout, self.core_claim)
         self.engine.take_role(
             self._installer(config.decode, assume=True),
             lambda s: s.snapshot(),
-            niceness=engine.decode_niceness,
-            borrows=engine.borrow_idle_cores,
+            niceness=cpu.niceness,
+            borrows=cpu.borrows,
             borrow_min_batch=engine.borrow_min_batch,
             borrow_min_idle=engine.borrow_min_idle_cores,
+            cores=cpu.cores,
         )
         self.accepting = True
         self.running: dict[str, Running] = {}
@@ -351,6 +356,11 @@ class DecodeWorker(EngineWorker):
     # -- flips ---------------------------------------------------------------------------
     def idle(self) -> bool:
         return not self.running and self.engine.in_flight == 0
+
+    def retire(self) -> None:
+        super().retire()
+        if self.core_claim is not None:  # the next role's engine thread runs elsewhere; another decode may claim
+            self.core_claim.release()
 
     def evict(self, error: str) -> int:
         held = list(self.running.values())

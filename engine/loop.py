@@ -51,6 +51,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from tetriserve.engine.core_layout import pin_engine_thread
 from tetriserve.engine.cores import MIN_IDLE_CORES, CoreShare, name_os_thread, set_engine_threads, set_thread_niceness
 from tetriserve.engine.loop_messages import (
     AbortRequest,
@@ -170,12 +171,13 @@ class EngineLoop:
         borrows: bool,
         borrow_min_batch: int = 0,
         borrow_min_idle: float = MIN_IDLE_CORES,
+        cores: frozenset[int] | None = None,
     ) -> None:
         """Give the engine to a worker role (at start, and at a flip, with the engine idle): on the engine
         thread, between steps, ``install(scheduler)`` makes the scheduler the role's, and the thread takes the
-        role's niceness; the role's ``snapshot_fn`` and core borrowing (for steps of at least
-        ``borrow_min_batch`` running requests, while the rest of the machine leaves ``borrow_min_idle`` cores
-        idle) apply from the next step."""
+        role's niceness and ``cores`` (its role's in the machine's ``CoreLayout``; None: where it is); the
+        role's ``snapshot_fn`` and core borrowing (for steps of at least ``borrow_min_batch`` running requests,
+        while the rest of the machine leaves ``borrow_min_idle`` cores idle) apply from the next step."""
 
         def switch(scheduler: Any) -> None:
             install(scheduler)
@@ -185,6 +187,7 @@ class EngineLoop:
                     self._niceness = niceness
                 else:
                     logger.warning("engine %s: could not set niceness %d", self.name, niceness)
+            pin_engine_thread(cores)
             if self._cores is not None:
                 self._cores.set_borrows(borrows, borrow_min_batch, borrow_min_idle)
             self._publish()

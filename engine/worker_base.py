@@ -303,6 +303,7 @@ def cluster_spans_hosts() -> bool:
 def build_worker_engine(config: ClusterConfig, model_path: str, worker_id: str) -> Any:
     """A worker's engine: one build serves either role, the worker's role takes it (``EngineLoop.take_role``)
     and a flip hands it to the other role without reloading it. Until then its scheduler is vLLM's own."""
+    from tetriserve.engine.core_layout import CoreLayout, building_on
     from tetriserve.engine.cores import claim_cores
     from tetriserve.engine.loop import EngineLoop
     from tetriserve.engine.settings import EngineRole, build_engine_args
@@ -318,9 +319,11 @@ def build_worker_engine(config: ClusterConfig, model_path: str, worker_id: str) 
         sync_load_bytes=int(config.transport.sync_load_mib * (1 << 20)),
         kv_load_failure_policy=config.kv_load_failure_policy,
     )
-    return EngineLoop(
-        args,
-        worker_id,
-        cores=claim_cores(config.engine.threads_per_engine, borrows=False),
-        stream_interval_s=config.engine.stream_interval_ms / 1e3,
-    )
+    layout = CoreLayout.from_env()
+    with building_on(None if layout is None else layout.every):
+        return EngineLoop(
+            args,
+            worker_id,
+            cores=claim_cores(config.engine.threads_per_engine, borrows=False),
+            stream_interval_s=config.engine.stream_interval_ms / 1e3,
+        )

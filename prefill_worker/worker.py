@@ -35,6 +35,7 @@ from tetriserve.common.length import LengthPredictor, PredictInput
 from tetriserve.common.load import DecodeLoad, PrefillLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, TokenLogprobs
+from tetriserve.engine.core_layout import CoreLayout, RoleCpu
 from tetriserve.engine.loop_messages import Delta
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.prefill_worker import spans
@@ -75,7 +76,8 @@ class PrefillWorker(Handoff, EngineWorker):
             self.engine = build_worker_engine(config, model_path, worker_id)
         ceiling, policy = self.ceiling, self.policy
         install = lambda s: TetriPrefillScheduler.assume(s, ceiling).configure(policy)  # noqa: E731
-        self.engine.take_role(install, lambda s: s.log.stats(), niceness=0, borrows=False)
+        cpu = RoleCpu.prefill(CoreLayout.from_env())
+        self.engine.take_role(install, lambda s: s.log.stats(), cpu.niceness, cpu.borrows, cores=cpu.cores)
         self.gate = SchedBatchGate(self.policy.queue, self.policy.spec.sched_batch)
         self.predictor = predictor
         self.predictions = PredictionQueue(predictor, niceness=config.prefill.predictor_niceness)

@@ -1,0 +1,200 @@
+"""A one-machine service on CPU gives its decode engines cores of their own (``engine.reserve_decode_cores``).
+
+On a CPU machine every thread of the service competes for the same few cores: the decode engine, whose
+step sets every running stream's pace, the prefill engine, the front door (tokenizing, detokenizing,
+writing SSE), Ray's processes and the length predictor. Left to the kernel, the decode engine's thread
+waits for a core while each of the others takes a little (README, Known limits, issue #12, sessions 45 and
+52). Plain vLLM's CPU server binds its model worker to core 0 and keeps the other core for the rest
+(``core ids=[0]``, ``reserved_cpus=[1]`` in its log). A ``CoreLayout`` does the same for a disaggregated
+service:
+
+    decode engine threads   the lowest ``decode engines × threads_per_engine`` cores, nothing else on them
+    prefill engine threads  every core: idle between prompts, on the decode's core they take an equal share,
+                            as a colocated engine spends part of its step on prompt chunks
+    every other thread      the other cores (front door, Ray, the workers' event loops, the predictor)
+
+``tetriserve serve`` makes the layout when it starts a Ray cluster of its own on a CPU machine and at least
+one core stays for the rest: it puts every thread of its own process on the rest before Ray starts, so every
+process the service starts inherits that, and hands the layout to the engines' workers in the environment
+(``LAYOUT_ENV``). An engine is built (model load, compile) on every core; its thread then moves itself to
+its role's cores when it takes a role (also at a flip). A decode engine first claims a group of
+``threads_per_engine`` reserved cores (``CoreClaim``: an exclusive ``flock`` on a file per group, which the
+OS drops when its process ends), so two decode engines never share one; with a claim it runs on those cores
+at niceness 0 and borrows none (its core is its own, and a borrowed OMP helper thread would start on it).
+The reservation is sized at start: a decode engine a flip or scaling adds finds every group claimed and
+shares every core, with ``decode_niceness`` and borrowing, as without a layout. Measured:
+``benchmarks/results/s53_probe_pin_free_prefill.md``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tetriserve.common.config import EngineConfig
+from tetriserve.engine.cores import default_board_path, usable_cpus
+
+logger = logging.getLogger(__name__)
+
+LAYOUT_ENV = "TETRISERVE_CORE_LAYOUT"
+
+
+def _cpus(cores: Iterable[int]) -> str:
+    return ",".join(str(c) for c in sorted(cores))
+
+
+@dataclass(frozen=True)
+class CoreLayout:
+    decode: frozenset[int]  # the decode engines' threads, and nothing else
+    every: frozenset[int]  # every core the service may use: the prefill engines' threads
+
+    @property
+    def rest(self) -> frozenset[int]:
+        """The cores of every thread but the engines'."""
+        return self.every - self.decode
+
+    def to_env(self) -> str:
+        return f"{_cpus(self.decode)};{_cpus(self.every)}"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> CoreLayout | None:
+        """The layout ``tetriserve serve`` exported, or None (none made, or unreadable)."""
+        text = environ.get(LAYOUT_ENV, "")
+        if not text:
+            return None
+        try:
+            decode, every = (frozenset(int(c) for c in part.split(",") if c) for part in text.split(";"))
+        except ValueError:
+            logger.warning("ignoring %s=%r: not '<decode cores>;<every core>'", LAYOUT_ENV, text)
+            return None
+        if not decode or not every - decode or not decode <= every:
+            logger.warning("ignoring %s=%r: the decode cores must be some, not all, of the cores", LAYOUT_ENV, text)
+            return None
+        return cls(decode, every)
+
+
+@dataclass(frozen=True)
+class RoleCpu:
+    """How a role's engine thread runs on the machine's cores (``EngineLoop.take_role``)."""
+
+    niceness: int
+    borrows: bool
+    cores: frozenset[int] | None  # None: where the process put it
+
+    @classmethod
+    def decode(cls, cfg: EngineConfig, layout: CoreLayout | None, claim: CoreClaim | None) -> RoleCpu:
+        """With a claim, its own cores, where it has nothing to yield to and nothing to borrow; sharing cores
+        (no layout, or no group left to claim), the configured niceness and borrowing."""
+        if claim is not None:
+            return cls(0, False, claim.cores)
+        return cls(cfg.decode_niceness, cfg.borrow_idle_cores, None if layout is None else layout.every)
+
+    @classmethod
+    def prefill(cls, layout: CoreLayout | None) -> RoleCpu:
+        return cls(0, False, None if layout is None else layout.every)
+
+
+class CoreClaim:
+    """One decode engine's hold on a group of the reserved cores, until ``release`` or its process ends."""
+
+    def __init__(self, fd: int, cores: frozenset[int]) -> None:
+        self.cores = cores
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # drops the lock
+            self._fd = None
+
+
+def claim_decode_cores(layout: CoreLayout, threads: int, lock_dir: Path | None = None) -> CoreClaim | None:
+    """The first group of ``threads`` reserved cores no other decode engine holds, or None."""
+    ordered = sorted(layout.decode)
+    base = lock_dir or default_board_path().parent
+    for i in range(0, len(ordered) - threads + 1, threads):
+        group = ordered[i : i + threads]
+        path = base / f"tetriserve-decode-cores-{'-'.join(map(str, group))}.{os.getuid()}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            logger.warning("decode engine shares every core, cannot claim %s: %s", path, exc)
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # another decode engine holds them
+            os.close(fd)
+            continue
+        return CoreClaim(fd, frozenset(group))
+    return None
+
+
+def plan_layout(cores: Iterable[int], decode_engines: int, threads_per_engine: int) -> CoreLayout | None:
+    """The lowest ``decode_engines × threads_per_engine`` of ``cores`` for the decode engines, if at least one
+    core is left for the rest; None otherwise."""
+    ordered = sorted(set(cores))
+    n = decode_engines * threads_per_engine
+    if n < 1 or len(ordered) - n < 1:
+        return None
+    return CoreLayout(frozenset(ordered[:n]), frozenset(ordered))
+
+
+def move_process(cores: frozenset[int]) -> int:
+    """Put every thread of this process on ``cores`` (threads and processes started later inherit it from the
+    thread that starts them); returns how many threads moved."""
+    moved = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cores)
+            moved += 1
+        except (OSError, ValueError):
+            continue  # a thread that has just ended
+    return moved
+
+
+def reserve_decode_cores(decode_engines: int, threads_per_engine: int) -> CoreLayout | None:
+    """At the start of a one-machine service on CPU, before Ray starts: make the layout, put this process on
+    its rest and export it for the workers. None (and nothing changed) on GPUs, off Linux, or where too few
+    cores are usable."""
+    from tetriserve.engine.settings import on_cpu
+
+    if not hasattr(os, "sched_setaffinity") or not Path("/proc/self/task").is_dir() or not on_cpu():
+        return None
+    cores = os.sched_getaffinity(0)
+    if usable_cpus() < 2:  # a CPU quota of one core: nothing to reserve
+        return None
+    layout = plan_layout(cores, decode_engines, threads_per_engine)
+    if layout is None:
+        return None
+    move_process(layout.rest)
+    os.environ[LAYOUT_ENV] = layout.to_env()
+    return layout
+
+
+def pin_engine_thread(cores: frozenset[int] | None) -> None:
+    """On the engine thread: run it on ``cores`` (its role's in the layout); None leaves it where it is."""
+    if cores is None:
+        return
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError as exc:
+        logger.warning("engine thread stays on its cores, could not move to %s: %s", _cpus(cores), exc)
+
+
+@contextmanager
+def building_on(cores: frozenset[int] | None) -> Iterator[None]:
+    """The calling thread on ``cores`` for the block (an engine's build: model load and compile, which would
+    otherwise run on the rest, beside the front door), then back where it was; None: nothing moves."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    pin_engine_thread(cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)

@@ -1,0 +1,163 @@
+"""A one-machine service on CPU gives its decode engines cores of their own (engine/core_layout.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tetriserve.common.config import ClusterConfig
+from tetriserve.engine.core_layout import (
+    LAYOUT_ENV,
+    CoreLayout,
+    RoleCpu,
+    building_on,
+    claim_decode_cores,
+    pin_engine_thread,
+    plan_layout,
+)
+
+linux_affinity = pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or not Path("/proc/self/task").is_dir(), reason="Linux CPU affinity"
+)
+
+
+def test_the_decode_engines_take_the_lowest_cores_and_leave_at_least_one() -> None:
+    assert plan_layout({0, 1}, 1, 1) == CoreLayout(frozenset({0}), frozenset({0, 1}))
+    assert plan_layout({0, 1, 2, 3}, 2, 1) == CoreLayout(frozenset({0, 1}), frozenset({0, 1, 2, 3}))
+    assert plan_layout({0, 1, 2, 3}, 1, 2) == CoreLayout(frozenset({0, 1}), frozenset({0, 1, 2, 3}))
+    assert plan_layout({7, 2, 5}, 1, 1) == CoreLayout(frozenset({2}), frozenset({2, 5, 7}))
+    assert plan_layout({0, 1}, 1, 1).rest == {1}  # type: ignore[union-attr]
+    assert plan_layout({0, 1}, 2, 1) is None  # nothing left for the front door and Ray
+    assert plan_layout({0}, 1, 1) is None
+    assert plan_layout({0, 1, 2}, 0, 1) is None
+
+
+def test_the_layout_travels_in_the_environment_and_a_bad_one_is_ignored() -> None:
+    layout = CoreLayout(frozenset({0, 1}), frozenset({0, 1, 2, 3}))
+    assert CoreLayout.from_env({LAYOUT_ENV: layout.to_env()}) == layout
+    assert CoreLayout.from_env({}) is None
+    for bad in ("0;", "x;0,1", "0,1;0,1", "2;0,1", "0;1;2", ";0,1"):
+        assert CoreLayout.from_env({LAYOUT_ENV: bad}) is None, bad
+
+
+def test_with_its_own_cores_a_decode_engine_neither_yields_nor_borrows_and_prefill_runs_anywhere(
+    tmp_path: Path,
+) -> None:
+    cfg = ClusterConfig().engine
+    layout = CoreLayout(frozenset({0}), frozenset({0, 1}))
+    shared = RoleCpu(cfg.decode_niceness, cfg.borrow_idle_cores, None)
+    assert RoleCpu.decode(cfg, None, None) == shared
+    assert RoleCpu.decode(cfg, layout, None) == RoleCpu(shared.niceness, shared.borrows, frozenset({0, 1}))
+    claim = claim_decode_cores(layout, 1, tmp_path)
+    assert RoleCpu.decode(cfg, layout, claim) == RoleCpu(0, False, frozenset({0}))
+    assert RoleCpu.prefill(None) == RoleCpu(0, False, None)
+    assert RoleCpu.prefill(layout) == RoleCpu(0, False, frozenset({0, 1}))
+
+
+def test_the_reservation_is_on_by_default_and_a_setting() -> None:
+    assert ClusterConfig().engine.reserve_decode_cores is True
+    assert ClusterConfig.load(overrides={"engine.reserve_decode_cores": False}).engine.reserve_decode_cores is False
+
+
+@linux_affinity
+def test_an_engine_thread_moves_itself_and_only_itself() -> None:
+    before = os.sched_getaffinity(0)
+    one = frozenset({min(before)})
+    seen: dict[str, set[int]] = {}
+
+    def engine_thread() -> None:
+        pin_engine_thread(one)
+        seen["engine"] = os.sched_getaffinity(0)
+        pin_engine_thread(None)  # no layout: stays where it is
+        seen["after_none"] = os.sched_getaffinity(0)
+
+    t = threading.Thread(target=engine_thread)
+    t.start()
+    t.join()
+    assert seen == {"engine": set(one), "after_none": set(one)}
+    assert os.sched_getaffinity(0) == before
+
+
+_RESERVE = """
+import json, os, subprocess, sys, threading
+from pathlib import Path
+from tetriserve.engine.core_layout import reserve_decode_cores
+started = threading.Event()
+t = threading.Thread(target=started.wait, daemon=True)  # a thread from before the reservation
+t.start()
+layout = reserve_decode_cores(1, 1)
+threads = {int(task.name): sorted(os.sched_getaffinity(int(task.name))) for task in Path("/proc/self/task").iterdir()}
+child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                       capture_output=True, text=True, check=True).stdout
+started.set()
+print(json.dumps({"decode": sorted(layout.decode), "rest": sorted(layout.rest), "threads": sorted(threads.values()),
+                  "child": json.loads(child), "env": os.environ["TETRISERVE_CORE_LAYOUT"]}))
+"""
+
+
+@linux_affinity
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to reserve one")
+def test_serve_puts_its_whole_process_and_what_it_starts_on_the_rest() -> None:
+    env = {k: v for k, v in os.environ.items() if k != LAYOUT_ENV}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU machine, whatever this one has
+    out = subprocess.run([sys.executable, "-c", _RESERVE], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    cores = sorted(os.sched_getaffinity(0))
+    assert got["decode"] == cores[:1] and got["rest"] == cores[1:]
+    assert got["threads"] == [cores[1:]] * len(got["threads"])  # every thread, the earlier one included
+    assert got["child"] == cores[1:]  # Ray's processes, started after it, inherit the rest
+    assert CoreLayout.from_env({LAYOUT_ENV: got["env"]}) == CoreLayout(frozenset(cores[:1]), frozenset(cores))
+
+
+@linux_affinity
+def test_an_engine_is_built_on_every_core_and_its_builder_goes_back() -> None:
+    before = os.sched_getaffinity(0)
+    one = frozenset({min(before)})
+    seen: dict[str, set[int]] = {}
+
+    def worker_thread() -> None:
+        pin_engine_thread(one)  # a worker's thread on the rest
+        with building_on(frozenset(before)):
+            seen["building"] = os.sched_getaffinity(0)
+        seen["after"] = os.sched_getaffinity(0)
+        with building_on(None):
+            seen["no_layout"] = os.sched_getaffinity(0)
+
+    t = threading.Thread(target=worker_thread)
+    t.start()
+    t.join()
+    assert seen == {"building": before, "after": set(one), "no_layout": set(one)}
+
+
+def test_two_decode_engines_never_claim_the_same_cores_and_a_third_shares(tmp_path: Path) -> None:
+    layout = CoreLayout(frozenset({0, 1}), frozenset({0, 1, 2}))
+    first, second = claim_decode_cores(layout, 1, tmp_path), claim_decode_cores(layout, 1, tmp_path)
+    assert first is not None and second is not None
+    assert {first.cores, second.cores} == {frozenset({0}), frozenset({1})}
+    assert claim_decode_cores(layout, 1, tmp_path) is None  # one a flip or scaling added: every core, shared
+    first.release()
+    again = claim_decode_cores(layout, 1, tmp_path)
+    assert again is not None and again.cores == first.cores
+    (tmp_path / "wide").mkdir()
+    wide = claim_decode_cores(CoreLayout(frozenset({0, 1, 2, 3}), frozenset(range(6))), 2, tmp_path / "wide")
+    assert wide is not None and wide.cores == {0, 1}  # threads_per_engine cores a claim
+
+
+def test_a_dead_decode_engines_cores_are_claimed_again(tmp_path: Path) -> None:
+    layout = CoreLayout(frozenset({0}), frozenset({0, 1}))
+    code = (
+        "import os, sys; from pathlib import Path; from tetriserve.engine.core_layout import CoreLayout, "
+        "claim_decode_cores; c = claim_decode_cores(CoreLayout(frozenset({0}), frozenset({0, 1})), 1, "
+        f"Path({str(tmp_path)!r})); print(c is not None, flush=True); os._exit(0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr
+    claim = claim_decode_cores(layout, 1, tmp_path)  # the OS dropped the dead process's lock
+    assert claim is not None and claim.cores == {0}
