@@ -19,6 +19,7 @@ each engine thread's busy samples. With
 ``--pin NAME`` that variant's decode engine threads get core 0 to themselves and every other thread of the
 server's processes the other cores (the benchmark client is left alone), as vLLM binds its model worker to a
 core; with ``--pin-free-prefill NAME`` the same but the prefill engine threads may run on every core;
+with ``--pin-engines-apart NAME`` every engine thread gets core 0 and every other thread the others;
 with ``--pin-engines NAME`` the decode engine threads get core 0 and the prefill engine threads the
 others, every other thread left to the kernel; with ``--pin-model NAME`` every engine thread gets core 0 and
 every other thread is left to the kernel (vLLM's CPU server binds its one model worker to core 0); with
@@ -61,6 +62,7 @@ PINNED = {
     "pin": " (decode pinned to core 0)",
     "pin_engines": " (engines pinned: decode to core 0, prefill to the others)",
     "pin_free_prefill": " (decode pinned to core 0, prefill on every core, the rest on the others)",
+    "pin_engines_apart": " (every engine pinned to core 0, the rest on the others)",
     "pin_model": " (every engine pinned to core 0, the rest left to the kernel)",
     "renice_rest": f" (every thread but the engines' at niceness {RENICE_REST})",
 }
@@ -95,6 +97,7 @@ def client_args(args: argparse.Namespace) -> argparse.Namespace:
 def pin(sid: int, mode: str) -> int:
     """Pin the session's threads by ``mode``: ``pin``, decode engine threads on core 0 and every other thread on
     the other cores; ``pin_free_prefill``, the same but the prefill engine threads free on every core;
+    ``pin_engines_apart``, every engine thread on core 0 and every other thread on the others;
     ``pin_engines``, decode engine threads on core 0 and prefill engine threads on the others,
     every thread but the engines' left to the kernel; ``pin_model``, every engine thread (prefill and decode) on
     core 0 and every other thread left to the kernel, as vLLM's CPU server binds its one model worker to core 0
@@ -107,8 +110,8 @@ def pin(sid: int, mode: str) -> int:
     pinned = 0
     for tid, (name, _, _) in threads(sid).items():
         engine = name.startswith("eng-")
-        zero = name.startswith("eng-decode") or (mode == "pin_model" and engine)
-        if mode not in ("pin", "pin_free_prefill") and not engine:
+        zero = name.startswith("eng-decode") or (mode in ("pin_model", "pin_engines_apart") and engine)
+        if mode not in ("pin", "pin_free_prefill", "pin_engines_apart") and not engine:
             continue
         free = mode == "pin_free_prefill" and name.startswith("eng-prefill")
         try:
@@ -248,6 +251,12 @@ def main() -> int:
         action="append",
         default=[],
         help="a variant NAME whose decode engines get core 0, prefill engines every core and the rest the others",
+    )
+    ap.add_argument(
+        "--pin-engines-apart",
+        action="append",
+        default=[],
+        help="a variant NAME whose engines (prefill and decode) all get core 0 and every other thread the others",
     )
     ap.add_argument(
         "--pin-model",
