@@ -15,16 +15,13 @@ work (on a CPU or waiting for one at least half the time), the median shares of 
 and neither (blocked: on the interpreter lock, a sleep or a queue): the lock's direct cost to the engine is at
 most the last (``busy_*_share``). With ``--who`` it also samples the CPU time of every thread of the server and
 of every other process on the machine (the benchmark client's included), and reports which used the cores in
-each engine thread's busy samples. With
-``--pin NAME`` that variant's decode engine threads get core 0 to themselves and every other thread of the
-server's processes the other cores (the benchmark client is left alone), as vLLM binds its model worker to a
-core; with ``--pin-free-prefill NAME`` the same but the prefill engine threads may run on every core;
-with ``--pin-engines-apart NAME`` every engine thread gets core 0 and every other thread the others;
-with ``--pin-engines NAME`` the decode engine threads get core 0 and the prefill engine threads the
-others, every other thread left to the kernel; with ``--pin-model NAME`` every engine thread gets core 0 and
-every other thread is left to the kernel (vLLM's CPU server binds its one model worker to core 0); with
-``--renice-rest NAME`` every thread of the server but the engines' runs at niceness 10. Variants
-alternate from one repeat to the next. Writes ``benchmarks/results/<out>.{md,json}``.
+each engine thread's busy samples. A variant named by a placement flag (``PLACEMENTS``: ``--pin``,
+``--pin-engines``, ``--pin-free-prefill``, ``--pin-engines-apart``, ``--pin-model``) has its decode engine
+threads, prefill engine threads and every other thread of the server's processes put on core 0, the other
+cores, every core, or left to the kernel after the warm-up (the benchmark client is left alone; vLLM's CPU
+server binds its model worker to core 0); with ``--renice-rest NAME`` every thread of the server but the
+engines' runs at niceness ``RENICE_REST`` instead. Variants alternate from one repeat to the next. Writes
+``benchmarks/results/<out>.{md,json}``.
 """
 
 from __future__ import annotations
@@ -58,14 +55,25 @@ _KEYS = {  # figure -> (series, clock) on /metrics
     "cpu": ("engine_step_seconds", "cpu"),
 }
 RENICE_REST = 10  # ``--renice-rest``: the niceness of every thread of the server but the engines'
-PINNED = {
-    "pin": " (decode pinned to core 0)",
-    "pin_engines": " (engines pinned: decode to core 0, prefill to the others)",
-    "pin_free_prefill": " (decode pinned to core 0, prefill on every core, the rest on the others)",
-    "pin_engines_apart": " (every engine pinned to core 0, the rest on the others)",
-    "pin_model": " (every engine pinned to core 0, the rest left to the kernel)",
-    "renice_rest": f" (every thread but the engines' at niceness {RENICE_REST})",
+ZERO, OTHERS, EVERY, KERNEL = "core 0", "the others", "every core", "the kernel's choice"  # where threads go
+# flag -> (decode engine threads, prefill engine threads, every other thread of the server)
+PLACEMENTS: dict[str, tuple[str, str, str]] = {
+    "pin": (ZERO, OTHERS, OTHERS),
+    "pin_engines": (ZERO, OTHERS, KERNEL),
+    "pin_free_prefill": (ZERO, EVERY, OTHERS),
+    "pin_engines_apart": (ZERO, ZERO, OTHERS),
+    "pin_model": (ZERO, ZERO, KERNEL),
 }
+
+
+def placement_label(mode: str) -> str:
+    if mode == "renice_rest":
+        return f"every thread but the engines' at niceness {RENICE_REST}"
+    decode, prefill, rest = PLACEMENTS[mode]
+    return f"decode on {decode}, prefill on {prefill}, the rest on {rest}"
+
+
+PINNED = {mode: f" ({placement_label(mode)})" for mode in (*PLACEMENTS, "renice_rest")}
 _NAMES = "engine_steps|engine_borrowed_steps|engine_step_seconds|engine_generation_tokens"
 _SERIES = re.compile(rf"tetriserve:({_NAMES})_total\{{([^}}]*)\}} (\S+)")
 
@@ -95,28 +103,21 @@ def client_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def pin(sid: int, mode: str) -> int:
-    """Pin the session's threads by ``mode``: ``pin``, decode engine threads on core 0 and every other thread on
-    the other cores; ``pin_free_prefill``, the same but the prefill engine threads free on every core;
-    ``pin_engines_apart``, every engine thread on core 0 and every other thread on the others;
-    ``pin_engines``, decode engine threads on core 0 and prefill engine threads on the others,
-    every thread but the engines' left to the kernel; ``pin_model``, every engine thread (prefill and decode) on
-    core 0 and every other thread left to the kernel, as vLLM's CPU server binds its one model worker to core 0
-    and reserves the other for the rest (its ``reserve_cpu_num``). Returns how many engine threads were pinned
-    to core 0."""
+    """Put the session's threads where placement ``mode`` says (or renice them, ``renice_rest``); returns how
+    many engine threads went to core 0."""
     if mode == "renice_rest":
         return renice_rest(sid)
     cores = os.sched_getaffinity(0)
-    rest = cores - {0} or cores
+    where = {ZERO: {0}, OTHERS: cores - {0} or cores, EVERY: cores}
+    decode, prefill, rest = PLACEMENTS[mode]
     pinned = 0
     for tid, (name, _, _) in threads(sid).items():
-        engine = name.startswith("eng-")
-        zero = name.startswith("eng-decode") or (mode in ("pin_model", "pin_engines_apart") and engine)
-        if mode not in ("pin", "pin_free_prefill", "pin_engines_apart") and not engine:
+        place = decode if name.startswith("eng-decode") else prefill if name.startswith("eng-") else rest
+        if place == KERNEL:
             continue
-        free = mode == "pin_free_prefill" and name.startswith("eng-prefill")
         try:
-            os.sched_setaffinity(tid, {0} if zero else cores if free else rest)
-            pinned += zero
+            os.sched_setaffinity(tid, where[place])
+            pinned += place == ZERO and name.startswith("eng-")
         except OSError:
             continue
     return pinned
@@ -239,37 +240,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", choices=("rate", "single", "saturation"), default="saturation")
     ap.add_argument("--variant", action="append", required=True, help="NAME=FLAGS (extra `tetriserve serve` flags)")
-    ap.add_argument("--pin", action="append", default=[], help="a variant NAME whose decode engines get core 0")
-    ap.add_argument(
-        "--pin-engines",
-        action="append",
-        default=[],
-        help="a variant NAME whose decode engines get core 0 and prefill engines the others, the rest left alone",
-    )
-    ap.add_argument(
-        "--pin-free-prefill",
-        action="append",
-        default=[],
-        help="a variant NAME whose decode engines get core 0, prefill engines every core and the rest the others",
-    )
-    ap.add_argument(
-        "--pin-engines-apart",
-        action="append",
-        default=[],
-        help="a variant NAME whose engines (prefill and decode) all get core 0 and every other thread the others",
-    )
-    ap.add_argument(
-        "--pin-model",
-        action="append",
-        default=[],
-        help="a variant NAME whose engines (prefill and decode) all get core 0, the rest left alone (as vLLM binds)",
-    )
-    ap.add_argument(
-        "--renice-rest",
-        action="append",
-        default=[],
-        help=f"a variant NAME whose threads but the engines' run at niceness {RENICE_REST} (engines first)",
-    )
+    for mode in (*PLACEMENTS, "renice_rest"):
+        flag = "--" + mode.replace("_", "-")
+        ap.add_argument(flag, action="append", default=[], help=f"a variant NAME: {placement_label(mode)}")
     ap.add_argument(
         "--who",
         action="store_true",
