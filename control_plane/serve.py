@@ -200,11 +200,11 @@ def reserve_cores(config: ClusterConfig) -> None:
     (``engine.reserve_decode_cores``, ``engine/core_layout.py``)."""
     if config.ray_address is not None or not config.engine.reserve_decode_cores or _on_ray():
         return
-    from tetriserve.engine.core_layout import reserve_decode_cores
+    from tetriserve.engine.core_layout import cpu_list, reserve_decode_cores
 
     layout = reserve_decode_cores(config.num_decode, config.engine.threads_per_engine)
     if layout is not None:
-        decode, rest = ",".join(map(str, sorted(layout.decode))), ",".join(map(str, sorted(layout.rest)))
+        decode, rest = cpu_list(layout.decode), cpu_list(layout.rest)
         print(f"tetriserve: decode engines on cores {decode}, the rest of the service on {rest}", flush=True)
 
 

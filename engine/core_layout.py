@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 LAYOUT_ENV = "TETRISERVE_CORE_LAYOUT"
 
 
-def _cpus(cores: Iterable[int]) -> str:
+def cpu_list(cores: Iterable[int]) -> str:
     return ",".join(str(c) for c in sorted(cores))
 
 
@@ -59,7 +59,7 @@ class CoreLayout:
         return self.every - self.decode
 
     def to_env(self) -> str:
-        return f"{_cpus(self.decode)};{_cpus(self.every)}"
+        return f"{cpu_list(self.decode)};{cpu_list(self.every)}"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> CoreLayout | None:
@@ -164,10 +164,9 @@ def reserve_decode_cores(decode_engines: int, threads_per_engine: int) -> CoreLa
 
     if not hasattr(os, "sched_setaffinity") or not Path("/proc/self/task").is_dir() or not on_cpu():
         return None
-    cores = os.sched_getaffinity(0)
     if usable_cpus() < 2:  # a CPU quota of one core: nothing to reserve
         return None
-    layout = plan_layout(cores, decode_engines, threads_per_engine)
+    layout = plan_layout(os.sched_getaffinity(0), decode_engines, threads_per_engine)
     if layout is None:
         return None
     move_process(layout.rest)
@@ -182,7 +181,7 @@ def pin_engine_thread(cores: frozenset[int] | None) -> None:
     try:
         os.sched_setaffinity(0, cores)
     except OSError as exc:
-        logger.warning("engine thread stays on its cores, could not move to %s: %s", _cpus(cores), exc)
+        logger.warning("engine thread stays on its cores, could not move to %s: %s", cpu_list(cores), exc)
 
 
 @contextmanager

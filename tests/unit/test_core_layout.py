@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,13 @@ from tetriserve.engine.core_layout import (
 linux_affinity = pytest.mark.skipif(
     not hasattr(os, "sched_setaffinity") or not Path("/proc/self/task").is_dir(), reason="Linux CPU affinity"
 )
+
+
+def on_a_thread(fn: Callable[[], None]) -> None:
+    """Run ``fn`` on a thread of its own (affinity is per thread) and wait for it."""
+    t = threading.Thread(target=fn)
+    t.start()
+    t.join()
 
 
 def test_the_decode_engines_take_the_lowest_cores_and_leave_at_least_one() -> None:
@@ -77,9 +85,7 @@ def test_an_engine_thread_moves_itself_and_only_itself() -> None:
         pin_engine_thread(None)  # no layout: stays where it is
         seen["after_none"] = os.sched_getaffinity(0)
 
-    t = threading.Thread(target=engine_thread)
-    t.start()
-    t.join()
+    on_a_thread(engine_thread)
     assert seen == {"engine": set(one), "after_none": set(one)}
     assert os.sched_getaffinity(0) == before
 
@@ -130,9 +136,7 @@ def test_an_engine_is_built_on_every_core_and_its_builder_goes_back() -> None:
         with building_on(None):
             seen["no_layout"] = os.sched_getaffinity(0)
 
-    t = threading.Thread(target=worker_thread)
-    t.start()
-    t.join()
+    on_a_thread(worker_thread)
     assert seen == {"building": before, "after": set(one), "no_layout": set(one)}
 
 
