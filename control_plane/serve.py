@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tetriserve.common.config import ClusterConfig
+from tetriserve.common.gc_heap import freeze_heap
 
 if TYPE_CHECKING:
     from tetriserve.control_plane.frontdoor import FrontDoor
@@ -308,6 +309,7 @@ def run_until_signal(
         if not ready.done():
             task.result()  # the front doors failed to start: raise why
         ep = ready.result()
+        freeze_heap("front doors")  # no full collection of the start-up heap stalls a burst (common/gc_heap.py)
         name = getattr(backend, "model_name", "")
         print(f"tetriserve: ready in {time.monotonic() - t0:.1f} s", flush=True)
         print(f"  gRPC            {ep.grpc}{'  (TLS)' if ep.tls else ''}", flush=True)

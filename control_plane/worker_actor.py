@@ -34,6 +34,7 @@ from typing import Any
 
 from tetriserve.common import tracing
 from tetriserve.common.config import ClusterConfig
+from tetriserve.common.gc_heap import freeze_heap
 from tetriserve.common.intake import IntakeMessage, Submit, serve_intake
 from tetriserve.common.length import LengthEstimate, LengthPredictor
 from tetriserve.common.load import DecodeLoad, PrefillLoad, Role
@@ -134,6 +135,7 @@ class Worker:
         flip to prefill does not wait for it."""
         if not self._warm:
             await asyncio.to_thread(self.predictor.warm_up)
+            freeze_heap(f"worker {self.worker_id}")  # its engine, predictor and role are built (common/gc_heap.py)
             self._warm = True
         return await self.role.start(monitor, scheduler)
 
