@@ -1,7 +1,7 @@
 """``ServingBackend`` over a launched Ray cluster: what the front doors call (DESIGN.md §5b).
 
     generate(request):
-        GlobalScheduler.place(PlacementRequest) ─▶ Placement(prefill worker)      a decision, not a relay
+        GlobalScheduler.place_many([PlacementRequest]) ─▶ [Placement(prefill worker)]   a decision, not a relay
         prefill.submit(request) ─▶ over this process's intake to the worker (ZeroMQ), or Ray where it has none
         chunks ◀══ this process's one stream from each worker (ZeroMQ; ``subscribe``) ══ prefill, then decode
                ─▶ the request's ``TokenLog``: in order, no duplicate, stale attempts dropped ─▶ caller
@@ -63,6 +63,7 @@ from tetriserve.common.stream import (
 )
 from tetriserve.control_plane.admission import Overloaded
 from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus, lifecycle_fields
+from tetriserve.control_plane.placements import Placements
 from tetriserve.control_plane.policy_admin import actor_setter, apply_changes, parse_changes, resolve_targets
 from tetriserve.control_plane.token_log import AT_ONCE, TokenLog
 from tetriserve.control_plane.worker_streams import Lost, OpenRequest, WorkerStreams, stream_host
@@ -81,6 +82,7 @@ class RayBackend:
         self.cluster = cluster
         self._model_name = model_name
         self._streams: WorkerStreams | None = None
+        self._placements: Placements | None = None
         config = getattr(cluster, "config", None)
         self.migration_limit = int(getattr(config, "migration_limit", 3))
         self.idle_timeout_s = float(getattr(config, "stream_idle_timeout_s", 15.0))
@@ -111,6 +113,12 @@ class RayBackend:
             host = stream_host(self.cluster.config)
             self._streams = WorkerStreams(self._workers, host, self.idle_timeout_s, died)
         return self._streams
+
+    def placements(self) -> Placements:
+        """This event loop's placements, many to a call to the GlobalScheduler (``placements.py``)."""
+        if self._placements is None or self._placements.loop is not asyncio.get_running_loop():
+            self._placements = Placements(lambda: self.cluster.scheduler, PLACE_TIMEOUT_S)
+        return self._placements
 
     def _worker_died(self, worker_id: str, incarnation: int) -> None:
         """A stream found that life of ``worker_id`` dead: the monitor leaves it out of placement and dispatch now."""
@@ -197,9 +205,7 @@ class RayBackend:
         why = "no prefill worker is serving"
         while True:
             try:
-                placement: Placement = await asyncio.wait_for(
-                    self.cluster.scheduler.place.remote(meta), PLACE_TIMEOUT_S
-                )
+                placement = await self.placements().place(meta)
                 if placement.prefill_worker is not None and placement.prefill_worker in self._workers():
                     return placement
                 if not placement.retry:
