@@ -42,6 +42,9 @@ LAUNCH_ATTEMPTS = 3  # a restarted control plane may find its old actors' names 
 LAUNCH_RETRY_S = 2.0
 
 
+SloSample = tuple[float, float | None, float | None, float | None]  # TTFT ms, TPOT ms, their objectives (or None)
+
+
 @dataclass(frozen=True)
 class ClusterInfo:
     """What a front door needs once: the config the cluster runs, the model and its served name."""
@@ -156,11 +159,11 @@ class ControlPlane:
     def scale(self, prefill: int | None, decode: int | None) -> list[str]:
         return list(self._started().scale(prefill, decode))
 
-    def observe_slo(
-        self, ttft_ms: float, tpot_ms: float | None, ttft_slo_ms: float | None, tbt_slo_ms: float | None
-    ) -> None:
+    def observe_slo_many(self, samples: list[SloSample]) -> None:
+        """Requests that ended normally at a front door, in order (``RemoteCluster.observe_slo``)."""
         if self._cluster is not None:
-            self._cluster.observe_slo(ttft_ms, tpot_ms, ttft_slo_ms, tbt_slo_ms)
+            for sample in samples:
+                self._cluster.observe_slo(*sample)
 
     def shutdown(self) -> None:
         """Stop supervision and every actor of the cluster (the service's end; the caller kills this actor)."""

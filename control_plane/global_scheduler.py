@@ -52,6 +52,7 @@ from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import Placement, PlacementRequest, StateEvent
 from tetriserve.common.tracing_config import TracingConfig
 from tetriserve.control_plane.admission import RETRY_AFTER_MAX_S
+from tetriserve.control_plane.batched_calls import OneCallOut
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ class _Queue:
     count: int  # requests placed on the worker and not past prefill (this scheduler's own count)
     tokens: int  # prompt tokens the worker last reported queued (the tie-breaker)
     wait_s: float  # expected seconds a new request would wait behind them
+
+
+FEEDBACK_TIMEOUT_S = 30.0  # one call of finished requests' lengths to a prefill worker
 
 
 class GlobalScheduler:
@@ -86,6 +90,7 @@ class GlobalScheduler:
         self._history = history
         self.prefill_loads: dict[str, PrefillLoad] = {}
         self._refusal_logged = -math.inf
+        self._feedbacks: dict[str, OneCallOut[tuple[int, int], None]] = {}
         self.counts = {"admitted": 0, "finished": 0, "aborted": 0, "errors": 0, "moved": 0, "refused": 0}
 
     async def update_prefill_loads(self, loads: list[PrefillLoad]) -> None:
@@ -227,9 +232,15 @@ class GlobalScheduler:
             self.counts["errors"] += 1
         else:
             self.counts["finished"] += 1
-            handle = self.prefill.get(req.prefill_worker or "")
-            if handle is not None:  # the predictor's online feedback
-                handle.observe.remote(prompt_tokens, ev.output_tokens)
+            worker = req.prefill_worker or ""
+            if worker in self.prefill:  # the predictor's online feedback, many to a call (``batched_calls.py``)
+                self._feedback(worker).tell((prompt_tokens, ev.output_tokens))
+
+    def _feedback(self, worker: str) -> OneCallOut[tuple[int, int], None]:
+        out = self._feedbacks.get(worker)
+        if out is None:
+            out = self._feedbacks[worker] = OneCallOut(lambda: self.prefill[worker].observe_many, FEEDBACK_TIMEOUT_S)
+        return out
 
     async def status(self) -> dict[str, Any]:
         return {"in_flight": len(self.table), "counts": dict(self.counts), "at": time.time()}

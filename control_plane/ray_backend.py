@@ -6,7 +6,7 @@
         chunks ◀══ this process's one stream from each worker (ZeroMQ; ``subscribe``) ══ prefill, then decode
                ─▶ the request's ``TokenLog``: in order, no duplicate, stale attempts dropped ─▶ caller
         lost  ─▶ migrate: next attempt, placed again with the tokens the caller already has (``resume``)
-        finish ─▶ GlobalScheduler.record(finish event)
+        finish ─▶ GlobalScheduler.record([finish events])          many to a call, as the placements
 
 Streams are opened per worker, not per request, and stay open (``worker_streams.py``): a worker's message
 carries every chunk of this process's requests that was ready, so the message rate follows the engine's steps.
@@ -63,7 +63,7 @@ from tetriserve.common.stream import (
 )
 from tetriserve.control_plane.admission import Overloaded
 from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus, lifecycle_fields
-from tetriserve.control_plane.placements import Placements
+from tetriserve.control_plane.batched_calls import OneCallOut
 from tetriserve.control_plane.policy_admin import actor_setter, apply_changes, parse_changes, resolve_targets
 from tetriserve.control_plane.token_log import AT_ONCE, TokenLog
 from tetriserve.control_plane.worker_streams import Lost, OpenRequest, WorkerStreams, stream_host
@@ -82,7 +82,11 @@ class RayBackend:
         self.cluster = cluster
         self._model_name = model_name
         self._streams: WorkerStreams | None = None
-        self._placements: Placements | None = None
+        # a burst's placements and finish events go to the GlobalScheduler many to a call (``batched_calls.py``)
+        self._placements: OneCallOut[PlacementRequest, Placement] = OneCallOut(
+            lambda: self.cluster.scheduler.place_many, PLACE_TIMEOUT_S
+        )
+        self._records: OneCallOut[StateEvent, None] = OneCallOut(lambda: self.cluster.scheduler.record, PLACE_TIMEOUT_S)
         config = getattr(cluster, "config", None)
         self.migration_limit = int(getattr(config, "migration_limit", 3))
         self.idle_timeout_s = float(getattr(config, "stream_idle_timeout_s", 15.0))
@@ -113,12 +117,6 @@ class RayBackend:
             host = stream_host(self.cluster.config)
             self._streams = WorkerStreams(self._workers, host, self.idle_timeout_s, died)
         return self._streams
-
-    def placements(self) -> Placements:
-        """This event loop's placements, many to a call to the GlobalScheduler (``placements.py``)."""
-        if self._placements is None or self._placements.loop is not asyncio.get_running_loop():
-            self._placements = Placements(lambda: self.cluster.scheduler, PLACE_TIMEOUT_S)
-        return self._placements
 
     def _worker_died(self, worker_id: str, incarnation: int) -> None:
         """A stream found that life of ``worker_id`` dead: the monitor leaves it out of placement and dispatch now."""
@@ -205,7 +203,7 @@ class RayBackend:
         why = "no prefill worker is serving"
         while True:
             try:
-                placement = await self.placements().place(meta)
+                placement = await self._placements.ask(meta)
                 if placement.prefill_worker is not None and placement.prefill_worker in self._workers():
                     return placement
                 if not placement.retry:
@@ -239,7 +237,7 @@ class RayBackend:
             self._abort(log.worker, request.request_id, log.attempt, req)
         rid, n = request.request_id, len(log.tokens)
         event = StateEvent(rid, reason.state, time.time(), "frontdoor", reason.value, n, attempt=log.attempt)
-        _forget(self.cluster.scheduler.record.remote([event]))
+        self._records.tell(event)
 
     def _observe(self, request: Request, log: TokenLog, started: float, first_at: float | None) -> None:
         """A request that ended normally counts toward SLO attainment (the ``slo`` flip policy's input)."""

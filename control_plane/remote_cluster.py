@@ -16,7 +16,8 @@ import threading
 import uuid
 from typing import Any
 
-from tetriserve.control_plane.control_plane import ClusterInfo, ClusterView, SupervisionState
+from tetriserve.control_plane.batched_calls import OneCallOut
+from tetriserve.control_plane.control_plane import ClusterInfo, ClusterView, SloSample, SupervisionState
 
 logger = logging.getLogger(__name__)
 
@@ -24,10 +25,14 @@ VIEW_S = 0.5  # how often the handles are refreshed
 CALL_TIMEOUT_S = 30.0
 
 
+SLO_CALL_TIMEOUT_S = 30.0  # one call of SLO samples to the ControlPlane
+
+
 class RemoteCluster:
     def __init__(self, handle: Any, info: ClusterInfo, view: ClusterView, refresh: bool = True) -> None:
         self.id = f"frontdoor-{uuid.uuid4().hex[:12]}"  # its attendance at the control plane (``view`` calls)
         self.handle = handle
+        self._slo: OneCallOut[SloSample, None] = OneCallOut(lambda: self.handle.observe_slo_many, SLO_CALL_TIMEOUT_S)
         self.config = info.config
         self.model_path = info.model_path
         self.served_name = info.served_name
@@ -115,7 +120,7 @@ class RemoteCluster:
     def observe_slo(
         self, ttft_ms: float, tpot_ms: float | None, ttft_slo_ms: float | None, tbt_slo_ms: float | None
     ) -> None:
-        self.handle.observe_slo.remote(ttft_ms, tpot_ms, ttft_slo_ms, tbt_slo_ms)  # fire and forget
+        self._slo.tell((ttft_ms, tpot_ms, ttft_slo_ms, tbt_slo_ms))  # many to a call (``batched_calls.py``)
 
 
 async def _call(ref: Any) -> Any:

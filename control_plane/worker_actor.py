@@ -200,9 +200,11 @@ class Worker:
         if isinstance(self.role, PrefillWorker):
             self.role.update_decode_view(loads, addresses, handles)
 
-    def observe(self, prompt_len: int, output_len: int) -> None:
-        """A finished request's lengths, for the length predictor (whatever role the worker plays now)."""
-        self.predictor.observe(prompt_len, output_len)
+    def observe_many(self, lengths: list[tuple[int, int]]) -> None:
+        """Finished requests' (prompt, output) lengths, for the length predictor (whatever role the worker plays
+        now); the GlobalScheduler sends them many to a call."""
+        for prompt_len, output_len in lengths:
+            self.predictor.observe(prompt_len, output_len)
 
     # -- decode ----------------------------------------------------------------------------
     async def take(

@@ -127,7 +127,7 @@ def test_placement_is_least_loaded_refuses_duplicates_and_the_table_follows_even
             RequestState.TRANSFERRING,
             RequestState.FINISHED_STOPPED,
         ]
-        assert cluster.prefill[(await gs.recent())[-1].prefill_worker or ""].called("observe") == [(10, 6)]
+        assert cluster.prefill[(await gs.recent())[-1].prefill_worker or ""].called("observe_many") == [([(10, 6)],)]
         # a has left its prefill worker, b has not: the next request goes to a's
         await gs.place(PlacementRequest("c", 10, 8, now))
         assert gs.table["c"].prefill_worker == a.prefill_worker

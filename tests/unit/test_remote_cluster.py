@@ -103,7 +103,7 @@ def test_a_control_plane_still_starting_says_so() -> None:
     with pytest.raises(ValueError, match="still starting"):
         plane.flip("decode-0", "prefill")
     assert plane.view() is None
-    plane.observe_slo(1.0, None, None, None)  # dropped, not raised
+    plane.observe_slo_many([(1.0, None, None, None)])  # dropped, not raised
 
 
 def test_front_doors_attend_through_their_view_calls() -> None:
