@@ -1,8 +1,9 @@
 """Calls to an actor method that takes a list, one out at a time: what comes meanwhile goes in the next (issue #12).
 
-A front door asks the GlobalScheduler where each request goes (TetriInfer §3.2's dispatch), tells it how each
-ended, and tells the control plane each one's TTFT and TPOT (the ``slo`` flip policy's input); the GlobalScheduler
-tells a prefill worker each finished request's output length (the length predictor's feedback). One Ray call per
+A front door asks the GlobalScheduler where each request goes (TetriInfer §3.2's dispatch) and tells the control
+plane each one's TTFT and TPOT (the ``slo`` flip policy's input); the GlobalScheduler tells a prefill worker each
+finished request's output length (the length predictor's feedback). A front door's finish event still goes at
+once, alone, so the request history has it when the stream ends. One Ray call per
 request and per message puts a call's overhead on the caller's event loop and on the actor each time, on the
 same cores as the engines, and an answer then waits its turn behind the rest of a burst on the caller's loop
 (``benchmarks/burst_spans.py``, 200 prompts at once: no request but the first at the prefill worker before 1 s,

@@ -6,7 +6,7 @@
         chunks ◀══ this process's one stream from each worker (ZeroMQ; ``subscribe``) ══ prefill, then decode
                ─▶ the request's ``TokenLog``: in order, no duplicate, stale attempts dropped ─▶ caller
         lost  ─▶ migrate: next attempt, placed again with the tokens the caller already has (``resume``)
-        finish ─▶ GlobalScheduler.record([finish events])          many to a call, as the placements
+        finish ─▶ GlobalScheduler.record(finish event)
 
 Streams are opened per worker, not per request, and stay open (``worker_streams.py``): a worker's message
 carries every chunk of this process's requests that was ready, so the message rate follows the engine's steps.
@@ -82,11 +82,10 @@ class RayBackend:
         self.cluster = cluster
         self._model_name = model_name
         self._streams: WorkerStreams | None = None
-        # a burst's placements and finish events go to the GlobalScheduler many to a call (``batched_calls.py``)
+        # a burst's placements go to the GlobalScheduler many to a call (``batched_calls.py``)
         self._placements: OneCallOut[PlacementRequest, Placement] = OneCallOut(
             lambda: self.cluster.scheduler.place_many, PLACE_TIMEOUT_S
         )
-        self._records: OneCallOut[StateEvent, None] = OneCallOut(lambda: self.cluster.scheduler.record, PLACE_TIMEOUT_S)
         config = getattr(cluster, "config", None)
         self.migration_limit = int(getattr(config, "migration_limit", 3))
         self.idle_timeout_s = float(getattr(config, "stream_idle_timeout_s", 15.0))
@@ -237,7 +236,7 @@ class RayBackend:
             self._abort(log.worker, request.request_id, log.attempt, req)
         rid, n = request.request_id, len(log.tokens)
         event = StateEvent(rid, reason.state, time.time(), "frontdoor", reason.value, n, attempt=log.attempt)
-        self._records.tell(event)
+        _forget(self.cluster.scheduler.record.remote([event]))  # at once: the history shows it when the stream ends
 
     def _observe(self, request: Request, log: TokenLog, started: float, first_at: float | None) -> None:
         """A request that ended normally counts toward SLO attainment (the ``slo`` flip policy's input)."""

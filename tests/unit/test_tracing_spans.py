@@ -131,7 +131,7 @@ def test_placement_carries_the_trace_to_a_place_span(exported: InMemorySpanExpor
     request = Request("r-place", (1, 2, 3), trace=tracing.traceparent(root))
     placement = asyncio.run(backend._place(request, ()))
     assert placement.prefill_worker == "prefill-0"
-    (_, (meta,)) = Cluster.scheduler.calls[-1]
+    (_, ((meta,),)) = Cluster.scheduler.calls[-1]  # ``place_many`` with this one request
     assert isinstance(meta, PlacementRequest) and meta.trace == request.trace
     again = asyncio.run(gs.place(meta))  # the same attempt again: rejected, an error span
     assert again.prefill_worker is None
