@@ -16,19 +16,16 @@ before that counted too): how many full ones, the longest, and the seconds of al
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_steps import PORT, URL, client_args
-from vllm_bench_report import RESULTS, ROOT, WORK, saved
-from vllm_bench_serve import label_of, prepare, run_bench, session_processes, stop, tetriserve_cmd, wait_ready
+from engine_steps import PORT, client_args
+from vllm_bench_report import RESULTS, code_state, report_head, saved
+from vllm_bench_serve import label_of, prepare, run_bench, session_processes, warmed_server
 
 MIN_MS = 1.0
 START_SLACK_S = 1.0
@@ -76,14 +73,9 @@ def summary(found: dict[int, list[tuple[float, int, float]]], labels: dict[int, 
 
 
 def write(result: dict, args: argparse.Namespace) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
     c = result["client"]
     lines = [
-        "# The cycle collector's pauses during a burst",
-        "",
-        f"Command: `python benchmarks/gc_pauses.py {' '.join(shlex.quote(a) for a in result['command'])}`  ",
-        f"Code: {result['code']}  ",
+        *report_head(args.out, "The cycle collector's pauses during a burst", "gc_pauses.py", result),
         f"tetriserve's defaults{' with ' + args.flags if args.flags else ''}, warmed up as in "
         f"`vllm_bench_serve.py`; vLLM's benchmark client sent {args.num_prompts} ShareGPT prompts at once (seed "
         f"{args.seed}, `--ignore-eos`): {c['completed']:.0f} completed, {c['output_throughput']:.0f} output "
@@ -103,12 +95,6 @@ def write(result: dict, args: argparse.Namespace) -> None:
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
 
 
-def code_state() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
-    return f"{head.stdout.strip()}{' with uncommitted changes' if dirty.stdout.strip() else ''}"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-prompts", type=int, default=200)
@@ -124,24 +110,15 @@ def main() -> int:
         hook.mkdir(), log.mkdir()
         (hook / "sitecustomize.py").write_text(HOOK.format(log=str(log), min_s=MIN_MS / 1e3))
         env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (str(hook), env.get("PYTHONPATH", "")) if p))
-        with open(WORK / "server_gc_pauses.log", "w") as out:
-            cmd = tetriserve_cmd(*shlex.split(args.flags))
-            proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        with warmed_server("gc_pauses", args.flags, bench, model, dataset, env) as proc:
+            client_env = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the client's own pauses too
             try:
-                wait_ready(URL, proc)
-                run_bench("gc_pauses", "warmup", PORT, bench, model, dataset)  # not measured
-                client_env = os.environ.get("PYTHONPATH")
-                os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the client's own pauses too
-                try:
-                    client = run_bench("gc_pauses", "saturation", PORT, bench, model, dataset)
-                finally:
-                    os.environ.pop("PYTHONPATH") if client_env is None else os.environ.update(PYTHONPATH=client_env)
-                ended = time.monotonic()
-                labels = {int(p.name): label_of(p) or "?" for p, _ in session_processes(proc.pid)}
+                client = run_bench("gc_pauses", "saturation", PORT, bench, model, dataset)
             finally:
-                stop(proc)
+                os.environ.pop("PYTHONPATH") if client_env is None else os.environ.update(PYTHONPATH=client_env)
+            ended = time.monotonic()
+            labels = {int(p.name): label_of(p) or "?" for p, _ in session_processes(proc.pid)}
         duration = float(saved("gc_pauses", "saturation")["duration"])
         found = pauses(log, ended - duration, ended)
     client = {k: client.get(k) for k in ("completed", "output_throughput", "median_ttft_ms")}

@@ -13,18 +13,14 @@ commits by running it on each. Writes ``benchmarks/results/<out>.{md,json}``.
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_steps import CLIENT, PORT, URL, client_args
-from gc_pauses import code_state
-from vllm_bench_report import RESULTS, ROOT, WORK
-from vllm_bench_serve import cpu_by_process, prepare, run_bench, session_cpu, stop, tetriserve_cmd, wait_ready
+from engine_steps import CLIENT, PORT, client_args
+from vllm_bench_report import RESULTS, code_state, report_head
+from vllm_bench_serve import cpu_by_process, prepare, run_bench, session_cpu, warmed_server
 
 
 def main() -> int:
@@ -39,18 +35,11 @@ def main() -> int:
     args = ap.parse_args()
     model, dataset, env = prepare()
     bench = client_args(args)
-    with open(WORK / "server_process_cpu.log", "w") as log:
-        cmd = tetriserve_cmd(*shlex.split(args.flags))
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_ready(URL, proc)
-            run_bench("process_cpu", "warmup", PORT, bench, model, dataset)  # not measured
-            before, started = session_cpu(proc.pid), time.monotonic()
-            client = run_bench("process_cpu", args.scenario, PORT, bench, model, dataset)
-            seconds = time.monotonic() - started
-            cores = cpu_by_process(before, session_cpu(proc.pid), seconds)
-        finally:
-            stop(proc)
+    with warmed_server("process_cpu", args.flags, bench, model, dataset, env) as proc:
+        before, started = session_cpu(proc.pid), time.monotonic()
+        client = run_bench("process_cpu", args.scenario, PORT, bench, model, dataset)
+        seconds = time.monotonic() - started
+        cores = cpu_by_process(before, session_cpu(proc.pid), seconds)
     result = {
         "command": sys.argv[1:],
         "code": code_state(),
@@ -58,14 +47,9 @@ def main() -> int:
         "client": {k: client.get(k) for k in CLIENT},
         "cpu_seconds": {name: round(share * seconds, 2) for name, share in cores.items()},
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
     c = result["client"]
     lines = [
-        "# CPU seconds by process over one scenario",
-        "",
-        f"Command: `python benchmarks/process_cpu.py {' '.join(shlex.quote(a) for a in result['command'])}`  ",
-        f"Code: {result['code']}  ",
+        *report_head(args.out, "CPU seconds by process over one scenario", "process_cpu.py", result),
         f"Scenario `{args.scenario}` of vLLM's benchmark client (ShareGPT, seed {args.seed}, `--ignore-eos`) on a "
         f"fresh `tetriserve serve` after the 64-prompt warm-up: {c['completed']:.0f} completed, "
         f"{c['output_throughput']:.0f} output tokens/s, median TTFT {c['median_ttft_ms']:.0f} ms, median TPOT "

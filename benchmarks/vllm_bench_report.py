@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,22 @@ METRICS = [
     "median_e2el_per_token_ms",
     "cpu_cores",
 ]
+
+
+def code_state() -> str:
+    """The commit the working tree is on, and whether tracked files differ from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
+    return f"{head.stdout.strip()}{' with uncommitted changes' if dirty.stdout.strip() else ''}"
+
+
+def report_head(out: str, title: str, script: str, result: dict[str, Any]) -> list[str]:
+    """Write ``result`` to ``benchmarks/results/<out>.json``; the Markdown report's first lines: ``title``, the
+    command that ran ``script`` (``result["command"]``) and the code (``result["code"]``)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
+    command = " ".join(shlex.quote(a) for a in result["command"])
+    return [f"# {title}", "", f"Command: `python benchmarks/{script} {command}`  ", f"Code: {result['code']}  "]
 
 
 SCENARIOS = ("rate", "single", "saturation")

@@ -46,6 +46,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from vllm_bench_report import RESULTS, ROOT, SCENARIOS, WARMUP_PROMPTS, WORK, run_name, summary, write_report
@@ -207,6 +208,9 @@ def run_bench(
     return summary(name, scenario)
 
 
+TETRISERVE_PORT = 8100
+
+
 def tetriserve_cmd(*extra: str) -> list[str]:
     """`tetriserve serve` on the benchmark ports, KV cache sized like the vLLM server's."""
     return [
@@ -215,7 +219,7 @@ def tetriserve_cmd(*extra: str) -> list[str]:
         "tetriserve.control_plane.cli",
         "serve",
         "--http-port",
-        "8100",
+        str(TETRISERVE_PORT),
         "--grpc-port",
         "50151",
         "--served-model-name",
@@ -224,6 +228,23 @@ def tetriserve_cmd(*extra: str) -> list[str]:
         "2",
         *extra,
     ]
+
+
+@contextmanager
+def warmed_server(
+    name: str, flags: str, args: argparse.Namespace, model: str, dataset: Path, env: dict[str, str]
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A fresh ``tetriserve serve`` (extra ``flags``) on the benchmark ports (``tetriserve_cmd``), answering and
+    warmed up (``WARMUP_PROMPTS``, not measured), its log in ``_work/server_<name>.log``; stopped on exit."""
+    with open(WORK / f"server_{name}.log", "w") as log:
+        cmd = tetriserve_cmd(*shlex.split(flags))
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_ready(f"http://127.0.0.1:{TETRISERVE_PORT}", proc)
+            run_bench(name, "warmup", TETRISERVE_PORT, args, model, dataset)
+            yield proc
+        finally:
+            stop(proc)
 
 
 def vllm_server(model: str, port: int, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:

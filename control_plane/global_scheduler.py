@@ -120,7 +120,7 @@ class GlobalScheduler:
 
     async def place_many(self, metas: list[PlacementRequest]) -> list[Placement]:
         """``place`` each of ``metas``, in order, in one call: a front door's requests that asked while its
-        previous call was out (``placements.py``)."""
+        previous call was out (``batched_calls.py``)."""
         return [await self.place(meta) for meta in metas]
 
     def _place(self, meta: PlacementRequest) -> Placement:

@@ -25,14 +25,11 @@ VIEW_S = 0.5  # how often the handles are refreshed
 CALL_TIMEOUT_S = 30.0
 
 
-SLO_CALL_TIMEOUT_S = 30.0  # one call of SLO samples to the ControlPlane
-
-
 class RemoteCluster:
     def __init__(self, handle: Any, info: ClusterInfo, view: ClusterView, refresh: bool = True) -> None:
         self.id = f"frontdoor-{uuid.uuid4().hex[:12]}"  # its attendance at the control plane (``view`` calls)
         self.handle = handle
-        self._slo: OneCallOut[SloSample, None] = OneCallOut(lambda: self.handle.observe_slo_many, SLO_CALL_TIMEOUT_S)
+        self._slo: OneCallOut[SloSample, None] = OneCallOut(lambda: self.handle.observe_slo_many, CALL_TIMEOUT_S)
         self.config = info.config
         self.model_path = info.model_path
         self.served_name = info.served_name
