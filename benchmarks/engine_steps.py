@@ -32,7 +32,6 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -41,8 +40,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from thread_timeline import BUSY, SAMPLE_S, Timeline, competitors, engine_threads, peers_cpu_s, threads
-from vllm_bench_report import RESULTS, ROOT, WORK
-from vllm_bench_serve import prepare, run_bench, stop, tetriserve_cmd, wait_ready
+from vllm_bench_report import RESULTS
+from vllm_bench_serve import prepare, run_bench, warmed_server
 
 PORT = 8100  # tetriserve_cmd's HTTP port
 URL = f"http://127.0.0.1:{PORT}"
@@ -145,25 +144,18 @@ def pinning(name: str, args: argparse.Namespace) -> str | None:
 def measure(name: str, flags: str, scenario: str, args: argparse.Namespace, env: Any) -> dict:
     model, dataset = args.model, args.dataset
     bench_args = client_args(args)
-    with open(WORK / f"server_steps_{name}.log", "w") as log:
-        cmd = tetriserve_cmd(*shlex.split(flags))
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_ready(URL, proc)
-            run_bench(f"steps_{name}", "warmup", PORT, bench_args, model, dataset)  # not measured
-            mode = pinning(name, args)
-            n_pinned = pin(proc.pid, mode) if mode else 0
-            time.sleep(2)  # the warm-up's last steps counted before the scrape
-            before, t_before, started = engine_counters(), threads(proc.pid), time.monotonic()
-            steppers = engine_threads(t_before)
-            timeline = Timeline(steppers, proc.pid if args.who else None)
-            client = run_bench(f"steps_{name}", scenario, PORT, bench_args, model, dataset)
-            t_after, seconds = threads(proc.pid), time.monotonic() - started
-            busy = timeline.stop()
-            time.sleep(2)
-            after = engine_counters()
-        finally:
-            stop(proc)
+    with warmed_server(f"steps_{name}", flags, bench_args, model, dataset, env) as proc:
+        mode = pinning(name, args)
+        n_pinned = pin(proc.pid, mode) if mode else 0
+        time.sleep(2)  # the warm-up's last steps counted before the scrape
+        before, t_before, started = engine_counters(), threads(proc.pid), time.monotonic()
+        steppers = engine_threads(t_before)
+        timeline = Timeline(steppers, proc.pid if args.who else None)
+        client = run_bench(f"steps_{name}", scenario, PORT, bench_args, model, dataset)
+        t_after, seconds = threads(proc.pid), time.monotonic() - started
+        busy = timeline.stop()
+        time.sleep(2)
+        after = engine_counters()
     engines = {}
     for worker in sorted({w for _, w, _ in after if w}):
         d = {key: after.get((k, worker, c), 0) - before.get((k, worker, c), 0) for key, (k, c) in _KEYS.items()}

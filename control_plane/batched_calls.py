@@ -42,7 +42,6 @@ class OneCallOut(Generic[T, R]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: list[tuple[T, asyncio.Future[R] | None]] = []
         self._sender: asyncio.Task[None] | None = None
-        self.calls = 0  # calls made (a test's view of the batching)
 
     async def ask(self, item: T) -> R:
         """``item``'s answer; raises what its call raised (the actor down, the call past ``timeout_s``)."""
@@ -67,7 +66,6 @@ class OneCallOut(Generic[T, R]):
 
     def _call(self) -> tuple[list[tuple[T, asyncio.Future[R] | None]], Any]:
         batch, self._waiting = self._waiting, []
-        self.calls += 1
         try:
             return batch, self.method().remote([item for item, _ in batch])
         except Exception as exc:  # no handle to call (the actor is being re-created)
