@@ -17,6 +17,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,24 @@ def code_state() -> str:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
     return f"{head.stdout.strip()}{' with uncommitted changes' if dirty.stdout.strip() else ''}"
+
+
+def checkout_env(commit: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a server that runs the code of ``commit`` instead of the working tree's: a detached worktree of
+    it under ``_work/code_<commit>``, and beside it a ``tetriserve`` folder linking each of its packages (the
+    package-dir mapping of its ``pyproject.toml``), put first on ``PYTHONPATH``. Ray's workers inherit that
+    path, so every process of the server imports the commit's code; the installed environment stays as it is."""
+    tree = WORK / f"code_{commit}"
+    if not tree.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True)
+    links = WORK / f"code_{commit}.path"
+    mapping = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in mapping.items():
+        link = links.joinpath(*package.split("."))
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(tree / folder)
+    return dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(links), env.get("PYTHONPATH", "")])))
 
 
 def report_head(out: str, title: str, script: str, result: dict[str, Any]) -> list[str]:
