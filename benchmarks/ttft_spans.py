@@ -10,8 +10,8 @@ seen without a queue in front of it. For every span name the report gives the me
 root span began and the median duration (ms), over the requests after the first ``--skip``, and the client's own
 median TTFT, and what the prefill engine did for a request: its steps and their wall time, from the worker's
 ``tetriserve:engine_steps_total`` and ``engine_step_seconds_total`` read around the same requests (with
-``--max-tokens 1`` the request ends at the prefill, so nothing else runs). Writes
-``benchmarks/results/<out>.{md,json}``.
+``--max-tokens 1`` the request ends at the prefill, so nothing else runs). With ``--code NAME=COMMIT`` variant
+``NAME``'s server runs the code of ``COMMIT`` (``checkout_env``). Writes ``benchmarks/results/<out>.{md,json}``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_steps import engine_counters
-from vllm_bench_report import RESULTS, ROOT, WORK
-from vllm_bench_serve import stop, tetriserve_cmd, wait_ready
+from vllm_bench_report import RESULTS, ROOT, WORK, checkout_env, code_state
+from vllm_bench_serve import prepare, stop, tetriserve_cmd, wait_ready
 
 PORT = 8100  # tetriserve_cmd's HTTP port
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "then", "runs", "far", "away")
@@ -128,12 +128,12 @@ def breakdown(spans: list[tuple[str, str, int, int]], skip: int) -> dict[str, di
     return dict(sorted(rows.items(), key=lambda kv: kv[1]["start_ms"]))
 
 
-def run_variant(name: str, flags: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_variant(name: str, flags: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     collector = Collector()
     cmd = tetriserve_cmd(*flags.split(), "--otlp-endpoint", collector.endpoint, "--otlp-protocol", "http")
     WORK.mkdir(parents=True, exist_ok=True)
     with open(WORK / f"ttft_spans_{name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_ready(f"http://127.0.0.1:{PORT}", proc)
             ttfts = []
@@ -163,6 +163,7 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> Path:
         "# A request's first token, stage by stage: its tracing spans, one stream at a time",
         "",
         f"Command: `python benchmarks/ttft_spans.py {' '.join(sys.argv[1:])}`  ",
+        f"Code: {code_state()}" + "".join(f"; variant `{n}` on commit {c}" for n, c in args.code_of.items()) + "  ",
         f"{args.requests} streamed completions one after the other ({args.prompt_words}-word prompts, "
         f"{args.max_tokens} tokens, {args.gap_s:g} s apart), each variant on a fresh `tetriserve serve` with tracing "
         f"on; medians over all but the first {args.skip}. Start: ms after the request's root span began (the "
@@ -197,12 +198,16 @@ def main() -> int:
     ap.add_argument("--prompt-words", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--gap-s", type=float, default=0.1, help="pause between requests")
+    ap.add_argument("--code", action="append", default=[], help="NAME=COMMIT: variant NAME's server runs COMMIT's code")
     ap.add_argument("--out", default="ttft_spans")
     args = ap.parse_args()
     if args.requests <= args.skip:
         ap.error("--requests must be more than --skip")
     variants = [v.split("=", 1) for v in (args.variant or ["defaults="])]
-    results = {name: run_variant(name, flags, args) for name, flags in variants}
+    args.code_of = dict(c.split("=", 1) for c in args.code)
+    env = prepare()[2]
+    envs = {n: checkout_env(args.code_of[n], env) if n in args.code_of else env for n, _ in variants}
+    results = {name: run_variant(name, flags, args, envs[name]) for name, flags in variants}
     print(write(results, args).read_text())
     return 0
 

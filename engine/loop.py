@@ -31,10 +31,12 @@ from what the board leaves idle and the size of its running batch (``borrowed_st
 counts the steps it took with borrowed cores).
 
 The engine thread blocks on the command queue when idle and never waits on a transfer: requests whose KV is
-still in flight sit in vLLM's WAITING_FOR_REMOTE_KVS state while the loop keeps stepping (with a 1 ms pause on
-steps that produced nothing, so a waiting engine does not burn a core). It also steps while vLLM's scheduler still
-holds finished requests: the blocks of one aborted while its KV was in flight are freed only in a later step. A
-failure inside ``step`` finishes every in-flight request with an error and the loop goes on serving new ones.
+still in flight sit in vLLM's WAITING_FOR_REMOTE_KVS state while the loop keeps stepping (with a 1 ms pause after
+a step that produced nothing and ran no model, so a waiting engine does not burn a core; a step that computed a
+prompt's chunk, which also produces nothing, is followed at once by the next). It also steps while
+vLLM's scheduler still holds finished requests: the blocks of one aborted while its KV was in flight are freed only
+in a later step. A failure inside ``step`` finishes every in-flight request with an error and the loop goes on
+serving new ones.
 An ``add``'s ``on_added`` hook runs on the engine thread once vLLM has the request (the decode worker's tracing
 spans time the wait for the step in progress with it).
 """
@@ -64,6 +66,7 @@ from tetriserve.engine.loop_messages import (
     Output,
     Sink,
     Stop,
+    dispatch,
     merged,
 )
 from tetriserve.engine.sampling import from_vllm_logprobs
@@ -91,6 +94,8 @@ class EngineLoop:
         self.engine = LLMEngine.from_engine_args(engine_args, stat_loggers=stat_loggers(self.collector))
         cache = self.engine.vllm_config.cache_config
         self.collector.set_capacity(cache.num_gpu_blocks or 0, cache.block_size)
+        self._computed = False  # whether the last step ran the model (vLLM's ``model_executed``, see _note_steps)
+        self._note_steps(self.engine.engine_core.engine_core)
         self._snapshot_fn: Callable[[Any], Any] | None = None
         self._niceness = 0  # the engine thread's, as take_role last set it
         self._cores = cores
@@ -258,8 +263,19 @@ class EngineLoop:
         if time.monotonic() - self._published >= SNAPSHOT_INTERVAL_S:
             self._publish()
         self._emit(batch)
-        if not outputs:
+        if not outputs and not self._computed:  # nothing to compute, only KV in flight: do not spin
             time.sleep(0.001)
+
+    def _note_steps(self, core: Any) -> None:
+        """Keep what vLLM's in-process client drops: whether each step ran the model (it passes the flag only
+        to ``EngineCore.post_step``), so that a step that computed a prompt's chunk is not taken for a wait."""
+        post_step = core.post_step
+
+        def noted(model_executed: bool) -> None:
+            self._computed = model_executed
+            post_step(model_executed)
+
+        core.post_step = noted
 
     def _publish(self) -> None:
         self._published = time.monotonic()
@@ -306,19 +322,7 @@ class EngineLoop:
             or any(delta.finish_reason is not None for _, delta in batch)
         ):
             held, self._held = self._held, []
-            self._dispatch(merged(held) if self.stream_interval_s > 0 else held)  # 0: one step's, one per request
-
-    @staticmethod
-    def _dispatch(batch: list[tuple[Output, Delta]]) -> None:
-        """One wake-up per event loop for the whole batch."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Sink, Delta]]] = {}
-        for output, delta in batch:
-            by_loop.setdefault(output.loop, []).append((output.sink, delta))
-        for loop, deltas in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, deltas)
-            except RuntimeError:  # that loop has closed: nobody is waiting for these
-                logger.debug("dropped %d deltas for a closed event loop", len(deltas))
+            dispatch(merged(held) if self.stream_interval_s > 0 else held)  # 0: one step's, one per request
 
     def _drain(self, block: bool) -> None:
         try:
@@ -384,11 +388,3 @@ class EngineLoop:
             self.engine.abort_request(ids)
         except Exception:
             logger.exception("engine %s: abort after failure also failed", self.name)
-
-
-def _deliver(batch: list[tuple[Sink, Delta]]) -> None:
-    for sink, delta in batch:
-        try:
-            sink(delta)
-        except Exception:  # one request's consumer must not cost the others their tokens
-            logger.exception("engine output sink failed")

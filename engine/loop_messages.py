@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tetriserve.common.stream import TokenLogprobs
 from tetriserve.engine.stats import EngineStats
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,3 +90,23 @@ def merged(batch: list[tuple[Output, Delta]]) -> list[tuple[Output, Delta]]:
         logprobs = prev.logprobs + delta.logprobs if prev.logprobs is not None and delta.logprobs is not None else None
         out[i] = (output, Delta(prev.token_ids + delta.token_ids, delta.finish_reason, delta.error, logprobs))
     return out
+
+
+def dispatch(batch: list[tuple[Output, Delta]]) -> None:
+    """Hand ``batch`` (from the engine thread) to the event loops that added its requests: one wake-up per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Sink, Delta]]] = {}
+    for output, delta in batch:
+        by_loop.setdefault(output.loop, []).append((output.sink, delta))
+    for loop, deltas in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_deliver, deltas)
+        except RuntimeError:  # that loop has closed: nobody is waiting for these
+            logger.debug("dropped %d deltas for a closed event loop", len(deltas))
+
+
+def _deliver(batch: list[tuple[Sink, Delta]]) -> None:
+    for sink, delta in batch:
+        try:
+            sink(delta)
+        except Exception:  # one request's consumer must not cost the others their tokens
+            logger.exception("engine output sink failed")

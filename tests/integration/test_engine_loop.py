@@ -1,5 +1,5 @@
 """The engine loop frees what an aborted request held, with no other request to step it along; with a stream
-interval it hands over fewer, larger deltas, the same tokens.
+interval it hands over fewer, larger deltas, the same tokens; it does not pause between the chunks of a prompt.
 
 A decode request whose KV is still in flight (vLLM's WAITING_FOR_REMOTE_KVS) holds its blocks. Aborted
 then (its prefill worker died mid-handoff, or its client left), vLLM frees them only once the KV
@@ -93,6 +93,44 @@ def test_a_stream_interval_hands_over_the_same_tokens_in_fewer_deltas(loop: Any)
     assert [t for d in coalesced for t in d.token_ids] == tokens  # greedy: the same tokens
     assert len(coalesced) < len(every_step) / 2
     assert coalesced[-1].finish_reason == "length" and all(d.finish_reason is None for d in coalesced[:-1])
+
+
+def test_a_prompt_computed_over_several_steps_is_not_paused_between_them(loop: Any, monkeypatch: Any) -> None:
+    """The loop pauses 1 ms after a step that produced nothing, so that an engine with only KV in flight does
+    not spin; a step that computed a chunk of a prompt also produces nothing, and must be followed at once."""
+    import threading
+    import types
+
+    from vllm import SamplingParams
+
+    from tetriserve.engine import loop as loop_module
+
+    paused_after: list[int] = []  # the steps the engine thread paused after
+
+    def sleep(seconds: float) -> None:
+        if threading.current_thread() is loop._thread:
+            paused_after.append(loop.steps)
+        time.sleep(seconds)
+
+    shim = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("_")})
+    shim.sleep = sleep
+    monkeypatch.setattr(loop_module, "time", shim)
+    budget = loop.call_now(lambda s: s.max_num_scheduled_tokens)
+    loop.call_now(lambda s: setattr(s, "max_num_scheduled_tokens", 32))  # a 100-token prompt takes 4 steps
+    try:
+        steps = loop.steps
+        params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+        deltas = asyncio.run(_collect(loop.generate("chunked", list(range(200, 300)), params)))
+    finally:
+        loop.call_now(lambda s: setattr(s, "max_num_scheduled_tokens", budget))
+    assert [t for d in deltas for t in d.token_ids] and deltas[-1].finish_reason == "length"
+    computing = range(steps + 1, steps + 5)  # four chunks (the fourth samples the first token), then the second
+    assert loop.steps >= computing[-1] + 1
+    assert not [step for step in paused_after if step in computing]  # a step vLLM took to finish up may pause
+
+
+async def _collect(deltas: Any) -> list[Any]:
+    return [d async for d in deltas]
 
 
 def test_an_added_hook_runs_on_the_engine_thread_before_the_first_delta(loop: Any) -> None:
