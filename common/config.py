@@ -49,8 +49,8 @@ class EngineConfig(BaseModel):
             "num_decode x threads_per_engine cores to themselves, the prefill engines every core, and every "
             "other thread of the service (front door, Ray, predictor) the remaining cores, as plain vLLM binds "
             "its model worker to a core; only where at least one core is left for the rest. With it a decode "
-            "engine on its own cores borrows none (borrow_idle_cores does not apply to it) and yields, at "
-            "decode_niceness, only to the prefill engines. Sized at start: a decode worker added later by a flip or "
+            "engine on its own cores runs at niceness 0 and borrows none (decode_niceness and "
+            "borrow_idle_cores do not apply to it). Sized at start: a decode worker added later by a flip or "
             "scaling finds the reserved cores taken and shares every core, as without the reservation."
         ),
     )
@@ -59,10 +59,10 @@ class EngineConfig(BaseModel):
         ge=0,
         le=19,
         description=(
-            "Linux niceness of each decode engine's stepping thread. Above 0 the decode engine, which always has "
-            "work, yields to the threads it shares cores with: on cores of its own (reserve_decode_cores) only "
-            "the prefill engines, else also the front door and the rest; prompts start sooner (lower TTFT) while "
-            "running streams' steps wait (higher TPOT). 0: an equal share."
+            "Linux niceness of each decode engine's stepping thread where it shares cores (no "
+            "reserve_decode_cores). Above 0 the decode engine, which always has work, yields to prefill engines "
+            "and the front door, so prompts start sooner (lower TTFT) while running streams' steps wait (higher "
+            "TPOT). 0: an equal share."
         ),
     )
     borrow_idle_cores: bool = Field(

@@ -20,8 +20,7 @@ process the service starts inherits that, and hands the layout to the engines' w
 its role's cores when it takes a role (also at a flip). A decode engine first claims a group of
 ``threads_per_engine`` reserved cores (``CoreClaim``: an exclusive ``flock`` on a file per group, which the
 OS drops when its process ends), so two decode engines never share one; with a claim it runs on those cores
-and borrows none (a borrowed OMP helper thread would start on them), at ``decode_niceness`` as where it shares
-cores: the one other engine thread let onto them is a prefill engine's, and a prompt goes first there too.
+at niceness 0 and borrows none (its core is its own, and a borrowed OMP helper thread would start on it).
 The reservation is sized at start: a decode engine a flip or scaling adds finds every group claimed and
 shares every core, with ``decode_niceness`` and borrowing, as without a layout. Measured:
 ``benchmarks/results/s53_probe_pin_free_prefill.md``.
@@ -89,10 +88,10 @@ class RoleCpu:
 
     @classmethod
     def decode(cls, cfg: EngineConfig, layout: CoreLayout | None, claim: CoreClaim | None) -> RoleCpu:
-        """With a claim, its own cores, where it yields to the prefill engines only and borrows nothing; sharing
-        cores (no layout, or no group left to claim), the configured niceness and borrowing."""
+        """With a claim, its own cores, where it has nothing to yield to and nothing to borrow; sharing cores
+        (no layout, or no group left to claim), the configured niceness and borrowing."""
         if claim is not None:
-            return cls(cfg.decode_niceness, False, claim.cores)
+            return cls(0, False, claim.cores)
         return cls(cfg.decode_niceness, cfg.borrow_idle_cores, None if layout is None else layout.every)
 
     @classmethod

@@ -22,8 +22,8 @@ process's interpreter lock. (Work on the actor's thread also raises the CPU time
 itself: benchmarks/engine_thread_contention.py.)
 
 A decode engine's thread may run at a lower CPU priority (``niceness``, the config's
-``engine.decode_niceness``, default 5; 0: equal shares), so that on the cores it shares
-(with a prefill engine, and without cores of its own also the front door) the prompts go first. The thread carries
+``engine.decode_niceness``, default 5; 0: equal shares), so that where it shares cores
+with a prefill engine and the front door the prompts go first. The thread carries
 an OS name, ``eng-<worker id>`` (``top -H``, ``/proc/<pid>/task/*/comm``). On CPUs each
 engine posts on the machine's core board whether it is stepping (``cores``,
 engine/cores.py), and a borrowing engine sets its thread count before each step

@@ -54,7 +54,7 @@ def test_the_layout_travels_in_the_environment_and_a_bad_one_is_ignored() -> Non
         assert CoreLayout.from_env({LAYOUT_ENV: bad}) is None, bad
 
 
-def test_with_its_own_cores_a_decode_engine_borrows_none_and_yields_to_prefill_which_runs_anywhere(
+def test_with_its_own_cores_a_decode_engine_neither_yields_nor_borrows_and_prefill_runs_anywhere(
     tmp_path: Path,
 ) -> None:
     cfg = ClusterConfig().engine
@@ -63,8 +63,7 @@ def test_with_its_own_cores_a_decode_engine_borrows_none_and_yields_to_prefill_w
     assert RoleCpu.decode(cfg, None, None) == shared
     assert RoleCpu.decode(cfg, layout, None) == RoleCpu(shared.niceness, shared.borrows, frozenset({0, 1}))
     claim = claim_decode_cores(layout, 1, tmp_path)
-    assert RoleCpu.decode(cfg, layout, claim) == RoleCpu(cfg.decode_niceness, False, frozenset({0}))
-    assert cfg.decode_niceness > RoleCpu.prefill(layout).niceness  # on the decode's core a prompt goes first
+    assert RoleCpu.decode(cfg, layout, claim) == RoleCpu(0, False, frozenset({0}))
     assert RoleCpu.prefill(None) == RoleCpu(0, False, None)
     assert RoleCpu.prefill(layout) == RoleCpu(0, False, frozenset({0, 1}))
 
