@@ -21,7 +21,7 @@ threads, prefill engine threads and every other thread of the server's processes
 cores, every core, or left to the kernel after the warm-up (the benchmark client is left alone; vLLM's CPU
 server binds its model worker to core 0); with ``--renice-rest NAME`` every thread of the server but the
 engines' runs at niceness ``RENICE_REST`` instead. With ``--code NAME=COMMIT`` variant ``NAME``'s server runs
-the code of ``COMMIT`` (``checkout_env``) instead of the working tree's, to compare two commits side by side:
+the code of ``COMMIT`` (``variant_envs``) instead of the working tree's, to compare two commits side by side:
 
     python benchmarks/engine_steps.py --scenario rate --repeats 3 --variant head= --variant old= --code old=ebdbf46
 
@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from thread_timeline import BUSY, SAMPLE_S, Timeline, competitors, engine_threads, peers_cpu_s, threads
-from vllm_bench_report import RESULTS, checkout_env, code_state
+from vllm_bench_report import RESULTS, add_code_option, code_line, variant_envs
 from vllm_bench_serve import prepare, run_bench, warmed_server
 
 PORT = 8100  # tetriserve_cmd's HTTP port
@@ -203,7 +203,7 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         "# Engine steps, CPU and waits for a core in service",
         "",
         f"Command: `python benchmarks/{Path(__file__).name} {' '.join(shlex.quote(a) for a in sys.argv[1:])}`  ",
-        f"Code: {code_state()}" + "".join(f"; variant `{n}` on commit {c}" for n, c in args.code_of.items()) + "  ",
+        code_line(args),
         f"Scenario `{args.scenario}` of vLLM's benchmark client (ShareGPT, seed {args.seed}, `--ignore-eos`), on a "
         "fresh server per run after the 64-prompt warm-up; variants alternate from one repeat to the next. Each "
         "cell: the median over repeats (each repeat's value after it). `ms_per_step_*`: time inside engine steps per "
@@ -246,7 +246,7 @@ def main() -> int:
         help="also sample every thread of the server and every other process, and report what used the cores "
         "while each engine thread was busy",
     )
-    ap.add_argument("--code", action="append", default=[], help="NAME=COMMIT: variant NAME's server runs COMMIT's code")
+    add_code_option(ap)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--request-rate", type=float, default=2.0)
@@ -256,8 +256,7 @@ def main() -> int:
     args = ap.parse_args()
     variants = dict(v.split("=", 1) for v in args.variant)
     args.model, args.dataset, env = prepare()
-    args.code_of = dict(c.split("=", 1) for c in args.code)
-    envs = {n: checkout_env(args.code_of[n], env) if n in args.code_of else env for n in variants}
+    envs = variant_envs(args, variants, env)
     runs: dict[str, list[dict]] = {n: [] for n in variants}
     for rep in range(args.repeats):
         order = list(variants) if rep % 2 == 0 else list(variants)[::-1]

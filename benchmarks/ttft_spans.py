@@ -11,7 +11,7 @@ root span began and the median duration (ms), over the requests after the first 
 median TTFT, and what the prefill engine did for a request: its steps and their wall time, from the worker's
 ``tetriserve:engine_steps_total`` and ``engine_step_seconds_total`` read around the same requests (with
 ``--max-tokens 1`` the request ends at the prefill, so nothing else runs). With ``--code NAME=COMMIT`` variant
-``NAME``'s server runs the code of ``COMMIT`` (``checkout_env``). Writes ``benchmarks/results/<out>.{md,json}``.
+``NAME``'s server runs the code of ``COMMIT`` (``variant_envs``). Writes ``benchmarks/results/<out>.{md,json}``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_steps import engine_counters
-from vllm_bench_report import RESULTS, ROOT, WORK, checkout_env, code_state
+from vllm_bench_report import RESULTS, ROOT, WORK, add_code_option, code_line, variant_envs
 from vllm_bench_serve import prepare, stop, tetriserve_cmd, wait_ready
 
 PORT = 8100  # tetriserve_cmd's HTTP port
@@ -163,7 +163,7 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> Path:
         "# A request's first token, stage by stage: its tracing spans, one stream at a time",
         "",
         f"Command: `python benchmarks/ttft_spans.py {' '.join(sys.argv[1:])}`  ",
-        f"Code: {code_state()}" + "".join(f"; variant `{n}` on commit {c}" for n, c in args.code_of.items()) + "  ",
+        code_line(args),
         f"{args.requests} streamed completions one after the other ({args.prompt_words}-word prompts, "
         f"{args.max_tokens} tokens, {args.gap_s:g} s apart), each variant on a fresh `tetriserve serve` with tracing "
         f"on; medians over all but the first {args.skip}. Start: ms after the request's root span began (the "
@@ -198,15 +198,13 @@ def main() -> int:
     ap.add_argument("--prompt-words", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--gap-s", type=float, default=0.1, help="pause between requests")
-    ap.add_argument("--code", action="append", default=[], help="NAME=COMMIT: variant NAME's server runs COMMIT's code")
+    add_code_option(ap)
     ap.add_argument("--out", default="ttft_spans")
     args = ap.parse_args()
     if args.requests <= args.skip:
         ap.error("--requests must be more than --skip")
     variants = [v.split("=", 1) for v in (args.variant or ["defaults="])]
-    args.code_of = dict(c.split("=", 1) for c in args.code)
-    env = prepare()[2]
-    envs = {n: checkout_env(args.code_of[n], env) if n in args.code_of else env for n, _ in variants}
+    envs = variant_envs(args, (name for name, _ in variants), prepare()[2])
     results = {name: run_variant(name, flags, args, envs[name]) for name, flags in variants}
     print(write(results, args).read_text())
     return 0

@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,27 @@ def checkout_env(commit: str, env: dict[str, str]) -> dict[str, str]:
         if not link.is_symlink():
             link.symlink_to(tree / folder)
     return dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(links), env.get("PYTHONPATH", "")])))
+
+
+def add_code_option(ap: argparse.ArgumentParser) -> None:
+    """``--code NAME=COMMIT``: variant ``NAME``'s server runs ``COMMIT``'s code (``variant_envs``)."""
+    ap.add_argument("--code", action="append", default=[], help="NAME=COMMIT: variant NAME's server runs COMMIT's code")
+
+
+def variant_envs(args: argparse.Namespace, names: Iterable[str], env: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Each variant's server environment: ``env``, or ``checkout_env`` for a variant named by ``--code`` (kept in
+    ``args.code_of`` for ``code_line``)."""
+    names = list(names)
+    args.code_of = dict(c.split("=", 1) for c in args.code)
+    unknown = sorted(set(args.code_of) - set(names))
+    if unknown:
+        raise SystemExit(f"--code names no variant: {', '.join(unknown)}")
+    return {n: checkout_env(args.code_of[n], env) if n in args.code_of else env for n in names}
+
+
+def code_line(args: argparse.Namespace) -> str:
+    """A report's ``Code:`` line: the working tree's commit, and each ``--code`` variant's."""
+    return f"Code: {code_state()}" + "".join(f"; variant `{n}` on commit {c}" for n, c in args.code_of.items()) + "  "
 
 
 def report_head(out: str, title: str, script: str, result: dict[str, Any]) -> list[str]:
