@@ -113,7 +113,6 @@ class DecodeWorker(EngineWorker):
             borrow_min_batch=engine.borrow_min_batch,
             borrow_min_idle=engine.borrow_min_idle_cores,
             cores=cpu.cores,
-            helpers=cpu.helpers,
         )
         self.accepting = True
         self.running: dict[str, Running] = {}

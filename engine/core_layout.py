@@ -85,16 +85,13 @@ class RoleCpu:
     niceness: int
     borrows: bool
     cores: frozenset[int] | None  # None: where the process put it
-    helpers: frozenset[int] | None = None  # where a borrowing step's OMP helper threads run; None: beside it
 
     @classmethod
     def decode(cls, cfg: EngineConfig, layout: CoreLayout | None, claim: CoreClaim | None) -> RoleCpu:
-        """With a claim, its own cores at niceness 0 (nothing to yield to), borrowing the rest's cores for its
-        OMP helper threads when idle; sharing cores (no layout, or no group left to claim), the configured
-        niceness and borrowing."""
-        if claim is not None:  # a one-core claim keeps its core to the engine thread, a larger one its own helpers
-            helpers = None if layout is None else layout.rest | (claim.cores if len(claim.cores) > 1 else frozenset())
-            return cls(0, cfg.borrow_idle_cores, claim.cores, helpers)
+        """With a claim, its own cores, where it has nothing to yield to and nothing to borrow; sharing cores
+        (no layout, or no group left to claim), the configured niceness and borrowing."""
+        if claim is not None:
+            return cls(0, False, claim.cores)
         return cls(cfg.decode_niceness, cfg.borrow_idle_cores, None if layout is None else layout.every)
 
     @classmethod
@@ -185,26 +182,6 @@ def pin_engine_thread(cores: frozenset[int] | None) -> None:
         os.sched_setaffinity(0, cores)
     except OSError as exc:
         logger.warning("engine thread stays on its cores, could not move to %s: %s", cpu_list(cores), exc)
-
-
-def place_helpers(engine_tid: int, cores: frozenset[int]) -> int:
-    """Put the OMP helper threads the engine thread ``engine_tid`` started on ``cores``; returns how many
-    moved. A thread starts with its parent's OS name and cores, so helpers carry the engine thread's name and
-    would otherwise share its (reserved) core."""
-    tasks = Path("/proc/self/task")
-    try:
-        name = (tasks / str(engine_tid) / "comm").read_text()
-    except OSError:
-        return 0
-    moved = 0
-    for task in tasks.iterdir():
-        try:
-            if int(task.name) != engine_tid and (task / "comm").read_text() == name:
-                os.sched_setaffinity(int(task.name), cores)
-                moved += 1
-        except (OSError, ValueError):
-            continue  # a thread that has just ended
-    return moved
 
 
 @contextmanager

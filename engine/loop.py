@@ -53,7 +53,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from tetriserve.engine.core_layout import pin_engine_thread, place_helpers
+from tetriserve.engine.core_layout import pin_engine_thread
 from tetriserve.engine.cores import MIN_IDLE_CORES, CoreShare, name_os_thread, set_engine_threads, set_thread_niceness
 from tetriserve.engine.loop_messages import (
     AbortRequest,
@@ -100,9 +100,6 @@ class EngineLoop:
         self._niceness = 0  # the engine thread's, as take_role last set it
         self._cores = cores
         self._threads = cores.own if cores is not None else 0  # what the engine thread steps with now
-        self._helpers: frozenset[int] | None = None  # where its OMP helper threads go (``take_role``)
-        self._placed = self._threads  # the largest thread count whose helpers were put there
-        self._tid = 0  # the engine thread's OS id
         self._commands: queue.Queue[Command] = queue.Queue()
         self._outputs: dict[str, Output] = {}  # engine thread's view of live requests
         self.stream_interval_s = stream_interval_s  # may be changed while the engine runs
@@ -180,14 +177,12 @@ class EngineLoop:
         borrow_min_batch: int = 0,
         borrow_min_idle: float = MIN_IDLE_CORES,
         cores: frozenset[int] | None = None,
-        helpers: frozenset[int] | None = None,
     ) -> None:
         """Give the engine to a worker role (at start, and at a flip, with the engine idle): on the engine
         thread, between steps, ``install(scheduler)`` makes the scheduler the role's, and the thread takes the
         role's niceness and ``cores`` (its role's in the machine's ``CoreLayout``; None: where it is); the
         role's ``snapshot_fn`` and core borrowing (for steps of at least ``borrow_min_batch`` running requests,
-        while the rest of the machine leaves ``borrow_min_idle`` cores idle, the OMP helper threads of a
-        borrowing step on ``helpers``; None: where the engine thread is) apply from the next step."""
+        while the rest of the machine leaves ``borrow_min_idle`` cores idle) apply from the next step."""
 
         def switch(scheduler: Any) -> None:
             install(scheduler)
@@ -198,7 +193,6 @@ class EngineLoop:
                 else:
                     logger.warning("engine %s: could not set niceness %d", self.name, niceness)
             pin_engine_thread(cores)
-            self._helpers, self._placed = helpers, 0  # helpers started under the last role move on next use
             if self._cores is not None:
                 self._cores.set_borrows(borrows, borrow_min_batch, borrow_min_idle)
             self._publish()
@@ -224,7 +218,6 @@ class EngineLoop:
     # -- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
         name_os_thread(f"eng-{self.name}")
-        self._tid = threading.get_native_id()
         while not self._stopped:  # daemon thread: lives as long as the worker process, or until ``close``
             if self._has_work():
                 self._drain(block=False)
@@ -265,9 +258,6 @@ class EngineLoop:
         finally:
             self.busy_s += time.perf_counter() - started
             self.busy_cpu_s += time.thread_time() - cpu
-        if self._helpers is not None and self._threads > max(self._placed, 1):  # the step started new helpers
-            self._placed = self._threads
-            place_helpers(self._tid, self._helpers)
         self._stale = True
         batch = [d for d in (self._delta(out) for out in outputs) if d is not None]
         if time.monotonic() - self._published >= SNAPSHOT_INTERVAL_S:
