@@ -9,9 +9,8 @@ waits for a core while each of the others takes a little (README, Known limits, 
 service:
 
     decode engine threads   the lowest ``decode engines × threads_per_engine`` cores, nothing else on them
-    prefill engine threads  every core: idle between prompts, on the decode's core they take an equal share,
-                            as a colocated engine spends part of its step on prompt chunks
-    every other thread      the other cores (front door, Ray, the workers' event loops, the predictor)
+    every other thread      the other cores, "the rest": prefill engines, front door, Ray, the workers' event
+                            loops, the predictor
 
 ``tetriserve serve`` makes the layout when it starts a Ray cluster of its own on a CPU machine and at least
 one core stays for the rest: it puts every thread of its own process on the rest before Ray starts, so every
@@ -23,7 +22,10 @@ OS drops when its process ends), so two decode engines never share one; with a c
 at niceness 0 and borrows none (its core is its own, and a borrowed OMP helper thread would start on it).
 The reservation is sized at start: a decode engine a flip or scaling adds finds every group claimed and
 shares every core, with ``decode_niceness`` and borrowing, as without a layout. Measured:
-``benchmarks/results/s53_probe_pin_free_prefill.md``.
+``benchmarks/results/s53_probe_pin_free_prefill.md``. Until session 56 the prefill engines ran on every core,
+taking an equal share of the decode's as a colocated engine spends part of its step on prompt chunks; on the
+rest only, a burst's prompts come later and every decode step sooner (README, Design notes,
+``benchmarks/results/s56_probe_prefill_rest_*.md``).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def cpu_list(cores: Iterable[int]) -> str:
 @dataclass(frozen=True)
 class CoreLayout:
     decode: frozenset[int]  # the decode engines' threads, and nothing else
-    every: frozenset[int]  # every core the service may use: the prefill engines' threads
+    every: frozenset[int]  # every core the service may use (a decode engine without a claim shares them all)
 
     @property
     def rest(self) -> frozenset[int]:
@@ -96,7 +98,8 @@ class RoleCpu:
 
     @classmethod
     def prefill(cls, layout: CoreLayout | None) -> RoleCpu:
-        return cls(0, False, None if layout is None else layout.every)
+        """The rest's cores: a prompt never takes a step's time from a decode engine's own core."""
+        return cls(0, False, None if layout is None else layout.rest)
 
 
 class CoreClaim:

@@ -54,7 +54,7 @@ def test_the_layout_travels_in_the_environment_and_a_bad_one_is_ignored() -> Non
         assert CoreLayout.from_env({LAYOUT_ENV: bad}) is None, bad
 
 
-def test_with_its_own_cores_a_decode_engine_neither_yields_nor_borrows_and_prefill_runs_anywhere(
+def test_with_its_own_cores_a_decode_engine_neither_yields_nor_borrows_and_prefill_runs_on_the_rest(
     tmp_path: Path,
 ) -> None:
     cfg = ClusterConfig().engine
@@ -65,7 +65,7 @@ def test_with_its_own_cores_a_decode_engine_neither_yields_nor_borrows_and_prefi
     claim = claim_decode_cores(layout, 1, tmp_path)
     assert RoleCpu.decode(cfg, layout, claim) == RoleCpu(0, False, frozenset({0}))
     assert RoleCpu.prefill(None) == RoleCpu(0, False, None)
-    assert RoleCpu.prefill(layout) == RoleCpu(0, False, frozenset({0, 1}))
+    assert RoleCpu.prefill(layout) == RoleCpu(0, False, frozenset({1}))
 
 
 def test_the_reservation_is_on_by_default_and_a_setting() -> None:
