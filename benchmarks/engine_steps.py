@@ -20,8 +20,10 @@ each engine thread's busy samples. A variant named by a placement flag (``PLACEM
 threads, prefill engine threads and every other thread of the server's processes put on core 0, the other
 cores, every core, or left to the kernel after the warm-up (the benchmark client is left alone; vLLM's CPU
 server binds its model worker to core 0); with ``--renice-rest NAME`` every thread of the server but the
-engines' runs at niceness ``RENICE_REST`` instead. With ``--code NAME=COMMIT`` variant ``NAME``'s server runs
-the code of ``COMMIT`` (``variant_envs``) instead of the working tree's, to compare two commits side by side:
+engines' runs at niceness ``RENICE_REST`` instead, with ``--renice-front-door NAME`` every thread of the
+``serve`` process (the front door; Ray's processes and the workers are its children, not it). With ``--code
+NAME=COMMIT`` variant ``NAME``'s server runs the code of ``COMMIT`` (``variant_envs``) instead of the working
+tree's, to compare two commits side by side:
 
     python benchmarks/engine_steps.py --scenario rate --repeats 3 --variant head= --variant old= --code old=ebdbf46
 
@@ -57,7 +59,8 @@ _KEYS = {  # figure -> (series, clock) on /metrics
     "wall": ("engine_step_seconds", "wall"),
     "cpu": ("engine_step_seconds", "cpu"),
 }
-RENICE_REST = 10  # ``--renice-rest``: the niceness of every thread of the server but the engines'
+RENICE_REST = 10  # ``--renice-rest``/``--renice-front-door``: the niceness of the threads they name
+RENICED = {"renice_rest": "every thread but the engines'", "renice_front_door": "the front door's threads"}
 ZERO, OTHERS, EVERY, KERNEL = "core 0", "the others", "every core", "the kernel's choice"  # where threads go
 # flag -> (decode engine threads, prefill engine threads, every other thread of the server)
 PLACEMENTS: dict[str, tuple[str, str, str]] = {
@@ -70,13 +73,13 @@ PLACEMENTS: dict[str, tuple[str, str, str]] = {
 
 
 def placement_label(mode: str) -> str:
-    if mode == "renice_rest":
-        return f"every thread but the engines' at niceness {RENICE_REST}"
+    if mode in RENICED:
+        return f"{RENICED[mode]} at niceness {RENICE_REST}"
     decode, prefill, rest = PLACEMENTS[mode]
     return f"decode on {decode}, prefill on {prefill}, the rest on {rest}"
 
 
-PINNED = {mode: f" ({placement_label(mode)})" for mode in (*PLACEMENTS, "renice_rest")}
+PINNED = {mode: f" ({placement_label(mode)})" for mode in (*PLACEMENTS, *RENICED)}
 _NAMES = "engine_steps|engine_borrowed_steps|engine_step_seconds|engine_generation_tokens"
 _SERIES = re.compile(rf"tetriserve:({_NAMES})_total\{{([^}}]*)\}} (\S+)")
 
@@ -106,10 +109,10 @@ def client_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def pin(sid: int, mode: str) -> int:
-    """Put the session's threads where placement ``mode`` says (or renice them, ``renice_rest``); returns how
-    many engine threads went to core 0."""
-    if mode == "renice_rest":
-        return renice_rest(sid)
+    """Put the session's threads where placement ``mode`` says (or renice some, ``RENICED``); returns how
+    many engine threads went to core 0 (how many threads were reniced)."""
+    if mode in RENICED:
+        return renice(sid, mode)
     cores = os.sched_getaffinity(0)
     where = {ZERO: {0}, OTHERS: cores - {0} or cores, EVERY: cores}
     decode, prefill, rest = PLACEMENTS[mode]
@@ -126,12 +129,14 @@ def pin(sid: int, mode: str) -> int:
     return pinned
 
 
-def renice_rest(sid: int) -> int:
-    """Every thread of the session but the engines' (front doors, Ray, the workers' event loops, the predictor)
-    at niceness ``RENICE_REST``, so that the engines go first on the cores; returns how many were reniced."""
+def renice(sid: int, mode: str) -> int:
+    """``renice_rest``: every thread of the session but the engines' (front doors, Ray, the workers' event
+    loops, the predictor) at niceness ``RENICE_REST``, so that the engines go first on the cores;
+    ``renice_front_door``: the threads of the session's leader, the ``serve`` process, so that a prompt goes
+    before the token stream on the rest's cores. Returns how many were reniced."""
     done = 0
-    for tid, (name, _, _) in threads(sid).items():
-        if not name.startswith("eng-"):
+    for tid, (name, _, pid) in threads(sid).items():
+        if pid == sid if mode == "renice_front_door" else not name.startswith("eng-"):
             try:
                 os.setpriority(os.PRIO_PROCESS, tid, RENICE_REST)
                 done += 1
@@ -237,7 +242,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", choices=("rate", "single", "saturation"), default="saturation")
     ap.add_argument("--variant", action="append", required=True, help="NAME=FLAGS (extra `tetriserve serve` flags)")
-    for mode in (*PLACEMENTS, "renice_rest"):
+    for mode in (*PLACEMENTS, *RENICED):
         flag = "--" + mode.replace("_", "-")
         ap.add_argument(flag, action="append", default=[], help=f"a variant NAME: {placement_label(mode)}")
     ap.add_argument(
