@@ -134,9 +134,9 @@ def renice(sid: int, mode: str) -> int:
     loops, the predictor) at niceness ``RENICE_REST``, so that the engines go first on the cores;
     ``renice_front_door``: the threads of the session's leader, the ``serve`` process, so that a prompt goes
     before the token stream on the rest's cores. Returns how many were reniced."""
-    done = 0
+    done, front_door = 0, mode == "renice_front_door"
     for tid, (name, _, pid) in threads(sid).items():
-        if pid == sid if mode == "renice_front_door" else not name.startswith("eng-"):
+        if (pid == sid) if front_door else not name.startswith("eng-"):
             try:
                 os.setpriority(os.PRIO_PROCESS, tid, RENICE_REST)
                 done += 1
