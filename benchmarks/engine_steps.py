@@ -20,7 +20,7 @@ each engine thread's busy samples. A variant named by a placement flag (``PLACEM
 threads, prefill engine threads and every other thread of the server's processes put on core 0, the other
 cores, every core, or left to the kernel after the warm-up (the benchmark client is left alone; vLLM's CPU
 server binds its model worker to core 0); with ``--renice-rest NAME`` every thread of the server but the
-engines' runs at niceness ``RENICE_REST`` instead, with ``--renice-front-door NAME`` every thread of the
+engines' runs at niceness ``RENICE_TO`` instead, with ``--renice-front-door NAME`` every thread of the
 ``serve`` process (the front door; Ray's processes and the workers are its children, not it). With ``--code
 NAME=COMMIT`` variant ``NAME``'s server runs the code of ``COMMIT`` (``variant_envs``) instead of the working
 tree's, to compare two commits side by side:
@@ -59,7 +59,7 @@ _KEYS = {  # figure -> (series, clock) on /metrics
     "wall": ("engine_step_seconds", "wall"),
     "cpu": ("engine_step_seconds", "cpu"),
 }
-RENICE_REST = 10  # ``--renice-rest``/``--renice-front-door``: the niceness of the threads they name
+RENICE_TO = 10  # the niceness ``--renice-rest`` and ``--renice-front-door`` give the threads they name
 RENICED = {"renice_rest": "every thread but the engines'", "renice_front_door": "the front door's threads"}
 ZERO, OTHERS, EVERY, KERNEL = "core 0", "the others", "every core", "the kernel's choice"  # where threads go
 # flag -> (decode engine threads, prefill engine threads, every other thread of the server)
@@ -74,7 +74,7 @@ PLACEMENTS: dict[str, tuple[str, str, str]] = {
 
 def placement_label(mode: str) -> str:
     if mode in RENICED:
-        return f"{RENICED[mode]} at niceness {RENICE_REST}"
+        return f"{RENICED[mode]} at niceness {RENICE_TO}"
     decode, prefill, rest = PLACEMENTS[mode]
     return f"decode on {decode}, prefill on {prefill}, the rest on {rest}"
 
@@ -131,14 +131,14 @@ def pin(sid: int, mode: str) -> int:
 
 def renice(sid: int, mode: str) -> int:
     """``renice_rest``: every thread of the session but the engines' (front doors, Ray, the workers' event
-    loops, the predictor) at niceness ``RENICE_REST``, so that the engines go first on the cores;
+    loops, the predictor) at niceness ``RENICE_TO``, so that the engines go first on the cores;
     ``renice_front_door``: the threads of the session's leader, the ``serve`` process, so that a prompt goes
     before the token stream on the rest's cores. Returns how many were reniced."""
     done, front_door = 0, mode == "renice_front_door"
     for tid, (name, _, pid) in threads(sid).items():
         if (pid == sid) if front_door else not name.startswith("eng-"):
             try:
-                os.setpriority(os.PRIO_PROCESS, tid, RENICE_REST)
+                os.setpriority(os.PRIO_PROCESS, tid, RENICE_TO)
                 done += 1
             except OSError:
                 continue

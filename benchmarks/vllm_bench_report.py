@@ -72,20 +72,23 @@ def add_code_option(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--code", action="append", default=[], help="NAME=COMMIT: variant NAME's server runs COMMIT's code")
 
 
+def code_of(args: argparse.Namespace) -> dict[str, str]:
+    """Variant name -> commit, from ``--code``."""
+    return dict(c.split("=", 1) for c in args.code)
+
+
 def variant_envs(args: argparse.Namespace, names: Iterable[str], env: dict[str, str]) -> dict[str, dict[str, str]]:
-    """Each variant's server environment: ``env``, or ``checkout_env`` for a variant named by ``--code`` (kept in
-    ``args.code_of`` for ``code_line``)."""
-    names = list(names)
-    args.code_of = dict(c.split("=", 1) for c in args.code)
-    unknown = sorted(set(args.code_of) - set(names))
+    """Each variant's server environment: ``env``, or ``checkout_env`` for a variant named by ``--code``."""
+    names, commits = list(names), code_of(args)
+    unknown = sorted(set(commits) - set(names))
     if unknown:
         raise SystemExit(f"--code names no variant: {', '.join(unknown)}")
-    return {n: checkout_env(args.code_of[n], env) if n in args.code_of else env for n in names}
+    return {n: checkout_env(commits[n], env) if n in commits else env for n in names}
 
 
 def code_line(args: argparse.Namespace) -> str:
     """A report's ``Code:`` line: the working tree's commit, and each ``--code`` variant's."""
-    return f"Code: {code_state()}" + "".join(f"; variant `{n}` on commit {c}" for n, c in args.code_of.items()) + "  "
+    return f"Code: {code_state()}" + "".join(f"; variant `{n}` on commit {c}" for n, c in code_of(args).items()) + "  "
 
 
 def report_head(out: str, title: str, script: str, result: dict[str, Any]) -> list[str]:
