@@ -31,8 +31,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from tetriserve.common.sharegpt import first_human_prompt, iter_conversations
+    from tetriserve.engine.hardware import cpu_has_bf16
     from tetriserve.length_predictor.artifact import load
-    from tetriserve.length_predictor.encoder import Encoder, cpu_has_bf16, features
+    from tetriserve.length_predictor.encoder import Encoder, features
     from tetriserve.length_predictor.heads import infer
     from tetriserve.length_predictor.paths import default_artifact
 

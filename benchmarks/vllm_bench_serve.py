@@ -248,8 +248,10 @@ def warmed_server(
 
 
 def vllm_server(model: str, port: int, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """A plain vLLM OpenAI server on ``port`` (command, environment): same model, context and block size as
-    tetriserve's engines, its KV cache sized like theirs."""
+    """A plain vLLM OpenAI server on ``port`` (command, environment): same model, dtype, context and block size
+    as tetriserve's engines, its KV cache sized like theirs."""
+    from tetriserve.engine.settings import engine_dtype
+
     cmd = [
         sys.executable,
         "-m",
@@ -258,6 +260,8 @@ def vllm_server(model: str, port: int, env: dict[str, str]) -> tuple[list[str], 
         model,
         "--served-model-name",
         "tiny-llama",
+        "--dtype",
+        engine_dtype("auto"),  # what tetriserve's engines resolve their default to on this machine
         "--max-model-len",
         "2048",
         "--block-size",

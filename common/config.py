@@ -31,7 +31,13 @@ class EngineConfig(BaseModel):
     served_model_name: str | None = Field(
         None, description="Name clients pass as `model`; default: the directory name."
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weights/activations dtype.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description=(
+            "Weights/activations dtype. auto: vLLM's choice, except float32 on a CPU without bfloat16 matrix "
+            "instructions (AMX, AVX512-BF16), where bfloat16 is emulated and slow."
+        ),
+    )
     max_model_len: int = Field(2048, ge=16, description="Context length (prompt + output tokens).")
     block_size: int = Field(
         32, ge=1, description="KV cache block size in tokens (vLLM CPU attention needs a multiple of 32)."

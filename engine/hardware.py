@@ -1,4 +1,5 @@
-"""A short name for the accelerator engines run on: the key of a cost profile (common.cost_profile)."""
+"""What engines run on: a short name for the accelerator (the key of a cost profile, common.cost_profile), and
+whether its CPU multiplies bfloat16 in hardware."""
 
 from __future__ import annotations
 
@@ -23,3 +24,12 @@ def detect_hardware() -> str:
                 model = line.split(":", 1)[1].strip()
                 break
     return f"{model} x{os.cpu_count() or 1}-cores"
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (AMX tiles or AVX512-BF16), as torch sees it."""
+    import torch
+
+    return any(
+        getattr(torch.cpu, probe, lambda: False)() for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    )

@@ -14,6 +14,7 @@ import enum
 from typing import TYPE_CHECKING, Any, Literal
 
 from tetriserve.common.config import EngineConfig
+from tetriserve.engine.hardware import cpu_has_bf16
 
 if TYPE_CHECKING:
     from vllm import EngineArgs
@@ -51,6 +52,16 @@ def on_cpu() -> bool:
     import torch
 
     return not torch.cuda.is_available()
+
+
+def engine_dtype(dtype: str) -> str:
+    """The dtype an engine is built with. ``auto`` on a CPU without bfloat16 matrix instructions (AMX tiles,
+    AVX512-BF16) is float32: vLLM's own ``auto`` casts a float32 checkpoint to bfloat16 on every x86 CPU, and
+    one without them (an AVX2-only EPYC) computes it through a fallback several times slower than float32
+    (README, Configuration). Elsewhere ``auto`` is vLLM's, and an explicit dtype is taken as it is."""
+    if dtype == "auto" and on_cpu() and not cpu_has_bf16():
+        return "float32"
+    return dtype
 
 
 def build_engine_args(
@@ -100,7 +111,7 @@ def build_engine_args(
     return EngineArgs(
         model=model,
         served_model_name=cfg.served_model_name,
-        dtype=cfg.dtype,
+        dtype=engine_dtype(cfg.dtype),
         max_model_len=cfg.max_model_len,
         block_size=cfg.block_size,
         max_num_seqs=cfg.max_num_seqs,

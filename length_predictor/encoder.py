@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from tetriserve.engine.hardware import cpu_has_bf16
+
 logger = logging.getLogger(__name__)
 
 ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -75,15 +77,6 @@ def load_tokenizer(path: str | os.PathLike[str] | None = None, max_length: int =
     tok.truncation_side = "left"
     tok.model_max_length = max_length
     return tok
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices in hardware (AMX tiles or AVX512-BF16), as torch sees it."""
-    import torch
-
-    return any(
-        getattr(torch.cpu, probe, lambda: False)() for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-    )
 
 
 def resolve_dtype(dtype: str = "auto") -> Any:
