@@ -11,6 +11,7 @@ launcher passes them as the actor's runtime_env).
 from __future__ import annotations
 
 import enum
+import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 from tetriserve.common.config import EngineConfig
@@ -18,6 +19,8 @@ from tetriserve.engine.hardware import cpu_has_bf16
 
 if TYPE_CHECKING:
     from vllm import EngineArgs
+
+logger = logging.getLogger(__name__)
 
 CONNECTOR_MODULE = "tetriserve.transport.kv_connector"
 CONNECTOR_CLASS = "TetriKVConnector"
@@ -60,6 +63,7 @@ def engine_dtype(dtype: str) -> str:
     one without them (an AVX2-only EPYC) computes it through a fallback several times slower than float32
     (README, Configuration). Elsewhere ``auto`` is vLLM's, and an explicit dtype is taken as it is."""
     if dtype == "auto" and on_cpu() and not cpu_has_bf16():
+        logger.info("engine.dtype auto: float32, this CPU has no bfloat16 matrix instructions (AMX, AVX512-BF16)")
         return "float32"
     return dtype
 
