@@ -176,6 +176,9 @@ def median_of(runs: list[dict[str, float]], metric: str) -> float:
 
 
 def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: argparse.Namespace) -> None:
+    from tetriserve.engine.hardware import detect_hardware
+    from tetriserve.engine.settings import engine_dtype
+
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
     flags = f" --tetriserve-flags={args.tetriserve_flags}" if args.tetriserve_flags else ""
     eos = getattr(args, "ignore_eos", False)
@@ -199,7 +202,8 @@ def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: ar
         f"{rounds} rounds; in each, every scenario on a fresh server of each system, the two back to back, which one "
         f"goes first alternating; each server first serves {WARMUP_PROMPTS} prompts at once, not measured; "
         "a server starts only once every process of the one before has exited.  ",
-        f"Machine: {os.cpu_count()} CPU cores, no GPU; tiny random-weight Llama (5.2M params), same for both.  ",
+        f"Machine: {detect_hardware()} ({os.cpu_count()} CPU cores), no GPU; tiny random-weight Llama (5.2M params), "
+        f"same for both, in dtype `{engine_dtype('auto')}` (tetriserve's default here, passed to plain vLLM).  ",
         f"tetriserve: defaults{' plus `' + args.tetriserve_flags + '`' if args.tetriserve_flags else ''} "
         "(1 prefill + 1 decode worker, trained length predictor), 1 OMP thread per engine, "
         "KV over the default transport (`auto`: shared memory). "
