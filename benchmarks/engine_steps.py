@@ -21,7 +21,8 @@ threads, prefill engine threads and every other thread of the server's processes
 cores, every core, or left to the kernel after the warm-up (the benchmark client is left alone; vLLM's CPU
 server binds its model worker to core 0); with ``--renice-rest NAME`` every thread of the server but the
 engines' runs at niceness ``RENICE_TO`` instead, with ``--renice-front-door NAME`` every thread of the
-``serve`` process (the front door; Ray's processes and the workers are its children, not it). With ``--code
+``serve`` process (the front door; Ray's processes and the workers are its children, not it); ``--batch-rest
+NAME`` and ``--batch-front-door NAME`` put the same threads in ``SCHED_BATCH`` instead. With ``--code
 NAME=COMMIT`` variant ``NAME``'s server runs the code of ``COMMIT`` (``variant_envs``) instead of the working
 tree's, to compare two commits side by side:
 
@@ -60,7 +61,12 @@ _KEYS = {  # figure -> (series, clock) on /metrics
     "cpu": ("engine_step_seconds", "cpu"),
 }
 RENICE_TO = 10  # the niceness ``--renice-rest`` and ``--renice-front-door`` give the threads they name
-RENICED = {"renice_rest": "every thread but the engines'", "renice_front_door": "the front door's threads"}
+RENICED = {  # mode -> the threads it names
+    "renice_rest": "every thread but the engines'",
+    "renice_front_door": "the front door's threads",
+    "batch_rest": "every thread but the engines'",
+    "batch_front_door": "the front door's threads",
+}
 ZERO, OTHERS, EVERY, KERNEL = "core 0", "the others", "every core", "the kernel's choice"  # where threads go
 # flag -> (decode engine threads, prefill engine threads, every other thread of the server)
 PLACEMENTS: dict[str, tuple[str, str, str]] = {
@@ -74,7 +80,8 @@ PLACEMENTS: dict[str, tuple[str, str, str]] = {
 
 def placement_label(mode: str) -> str:
     if mode in RENICED:
-        return f"{RENICED[mode]} at niceness {RENICE_TO}"
+        how = "in SCHED_BATCH (never preempting on wake-up)" if mode.startswith("batch") else f"at niceness {RENICE_TO}"
+        return f"{RENICED[mode]} {how}"
     decode, prefill, rest = PLACEMENTS[mode]
     return f"decode on {decode}, prefill on {prefill}, the rest on {rest}"
 
@@ -133,12 +140,17 @@ def renice(sid: int, mode: str) -> int:
     """``renice_rest``: every thread of the session but the engines' (front doors, Ray, the workers' event
     loops, the predictor) at niceness ``RENICE_TO``, so that the engines go first on the cores;
     ``renice_front_door``: the threads of the session's leader, the ``serve`` process, so that a prompt goes
-    before the token stream on the rest's cores. Returns how many were reniced."""
-    done, front_door = 0, mode == "renice_front_door"
+    before the token stream on the rest's cores. ``batch_*``: the same threads in ``SCHED_BATCH`` instead, at
+    their weight but never preempting a running thread when they wake (a token arriving at the front door then
+    waits for the engine's slice to end rather than cutting it). Returns how many were changed."""
+    done, front_door = 0, mode.endswith("front_door")
     for tid, (name, _, pid) in threads(sid).items():
         if (pid == sid) if front_door else not name.startswith("eng-"):
             try:
-                os.setpriority(os.PRIO_PROCESS, tid, RENICE_TO)
+                if mode.startswith("batch"):
+                    os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
+                else:
+                    os.setpriority(os.PRIO_PROCESS, tid, RENICE_TO)
                 done += 1
             except OSError:
                 continue
