@@ -19,6 +19,8 @@ from tetriserve.common.security_config import SecurityConfig
 from tetriserve.common.tracing_config import TracingConfig
 from tetriserve.common.transport_config import TransportConfig
 
+EngineDtype = Literal["auto", "float32", "bfloat16", "float16"]
+
 
 class EngineConfig(BaseModel):
     """Settings shared by every vLLM engine of the cluster."""
@@ -31,7 +33,7 @@ class EngineConfig(BaseModel):
     served_model_name: str | None = Field(
         None, description="Name clients pass as `model`; default: the directory name."
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+    dtype: EngineDtype = Field(
         "auto",
         description=(
             "Weights/activations dtype. auto: vLLM's choice, except float32 on a CPU without bfloat16 matrix "

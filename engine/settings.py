@@ -14,7 +14,7 @@ import enum
 import logging
 from typing import TYPE_CHECKING, Any, Literal
 
-from tetriserve.common.config import EngineConfig
+from tetriserve.common.config import EngineConfig, EngineDtype
 from tetriserve.engine.hardware import cpu_has_bf16
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def on_cpu() -> bool:
     return not torch.cuda.is_available()
 
 
-def engine_dtype(dtype: str) -> str:
+def engine_dtype(dtype: EngineDtype) -> EngineDtype:
     """The dtype an engine is built with. ``auto`` on a CPU without bfloat16 matrix instructions (AMX tiles,
     AVX512-BF16) is float32: vLLM's own ``auto`` casts a float32 checkpoint to bfloat16 on every x86 CPU, and
     one without them (an AVX2-only EPYC) computes it through a fallback several times slower than float32
