@@ -61,11 +61,13 @@ _KEYS = {  # figure -> (series, clock) on /metrics
     "cpu": ("engine_step_seconds", "cpu"),
 }
 RENICE_TO = 10  # the niceness ``--renice-rest`` and ``--renice-front-door`` give the threads they name
-RENICED = {  # mode -> the threads it names
-    "renice_rest": "every thread but the engines'",
-    "renice_front_door": "the front door's threads",
-    "batch_rest": "every thread but the engines'",
-    "batch_front_door": "the front door's threads",
+FRONT_DOOR, REST = "the front door's threads", "every thread but the engines'"
+NICE, BATCH = f"at niceness {RENICE_TO}", "in SCHED_BATCH (never preempting on wake-up)"
+RENICED = {  # mode -> (the threads it names, what it does to them)
+    "renice_rest": (REST, NICE),
+    "renice_front_door": (FRONT_DOOR, NICE),
+    "batch_rest": (REST, BATCH),
+    "batch_front_door": (FRONT_DOOR, BATCH),
 }
 ZERO, OTHERS, EVERY, KERNEL = "core 0", "the others", "every core", "the kernel's choice"  # where threads go
 # flag -> (decode engine threads, prefill engine threads, every other thread of the server)
@@ -80,8 +82,7 @@ PLACEMENTS: dict[str, tuple[str, str, str]] = {
 
 def placement_label(mode: str) -> str:
     if mode in RENICED:
-        how = "in SCHED_BATCH (never preempting on wake-up)" if mode.startswith("batch") else f"at niceness {RENICE_TO}"
-        return f"{RENICED[mode]} {how}"
+        return " ".join(RENICED[mode])
     decode, prefill, rest = PLACEMENTS[mode]
     return f"decode on {decode}, prefill on {prefill}, the rest on {rest}"
 
@@ -143,11 +144,11 @@ def renice(sid: int, mode: str) -> int:
     before the token stream on the rest's cores. ``batch_*``: the same threads in ``SCHED_BATCH`` instead, at
     their weight but never preempting a running thread when they wake (a token arriving at the front door then
     waits for the engine's slice to end rather than cutting it). Returns how many were changed."""
-    done, front_door = 0, mode.endswith("front_door")
+    done, (which, how) = 0, RENICED[mode]
     for tid, (name, _, pid) in threads(sid).items():
-        if (pid == sid) if front_door else not name.startswith("eng-"):
+        if (pid == sid) if which == FRONT_DOOR else not name.startswith("eng-"):
             try:
-                if mode.startswith("batch"):
+                if how == BATCH:
                     os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
                 else:
                     os.setpriority(os.PRIO_PROCESS, tid, RENICE_TO)
