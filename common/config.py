@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.flip_config import FlipConfig, ScaleConfig
+from tetriserve.common.load import DEFAULT_REPORT_TOLERANCE
 from tetriserve.common.prefill_config import PrefillConfig
 from tetriserve.common.security_config import SecurityConfig
 from tetriserve.common.tracing_config import TracingConfig
@@ -239,6 +240,16 @@ class ClusterConfig(BaseModel):
         100,
         ge=10,
         description="How often a worker looks at its load and the monitor at the loads: a change goes out then.",
+    )
+    report_tolerance: float = Field(
+        DEFAULT_REPORT_TOLERANCE,
+        ge=0,
+        lt=1,
+        description=(
+            "Deadband of load reports: a load quantity (queued and running requests, free KV blocks, tokens "
+            "left, seconds of queued work) that moved by less than this share of its value since the last "
+            "report is no change and goes out with the next heartbeat; 0 reports every move."
+        ),
     )
     heartbeat_interval_ms: int = Field(
         1000,

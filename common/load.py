@@ -2,18 +2,25 @@
 
 A worker looks at its load every ``report_interval_ms`` and sends it when it has
 changed (``same_load``), or else once every ``heartbeat_interval_ms``: an idle
-cluster costs a few messages a second, not tens. Decode loads are broadcast to
-every prefill worker, whose dispatcher decides locally from that view (§3.3.4).
-A report is also the worker's heartbeat: it carries the worker's ``incarnation``
-(reports of a previous life are dropped) and its engine's step counter with
-whether the engine has work, so the monitor can tell a stuck engine from a live
-one by its own clock.
+cluster costs a few messages a second, not tens. A load under steady traffic
+drifts at every look (a token generated, a chunk prefilled), so its quantities
+have a deadband (``report_tolerance``): one that moved by less than that share
+of its value since the last report is no change, and goes out with the next
+heartbeat. Each report and broadcast is a Ray call that costs CPU in the
+sender, the monitor and the receivers (the GlobalScheduler, every prefill
+worker), on the cores the prefill engines share (README, Known limits, issue
+#12, session 58). Decode loads are broadcast to every prefill worker, whose
+dispatcher decides locally from that view (§3.3.4). A report is also the
+worker's heartbeat: it carries the worker's ``incarnation`` (reports of a
+previous life are dropped) and its engine's step counter with whether the
+engine has work, so the monitor can tell a stuck engine from a live one by its
+own clock.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 
 
 class Role(enum.Enum):
@@ -55,11 +62,40 @@ class DecodeLoad:
     busy: bool = False  # the engine has requests (so ``steps`` must move)
 
 
-def same_load(a: PrefillLoad | DecodeLoad | None, b: PrefillLoad | DecodeLoad | None) -> bool:
-    """Whether two reports say the same but for when they were taken and how far the engine has stepped (a
-    heartbeat carries those; a changed load goes out at once)."""
+DEFAULT_REPORT_TOLERANCE = 0.1
+# Fields a heartbeat carries but that are no change of load: when it was taken, how far the engine has stepped,
+# and the measured paces (they drift with every step).
+_DRIFT = frozenset({"at", "steps", "step_s", "seconds_per_token"})
+# Quantities compared with the deadband; every other field (the worker, its life, whether it accepts or has
+# work, its KV geometry, its slice length) must be equal.
+_QUANTITIES = frozenset(
+    {
+        "queued",
+        "running",
+        "queued_prompt_tokens",
+        "queue_wait_s",
+        "free_kv_blocks",
+        "heavy",
+        "light",
+        "remaining_tokens",
+    }
+)
+
+
+def _close(x: float, y: float, tolerance: float) -> bool:
+    return x == y or abs(x - y) < tolerance * max(abs(x), abs(y))
+
+
+def same_load(a: PrefillLoad | DecodeLoad | None, b: PrefillLoad | DecodeLoad | None, tolerance: float = 0.0) -> bool:
+    """Whether two reports say the same but for what drifts (``_DRIFT``; a heartbeat carries it) and quantities
+    that moved by less than ``tolerance`` of the larger of the two values (0: any move is a change). A change
+    from or to zero is always one."""
     if a is None or b is None or type(a) is not type(b):
         return False
-    if isinstance(a, PrefillLoad) and isinstance(b, PrefillLoad):  # the pace drifts: not a change of load
-        a, b = replace(a, seconds_per_token=0.0), replace(b, seconds_per_token=0.0)
-    return replace(a, at=0.0, steps=0) == replace(b, at=0.0, steps=0)
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name in _DRIFT:
+            continue
+        if not (_close(x, y, tolerance) if f.name in _QUANTITIES else x == y):
+            return False
+    return True

@@ -1,7 +1,8 @@
 """ClusterMonitor (TetriInfer §3.2): collects load reports and broadcasts decode loads.
 
 Every worker looks at its load every ``report_interval_ms`` and reports it when
-it has changed, or else once every ``heartbeat_interval_ms`` (common/load.py).
+it has changed (beyond ``report_tolerance``), or else once every
+``heartbeat_interval_ms`` (common/load.py).
 On the same period the monitor sends the latest decode loads to every prefill
 worker, whose dispatcher decides locally, and the latest prefill loads to the
 GlobalScheduler, when a load or the set of serving workers has changed since its
@@ -68,9 +69,11 @@ class ClusterMonitor:
         stuck_after_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         heartbeat_interval_ms: int = 1000,
+        report_tolerance: float = 0.0,
     ) -> None:
         self.interval = report_interval_ms / 1000
         self.heartbeat_s = heartbeat_interval_ms / 1000
+        self.tolerance = report_tolerance
         self.stale_s = max(self.interval * stale_after, 3 * self.heartbeat_s)
         self.stuck_s = stuck_after_s
         self.clock = clock
@@ -144,7 +147,7 @@ class ClusterMonitor:
         now = self.clock()
         if member.load is None or not load.busy or load.steps != member.load.steps:
             member.moved = now
-        self._changed = self._changed or not same_load(load, member.load)
+        self._changed = self._changed or not same_load(load, member.load, self.tolerance)
         member.load, member.received = load, now
 
     def _state(self, m: _Member, now: float) -> str:

@@ -184,6 +184,7 @@ class ActorBuilder:
                 slice_min_interval_s=c.slice_min_interval_s,
                 stuck_after_s=c.dead_after_s,
                 heartbeat_interval_ms=c.heartbeat_interval_ms,
+                report_tolerance=c.report_tolerance,
             )
         )
 

@@ -268,7 +268,9 @@ class EngineWorker:
 
     def _report(self, load: PrefillLoad | DecodeLoad, now: float) -> None:
         """Send ``load`` to the monitor if it differs from the last one sent or a heartbeat is due."""
-        if same_load(load, self._reported) and now - self._reported_at < self.config.heartbeat_interval_ms / 1000:
+        c = self.config
+        due = now - self._reported_at >= c.heartbeat_interval_ms / 1000
+        if not due and same_load(load, self._reported, c.report_tolerance):
             return
         self._monitor.report.remote(load)
         self._reported, self._reported_at = load, now

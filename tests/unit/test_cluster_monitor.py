@@ -199,3 +199,18 @@ def test_a_draining_worker_reports_on_but_leaves_placement_and_dispatch_and_remo
     assert _states(mon)["decode-1"] == "serving"
     mon.unregister("decode-1")
     assert "decode-1" not in _states(mon)
+
+
+def test_with_a_deadband_a_load_that_drifted_within_it_is_not_broadcast_before_the_heartbeat() -> None:
+    clock = Clock()
+    mon = ClusterMonitor(report_interval_ms=100, clock=clock, report_tolerance=0.1)
+    mon.scheduler = FakeHandle(_Scheduler())
+    mon.register("decode-0", "decode", object(), "d:0")
+    mon.report(DecodeLoad("decode-0", 500, 1000, 32, 40, 0, 0, 40, 0.0, remaining_tokens=9000))
+    mon.broadcast_once()
+    clock.t += 0.1
+    mon.report(DecodeLoad("decode-0", 480, 1000, 32, 38, 0, 0, 38, 0.0, remaining_tokens=8700))  # all < 10%
+    assert not mon.broadcast_due()
+    clock.t += 0.1
+    mon.report(DecodeLoad("decode-0", 480, 1000, 32, 38, 0, 0, 38, 0.0, remaining_tokens=8700, accepting=False))
+    assert mon.broadcast_due()  # a state is never within the band
