@@ -151,6 +151,14 @@ class DecodeConfig(BaseModel):
         None, description="Swap/recompute latency profile JSON for preemption_mode=auto (preemption_profile.py)."
     )
 
+    max_local_prompts: int = Field(
+        2,
+        ge=0,
+        description=(
+            "Prompts offloaded by backlogged prefill workers (prefill.offload_wait_s) that this decode worker "
+            "computes at once, each until its first token; 0 takes none."
+        ),
+    )
     slice_iters: int = Field(
         0,
         ge=0,

@@ -60,6 +60,7 @@ class DecodeLoad:
     incarnation: int = 0
     steps: int = 0  # engine steps so far
     busy: bool = False  # the engine has requests (so ``steps`` must move)
+    prompt_room: int = 0  # offloaded prompts it takes now (decode.max_local_prompts less those it computes)
 
 
 DEFAULT_REPORT_TOLERANCE = 0.1

@@ -58,6 +58,16 @@ class PrefillConfig(BaseModel):
             "max-min (least predicted remaining work, SCLS §4.5)."
         ),
     )
+    offload_wait_s: float = Field(
+        1.0,
+        ge=0,
+        description=(
+            "Prompts offloaded to decode workers (conditional disaggregation): while the prompts queued on a "
+            "prefill worker would take longer than this to prefill there (its reported queue_wait_s), it hands the "
+            "next one in line to a decode worker with room for it (decode.max_local_prompts), which computes the "
+            "prompt itself and decodes on. 0: never; every prompt is prefilled on a prefill worker."
+        ),
+    )
     heavy_threshold_tokens: int = Field(
         128, ge=1, description="A request predicted to generate at least this many tokens is a heavy decode."
     )

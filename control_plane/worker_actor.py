@@ -214,10 +214,11 @@ class Worker:
         estimate: LengthEstimate | None,
         subscriber: str,
         pull_from: str | None = None,
+        prefill_here: bool = False,
     ) -> bool:
         if not isinstance(self.role, DecodeWorker):
             return False
-        return await self.role.take(req, generated, estimate, subscriber, pull_from)
+        return await self.role.take(req, generated, estimate, subscriber, pull_from, prefill_here)
 
     async def adopt(
         self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, key: str, subscriber: str

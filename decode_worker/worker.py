@@ -69,6 +69,11 @@ class Running:
     decoding: bool = False  # produced a token on this worker
     spans: DecodeSpans = NO_SPANS  # its spans here (tracing on only)
 
+    @property
+    def computing_prompt(self) -> bool:
+        """Its prompt is computed here, no KV coming (an offloaded prompt, a recompute), until its next token."""
+        return self.kv_key is None and not self.decoding
+
 
 def updated_decode_config(cfg: DecodeConfig, changes: dict[str, Any]) -> DecodeConfig:
     """``cfg`` with ``changes`` applied and validated; a ValueError names every bad ``decode.<field>``."""
@@ -139,7 +144,11 @@ class DecodeWorker(EngineWorker):
             self.incarnation,
             self.engine.steps,
             self.engine.in_flight > 0,
+            max(0, self._decode_cfg.max_local_prompts - self.prompts_here()),
         )
+
+    def prompts_here(self) -> int:
+        return sum(1 for r in self.running.values() if r.computing_prompt)
 
     def policies(self) -> dict[str, str]:
         """The settings ``set_policy`` takes, by the same names, and the preemption counters."""
@@ -183,13 +192,21 @@ class DecodeWorker(EngineWorker):
         estimate: LengthEstimate | None,
         subscriber: str,
         pull_from: str | None = None,
+        prefill_here: bool = False,
     ) -> bool:
         """Start decoding ``req`` after ``generated`` (the prefill's token; before it, for a migrated request, the
         tokens the client already had), whose KV is (or will be) pushed here under ``req.kv_key``, or pulled: from
-        ``pull_from`` (a prefill worker of this host), or by a pull under way (``pull_kv``)."""
+        ``pull_from`` (a prefill worker of this host), or by a pull under way (``pull_kv``). ``prefill_here``: a
+        prompt offloaded by a backlogged prefill worker (``prefill.offload_wait_s``): no KV comes, this engine
+        computes it; refused while ``decode.max_local_prompts`` are being computed here."""
+        if prefill_here and self.prompts_here() >= self._decode_cfg.max_local_prompts:
+            return False
         if not self._may_take(req):
             return False
         arrived = tracing.now_ns()
+        if prefill_here:
+            self._start(self._track(req, subscriber, estimate, list(generated), arrived), None)
+            return True
         pulled = await self.pulled(req.kv_key, pull_from)
         self._start(self._track(req, subscriber, estimate, list(generated), arrived, pulled), req.kv_key)
         return True

@@ -24,6 +24,15 @@ class RequestAborted(Exception):
     """Raised into a waiting ``turn`` when its request is aborted before entering the engine."""
 
 
+class Offloaded(Exception):
+    """Raised into a waiting ``turn`` whose request is offered to decode worker ``decode_id``, to compute its
+    prompt there (``prefill.offload_wait_s``); refused, it waits for its turn again, by its arrival."""
+
+    def __init__(self, decode_id: str) -> None:
+        super().__init__(decode_id)
+        self.decode_id = decode_id
+
+
 class SchedBatchGate:
     def __init__(self, policy: QueuePolicy, sched_batch: int) -> None:
         self._raw: dict[str, tuple[ReqView, asyncio.Future[int]]] = {}
@@ -80,12 +89,25 @@ class SchedBatchGate:
         self.sched_batch = sched_batch
         self._pump()
 
-    def cancel(self, request_id: str) -> bool:
-        """Drop a request that has not entered the engine yet."""
+    def next_in_line(self) -> ReqView | None:
+        """The waiting request that would enter the engine next: the head of the batch formed, else the first of
+        the batch the next B arrivals would form."""
+        for request_id in self._batch:
+            entry = self._raw.get(request_id)
+            if entry is not None and not entry[1].done():
+                return entry[0]
+        waiting = sorted(
+            (v for v, f in self._raw.values() if not f.done()), key=lambda v: (v.arrival_time, v.request_id)
+        )
+        return self.policy.order(waiting[: self.sched_batch], time.time())[0] if waiting else None
+
+    def cancel(self, request_id: str, reason: Exception | None = None) -> bool:
+        """Take a request that has not entered the engine yet out of the queue: its ``turn`` raises ``reason``
+        (default ``RequestAborted``)."""
         entry = self._raw.get(request_id)
         if entry is None or entry[1].done():
             return False
-        entry[1].set_exception(RequestAborted(request_id))
+        entry[1].set_exception(reason if reason is not None else RequestAborted(request_id))
         self._forget(request_id)
         self._pump()
         return True

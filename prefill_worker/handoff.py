@@ -30,6 +30,7 @@ from tetriserve.transport.api import TransferState
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from tetriserve.prefill_worker.predictions import Ticket
     from tetriserve.prefill_worker.worker import PrefillWorker
 
     _Base = PrefillWorker
@@ -94,6 +95,39 @@ class Handoff(_Base):
         self.endpoint.discard(key)
         self.publish(subscriber, req, (), FinishReason.ERROR, error, index=index, retry=True)
         return None
+
+    async def _offload(self, req: Request, view: ReqView, subscriber: str, ticket: Ticket, decode_id: str) -> bool:
+        """Give ``req``, still queued here, to ``decode_id`` to compute its prompt there (``offer_prompts``); True
+        if it took it, or the request was aborted meanwhile (ended here). Refused (no room there any more, or
+        gone), the request waits here again; a prediction not started by then is dropped (the instant estimate
+        goes with it at its handoff), as for a handoff that does not wait."""
+        rid, key = req.request_id, req.kv_key
+        estimate, refinement = await self.predictions.estimate(ticket)
+        handle = self._decode_handles.get(decode_id)
+        taken = False
+        try:
+            if handle is not None:
+                taken = bool(await handle.take.remote(req, req.resume, estimate, subscriber, None, True))
+        except Exception as exc:  # died since the broadcast
+            if actor_died(exc):
+                self.decode_died(decode_id)
+        aborted = key in self._aborted
+        self._aborted.pop(key, None)
+        if not taken:
+            if aborted:
+                self.publish(subscriber, req, (), FinishReason.ABORT, index=len(req.resume))
+            return aborted
+        self.handoffs["offloaded"] += 1
+        self.handed_on(rid, handle)
+        if aborted:  # aborted while the decode worker took it: abort it there
+            self.forward_abort(rid, req.attempt)
+        self.publish(subscriber, req, (), index=len(req.resume), moved_to=decode_id)
+        self.event(rid, RequestState.DECODE_QUEUED, decode_id, moved_to=decode_id)
+        if refinement is not None:
+            task = asyncio.create_task(self._refine(req, handle, refinement))
+            self._refining.add(task)
+            task.add_done_callback(self._refining.discard)
+        return True
 
     async def _take(
         self,

@@ -27,6 +27,9 @@ class ReqView:
     jct_slo_s: float | None = None
     queued_since: float | None = None  # when it (re-)entered the queue: arrival, or the end of its last chunk
     batch_seq: int = 0  # which PrefillSchedBatch moved it to the scheduled queue (0 while in the raw queue)
+    # whether a decode worker may compute its prompt instead (prefill.offload_wait_s): not when it ends at its
+    # first token, nor with seeded sampling, whose draws would then differ from those of the usual path
+    offloadable: bool = False
 
     @property
     def remaining_tokens(self) -> int:

@@ -39,7 +39,7 @@ from tetriserve.engine.core_layout import CoreLayout, RoleCpu
 from tetriserve.engine.loop_messages import Delta
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.prefill_worker import spans
-from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate
+from tetriserve.prefill_worker.admission import Offloaded, RequestAborted, SchedBatchGate
 from tetriserve.prefill_worker.dispatch import DispatchParams, make_dispatch_policy
 from tetriserve.prefill_worker.handoff import Handoff
 from tetriserve.prefill_worker.kv_sends import watch_sends
@@ -95,7 +95,9 @@ class PrefillWorker(Handoff, EngineWorker):
         self._send_spans: dict[str, tracing.Span] = {}  # KV key -> its send's span (tracing on only)
         self._send_watch: asyncio.Task[None] | None = None
         self._refining: set[asyncio.Task[None]] = set()  # late predictions on their way to decode workers
-        self.handoffs = {"pipelined": 0, "whole": 0}  # requests handed to decode workers, by how (pipeline.py)
+        # requests handed to decode workers, by how: KV pipelined (pipeline.py), whole, or none (offloaded prompts)
+        self.handoffs = {"pipelined": 0, "whole": 0, "offloaded": 0}
+        self._offload_task: asyncio.Task[None] | None = None
 
     # -- wiring --------------------------------------------------------------------
     async def start(self, monitor: Any, scheduler: Any = None) -> str:
@@ -105,6 +107,7 @@ class PrefillWorker(Handoff, EngineWorker):
             self._send_watch = asyncio.create_task(
                 watch_sends(self.worker_id, self._sends, self._send_spans, self._decode_handles)
             )
+            self._offload_task = asyncio.create_task(self._offload_loop())
         return await super().start(monitor, scheduler)
 
     def update_decode_view(self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, Any]) -> None:
@@ -113,6 +116,7 @@ class PrefillWorker(Handoff, EngineWorker):
         self.decode_loads = {ld.worker_id: ld for ld in loads if not self._found_dead(ld)}
         self.decode_addresses.update(addresses)
         self._decode_handles.update(handles)
+        self.offer_prompts()
 
     def _found_dead(self, load: DecodeLoad) -> bool:
         """Whether ``load`` comes from a decode worker's life that a call of ours found dead. The monitor has been
@@ -209,6 +213,8 @@ class PrefillWorker(Handoff, EngineWorker):
             priority=req.priority,
             ttft_slo_s=req.slo.ttft_ms / 1000 if req.slo.ttft_ms else None,
             jct_slo_s=req.slo.jct_ms / 1000 if req.slo.jct_ms else None,
+            offloadable=req.sampling.max_tokens - done > 1
+            and (req.sampling.seed is None or not req.sampling.temperature),
         )
         decodes = view.max_tokens > 1
         # TetriInfer's parallel mode: the predictor runs in its own thread while the engine prefills; the KV is
@@ -220,16 +226,22 @@ class PrefillWorker(Handoff, EngineWorker):
             item = PredictInput(len(req.prompt_token_ids), req.sampling.max_tokens, tuple(req.prompt_token_ids))
             ticket = self.predictions.submit(item)
         try:
-            try:
-                async with self.gate.turn(view) as batch_seq:
-                    computing = spans.queued(queued, batch_seq)
-                    if ticket is not None and self.config.transport.pipeline:  # KV may leave as it computes
-                        early = EarlyHandoff(self, key, view, ticket)
-                    out = await self._run_engine(req, replace(view, batch_seq=batch_seq), park=decodes)
-                    spans.computed(computing, out.token_ids, out.finish_reason)
-            except RequestAborted:
-                self.publish(subscriber, req, (), FinishReason.ABORT, index=done)
-                return
+            while True:
+                try:
+                    async with self.gate.turn(view) as batch_seq:
+                        computing = spans.queued(queued, batch_seq)
+                        if ticket is not None and self.config.transport.pipeline:  # KV may leave as it computes
+                            early = EarlyHandoff(self, key, view, ticket)
+                        out = await self._run_engine(req, replace(view, batch_seq=batch_seq), park=decodes)
+                        spans.computed(computing, out.token_ids, out.finish_reason)
+                    break
+                except RequestAborted:
+                    self.publish(subscriber, req, (), FinishReason.ABORT, index=done)
+                    return
+                except Offloaded as offer:  # a decode worker computes the prompt; refused, back in line
+                    if ticket is not None and await self._offload(req, view, subscriber, ticket, offer.decode_id):
+                        ticket = None  # its estimate went with it, and its prediction follows it if late
+                        return
             tokens, lps = out.token_ids, out.logprobs
             if out.finish_reason is not None or ticket is None:
                 # finished at prefill (the GlobalScheduler feeds the outcome back through ``observe``)
@@ -290,6 +302,36 @@ class PrefillWorker(Handoff, EngineWorker):
             reason = None  # max_tokens=1 is ours, not the client's: the request goes on to decode
         return Delta(tuple(tokens), reason, error, None if logprobs is None else tuple(logprobs))
 
+    # -- prompts offloaded to decode workers -----------------------------------------------
+    async def _offload_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.report_interval_ms / 1000)
+            try:
+                self.offer_prompts()
+            except Exception:
+                logger.exception("prefill %s: offering prompts to decode workers failed", self.worker_id)
+
+    def offer_prompts(self) -> None:
+        """While the prompts queued here would take longer than ``prefill.offload_wait_s`` to prefill (the
+        ``queue_wait_s`` this worker reports), offer the next in line to a decode worker with room to compute
+        it (its ``prompt_room``, ``decode.max_local_prompts``, by the broadcast loads less the offers made since):
+        its ``turn`` raises ``Offloaded`` and its task hands it over (``Handoff._offload``)."""
+        threshold = self.config.prefill.offload_wait_s
+        if threshold <= 0:
+            return
+        chunk = self.policy.spec.chunk_size
+        while self.gate.queued and self.pace.queue_wait_s(self.gate.queued_lens(), self.cost, chunk) > threshold:
+            view = self.gate.next_in_line()
+            room = [d for d in self.decode_loads.values() if d.accepting and d.prompt_room > 0]
+            room = [d for d in room if d.worker_id in self._decode_handles]
+            if view is None or not view.offloadable or not room:  # in line order: one that stays holds the line
+                return
+            decode_id = min(room, key=lambda d: (-d.prompt_room, d.running + d.queued, d.worker_id)).worker_id
+            self.gate.cancel(view.request_id, Offloaded(decode_id))
+            self._account(decode_id, view)
+            offered = self.decode_loads[decode_id]
+            self.decode_loads[decode_id] = replace(offered, prompt_room=offered.prompt_room - 1)
+
     def abort(self, request_id: str, attempt: int | None = None) -> bool:
         """Abort wherever the request is: raw queue, engine, between its first token and the handoff, or on
         the decode worker it was handed to. ``attempt``: only that attempt (None: whichever is here)."""
@@ -321,8 +363,9 @@ class PrefillWorker(Handoff, EngineWorker):
 
     def retire(self) -> None:
         super().retire()
-        if self._send_watch is not None:
-            self._send_watch.cancel()
+        for task in (self._send_watch, self._offload_task):
+            if task is not None:
+                task.cancel()
         self.predictions.close()
 
     def _subscriber_gone(self, subscriber: str) -> None:

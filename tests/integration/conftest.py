@@ -22,6 +22,9 @@ CONFIG_OVERRIDES = {
     "engine.enforce_eager": True,  # no torch.compile: the tests start engines, they do not time them
     "engine.kv_cache_gb": 0.5,
     "prefill.chunk_size": 256,
+    # prompts are offloaded to decode workers only where a test gives them room (decode.max_local_prompts)
+    "prefill.offload_wait_s": 0.01,
+    "decode.max_local_prompts": 0,
     "grpc_port": 0,
     "http_port": 0,
     "namespace": "tetriserve-test",

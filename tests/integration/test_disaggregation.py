@@ -12,6 +12,7 @@ decode worker.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -150,6 +151,33 @@ def test_penalties_min_tokens_and_stop_tokens_count_the_prefill_token_as_output(
     assert any(len(v) < sampling.max_tokens for v in expected.values())  # and some stop on a stop token
     assert all(len(v) >= sampling.min_tokens for v in expected.values())
     _assert_same(_disaggregated(cluster, prompts, sampling, "penalized"), expected)
+
+
+def test_prompts_offloaded_to_the_decode_worker_give_the_colocated_output_too(
+    cluster: Any, colocated: Any, prompts: dict[str, tuple[int, ...]]
+) -> None:
+    """The test cluster offloads a prompt once its prefill queue would wait 10 ms (``prefill.offload_wait_s``)
+    but its decode worker takes none (``decode.max_local_prompts`` 0) until this test gives it room: a burst of
+    32 prompts then has some computed, first token included, on the decode worker, which streams them whole."""
+    import ray
+
+    decode = next(iter(cluster.decode.values()))
+    prefill = next(iter(cluster.prefill.values()))
+    ray.get(decode.set_policy.remote({"max_local_prompts": 2}))
+    time.sleep(0.5)  # its room reaches the prefill worker with the next load broadcast
+    try:
+        before_d, before_p = _engine_stats(decode), _engine_stats(prefill)
+        disaggregated = _disaggregated(cluster, prompts, SAMPLING, "offloaded")
+        after_d, after_p = _engine_stats(decode), _engine_stats(prefill)
+    finally:
+        ray.get(decode.set_policy.remote({"max_local_prompts": 0}))
+    _assert_same(disaggregated, ray.get(colocated.generate_many.remote(dict(prompts), SAMPLING), timeout=600))
+    offloaded = after_p["handoffs"]["offloaded"] - before_p["handoffs"]["offloaded"]
+    assert 0 < offloaded < len(prompts)
+    # the prompts offloaded were computed by the decode engine, every one of the others' came as KV
+    computed = after_d["engine"].prompt_tokens_computed - before_d["engine"].prompt_tokens_computed
+    loaded = after_d["kv"].requests_loaded - before_d["kv"].requests_loaded
+    assert loaded == len(prompts) - offloaded and computed > len(prompts)
 
 
 def test_seeded_sampling_is_reproducible_from_run_to_run(cluster: Any, prompts: dict[str, tuple[int, ...]]) -> None:

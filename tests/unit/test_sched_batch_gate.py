@@ -12,7 +12,7 @@ from contextlib import suppress
 
 import pytest
 
-from tetriserve.prefill_worker.admission import RequestAborted, SchedBatchGate
+from tetriserve.prefill_worker.admission import Offloaded, RequestAborted, SchedBatchGate
 from tetriserve.prefill_worker.queue import make_queue_policy
 from tetriserve.prefill_worker.queue.fcfs import FCFS
 from tetriserve.prefill_worker.queue.length_order import SJF
@@ -196,6 +196,34 @@ def test_gate_cancel_member_of_a_formed_batch() -> None:
         await h.finish("r2")
         await h.finish("r4")
         assert h.entered == ["r0", "r1", "r2", "r4"]
+
+    run_async(scenario)
+
+
+def test_the_next_in_line_is_the_formed_batchs_head_else_the_policys_first_of_the_next_arrivals() -> None:
+    async def scenario() -> None:
+        h = Harness(SchedBatchGate(SJF(), 2))
+        h.start("r0", arrival=0.0)
+        h.start("r1", arrival=1.0)
+        await h.settle()  # both inside
+        assert h.gate.next_in_line() is None
+        h.start("long", arrival=2.0, prompt_len=900)
+        h.start("short", arrival=3.0, prompt_len=20)
+        h.start("later", arrival=4.0, prompt_len=5)
+        await h.settle()
+        head = h.gate.next_in_line()  # no batch formed yet: SJF over the next two arrivals, not over all three
+        assert head is not None and head.request_id == "short"
+        assert h.gate.cancel("short", Offloaded("decode-1")) is True  # offered to a decode worker
+        with pytest.raises(Offloaded) as offered:
+            await h.tasks["short"]
+        assert offered.value.decode_id == "decode-1"
+        await h.finish("r0")  # batch [long, later] formed, sorted: later enters, long heads what is left
+        await until(lambda: "later" in h.inside, "later inside")
+        head = h.gate.next_in_line()
+        assert head is not None and head.request_id == "long"
+        await h.finish("r1")
+        await h.finish("later")
+        await h.finish("long")
 
     run_async(scenario)
 
