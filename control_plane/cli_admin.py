@@ -12,7 +12,8 @@
 Keys belong to one role, a key of the other role is rejected naming it (INVALID_ARGUMENT):
     prefill  queue chunking chunk_size selection sched_batch
     decode   admission_policy cacheopt_reserve_blocks cacheopt_proactive_tokens cacheopt_buffer_tokens
-             preemption_order preemption_mode preemption_profile slice_iters   (the ``decode`` config section)
+             preemption_order preemption_mode preemption_profile max_local_prompts slice_iters
+             (the ``decode`` config section)
 
 A malformed KEY=VALUE (or a key given twice) is a usage error: exit code 2
 before any call. A key or value the service rejects comes back as
@@ -36,7 +37,7 @@ SET_KEYS_HELP = (
     "decode (--worker decode or decode-N): admission_policy=greedy|reserve-static|reserve-dynamic|cacheopt|sola  "
     "cacheopt_reserve_blocks=N  cacheopt_proactive_tokens=N  cacheopt_buffer_tokens=N  "
     "preemption_order=vllm|srtf|lkvo|cacheopt  preemption_mode=recompute|swap|auto  preemption_profile=PATH  "
-    "slice_iters=N"
+    "max_local_prompts=N  slice_iters=N"
 )
 _PREFILL_ORDER = ("queue", "chunking", "chunk_size", "selection", "sched_batch", "dispatch")
 _DECODE_ORDER = (
@@ -47,6 +48,7 @@ _DECODE_ORDER = (
     "preemption_order",
     "preemption_mode",
     "preemption_profile",
+    "max_local_prompts",
     "slice_iters",
     "preemptions",
     "swapped",

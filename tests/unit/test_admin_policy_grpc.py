@@ -209,6 +209,7 @@ def test_cli_policy_set_and_show_decode(
         "cacheopt_buffer_tokens=8",
         "preemption_order=srtf",
         "preemption_mode=recompute",
+        "max_local_prompts=2",
         "slice_iters=0",
         "preemptions=0",
         "swapped=0",

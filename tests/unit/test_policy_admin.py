@@ -54,6 +54,7 @@ def test_decode_keys_follow_the_decode_config() -> None:
         "preemption_order": str,
         "preemption_mode": str,
         "preemption_profile": str,
+        "max_local_prompts": int,
         "slice_iters": int,
     }
     assert not set(DECODE_KEYS) & set(PREFILL_KEYS)  # a key names its role
@@ -286,6 +287,7 @@ def test_set_policy_on_every_decode_worker() -> None:
             "cacheopt_buffer_tokens": "8",
             "preemption_order": "srtf",
             "preemption_mode": "recompute",
+            "max_local_prompts": "2",
             "slice_iters": "0",
             **PreemptionStats().summary(),
             **SliceMoves().summary(),

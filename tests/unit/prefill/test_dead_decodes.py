@@ -21,8 +21,8 @@ def _load(worker_id: str, incarnation: int) -> DecodeLoad:
 
 
 def _worker() -> PrefillWorker:
-    worker = PrefillWorker.__new__(PrefillWorker)  # no engine: just the decode view
-    worker.config = ClusterConfig()
+    worker = PrefillWorker.__new__(PrefillWorker)  # no engine, no queue: just the decode view
+    worker.config = ClusterConfig(prefill={"offload_wait_s": 0})  # nothing queued to offer (test_offload.py)
     worker.decode_loads, worker.decode_addresses, worker._decode_handles = {}, {}, {}
     worker._dead_decodes = {}
     worker._monitor = _Monitor()
