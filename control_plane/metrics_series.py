@@ -101,7 +101,7 @@ SPECS: tuple[MetricSpec, ...] = (
         "kv_handoffs",
         COUNTER,
         "Requests a prefill worker handed to decode workers, by how their KV went: pipelined (each chunk's as it "
-        "was computed) or whole (after the prefill).",
+        "was computed), whole (after the prefill), or offloaded (none: the decode worker computed the prompt).",
         (*W, "mode"),
     ),
     MetricSpec(

@@ -125,7 +125,7 @@ class WorkerStats:
     flips: int = 0
     restarts: int = 0
     predictions: Mapping[str, int] = field(default_factory=dict)  # prefill: on_time, late, refined
-    handoffs: Mapping[str, int] = field(default_factory=dict)  # prefill: pipelined, whole
+    handoffs: Mapping[str, int] = field(default_factory=dict)  # prefill: pipelined, whole, offloaded
     length_score: LengthScoreStats = field(default_factory=LengthScoreStats)
     answered: bool = False  # its ``stats()`` came back in time
 
@@ -165,7 +165,7 @@ def worker_stats(status: Any, raw: Mapping[str, Any] | None) -> WorkerStats:
     extra: dict[str, Any] = {"answered": True}
     if pred:  # a prefill worker's prediction queue
         extra["predictions"] = {k: int(pred.get(k, 0)) for k in _PREDICTIONS}
-    if handoffs := raw.get("handoffs"):  # a prefill worker's handoffs, pipelined or whole
+    if handoffs := raw.get("handoffs"):  # a prefill worker's handoffs, pipelined, whole or offloaded
         extra["handoffs"] = {k: int(v) for k, v in handoffs.items()}
     if eng is not None:
         if not load:
