@@ -59,6 +59,7 @@ _KEYS = {  # figure -> (series, clock) on /metrics
     "tokens": ("engine_generation_tokens", ""),
     "wall": ("engine_step_seconds", "wall"),
     "cpu": ("engine_step_seconds", "cpu"),
+    "offloaded": ("kv_handoffs", "offloaded"),  # a prefill worker's prompts computed by decode workers
 }
 RENICE_TO = 10  # the niceness ``--renice-rest`` and ``--renice-front-door`` give the threads they name
 FRONT_DOOR, REST = "the front door's threads", "every thread but the engines'"
@@ -88,20 +89,21 @@ def placement_label(mode: str) -> str:
 
 
 PINNED = {mode: f" ({placement_label(mode)})" for mode in (*PLACEMENTS, *RENICED)}
-_NAMES = "engine_steps|engine_borrowed_steps|engine_step_seconds|engine_generation_tokens"
+_NAMES = "engine_steps|engine_borrowed_steps|engine_step_seconds|engine_generation_tokens|kv_handoffs"
 _SERIES = re.compile(rf"tetriserve:({_NAMES})_total\{{([^}}]*)\}} (\S+)")
 
 
 def engine_counters(role: str | None = None) -> dict[tuple[str, str, str], float]:
-    """(series, worker, clock) -> value of every worker's step counters on the front door's ``/metrics`` (``role``:
-    of the workers in that role only)."""
+    """(series, worker, clock or mode) -> value of every worker's step (and handoff) counters on the front door's
+    ``/metrics`` (``role``: of the workers in that role only)."""
     text = urllib.request.urlopen(f"{URL}/metrics", timeout=30).read().decode()
     out = {}
     for m in _SERIES.finditer(text):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
         if role is not None and labels.get("role") != role:
             continue
-        out[(m.group(1), labels.get("worker", ""), labels.get("clock", ""))] = float(m.group(3))
+        kind = labels.get("clock") or labels.get("mode", "")  # step seconds by clock, handoffs by mode
+        out[(m.group(1), labels.get("worker", ""), kind)] = float(m.group(3))
     return out
 
 
@@ -189,6 +191,7 @@ def measure(name: str, flags: str, scenario: str, args: argparse.Namespace, env:
             "ms_per_step_cpu": 1e3 * d["cpu"] / steps,
             "tokens_per_step": d["tokens"] / steps,
             "borrowed_share": d["borrowed"] / steps,
+            "prompts_offloaded": d["offloaded"],
         }
     waits = {}
     for tid, tname in steppers.items():
@@ -227,7 +230,8 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         "cell: the median over repeats (each repeat's value after it). `ms_per_step_*`: time inside engine steps per "
         "step by the "
         "wall clock and by the stepping thread's CPU clock; `borrowed_share`: the share of steps taken with cores "
-        "borrowed from an idle engine (`--borrow-idle-cores`); `cpu_s`: the engine thread's CPU seconds, "
+        "borrowed from an idle engine (`--borrow-idle-cores`); `prompts_offloaded`: a prefill worker's prompts "
+        "computed by decode workers (`prefill.offload_wait_s`); `cpu_s`: the engine thread's CPU seconds, "
         "`peers_cpu_s`: those of the other threads of its process (the worker actor's event loop, Ray's threads), "
         "which share its interpreter lock; `runqueue_wait_s`: seconds the engine thread was "
         "runnable but waited for a core (schedstat); `busy_*_share`: sampled every "
