@@ -204,11 +204,9 @@ class DecodeWorker(EngineWorker):
         if not self._may_take(req):
             return False
         arrived = tracing.now_ns()
-        if prefill_here:
-            self._start(self._track(req, subscriber, estimate, list(generated), arrived), None)
-            return True
-        pulled = await self.pulled(req.kv_key, pull_from)
-        self._start(self._track(req, subscriber, estimate, list(generated), arrived, pulled), req.kv_key)
+        pulled = not prefill_here and await self.pulled(req.kv_key, pull_from)
+        run = self._track(req, subscriber, estimate, list(generated), arrived, pulled)
+        self._start(run, None if prefill_here else req.kv_key)  # None: no KV comes, the engine computes the prompt
         return True
 
     def _may_take(self, req: Request) -> bool:

@@ -96,10 +96,8 @@ class SchedBatchGate:
             entry = self._raw.get(request_id)
             if entry is not None and not entry[1].done():
                 return entry[0]
-        waiting = sorted(
-            (v for v, f in self._raw.values() if not f.done()), key=lambda v: (v.arrival_time, v.request_id)
-        )
-        return self.policy.order(waiting[: self.sched_batch], time.time())[0] if waiting else None
+        batch = self._next_batch()
+        return batch[0] if batch else None
 
     def cancel(self, request_id: str, reason: Exception | None = None) -> bool:
         """Take a request that has not entered the engine yet out of the queue: its ``turn`` raises ``reason``
@@ -121,16 +119,20 @@ class SchedBatchGate:
         self._pump_pending = False
         self._pump()
 
+    def _next_batch(self) -> list[ReqView]:
+        """The batch the waiting requests would form now: the next B arrivals, then sorted by the policy (a
+        request waits at most for the batches that arrived before it)."""
+        waiting = sorted(
+            (v for v, f in self._raw.values() if not f.done()), key=lambda v: (v.arrival_time, v.request_id)
+        )
+        return self.policy.order(waiting[: self.sched_batch], time.time()) if waiting else []
+
     def _pump(self) -> None:
         while self._in_engine < self.sched_batch:
             if not self._batch:
-                waiting = sorted(
-                    (v for v, f in self._raw.values() if not f.done()), key=lambda v: (v.arrival_time, v.request_id)
-                )
-                if not waiting:
+                ordered = self._next_batch()
+                if not ordered:
                     return
-                # the next B arrivals, then sorted: a request waits at most for the batches that arrived before it
-                ordered = self.policy.order(waiting[: self.sched_batch], time.time())
                 self._batch.extend(v.request_id for v in ordered)
                 self._batch_seq += 1
             request_id = self._batch.popleft()

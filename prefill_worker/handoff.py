@@ -96,7 +96,7 @@ class Handoff(_Base):
         self.publish(subscriber, req, (), FinishReason.ERROR, error, index=index, retry=True)
         return None
 
-    async def _offload(self, req: Request, view: ReqView, subscriber: str, ticket: Ticket, decode_id: str) -> bool:
+    async def _offload(self, req: Request, subscriber: str, ticket: Ticket, decode_id: str) -> bool:
         """Give ``req``, still queued here, to ``decode_id`` to compute its prompt there (``offer_prompts``); True
         if it took it, or the request was aborted meanwhile (ended here). Refused (no room there any more, or
         gone), the request waits here again; a prediction not started by then is dropped (the instant estimate

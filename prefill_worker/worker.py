@@ -205,6 +205,8 @@ class PrefillWorker(Handoff, EngineWorker):
         """Prefill ``req`` (its prompt and, for a migrated request, the tokens the client already has), stream
         the next token, and hand the request to a decode worker."""
         key, done = req.kv_key, len(req.resume)
+        decodes = req.sampling.max_tokens - done > 1
+        seeded = req.sampling.seed is not None and req.sampling.temperature > 0
         view = ReqView(
             key,
             len(req.prompt_token_ids) + done,
@@ -213,10 +215,8 @@ class PrefillWorker(Handoff, EngineWorker):
             priority=req.priority,
             ttft_slo_s=req.slo.ttft_ms / 1000 if req.slo.ttft_ms else None,
             jct_slo_s=req.slo.jct_ms / 1000 if req.slo.jct_ms else None,
-            offloadable=req.sampling.max_tokens - done > 1
-            and (req.sampling.seed is None or not req.sampling.temperature),
+            offloadable=decodes and not seeded,
         )
-        decodes = view.max_tokens > 1
         # TetriInfer's parallel mode: the predictor runs in its own thread while the engine prefills; the KV is
         # parked in this worker's endpoint, so the decode worker is chosen once the first token is out, with the
         # best estimate there is then (``predictions.py``); a prediction still being computed follows the request.
@@ -239,7 +239,7 @@ class PrefillWorker(Handoff, EngineWorker):
                     self.publish(subscriber, req, (), FinishReason.ABORT, index=done)
                     return
                 except Offloaded as offer:  # a decode worker computes the prompt; refused, back in line
-                    if ticket is not None and await self._offload(req, view, subscriber, ticket, offer.decode_id):
+                    if ticket is not None and await self._offload(req, subscriber, ticket, offer.decode_id):
                         ticket = None  # its estimate went with it, and its prediction follows it if late
                         return
             tokens, lps = out.token_ids, out.logprobs
@@ -320,17 +320,21 @@ class PrefillWorker(Handoff, EngineWorker):
         if threshold <= 0:
             return
         chunk = self.policy.spec.chunk_size
-        while self.gate.queued and self.pace.queue_wait_s(self.gate.queued_lens(), self.cost, chunk) > threshold:
-            view = self.gate.next_in_line()
-            room = [d for d in self.decode_loads.values() if d.accepting and d.prompt_room > 0]
-            room = [d for d in room if d.worker_id in self._decode_handles]
-            if view is None or not view.offloadable or not room:  # in line order: one that stays holds the line
+        wait = self.pace.queue_wait_s(self.gate.queued_lens(), self.cost, chunk)
+        while wait > threshold and (view := self.gate.next_in_line()) is not None:
+            room = [
+                d
+                for d in self.decode_loads.values()
+                if d.accepting and d.prompt_room > 0 and d.worker_id in self._decode_handles
+            ]
+            if not view.offloadable or not room:  # in line order: one that stays holds the line
                 return
             decode_id = min(room, key=lambda d: (-d.prompt_room, d.running + d.queued, d.worker_id)).worker_id
             self.gate.cancel(view.request_id, Offloaded(decode_id))
             self._account(decode_id, view)
             offered = self.decode_loads[decode_id]
             self.decode_loads[decode_id] = replace(offered, prompt_room=offered.prompt_room - 1)
+            wait -= self.pace.queue_wait_s([view.prompt_len], self.cost, chunk)
 
     def abort(self, request_id: str, attempt: int | None = None) -> bool:
         """Abort wherever the request is: raw queue, engine, between its first token and the handoff, or on
