@@ -56,6 +56,18 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("num_requests_running", GAUGE, "Requests running on the worker.", W),
     MetricSpec("num_requests_waiting", GAUGE, "Requests queued on the worker.", W),
     MetricSpec("kv_cache_usage_perc", GAUGE, "KV cache usage, 0..1 (1 = full).", W),
+    MetricSpec(
+        "prefill_queue_wait_seconds",
+        GAUGE,
+        "A prefill worker's expected wait to prefill its queue, as admission.max_wait_s bounds it.",
+        W,
+    ),
+    MetricSpec(
+        "prefill_seconds_per_token",
+        GAUGE,
+        "The prefill pace that prices the queue: a prompt token's cost in full steps (0: not measured yet).",
+        W,
+    ),
     MetricSpec("num_preemptions", COUNTER, "Preemptions on the worker's engine.", W),
     MetricSpec("engine_prompt_tokens", COUNTER, "Prompt tokens by source: computed, cached, external.", (*W, "source")),
     MetricSpec("engine_generation_tokens", COUNTER, "Tokens the worker's engine generated.", W),
@@ -160,6 +172,9 @@ def _worker_series(w: WorkerStats) -> Iterator[Series]:
     yield from (Series("worker_role", (("worker", w.worker), ("role", r)), float(r == w.role)) for r in ROLES)
     yield Series("worker_flips", (("worker", w.worker),), w.flips)
     yield Series("worker_restarts", (("worker", w.worker),), w.restarts)
+    if w.queue_wait_s is not None:  # from its load report
+        yield Series("prefill_queue_wait_seconds", tags, w.queue_wait_s)
+        yield Series("prefill_seconds_per_token", tags, w.seconds_per_token)
     if not w.answered:  # its engine's figures are unknown this time: no series rather than zeros
         return
     yield Series("kv_cache_usage_perc", tags, w.kv_usage)

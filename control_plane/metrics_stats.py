@@ -124,6 +124,8 @@ class WorkerStats:
     borrowed_steps: int = 0  # of them, steps with cores borrowed from idle engines
     flips: int = 0
     restarts: int = 0
+    queue_wait_s: float | None = None  # a prefill worker's reported expected queue wait (None: not a prefill worker)
+    seconds_per_token: float = 0.0  # and the prefill pace it prices its queue with (0: not measured yet)
     predictions: Mapping[str, int] = field(default_factory=dict)  # prefill: on_time, late, refined
     handoffs: Mapping[str, int] = field(default_factory=dict)  # prefill: pipelined, whole, offloaded
     length_score: LengthScoreStats = field(default_factory=LengthScoreStats)
@@ -159,6 +161,9 @@ def worker_stats(status: Any, raw: Mapping[str, Any] | None) -> WorkerStats:
         "flips": int(status.flips),
         "restarts": int(status.restarts),
     }
+    if "queue_wait_s" in load:  # a prefill worker's
+        base["queue_wait_s"] = float(load["queue_wait_s"])
+        base["seconds_per_token"] = float(load.get("seconds_per_token", 0.0))
     if raw is None:
         return WorkerStats(**base)
     eng, tx, pred = raw.get("engine"), raw.get("transport"), raw.get("predictions")

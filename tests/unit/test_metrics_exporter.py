@@ -68,7 +68,8 @@ def _cluster() -> ClusterStats:
         "predictions": {"on_time": 1, "late": 1, "refined": 0, "pending": 0},
         "handoffs": {"pipelined": 2, "whole": 1},
     }
-    prefill = WorkerStatus("prefill-0", "prefill", "active", {"queued": 4.0, "running": 1.0}, flips=1)
+    prefill_load = {"queued": 4.0, "running": 1.0, "queue_wait_s": 2.5, "seconds_per_token": 1.5e-4}
+    prefill = WorkerStatus("prefill-0", "prefill", "active", prefill_load, flips=1)
     decode = WorkerStatus("decode-0", "decode", "active", {"running": 2.0, "queued": 1.0}, restarts=2)
     silent = WorkerStatus("decode-1", "decode", "active", {"running": 0.0, "queued": 0.0})
     workers = (worker_stats(prefill, prefill_raw), worker_stats(decode, decode_raw), worker_stats(silent, None))
@@ -98,6 +99,9 @@ def test_front_door_and_cluster_series() -> None:
     p, d = (("role", "prefill"), ("worker", "prefill-0")), (("role", "decode"), ("worker", "decode-0"))
     assert s[("tetriserve:num_requests_waiting", p)] == 4 and s[("tetriserve:num_requests_running", d)] == 2
     assert s[("tetriserve:kv_cache_usage_perc", d)] == 0.25
+    assert s[("tetriserve:prefill_queue_wait_seconds", p)] == 2.5
+    assert s[("tetriserve:prefill_seconds_per_token", p)] == 1.5e-4
+    assert ("tetriserve:prefill_queue_wait_seconds", d) not in s  # a decode worker has no prefill queue
     assert s[("tetriserve:num_preemptions_total", d)] == 3
     assert s[("tetriserve:engine_step_seconds_total", (("clock", "wall"), *d))] == 2.0
     assert s[("tetriserve:engine_step_seconds_total", (("clock", "cpu"), *d))] == 1.5

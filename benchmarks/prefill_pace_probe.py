@@ -1,0 +1,123 @@
+"""The prefill pace a served worker reports before a burst, against what the burst then took (issue #12, session 59).
+
+    python benchmarks/prefill_pace_probe.py --rounds 2
+
+Each round starts a fresh ``tetriserve serve`` (default config), warmed up as ``vllm_bench_serve.py`` warms it
+(its 64 prompts at once), and then sends its saturation scenario (``--num-prompts`` ShareGPT prompts at once,
+vLLM's benchmark client, ``--ignore-eos``). Just before the burst it reads the front door's ``/metrics``: the
+prefill worker's reported pace (``prefill_seconds_per_token``, a prompt token's cost in full steps, from the fit
+of its step times: ``prefill_worker/pace.py``) and, for comparison, the pace as it was read up to session 58,
+the warm-up's seconds of prefill steps over its prompt tokens (from the step and prompt-token counters). During
+the burst it samples the reported queue wait (``prefill_queue_wait_seconds``) every 0.25 s. The GlobalScheduler
+prices the prompts it places before the worker's next report at the pace before the burst and refuses where a
+worker's queue would exceed ``admission.max_wait_s`` (30 s): the report sets the whole burst's prompt tokens at
+either pace beside the burst's largest TTFT (every prompt's wait, the last one's included) and the requests
+refused. Writes ``benchmarks/results/<out>.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import statistics
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_bench_report import RESULTS, code_state, report_head, saved
+from vllm_bench_serve import TETRISERVE_PORT, prepare, run_bench, warmed_server
+
+URL = f"http://127.0.0.1:{TETRISERVE_PORT}/metrics"
+_PREFILL = re.compile(r'tetriserve:(\w+)\{([^}]*role="prefill"[^}]*)\} (\S+)')
+
+
+def prefill_series() -> dict[str, float]:
+    """The prefill workers' series on ``/metrics``, summed over workers, by name (and clock or source)."""
+    out: dict[str, float] = {}
+    for m in _PREFILL.finditer(urllib.request.urlopen(URL, timeout=30).read().decode()):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        key = ":".join([m.group(1), *(labels[k] for k in ("clock", "source") if k in labels)])
+        out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out
+
+
+def sample_waits(stop: threading.Event, waits: list[float]) -> None:
+    while not stop.wait(0.25):
+        with contextlib.suppress(OSError):
+            waits.append(prefill_series().get("prefill_queue_wait_seconds", 0.0))
+
+
+def one_round(i: int, args: argparse.Namespace, model: str, dataset: Path, env: dict[str, str]) -> dict[str, float]:
+    name = f"pace_r{i}"
+    with warmed_server(name, "", args, model, dataset, env):
+        before = prefill_series()
+        prompt_tokens = sum(before.get(f"engine_prompt_tokens_total:{s}", 0.0) for s in ("computed", "cached"))
+        old_pace = before.get("engine_step_seconds_total:wall", 0.0) / max(prompt_tokens, 1.0)
+        stop, waits = threading.Event(), []
+        sampler = threading.Thread(target=sample_waits, args=(stop, waits), daemon=True)
+        sampler.start()
+        try:
+            run_bench(name, "saturation", TETRISERVE_PORT, args, model, dataset)
+        finally:
+            stop.set()
+            sampler.join()
+    result = saved(name, "saturation")
+    ttfts = [t for t in result.get("ttfts", []) if t]
+    burst = float(sum(result["input_lens"]))  # every request's, served or refused
+    pace = before.get("prefill_seconds_per_token", 0.0)
+    return {
+        "pace_ms": 1e3 * pace,
+        "old_pace_ms": 1e3 * old_pace,
+        "burst_prompt_tokens": burst,
+        "burst_priced_s": burst * pace,
+        "burst_priced_old_s": burst * old_pace,
+        "largest_reported_wait_s": max(waits, default=0.0),
+        "largest_ttft_s": max(ttfts, default=0.0),
+        "median_ttft_s": statistics.median(ttfts) if ttfts else 0.0,
+        "completed": float(result["completed"]),
+        "refused": float(args.num_prompts - int(result["completed"])),
+    }
+
+
+COLUMNS = (
+    ("pace_ms", "pace before the burst, ms/token", "{:.3f}"),
+    ("old_pace_ms", "as read up to s58, ms/token", "{:.3f}"),
+    ("burst_priced_s", "burst priced at the pace, s", "{:.1f}"),
+    ("burst_priced_old_s", "priced as up to s58, s", "{:.1f}"),
+    ("largest_reported_wait_s", "largest reported queue wait, s", "{:.1f}"),
+    ("largest_ttft_s", "largest TTFT, s", "{:.1f}"),
+    ("median_ttft_s", "median TTFT, s", "{:.1f}"),
+    ("refused", "refused", "{:.0f}"),
+)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--num-prompts", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="prefill_pace_probe")
+    args = ap.parse_args()
+    args.ignore_eos = True
+    model, dataset, env = prepare()
+    rounds = [one_round(i, args, model, dataset, env) for i in range(args.rounds)]
+    result = {"command": sys.argv[1:], "code": code_state(), "rounds": rounds}
+    lines = report_head(args.out, "The prefill pace before a burst, against the burst", "prefill_pace_probe.py", result)
+    lines += [
+        f"Burst: {args.num_prompts} ShareGPT prompts at once after the 64-prompt warm-up; the admission bound is 30 s.",
+        "",
+        "| round | " + " | ".join(title for _, title, _ in COLUMNS) + " |",
+        "| --- |" + " ---: |" * len(COLUMNS),
+    ]
+    for i, r in enumerate(rounds, 1):
+        lines.append(f"| {i} | " + " | ".join(fmt.format(r[key]) for key, _, fmt in COLUMNS) + " |")
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
