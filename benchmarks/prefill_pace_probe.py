@@ -31,15 +31,18 @@ from vllm_bench_report import RESULTS, code_state, report_head, saved
 from vllm_bench_serve import TETRISERVE_PORT, prepare, run_bench, warmed_server
 
 URL = f"http://127.0.0.1:{TETRISERVE_PORT}/metrics"
-_PREFILL = re.compile(r'tetriserve:(\w+)\{([^}]*role="prefill"[^}]*)\} (\S+)')
+_SERIES = re.compile(r"tetriserve:(\w+)\{([^}]*)\} (\S+)")
 
 
-def prefill_series() -> dict[str, float]:
-    """The prefill workers' series on ``/metrics``, summed over workers, by name (and clock or source)."""
+def series(role: str) -> dict[str, float]:
+    """The series of the workers in ``role`` on ``/metrics``, summed over workers, by name (and clock, source or
+    mode)."""
     out: dict[str, float] = {}
-    for m in _PREFILL.finditer(urllib.request.urlopen(URL, timeout=30).read().decode()):
+    for m in _SERIES.finditer(urllib.request.urlopen(URL, timeout=30).read().decode()):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
-        key = ":".join([m.group(1), *(labels[k] for k in ("clock", "source") if k in labels)])
+        if labels.get("role") != role:
+            continue
+        key = ":".join([m.group(1), *(labels[k] for k in ("clock", "source", "mode") if k in labels)])
         out[key] = out.get(key, 0.0) + float(m.group(3))
     return out
 
@@ -47,15 +50,20 @@ def prefill_series() -> dict[str, float]:
 def sample_waits(stop: threading.Event, waits: list[float]) -> None:
     while not stop.wait(0.25):
         with contextlib.suppress(OSError):
-            waits.append(prefill_series().get("prefill_queue_wait_seconds", 0.0))
+            waits.append(series("prefill").get("prefill_queue_wait_seconds", 0.0))
+
+
+STEP_S, COMPUTED, CACHED = (
+    "engine_step_seconds_total:wall",
+    "engine_prompt_tokens_total:computed",
+    "engine_prompt_tokens_total:cached",
+)
 
 
 def one_round(i: int, args: argparse.Namespace, model: str, dataset: Path, env: dict[str, str]) -> dict[str, float]:
     name = f"pace_r{i}"
     with warmed_server(name, "", args, model, dataset, env):
-        before = prefill_series()
-        prompt_tokens = sum(before.get(f"engine_prompt_tokens_total:{s}", 0.0) for s in ("computed", "cached"))
-        old_pace = before.get("engine_step_seconds_total:wall", 0.0) / max(prompt_tokens, 1.0)
+        before, decode_before = series("prefill"), series("decode")
         stop, waits = threading.Event(), []
         sampler = threading.Thread(target=sample_waits, args=(stop, waits), daemon=True)
         sampler.start()
@@ -64,33 +72,47 @@ def one_round(i: int, args: argparse.Namespace, model: str, dataset: Path, env: 
         finally:
             stop.set()
             sampler.join()
+        after, decode_after = series("prefill"), series("decode")
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     result = saved(name, "saturation")
     ttfts = [t for t in result.get("ttfts", []) if t]
     burst = float(sum(result["input_lens"]))  # every request's, served or refused
     pace = before.get("prefill_seconds_per_token", 0.0)
+    whole = delta.get(COMPUTED, 0.0) + delta.get(CACHED, 0.0)
     return {
         "pace_ms": 1e3 * pace,
-        "old_pace_ms": 1e3 * old_pace,
         "burst_prompt_tokens": burst,
         "burst_priced_s": burst * pace,
-        "burst_priced_old_s": burst * old_pace,
         "largest_reported_wait_s": max(waits, default=0.0),
         "largest_ttft_s": max(ttfts, default=0.0),
         "median_ttft_s": statistics.median(ttfts) if ttfts else 0.0,
         "completed": float(result["completed"]),
         "refused": float(args.num_prompts - int(result["completed"])),
+        "prefill_step_s": delta.get(STEP_S, 0.0),
+        "prefill_computed_tokens": delta.get(COMPUTED, 0.0),
+        "prefill_cached_tokens": delta.get(CACHED, 0.0),
+        "burst_pace_ms": 1e3 * delta.get(STEP_S, 0.0) / max(whole, 1.0),
+        "computed_pace_ms": 1e3 * delta.get(STEP_S, 0.0) / max(delta.get(COMPUTED, 0.0), 1.0),
+        "offloaded": delta.get("kv_handoffs_total:offloaded", 0.0),
+        "decode_computed_tokens": decode_after.get(COMPUTED, 0.0) - decode_before.get(COMPUTED, 0.0),
+        "pace_after_ms": 1e3 * after.get("prefill_seconds_per_token", 0.0),
     }
 
 
 COLUMNS = (
-    ("pace_ms", "pace before the burst, ms/token", "{:.3f}"),
-    ("old_pace_ms", "as read up to s58, ms/token", "{:.3f}"),
-    ("burst_priced_s", "burst priced at the pace, s", "{:.1f}"),
-    ("burst_priced_old_s", "priced as up to s58, s", "{:.1f}"),
+    ("pace_ms", "reported pace before the burst, ms/token", "{:.3f}"),
+    ("burst_priced_s", "burst priced at it, s", "{:.1f}"),
     ("largest_reported_wait_s", "largest reported queue wait, s", "{:.1f}"),
     ("largest_ttft_s", "largest TTFT, s", "{:.1f}"),
     ("median_ttft_s", "median TTFT, s", "{:.1f}"),
     ("refused", "refused", "{:.0f}"),
+    ("prefill_step_s", "prefill steps, s", "{:.1f}"),
+    ("prefill_computed_tokens", "prompt tokens computed there", "{:.0f}"),
+    ("prefill_cached_tokens", "held by its cache", "{:.0f}"),
+    ("burst_pace_ms", "steps per prompt token there, ms", "{:.3f}"),
+    ("computed_pace_ms", "per computed token, ms", "{:.3f}"),
+    ("offloaded", "prompts offloaded", "{:.0f}"),
+    ("decode_computed_tokens", "prompt tokens computed on decode", "{:.0f}"),
 )
 
 

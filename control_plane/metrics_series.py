@@ -65,7 +65,7 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "prefill_seconds_per_token",
         GAUGE,
-        "The prefill pace that prices the queue: a prompt token's cost in full steps (0: not measured yet).",
+        "The prefill pace that prices the queue: seconds of engine steps per prompt token (0: not measured yet).",
         W,
     ),
     MetricSpec("num_preemptions", COUNTER, "Preemptions on the worker's engine.", W),

@@ -19,11 +19,12 @@ the scheduler, e.g. the decode batch's views). The stats include the time spent
 inside steps by two clocks, wall and the engine thread's own CPU time: where the
 second falls well below the first, the engine waited for a core or for its
 process's interpreter lock. (Work on the actor's thread also raises the CPU time
-itself: benchmarks/engine_thread_contention.py.) They also sum each computing step's size and time (``moments``).
+itself: benchmarks/engine_thread_contention.py.)
 
-A decode engine's thread may run at a lower CPU priority (``niceness``, the config's ``engine.decode_niceness``,
-default 5; 0: equal shares), so that where it shares cores with a prefill engine and the front door the prompts go
-first. The thread carries an OS name, ``eng-<worker id>`` (``top -H``, ``/proc/<pid>/task/*/comm``). On CPUs each
+A decode engine's thread may run at a lower CPU priority (``niceness``, the config's
+``engine.decode_niceness``, default 5; 0: equal shares), so that where it shares cores
+with a prefill engine and the front door the prompts go first. The thread carries
+an OS name, ``eng-<worker id>`` (``top -H``, ``/proc/<pid>/task/*/comm``). On CPUs each
 engine posts on the machine's core board whether it is stepping (``cores``,
 engine/cores.py), and a borrowing engine sets its thread count before each step
 from what the board leaves idle and the size of its running batch (``borrowed_steps``
@@ -69,7 +70,7 @@ from tetriserve.engine.loop_messages import (
     merged,
 )
 from tetriserve.engine.sampling import from_vllm_logprobs
-from tetriserve.engine.stats import EngineStats, StatsCollector, StepMoments, stat_loggers
+from tetriserve.engine.stats import EngineStats, StatsCollector, stat_loggers
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +95,6 @@ class EngineLoop:
         cache = self.engine.vllm_config.cache_config
         self.collector.set_capacity(cache.num_gpu_blocks or 0, cache.block_size)
         self._computed = False  # whether the last step ran the model (vLLM's ``model_executed``, see _note_steps)
-        self._scheduled = 0  # tokens the last step scheduled (see _note_steps)
-        self.moments = StepMoments()  # the computing steps' sizes and wall times (published with the stats)
         self._note_steps(self.engine.engine_core.engine_core)
         self._snapshot_fn: Callable[[Any], Any] | None = None
         self._niceness = 0  # the engine thread's, as take_role last set it
@@ -257,10 +256,8 @@ class EngineLoop:
             self._fail_all(f"engine step failed: {exc}")
             return
         finally:
-            self.busy_s += (elapsed := time.perf_counter() - started)
+            self.busy_s += time.perf_counter() - started
             self.busy_cpu_s += time.thread_time() - cpu
-        if self._computed and self._scheduled > 0:
-            self.moments = self.moments.plus(self._scheduled, elapsed)
         self._stale = True
         batch = [d for d in (self._delta(out) for out in outputs) if d is not None]
         if time.monotonic() - self._published >= SNAPSHOT_INTERVAL_S:
@@ -271,20 +268,14 @@ class EngineLoop:
 
     def _note_steps(self, core: Any) -> None:
         """Keep what vLLM's in-process client drops: whether each step ran the model (it passes the flag only
-        to ``EngineCore.post_step``), so that a step that computed a prompt's chunk is not taken for a wait; and
-        how many tokens it scheduled (the size the step's time is fitted against, ``moments``)."""
-        post_step, schedule = core.post_step, core.scheduler.schedule
+        to ``EngineCore.post_step``), so that a step that computed a prompt's chunk is not taken for a wait."""
+        post_step = core.post_step
 
         def noted(model_executed: bool) -> None:
             self._computed = model_executed
             post_step(model_executed)
 
-        def scheduled(*args: Any, **kwargs: Any) -> Any:
-            self._scheduled = (out := schedule(*args, **kwargs)).total_num_scheduled_tokens
-            return out
-
         core.post_step = noted
-        core.scheduler.schedule = scheduled
 
     def _publish(self) -> None:
         self._published = time.monotonic()
@@ -297,7 +288,6 @@ class EngineLoop:
             step_seconds=self.busy_s,
             step_cpu_seconds=self.busy_cpu_s,
             borrowed_steps=self.borrowed_steps,
-            step_moments=self.moments,
         )
         self.snapshot = EngineSnapshot(stats, self._extra())
 

@@ -9,39 +9,8 @@ stays at one token per request (the first generated token, fed back as input).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
-
-
-@dataclass(frozen=True)
-class StepMoments:
-    """Sums over the steps that computed tokens, of x = tokens scheduled in the step and y = its wall seconds:
-    what a least-squares fit of a step's time against its size needs (``prefill_worker/pace.py``). Weighted
-    sums work too: ``aged`` scales them all, so recent steps can count more."""
-
-    n: float = 0.0
-    x: float = 0.0
-    y: float = 0.0
-    xx: float = 0.0
-    xy: float = 0.0
-
-    def plus(self, tokens: int, seconds: float) -> StepMoments:
-        return StepMoments(
-            self.n + 1, self.x + tokens, self.y + seconds, self.xx + tokens * tokens, self.xy + tokens * seconds
-        )
-
-    def minus(self, other: StepMoments) -> StepMoments:
-        return StepMoments(self.n - other.n, self.x - other.x, self.y - other.y, self.xx - other.xx, self.xy - other.xy)
-
-    def aged(self, factor: float, recent: StepMoments) -> StepMoments:
-        """These sums scaled by ``factor``, plus ``recent`` at full weight."""
-        return StepMoments(
-            self.n * factor + recent.n,
-            self.x * factor + recent.x,
-            self.y * factor + recent.y,
-            self.xx * factor + recent.xx,
-            self.xy * factor + recent.xy,
-        )
 
 
 @dataclass(frozen=True)
@@ -61,7 +30,6 @@ class EngineStats:
     step_seconds: float = 0.0  # wall time spent inside engine steps (``EngineLoop``'s, not vLLM's)
     step_cpu_seconds: float = 0.0  # the stepping thread's own CPU time inside them
     borrowed_steps: int = 0  # steps taken with cores borrowed from idle engines (``engine/cores.py``)
-    step_moments: StepMoments = field(default_factory=StepMoments)  # the computing steps' sizes and times
 
     @property
     def free_blocks(self) -> int:

@@ -130,7 +130,7 @@ class PrefillWorker(Handoff, EngineWorker):
 
     def load(self) -> PrefillLoad:
         self.pace.observe(self.engine.stats())
-        lens, chunk = self.gate.queued_lens(), self.policy.spec.chunk_size
+        lens = self.gate.queued_lens()
         return PrefillLoad(
             self.worker_id,
             len(lens),
@@ -140,8 +140,8 @@ class PrefillWorker(Handoff, EngineWorker):
             self.incarnation,
             self.engine.steps,
             self.engine.in_flight > 0,
-            self.pace.queue_wait_s(lens, self.cost, chunk),
-            self.pace.seconds_per_token(chunk),
+            self.pace.queue_wait_s(lens, self.cost, self.policy.spec.chunk_size),
+            self.pace.seconds_per_token,
         )
 
     def policies(self) -> dict[str, str]:

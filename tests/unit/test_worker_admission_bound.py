@@ -1,5 +1,5 @@
-"""Admission bounded per worker (issue #14): the queue wait a worker reports (its pace: prefill/test_pace.py), and
-the GlobalScheduler placing only where the wait is within the bound (the refusal's way to the clients:
+"""Admission bounded per worker (issue #14): the prefill pace and queue wait a worker reports, and the
+GlobalScheduler placing only where the wait is within the bound (the refusal's way to the clients:
 test_gateway_limits.py)."""
 
 from __future__ import annotations
@@ -13,6 +13,70 @@ from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.load import PrefillLoad, same_load
 from tetriserve.common.stream import PlacementRequest
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
+from tetriserve.engine.stats import EngineStats
+from tetriserve.prefill_worker.pace import PrefillPace
+
+
+def _stats(prompt_tokens: int, step_s: float, cached: int = 0) -> EngineStats:
+    return EngineStats(
+        prompt_tokens_total=prompt_tokens,
+        prompt_tokens_computed=prompt_tokens - cached,
+        prompt_tokens_cached=cached,
+        step_seconds=step_s,
+    )
+
+
+def test_pace_is_measured_from_prompt_tokens_and_stepping_time_and_prices_the_queue() -> None:
+    pace = PrefillPace()
+    pace.observe(_stats(0, 10.0))  # the engine's seconds spent stepping so far, not the clock
+    assert pace.seconds_per_token == 0.0 and pace.queue_wait_s([100], None, None) == 0.0  # not measured yet
+    pace.observe(_stats(1000, 11.0))  # 1000 tokens in 1 s of steps
+    assert pace.seconds_per_token == pytest.approx(1e-3)
+    pace.observe(_stats(1000, 11.0))  # an idle interval: no steps, no sample
+    assert pace.seconds_per_token == pytest.approx(1e-3)
+    pace.observe(_stats(1500, 12.0))  # 500 tokens in 1 s of steps: the pace moves toward it
+    assert 1e-3 < pace.seconds_per_token < 2e-3
+    assert pace.queue_wait_s([100, 300], None, None) == pytest.approx(400 * pace.seconds_per_token)
+
+
+def test_prompts_the_prefix_cache_held_do_not_make_the_queue_look_slow() -> None:
+    """The queue's prompts are priced whole, so the pace counts prompt tokens whole: 10 prompts of 1000 tokens
+    that the cache held but for 10 tokens each, in 0.1 s of steps, are 1e-5 s a prompt token, not 1e-3 s a
+    computed one (which priced the next burst of new prompts 100 times too slow, and refused it)."""
+    pace = PrefillPace()
+    pace.observe(_stats(0, 0.0))
+    pace.observe(_stats(10_000, 0.1, cached=9_900))
+    assert pace.seconds_per_token == pytest.approx(1e-5)
+    assert pace.queue_wait_s([1000] * 100, None, None) == pytest.approx(1.0)
+
+
+def test_a_short_prompt_ending_among_other_prompts_chunks_does_not_spike_the_pace() -> None:
+    """The engine counts a prompt's tokens when its prefill ends: an interval of 72 ms of steps that were mostly
+    other prompts' chunks, in which one prompt of 11 tokens ended, is not 6.5 ms a token. Averaging each
+    interval's ratio put a served worker's pace at 2.1 ms a token where the run's was 0.105 ms
+    (benchmarks/results/prefill_pace_replay.md); those steps' tokens are counted with a later interval."""
+    pace = PrefillPace()
+    pace.observe(_stats(0, 0.0))
+    tokens, steps = 0, 0.0
+    for _ in range(20):  # 1000 tokens per 0.1 s of steps
+        tokens, steps = tokens + 1000, steps + 0.1
+        pace.observe(_stats(tokens, steps))
+    assert pace.seconds_per_token == pytest.approx(1e-4)
+    tokens, steps = tokens + 11, steps + 0.072  # the lump
+    pace.observe(_stats(tokens, steps))
+    assert pace.seconds_per_token < 1.5e-4
+    tokens, steps = tokens + 709, steps + 0.0  # the chunked prompts end: their steps were counted already
+    pace.observe(_stats(tokens, steps))
+    assert pace.seconds_per_token == pytest.approx(1e-4, rel=0.05)
+
+
+def test_steps_before_any_prompt_ends_count_once_one_does() -> None:
+    pace = PrefillPace()
+    pace.observe(_stats(0, 0.0))
+    pace.observe(_stats(0, 0.3))  # chunks of a long prompt: nothing prefilled yet, nothing to price with
+    assert pace.seconds_per_token == 0.0
+    pace.observe(_stats(3000, 0.3))  # it ends (the 3000 tokens took those 0.3 s)
+    assert pace.seconds_per_token == pytest.approx(1e-4, rel=0.01)
 
 
 def test_a_changed_pace_alone_is_not_a_changed_load() -> None:

@@ -9,7 +9,6 @@ import pytest
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.load import DecodeLoad
-from tetriserve.engine.stats import EngineStats, StepMoments
 from tetriserve.prefill_worker.admission import Offloaded, SchedBatchGate
 from tetriserve.prefill_worker.pace import PrefillPace
 from tetriserve.prefill_worker.queue.fcfs import FCFS
@@ -26,11 +25,7 @@ def _worker(offload_wait_s: float) -> PrefillWorker:
     worker.config = ClusterConfig(prefill={"offload_wait_s": offload_wait_s})
     worker.gate = SchedBatchGate(FCFS(), 1)
     worker.pace = PrefillPace()
-    worker.pace.observe(EngineStats())
-    full_step = EngineStats(
-        prompt_tokens_total=512, prompt_tokens_computed=512, step_moments=StepMoments().plus(512, 5.12)
-    )
-    worker.pace.observe(full_step)  # 0.01 s a token: 50-token prompts take 0.5 s each
+    worker.pace.seconds_per_token = 0.01  # 50-token prompts: 0.5 s each
     worker.cost = None
     worker.policy = SimpleNamespace(spec=SimpleNamespace(chunk_size=512))
     worker.decode_loads, worker.decode_addresses, worker._dead_decodes = {}, {}, {}
