@@ -39,7 +39,7 @@ class PrefillLoad:
     steps: int = 0  # engine steps so far
     busy: bool = False  # the engine has requests (so ``steps`` must move)
     queue_wait_s: float = 0.0  # expected seconds to prefill what is queued here (prefill_worker/pace.py)
-    seconds_per_token: float = 0.0  # measured prefill pace (0: not measured yet)
+    seconds_per_token: float = 0.0  # what a queued prompt token adds to queue_wait_s (pace.py; 0: not measured)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ again shortly. Admission is bounded per worker (issue #14): a new request goes
 only to a prefill worker with fewer than ``admission.max_queued_per_worker``
 requests in prefill whose queue it would wait behind for at most
 ``admission.max_wait_s`` (the worker's reported ``queue_wait_s``, from its cost
-model or measured pace, plus the prompts placed on it since). When none has
+model or measured pace, plus the prompts placed on it since at its reported ``seconds_per_token``). When none has
 room it is refused with ``retry_after_s`` (the front door answers 429 /
 RESOURCE_EXHAUSTED); a re-placed request (a later attempt) never is.
 

@@ -65,7 +65,8 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "prefill_seconds_per_token",
         GAUGE,
-        "The prefill pace that prices the queue: seconds of engine steps per prompt token (0: not measured yet).",
+        "What a queued prompt token adds to that wait: the engine's seconds per prompt token, scaled by the share "
+        "of a backlog prefilled here (the rest offloaded to decode workers); 0: not measured yet.",
         W,
     ),
     MetricSpec("num_preemptions", COUNTER, "Preemptions on the worker's engine.", W),

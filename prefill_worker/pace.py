@@ -26,6 +26,17 @@ goes only to a prefill worker whose queue it would wait behind for at most
                    reason not recorded: s48_probe_seqs256.md). Summed, the steps count once with the tokens
                    they prefilled, whichever interval those are counted in.
     Both counters come from one snapshot of the engine (``EngineCounters``), so they cover the same steps.
+    local_share = the share of a backlog's prompt tokens this worker prefills itself: prompt tokens that left its
+                   queue while it was backlogged (its wait over ``prefill.offload_wait_s``, when decode workers
+                   take prompts from it) to its own engine, over those and the ones decode workers took
+                   (``prefill_worker/worker.py`` ``offer_prompts``), each aged by prompt tokens (``SHARE_TOKENS``);
+                   1 until a backlog has been seen. The queue drains faster than the engine's pace by that much,
+                   and the queue's wait and the pace this worker reports (``queue_seconds_per_token``, which
+                   the GlobalScheduler prices its new placements with) are scaled by it. Unscaled, the pace priced
+                   saturation bursts after a warm-up at 31 and 34 s, over the 30 s bound, and 3 and 21 of 200
+                   prompts were refused, where the bursts' last first tokens came at 17.7 and 15.3 s: the decode
+                   worker had computed 73 and 65 of the prompts, about a third of their tokens
+                   (benchmarks/results/s59_prefill_pace_probe.md).
 
 Pure (no Ray, no vLLM): the worker feeds it its engine's counters.
 """
@@ -39,6 +50,7 @@ from typing import Protocol
 from tetriserve.common.cost_estimator import CostEstimator
 
 TAU_S = 2.0  # seconds of stepping over which the pace's sums are aged
+SHARE_TOKENS = 20_000.0  # prompt tokens over which the local share's sums are aged
 
 
 class EngineCounters(Protocol):
@@ -57,6 +69,23 @@ class PrefillPace:
         self._seconds = 0.0  # aged stepping seconds
         self._tokens = 0.0  # aged prompt tokens prefilled in them
         self._last: tuple[int, float] | None = None
+        self.local_share = 1.0  # of a backlog's prompt tokens, the share prefilled here
+        self._here = 0.0  # aged prompt tokens that left a backlogged queue for this worker's engine
+        self._away = 0.0  # and for decode workers
+
+    def left_queue(self, tokens: int, offloaded: bool) -> None:
+        """A prompt of ``tokens`` left this worker's queue while it was backlogged: to its engine, or
+        ``offloaded`` to a decode worker."""
+        decay = math.exp(-tokens / SHARE_TOKENS)
+        self._here = self._here * decay + (0 if offloaded else tokens)
+        self._away = self._away * decay + (tokens if offloaded else 0)
+        if self._here + self._away > 0:
+            self.local_share = self._here / (self._here + self._away)
+
+    @property
+    def queue_seconds_per_token(self) -> float:
+        """Seconds a queued prompt token adds to the queue's wait: the engine's pace, scaled by the local share."""
+        return self.seconds_per_token * self.local_share
 
     def observe(self, engine: EngineCounters) -> None:
         """The engine's counters as of its latest snapshot."""
@@ -72,7 +101,8 @@ class PrefillPace:
         self._last = now
 
     def queue_wait_s(self, prompt_lens: Iterable[int], cost: CostEstimator | None, chunk: int | None) -> float:
-        """Expected seconds to prefill the queued prompts of lengths ``prompt_lens``."""
+        """Expected seconds until the queued prompts of lengths ``prompt_lens`` have left the queue (prefilled
+        here, or taken by decode workers)."""
         if cost is not None:
-            return sum(cost.request_prefill_time(0, n, chunk) for n in prompt_lens)
-        return sum(prompt_lens) * self.seconds_per_token
+            return self.local_share * sum(cost.request_prefill_time(0, n, chunk) for n in prompt_lens)
+        return sum(prompt_lens) * self.queue_seconds_per_token

@@ -70,6 +70,7 @@ class PrefillWorker(Handoff, EngineWorker):
         super().__init__(worker_id, config, incarnation, predecessor)
         self.cost = load_cost(config.prefill, model_path, detect_hardware())
         self.pace = PrefillPace()
+        self._backlogged = False  # the queue's wait, last priced, was over prefill.offload_wait_s
         self.policy = build_prefill_policy(spec_from_config(config.prefill), self.cost)
         self.ceiling = config.prefill.batch_ceiling(config.engine.max_model_len)
         if predecessor is None:
@@ -140,9 +141,16 @@ class PrefillWorker(Handoff, EngineWorker):
             self.incarnation,
             self.engine.steps,
             self.engine.in_flight > 0,
-            self.pace.queue_wait_s(lens, self.cost, self.policy.spec.chunk_size),
-            self.pace.seconds_per_token,
+            self._queue_wait(lens),
+            self.pace.queue_seconds_per_token,
         )
+
+    def _queue_wait(self, lens: list[int]) -> float:
+        """The queue's expected wait; whether it is over ``prefill.offload_wait_s`` (decode workers take prompts)
+        is noted for the local share (``pace.left_queue``)."""
+        wait = self.pace.queue_wait_s(lens, self.cost, self.policy.spec.chunk_size)
+        self._backlogged = 0 < self.config.prefill.offload_wait_s < wait
+        return wait
 
     def policies(self) -> dict[str, str]:
         return {**self.policy.spec.describe(), "dispatch": self.dispatcher.name}
@@ -229,6 +237,8 @@ class PrefillWorker(Handoff, EngineWorker):
             while True:
                 try:
                     async with self.gate.turn(view) as batch_seq:
+                        if self._backlogged:
+                            self.pace.left_queue(view.prompt_len, offloaded=False)
                         computing = spans.queued(queued, batch_seq)
                         if ticket is not None and self.config.transport.pipeline:  # KV may leave as it computes
                             early = EarlyHandoff(self, key, view, ticket)
@@ -240,6 +250,7 @@ class PrefillWorker(Handoff, EngineWorker):
                     return
                 except Offloaded as offer:  # a decode worker computes the prompt; refused, back in line
                     if ticket is not None and await self._offload(req, subscriber, ticket, offer.decode_id):
+                        self.pace.left_queue(view.prompt_len, offloaded=True)
                         ticket = None  # its estimate went with it, and its prediction follows it if late
                         return
             tokens, lps = out.token_ids, out.logprobs
@@ -320,7 +331,7 @@ class PrefillWorker(Handoff, EngineWorker):
         if threshold <= 0:
             return
         chunk = self.policy.spec.chunk_size
-        wait = self.pace.queue_wait_s(self.gate.queued_lens(), self.cost, chunk)
+        wait = self._queue_wait(self.gate.queued_lens())
         while wait > threshold and (view := self.gate.next_in_line()) is not None:
             room = [
                 d

@@ -79,6 +79,49 @@ def test_steps_before_any_prompt_ends_count_once_one_does() -> None:
     assert pace.seconds_per_token == pytest.approx(1e-4, rel=0.01)
 
 
+def _measured(seconds_per_token: float) -> PrefillPace:
+    pace = PrefillPace()
+    pace.observe(_stats(0, 0.0))
+    pace.observe(_stats(1000, 1000 * seconds_per_token))
+    return pace
+
+
+def test_a_backlog_decode_workers_take_prompts_from_is_priced_at_the_share_prefilled_here() -> None:
+    """s59: the decode worker computed about a third of a saturation burst's prompt tokens; priced at the engine's
+    pace alone, the burst looked 31–34 s deep and was partly refused, and its last first token came at 15–18 s
+    (benchmarks/results/s59_prefill_pace_probe.md)."""
+    pace = _measured(1e-3)
+    assert pace.local_share == 1.0 and pace.queue_seconds_per_token == pytest.approx(1e-3)  # no backlog seen yet
+    for offloaded in (False, True, False, False, True, False):  # 1000-token prompts leave a backlogged queue
+        pace.left_queue(1000, offloaded)
+    assert pace.local_share == pytest.approx(2 / 3, rel=0.05)
+    assert pace.queue_seconds_per_token == pytest.approx(1e-3 * pace.local_share)
+    assert pace.queue_wait_s([3000], None, None) == pytest.approx(3.0 * pace.local_share)
+    assert pace.seconds_per_token == pytest.approx(1e-3)  # the engine's own pace is unchanged
+
+
+def test_the_share_follows_the_recent_backlogs() -> None:
+    pace = _measured(1e-3)
+    for _ in range(20):
+        pace.left_queue(500, offloaded=True)
+    assert pace.local_share < 0.01
+    for _ in range(200):  # decode workers full: 100,000 tokens prefilled here, five time constants
+        pace.left_queue(500, offloaded=False)
+    assert pace.local_share > 0.99
+
+
+def test_a_cost_model_s_queue_is_scaled_by_the_share_too() -> None:
+    class Linear:
+        def request_prefill_time(self, computed: int, remaining: int, chunk: int | None) -> float:
+            return remaining * 1e-3
+
+    pace = PrefillPace()
+    pace.left_queue(1000, offloaded=False)
+    pace.left_queue(1000, offloaded=True)
+    assert pace.queue_wait_s([2000], Linear(), 256) == pytest.approx(2.0 * pace.local_share)  # type: ignore[arg-type]
+    assert 0.45 < pace.local_share < 0.55
+
+
 def test_a_changed_pace_alone_is_not_a_changed_load() -> None:
     a = PrefillLoad("p", 1, 0, 10, 1.0, queue_wait_s=0.5, seconds_per_token=1e-3)
     assert same_load(a, PrefillLoad("p", 1, 0, 10, 2.0, queue_wait_s=0.5, seconds_per_token=2e-3))

@@ -82,3 +82,13 @@ def test_nothing_is_offered_when_offloading_is_off_or_the_queue_is_short_enough(
             task.cancel()
 
     asyncio.run(scenario())
+
+
+def test_the_queue_is_noted_backlogged_while_its_wait_is_over_the_offload_threshold() -> None:
+    """What the local share (``pace.left_queue``) is counted under: prompts that leave while decode workers may
+    take them."""
+    worker = _worker(offload_wait_s=1.0)
+    assert worker._queue_wait([50] * 3) == pytest.approx(1.5) and worker._backlogged
+    assert worker._queue_wait([50]) == pytest.approx(0.5) and not worker._backlogged
+    worker.config = ClusterConfig(prefill={"offload_wait_s": 0.0})  # offloading off: never backlogged
+    assert worker._queue_wait([50] * 30) == pytest.approx(15.0) and not worker._backlogged
