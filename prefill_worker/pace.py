@@ -27,16 +27,19 @@ goes only to a prefill worker whose queue it would wait behind for at most
                    they prefilled, whichever interval those are counted in.
     Both counters come from one snapshot of the engine (``EngineCounters``), so they cover the same steps.
     local_share = the share of a backlog's prompt tokens this worker prefills itself: prompt tokens that left its
-                   queue while it was backlogged (its wait over ``prefill.offload_wait_s``, when decode workers
-                   take prompts from it) to its own engine, over those and the ones decode workers took
-                   (``prefill_worker/worker.py`` ``offer_prompts``), each aged by prompt tokens (``SHARE_TOKENS``);
-                   1 until a backlog has been seen. The queue drains faster than the engine's pace by that much,
-                   and the queue's wait and the pace this worker reports (``queue_seconds_per_token``, which
-                   the GlobalScheduler prices its new placements with) are scaled by it. Unscaled, the pace priced
-                   saturation bursts after a warm-up at 31 and 34 s, over the 30 s bound, and 3 and 21 of 200
-                   prompts were refused, where the bursts' last first tokens came at 17.7 and 15.3 s: the decode
-                   worker had computed 73 and 65 of the prompts, about a third of their tokens
-                   (benchmarks/results/s59_prefill_pace_probe.md).
+                   queue while it was backlogged (its engine's time for the queue, ``prefill_s``, over
+                   ``prefill.offload_wait_s``, when decode workers take prompts from it) to its own engine, over
+                   those and the ones decode workers took (``prefill_worker/worker.py`` ``offer_prompts``), each
+                   aged by prompt tokens (``SHARE_TOKENS``); 1 until a backlog has been seen, ``MIN_SHARE`` at
+                   least. The queue drains faster than the engine's pace by that much, and the queue's wait and
+                   the pace this worker reports (``queue_seconds_per_token``, which the GlobalScheduler prices its
+                   new placements with) are scaled by it. Unscaled, the pace priced saturation bursts after a
+                   warm-up at 31 and 34 s, over the 30 s bound, and 3 and 21 of 200 prompts were refused, where
+                   the bursts' last first tokens came at 17.7 and 15.3 s: the decode worker had computed 73 and
+                   65 of the prompts, about a third of their tokens (benchmarks/results/s59_prefill_pace_probe.md).
+                   Backlogged is judged on the engine's time, not on the scaled wait: judged on the scaled one, a
+                   share that fell to 0 priced every queue at 0 s and was never measured again
+                   (benchmarks/results/s59_prefill_pace_share_stuck.md).
 
 Pure (no Ray, no vLLM): the worker feeds it its engine's counters.
 """
@@ -51,6 +54,7 @@ from tetriserve.common.cost_estimator import CostEstimator
 
 TAU_S = 2.0  # seconds of stepping over which the pace's sums are aged
 SHARE_TOKENS = 20_000.0  # prompt tokens over which the local share's sums are aged
+MIN_SHARE = 0.1  # the local share priced at least: decode workers' room is a few prompts each
 
 
 class EngineCounters(Protocol):
@@ -80,7 +84,7 @@ class PrefillPace:
         self._here = self._here * decay + (0 if offloaded else tokens)
         self._away = self._away * decay + (tokens if offloaded else 0)
         if self._here + self._away > 0:
-            self.local_share = self._here / (self._here + self._away)
+            self.local_share = max(MIN_SHARE, self._here / (self._here + self._away))
 
     @property
     def queue_seconds_per_token(self) -> float:
@@ -103,6 +107,10 @@ class PrefillPace:
     def queue_wait_s(self, prompt_lens: Iterable[int], cost: CostEstimator | None, chunk: int | None) -> float:
         """Expected seconds until the queued prompts of lengths ``prompt_lens`` have left the queue (prefilled
         here, or taken by decode workers)."""
+        return self.local_share * self.prefill_s(prompt_lens, cost, chunk)
+
+    def prefill_s(self, prompt_lens: Iterable[int], cost: CostEstimator | None, chunk: int | None) -> float:
+        """Expected seconds for this worker's engine to prefill the prompts of lengths ``prompt_lens``."""
         if cost is not None:
-            return self.local_share * sum(cost.request_prefill_time(0, n, chunk) for n in prompt_lens)
-        return sum(prompt_lens) * self.queue_seconds_per_token
+            return sum(cost.request_prefill_time(0, n, chunk) for n in prompt_lens)
+        return sum(prompt_lens) * self.seconds_per_token

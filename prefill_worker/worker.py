@@ -141,16 +141,16 @@ class PrefillWorker(Handoff, EngineWorker):
             self.incarnation,
             self.engine.steps,
             self.engine.in_flight > 0,
-            self._queue_wait(lens),
+            self._prefill_s(lens) * self.pace.local_share,
             self.pace.queue_seconds_per_token,
         )
 
-    def _queue_wait(self, lens: list[int]) -> float:
-        """The queue's expected wait; whether it is over ``prefill.offload_wait_s`` (decode workers take prompts)
-        is noted for the local share (``pace.left_queue``)."""
-        wait = self.pace.queue_wait_s(lens, self.cost, self.policy.spec.chunk_size)
-        self._backlogged = 0 < self.config.prefill.offload_wait_s < wait
-        return wait
+    def _prefill_s(self, lens: list[int]) -> float:
+        """The engine's time for the queued prompts of lengths ``lens``; whether it is over
+        ``prefill.offload_wait_s`` (decode workers take prompts) is noted for the local share (``pace.left_queue``)."""
+        prefill_s = self.pace.prefill_s(lens, self.cost, self.policy.spec.chunk_size)
+        self._backlogged = 0 < self.config.prefill.offload_wait_s < prefill_s
+        return prefill_s
 
     def policies(self) -> dict[str, str]:
         return {**self.policy.spec.describe(), "dispatch": self.dispatcher.name}
@@ -323,15 +323,15 @@ class PrefillWorker(Handoff, EngineWorker):
                 logger.exception("prefill %s: offering prompts to decode workers failed", self.worker_id)
 
     def offer_prompts(self) -> None:
-        """While the prompts queued here would take longer than ``prefill.offload_wait_s`` to prefill (the
-        ``queue_wait_s`` this worker reports), offer the next in line to a decode worker with room to compute
+        """While the prompts queued here would take longer than ``prefill.offload_wait_s`` for this worker's engine
+        to prefill (``pace.prefill_s``), offer the next in line to a decode worker with room to compute
         it (its ``prompt_room``, ``decode.max_local_prompts``, by the broadcast loads less the offers made since):
         its ``turn`` raises ``Offloaded`` and its task hands it over (``Handoff._offload``)."""
         threshold = self.config.prefill.offload_wait_s
         if threshold <= 0:
             return
         chunk = self.policy.spec.chunk_size
-        wait = self._queue_wait(self.gate.queued_lens())
+        wait = self._prefill_s(self.gate.queued_lens())
         while wait > threshold and (view := self.gate.next_in_line()) is not None:
             room = [
                 d
@@ -345,7 +345,7 @@ class PrefillWorker(Handoff, EngineWorker):
             self._account(decode_id, view)
             offered = self.decode_loads[decode_id]
             self.decode_loads[decode_id] = replace(offered, prompt_room=offered.prompt_room - 1)
-            wait -= self.pace.queue_wait_s([view.prompt_len], self.cost, chunk)
+            wait -= self.pace.prefill_s([view.prompt_len], self.cost, chunk)
 
     def abort(self, request_id: str, attempt: int | None = None) -> bool:
         """Abort wherever the request is: raw queue, engine, between its first token and the handoff, or on

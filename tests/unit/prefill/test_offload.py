@@ -84,11 +84,15 @@ def test_nothing_is_offered_when_offloading_is_off_or_the_queue_is_short_enough(
     asyncio.run(scenario())
 
 
-def test_the_queue_is_noted_backlogged_while_its_wait_is_over_the_offload_threshold() -> None:
+def test_the_queue_is_noted_backlogged_while_its_engine_time_is_over_the_offload_threshold() -> None:
     """What the local share (``pace.left_queue``) is counted under: prompts that leave while decode workers may
-    take them."""
+    take them. Judged on the engine's time, not on the wait the share scales: a share of 0 still notes one."""
     worker = _worker(offload_wait_s=1.0)
-    assert worker._queue_wait([50] * 3) == pytest.approx(1.5) and worker._backlogged
-    assert worker._queue_wait([50]) == pytest.approx(0.5) and not worker._backlogged
+    assert worker._prefill_s([50] * 3) == pytest.approx(1.5) and worker._backlogged
+    assert worker._prefill_s([50]) == pytest.approx(0.5) and not worker._backlogged
+    for _ in range(10):
+        worker.pace.left_queue(1000, offloaded=True)
+    assert worker.pace.queue_wait_s([50] * 3, None, None) < 1.0
+    assert worker._prefill_s([50] * 3) == pytest.approx(1.5) and worker._backlogged
     worker.config = ClusterConfig(prefill={"offload_wait_s": 0.0})  # offloading off: never backlogged
-    assert worker._queue_wait([50] * 30) == pytest.approx(15.0) and not worker._backlogged
+    assert worker._prefill_s([50] * 30) == pytest.approx(15.0) and not worker._backlogged
