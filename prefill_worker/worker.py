@@ -70,7 +70,7 @@ class PrefillWorker(Handoff, EngineWorker):
         super().__init__(worker_id, config, incarnation, predecessor)
         self.cost = load_cost(config.prefill, model_path, detect_hardware())
         self.pace = PrefillPace()
-        self._backlogged = False  # the queue's wait, last priced, was over prefill.offload_wait_s
+        self._backlogged = False  # the engine's time for the queue, last priced, was over prefill.offload_wait_s
         self.policy = build_prefill_policy(spec_from_config(config.prefill), self.cost)
         self.ceiling = config.prefill.batch_ceiling(config.engine.max_model_len)
         if predecessor is None:
@@ -132,6 +132,7 @@ class PrefillWorker(Handoff, EngineWorker):
     def load(self) -> PrefillLoad:
         self.pace.observe(self.engine.stats())
         lens = self.gate.queued_lens()
+        self._prefill_s(lens)  # notes whether the queue is backlogged
         return PrefillLoad(
             self.worker_id,
             len(lens),
@@ -141,7 +142,7 @@ class PrefillWorker(Handoff, EngineWorker):
             self.incarnation,
             self.engine.steps,
             self.engine.in_flight > 0,
-            self._prefill_s(lens) * self.pace.local_share,
+            self.pace.queue_wait_s(lens, self.cost, self.policy.spec.chunk_size),
             self.pace.queue_seconds_per_token,
         )
 
