@@ -1,0 +1,60 @@
+"""Where a test cluster's start-up goes (issue #12, session 59: the suite's time is mostly cluster start-ups).
+
+    PYTHONPATH=. python benchmarks/cluster_startup.py
+
+Launches the integration tests' cluster (``tests/integration/conftest.py``'s ``CONFIG_OVERRIDES``: 1 prefill +
+1 decode worker) and then a second one on the same Ray, as a test module's own cluster is, and prints how long
+``ray.init`` and every ``ray.get`` in ``launch`` over 0.5 s took (the longest is the workers' ``start``: their
+processes, imports, engines and predictors). The workers' own log lines, with their times, follow on stderr.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+T0 = time.monotonic()
+
+import ray  # noqa: E402
+
+from tests.integration.conftest import CONFIG_OVERRIDES  # noqa: E402
+from tetriserve.common.config import ClusterConfig  # noqa: E402
+from tetriserve.control_plane import launcher  # noqa: E402
+from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir  # noqa: E402
+
+
+def stamp(what: str, started: float) -> None:
+    print(f"{what}: {time.monotonic() - started:.1f} s (at {time.monotonic() - T0:.1f} s)", flush=True)
+
+
+def main() -> None:
+    stamp("imports", T0)
+    model = str(build_tiny_model(default_tiny_model_dir()))
+    init_ray, get = launcher.init_ray, ray.get
+
+    def timed_init(config: ClusterConfig) -> tuple[bool, str]:
+        started = time.monotonic()
+        out = init_ray(config)
+        stamp("ray.init", started)
+        return out
+
+    def timed_get(refs: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        out = get(refs, *args, **kwargs)
+        if time.monotonic() - started > 0.5:
+            stamp("ray.get", started)
+        return out
+
+    launcher.init_ray, ray.get = timed_init, timed_get
+    started = time.monotonic()
+    first = launcher.launch(ClusterConfig.load(overrides=CONFIG_OVERRIDES), model)
+    stamp("launch", started)
+    started = time.monotonic()
+    second = launcher.launch(ClusterConfig.load(overrides={**CONFIG_OVERRIDES, "namespace": "second"}), model)
+    stamp("second launch, same Ray", started)
+    second.shutdown()
+    first.shutdown()
+
+
+if __name__ == "__main__":
+    main()
