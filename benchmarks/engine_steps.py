@@ -89,20 +89,31 @@ def placement_label(mode: str) -> str:
 
 
 PINNED = {mode: f" ({placement_label(mode)})" for mode in (*PLACEMENTS, *RENICED)}
-_NAMES = "engine_steps|engine_borrowed_steps|engine_step_seconds|engine_generation_tokens|kv_handoffs"
-_SERIES = re.compile(rf"tetriserve:({_NAMES})_total\{{([^}}]*)\}} (\S+)")
+ENGINE_COUNTERS = (
+    "engine_steps",
+    "engine_borrowed_steps",
+    "engine_step_seconds",
+    "engine_generation_tokens",
+    "kv_handoffs",
+)
+_SERIES = re.compile(r"tetriserve:(\w+?)(?:_total)?\{([^}]*)\} (\S+)")
 
 
-def engine_counters(role: str | None = None) -> dict[tuple[str, str, str], float]:
-    """(series, worker, clock or mode) -> value of every worker's step (and handoff) counters on the front door's
-    ``/metrics`` (``role``: of the workers in that role only)."""
+def worker_series(
+    role: str | None = None, names: tuple[str, ...] = ENGINE_COUNTERS
+) -> dict[tuple[str, str, str], float]:
+    """(series, worker, clock, source or mode) -> value of every worker's series named in ``names`` (a counter's
+    name without ``_total``; by default the step and handoff counters) on the front door's ``/metrics``
+    (``role``: of the workers in that role only)."""
     text = urllib.request.urlopen(f"{URL}/metrics", timeout=30).read().decode()
     out = {}
     for m in _SERIES.finditer(text):
+        if m.group(1) not in names:
+            continue
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
         if role is not None and labels.get("role") != role:
             continue
-        kind = labels.get("clock") or labels.get("mode", "")  # step seconds by clock, handoffs by mode
+        kind = labels.get("clock") or labels.get("source") or labels.get("mode", "")
         out[(m.group(1), labels.get("worker", ""), kind)] = float(m.group(3))
     return out
 
@@ -172,14 +183,14 @@ def measure(name: str, flags: str, scenario: str, args: argparse.Namespace, env:
         mode = pinning(name, args)
         n_pinned = pin(proc.pid, mode) if mode else 0
         time.sleep(2)  # the warm-up's last steps counted before the scrape
-        before, t_before, started = engine_counters(), threads(proc.pid), time.monotonic()
+        before, t_before, started = worker_series(), threads(proc.pid), time.monotonic()
         steppers = engine_threads(t_before)
         timeline = Timeline(steppers, proc.pid if args.who else None)
         client = run_bench(f"steps_{name}", scenario, PORT, bench_args, model, dataset)
         t_after, seconds = threads(proc.pid), time.monotonic() - started
         busy = timeline.stop()
         time.sleep(2)
-        after = engine_counters()
+        after = worker_series()
     engines = {}
     for worker in sorted({w for _, w, _ in after if w}):
         d = {key: after.get((k, worker, c), 0) - before.get((k, worker, c), 0) for key, (k, c) in _KEYS.items()}

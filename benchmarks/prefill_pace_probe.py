@@ -19,31 +19,32 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
 import statistics
 import sys
 import threading
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_steps import worker_series
 from vllm_bench_report import RESULTS, code_state, report_head, saved
 from vllm_bench_serve import TETRISERVE_PORT, prepare, run_bench, warmed_server
 
-URL = f"http://127.0.0.1:{TETRISERVE_PORT}/metrics"
-_SERIES = re.compile(r"tetriserve:(\w+)\{([^}]*)\} (\S+)")
+READ = (
+    "engine_step_seconds",
+    "engine_prompt_tokens",
+    "kv_handoffs",
+    "prefill_queue_wait_seconds",
+    "prefill_seconds_per_token",
+)
 
 
 def series(role: str) -> dict[str, float]:
-    """The series of the workers in ``role`` on ``/metrics``, summed over workers, by name (and clock, source or
-    mode)."""
+    """The series ``READ`` of the workers in ``role`` on ``/metrics``, summed over workers, by name (and clock,
+    source or mode)."""
     out: dict[str, float] = {}
-    for m in _SERIES.finditer(urllib.request.urlopen(URL, timeout=30).read().decode()):
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
-        if labels.get("role") != role:
-            continue
-        key = ":".join([m.group(1), *(labels[k] for k in ("clock", "source", "mode") if k in labels)])
-        out[key] = out.get(key, 0.0) + float(m.group(3))
+    for (name, _, kind), value in worker_series(role, READ).items():
+        key = f"{name}:{kind}" if kind else name
+        out[key] = out.get(key, 0.0) + value
     return out
 
 
@@ -53,11 +54,7 @@ def sample_waits(stop: threading.Event, waits: list[float]) -> None:
             waits.append(series("prefill").get("prefill_queue_wait_seconds", 0.0))
 
 
-STEP_S, COMPUTED, CACHED = (
-    "engine_step_seconds_total:wall",
-    "engine_prompt_tokens_total:computed",
-    "engine_prompt_tokens_total:cached",
-)
+STEP_S, COMPUTED, CACHED = "engine_step_seconds:wall", "engine_prompt_tokens:computed", "engine_prompt_tokens:cached"
 
 
 def one_round(i: int, args: argparse.Namespace, model: str, dataset: Path, env: dict[str, str]) -> dict[str, float]:
@@ -93,7 +90,7 @@ def one_round(i: int, args: argparse.Namespace, model: str, dataset: Path, env: 
         "prefill_cached_tokens": delta.get(CACHED, 0.0),
         "burst_pace_ms": 1e3 * delta.get(STEP_S, 0.0) / max(whole, 1.0),
         "computed_pace_ms": 1e3 * delta.get(STEP_S, 0.0) / max(delta.get(COMPUTED, 0.0), 1.0),
-        "offloaded": delta.get("kv_handoffs_total:offloaded", 0.0),
+        "offloaded": delta.get("kv_handoffs:offloaded", 0.0),
         "decode_computed_tokens": decode_after.get(COMPUTED, 0.0) - decode_before.get(COMPUTED, 0.0),
         "pace_after_ms": 1e3 * after.get("prefill_seconds_per_token", 0.0),
     }

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_steps import engine_counters
+from engine_steps import worker_series
 from vllm_bench_report import RESULTS, ROOT, WORK, add_code_option, code_line, variant_envs
 from vllm_bench_serve import prepare, stop, tetriserve_cmd, wait_ready
 
@@ -102,7 +102,7 @@ def one_request(i: int, words: int, max_tokens: int) -> float:
 
 def prefill_engine() -> tuple[float, float]:
     """The prefill engines' (steps, wall seconds in steps) so far, from the front door's ``/metrics``."""
-    counters = engine_counters(role="prefill").items()
+    counters = worker_series(role="prefill").items()
     steps = sum(v for (series, _, _), v in counters if series == "engine_steps")
     seconds = sum(v for (series, _, clock), v in counters if series == "engine_step_seconds" and clock == "wall")
     return steps, seconds

@@ -89,7 +89,11 @@ class PrefillPace:
     @property
     def queue_seconds_per_token(self) -> float:
         """Seconds a queued prompt token adds to the queue's wait: the engine's pace, scaled by the local share."""
-        return self.seconds_per_token * self.local_share
+        return self.wait_s(self.seconds_per_token)
+
+    def wait_s(self, prefill_s: float) -> float:
+        """The queue's wait where the engine would take ``prefill_s``: decode workers take the rest of a backlog."""
+        return self.local_share * prefill_s
 
     def observe(self, engine: EngineCounters) -> None:
         """The engine's counters as of its latest snapshot."""
@@ -107,7 +111,7 @@ class PrefillPace:
     def queue_wait_s(self, prompt_lens: Iterable[int], cost: CostEstimator | None, chunk: int | None) -> float:
         """Expected seconds until the queued prompts of lengths ``prompt_lens`` have left the queue (prefilled
         here, or taken by decode workers)."""
-        return self.local_share * self.prefill_s(prompt_lens, cost, chunk)
+        return self.wait_s(self.prefill_s(prompt_lens, cost, chunk))
 
     def prefill_s(self, prompt_lens: Iterable[int], cost: CostEstimator | None, chunk: int | None) -> float:
         """Expected seconds for this worker's engine to prefill the prompts of lengths ``prompt_lens``."""

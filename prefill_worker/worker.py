@@ -132,7 +132,6 @@ class PrefillWorker(Handoff, EngineWorker):
     def load(self) -> PrefillLoad:
         self.pace.observe(self.engine.stats())
         lens = self.gate.queued_lens()
-        self._prefill_s(lens)  # notes whether the queue is backlogged
         return PrefillLoad(
             self.worker_id,
             len(lens),
@@ -142,7 +141,7 @@ class PrefillWorker(Handoff, EngineWorker):
             self.incarnation,
             self.engine.steps,
             self.engine.in_flight > 0,
-            self.pace.queue_wait_s(lens, self.cost, self.policy.spec.chunk_size),
+            self.pace.wait_s(self._prefill_s(lens)),  # the queue priced once, its backlog noted
             self.pace.queue_seconds_per_token,
         )
 
