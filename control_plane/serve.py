@@ -31,6 +31,7 @@ from tetriserve.common.gc_heap import freeze_heap
 if TYPE_CHECKING:
     from tetriserve.control_plane.frontdoor import FrontDoor
     from tetriserve.control_plane.remote_cluster import RemoteCluster
+    from tetriserve.engine.core_layout import CoreLayout
 
 logger = logging.getLogger(__name__)
 
@@ -166,13 +167,17 @@ def serve(config: ClusterConfig) -> None:
     print(f"tetriserve: model {name} ({model_path})", flush=True)
     check_prefill_policy(config, model_path)
     check_decode_policy(config)
-    reserve_cores(config)
+    layout = reserve_cores(config)
     owns_ray, dashboard = init_ray(config)
     print(f"tetriserve: starting {config.num_prefill} prefill + {config.num_decode} decode workers ...", flush=True)
     handle = start_control_plane(config, model_path, name, dashboard)
     cluster = None
     try:
         cluster = RemoteCluster.join(handle, START_TIMEOUT_S)
+        if layout is not None:
+            from tetriserve.engine.core_layout import settle_on_rest
+
+            settle_on_rest(layout)  # the service is up: everything but the engines to the rest, front doors too
         print(f"tetriserve: {join_hint(config.namespace)}", flush=True)
         what = "the service" if owns_ray else "the service (only this front door while others are attached)"
         run_until_signal(config, RayBackend(cluster, name), t0, dashboard, what, cluster.gone)
@@ -196,17 +201,18 @@ def serve(config: ClusterConfig) -> None:
                 ray.shutdown()
 
 
-def reserve_cores(config: ClusterConfig) -> None:
+def reserve_cores(config: ClusterConfig) -> CoreLayout | None:
     """Before a Ray cluster of the service's own starts on a CPU machine: the decode engines' cores
-    (``engine.reserve_decode_cores``, ``engine/core_layout.py``)."""
+    (``engine.reserve_decode_cores``, ``engine/core_layout.py``), or None."""
     if config.ray_address is not None or not config.engine.reserve_decode_cores or _on_ray():
-        return
+        return None
     from tetriserve.engine.core_layout import cpu_list, reserve_decode_cores
 
     layout = reserve_decode_cores(config.num_decode, config.engine.threads_per_engine)
     if layout is not None:
         decode, rest = cpu_list(layout.decode), cpu_list(layout.rest)
         print(f"tetriserve: decode engines on cores {decode}, the rest of the service on {rest}", flush=True)
+    return layout
 
 
 def stop_service(address: str, namespace: str) -> None:

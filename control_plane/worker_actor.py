@@ -131,11 +131,11 @@ class Worker:
 
     # -- what every worker serves ------------------------------------------------------------
     async def start(self, monitor: Any, scheduler: Any = None) -> str:
-        """Begin (or redirect) reports; the first call loads the length predictor whatever the role, so that a
-        flip to prefill does not wait for it."""
+        """Begin (or redirect) reports. The length predictor loads off this path, on a prefill role's prediction
+        thread (``prefill_worker/predictions.py``): a decode worker never loads it, a prefill worker serves while
+        it loads (handoffs take the instant estimate until then), and a flip to prefill never waits for it."""
         if not self._warm:
-            await asyncio.to_thread(self.predictor.warm_up)
-            freeze_heap(f"worker {self.worker_id}")  # its engine, predictor and role are built (common/gc_heap.py)
+            freeze_heap(f"worker {self.worker_id}")  # its engine and role are built (common/gc_heap.py)
             self._warm = True
         return await self.role.start(monitor, scheduler)
 

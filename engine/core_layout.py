@@ -13,19 +13,24 @@ service:
                             loops, the predictor
 
 ``tetriserve serve`` makes the layout when it starts a Ray cluster of its own on a CPU machine and at least
-one core stays for the rest: it puts every thread of its own process on the rest before Ray starts, so every
-process the service starts inherits that, and hands the layout to the engines' workers in the environment
-(``LAYOUT_ENV``). An engine is built (model load, compile) on every core; its thread then moves itself to
-its role's cores when it takes a role (also at a flip). A decode engine first claims a group of
-``threads_per_engine`` reserved cores (``CoreClaim``: an exclusive ``flock`` on a file per group, which the
-OS drops when its process ends), so two decode engines never share one; with a claim it runs on those cores
-at niceness 0 and borrows none (its core is its own, and a borrowed OMP helper thread would start on it).
-The reservation is sized at start: a decode engine a flip or scaling adds finds every group claimed and
-shares every core, with ``decode_niceness`` and borrowing, as without a layout. Measured:
-``benchmarks/results/s53_probe_pin_free_prefill.md``. Until session 56 the prefill engines ran on every core,
-taking an equal share of the decode's as a colocated engine spends part of its step on prompt chunks; on the
-rest only, a burst's prompts come later and every decode step sooner (README, Design notes,
-``benchmarks/results/s56_probe_prefill_rest_*.md``).
+one core stays for the rest, and hands it to the engines' workers in the environment (``LAYOUT_ENV``). The
+service starts on every core: on the rest alone, Ray's processes, the workers' imports, the engines' builds
+(model load) and the predictors' loads queued on one core while the decode cores, idle until the first
+request, waited (``tetriserve serve`` was ready in a median 47.4 s against 90.0 s, three runs each,
+``benchmarks/results/s60_serve_startup.md``). An engine's thread moves itself to its role's cores when it
+takes a role (also at a flip). Once the service is up, ``settle_on_rest`` moves every other thread of the
+service's processes to the rest; what starts later (a worker the supervisor restarts, a scaled-out one)
+inherits the rest from Ray's processes and builds its engine on every core (``building_on``).
+
+A decode engine first claims a group of ``threads_per_engine`` reserved cores (``CoreClaim``: an exclusive
+``flock`` on a file per group, which the OS drops when its process ends), so two decode engines never share
+one; with a claim it runs on those cores at niceness 0 and borrows none (its core is its own, and a borrowed
+OMP helper thread would start on it). The reservation is sized at start: a decode engine a flip or scaling
+adds finds every group claimed and shares every core, with ``decode_niceness`` and borrowing, as without a
+layout. Measured: ``benchmarks/results/s53_probe_pin_free_prefill.md``. Until session 56 the prefill engines
+ran on every core, taking an equal share of the decode's as a colocated engine spends part of its step on
+prompt chunks; on the rest only, a burst's prompts come later and every decode step sooner (README, Design
+notes, ``benchmarks/results/s56_probe_prefill_rest_*.md``).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from tetriserve.engine.cores import default_board_path, usable_cpus
 logger = logging.getLogger(__name__)
 
 LAYOUT_ENV = "TETRISERVE_CORE_LAYOUT"
+ENGINE_THREAD_PREFIX = "eng-"  # an engine thread's OS name (/proc/<pid>/task/<tid>/comm), and its helpers'
 
 
 def cpu_list(cores: Iterable[int]) -> str:
@@ -146,13 +152,36 @@ def plan_layout(cores: Iterable[int], decode_engines: int, threads_per_engine: i
     return CoreLayout(frozenset(ordered[:n]), frozenset(ordered))
 
 
-def move_process(cores: frozenset[int]) -> int:
-    """Put every thread of this process on ``cores`` (threads and processes started later inherit it from the
-    thread that starts them); returns how many threads moved."""
+def settle_on_rest(layout: CoreLayout) -> int:
+    """Once the service is up: every thread of this process and of every process it started (Ray's, the
+    workers', the predictors') that is still on every core moves to the rest; engine threads (named
+    ``ENGINE_THREAD_PREFIX`` + the worker, on their role's cores even where that is every core) and the helper
+    threads they started (which inherit both) stay. Threads and processes
+    started later inherit the rest from the thread that starts them. Returns how many threads moved."""
+    import psutil
+
     moved = 0
-    for task in Path("/proc/self/task").iterdir():
+    for _ in range(2):  # a second pass for threads and processes started while the first ran
+        me = psutil.Process()
+        for proc in [me, *me.children(recursive=True)]:
+            moved += _settle_threads(proc.pid, layout)
+    return moved
+
+
+def _settle_threads(pid: int, layout: CoreLayout) -> int:
+    moved = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0  # the process has just ended
+    for task in tasks:
         try:
-            os.sched_setaffinity(int(task.name), cores)
+            if (task / "comm").read_text().startswith(ENGINE_THREAD_PREFIX):
+                continue
+            tid = int(task.name)
+            if os.sched_getaffinity(tid) != layout.every:
+                continue  # pinned where it belongs, or moved already
+            os.sched_setaffinity(tid, layout.rest)
             moved += 1
         except (OSError, ValueError):
             continue  # a thread that has just ended
@@ -160,9 +189,9 @@ def move_process(cores: frozenset[int]) -> int:
 
 
 def reserve_decode_cores(decode_engines: int, threads_per_engine: int) -> CoreLayout | None:
-    """At the start of a one-machine service on CPU, before Ray starts: make the layout, put this process on
-    its rest and export it for the workers. None (and nothing changed) on GPUs, off Linux, or where too few
-    cores are usable."""
+    """At the start of a one-machine service on CPU, before Ray starts: make the layout and export it for the
+    workers (``settle_on_rest`` applies it to the rest of the service once it is up). None (and nothing
+    changed) on GPUs, off Linux, or where too few cores are usable."""
     from tetriserve.engine.settings import on_cpu
 
     if not hasattr(os, "sched_setaffinity") or not Path("/proc/self/task").is_dir() or not on_cpu():
@@ -172,7 +201,6 @@ def reserve_decode_cores(decode_engines: int, threads_per_engine: int) -> CoreLa
     layout = plan_layout(os.sched_getaffinity(0), decode_engines, threads_per_engine)
     if layout is None:
         return None
-    move_process(layout.rest)
     os.environ[LAYOUT_ENV] = layout.to_env()
     return layout
 

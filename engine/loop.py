@@ -53,7 +53,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from tetriserve.engine.core_layout import pin_engine_thread
+from tetriserve.engine.core_layout import ENGINE_THREAD_PREFIX, pin_engine_thread
 from tetriserve.engine.cores import MIN_IDLE_CORES, CoreShare, name_os_thread, set_engine_threads, set_thread_niceness
 from tetriserve.engine.loop_messages import (
     AbortRequest,
@@ -217,7 +217,7 @@ class EngineLoop:
 
     # -- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
-        name_os_thread(f"eng-{self.name}")
+        name_os_thread(f"{ENGINE_THREAD_PREFIX}{self.name}")
         while not self._stopped:  # daemon thread: lives as long as the worker process, or until ``close``
             if self._has_work():
                 self._drain(block=False)

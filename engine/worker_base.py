@@ -304,25 +304,27 @@ def cluster_spans_hosts() -> bool:
 
 def build_worker_engine(config: ClusterConfig, model_path: str, worker_id: str) -> Any:
     """A worker's engine: one build serves either role, the worker's role takes it (``EngineLoop.take_role``)
-    and a flip hands it to the other role without reloading it. Until then its scheduler is vLLM's own."""
+    and a flip hands it to the other role without reloading it. Until then its scheduler is vLLM's own.
+    With a core layout, the build runs on every core, vLLM's imports (most of a worker's start) included."""
     from tetriserve.engine.core_layout import CoreLayout, building_on
-    from tetriserve.engine.cores import claim_cores
-    from tetriserve.engine.loop import EngineLoop
-    from tetriserve.engine.settings import EngineRole, build_engine_args
 
-    args = build_engine_args(
-        config.engine,
-        model_path,
-        EngineRole.PREFILL,
-        chunk_size=config.prefill.batch_ceiling(config.engine.max_model_len),
-        endpoint=worker_id,
-        transport=config.transport.backend,
-        kv_deadline_s=config.kv_transfer_timeout_s,
-        sync_load_bytes=int(config.transport.sync_load_mib * (1 << 20)),
-        kv_load_failure_policy=config.kv_load_failure_policy,
-    )
     layout = CoreLayout.from_env()
     with building_on(None if layout is None else layout.every):
+        from tetriserve.engine.cores import claim_cores
+        from tetriserve.engine.loop import EngineLoop
+        from tetriserve.engine.settings import EngineRole, build_engine_args
+
+        args = build_engine_args(
+            config.engine,
+            model_path,
+            EngineRole.PREFILL,
+            chunk_size=config.prefill.batch_ceiling(config.engine.max_model_len),
+            endpoint=worker_id,
+            transport=config.transport.backend,
+            kv_deadline_s=config.kv_transfer_timeout_s,
+            sync_load_bytes=int(config.transport.sync_load_mib * (1 << 20)),
+            kv_load_failure_policy=config.kv_load_failure_policy,
+        )
         return EngineLoop(
             args,
             worker_id,

@@ -24,6 +24,7 @@ answers those requests with ``instant``) and is started again on the next
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -212,8 +213,9 @@ class ProcessPredictor:
 
 def serve(fd: int, niceness: int) -> None:
     """The child: load the predictor the parent sent, answer until the parent hangs up."""
-    if niceness:
-        os.nice(niceness)
+    if niceness:  # absolute: the parent's thread that started it may be niced already (the prediction thread)
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, max(niceness, os.getpriority(os.PRIO_PROCESS, 0)))
     conn = Connection(fd)
     predictor: Any = conn.recv()
     try:

@@ -10,6 +10,8 @@ the prefill and every handoff waited (the decode batch filled slowly).
 So the handoff takes the best estimate there is when the first token is out:
 
     submit(item) ──▶ pending (FIFO) ──▶ one predictor thread, a batch at a time ──▶ the ticket's future
+                                        (it first loads the predictor: ``warm_up``, off the worker's start;
+                                         until it is loaded, every handoff takes ``instant``)
                                         (at most ``max_items`` prompts, ``max_tokens`` prompt tokens;
                                          the first prompt always goes; niceness: it takes what the
                                          engines leave)
@@ -149,6 +151,10 @@ class PredictionQueue:
     def _run(self) -> None:
         if self.niceness and not set_thread_niceness(self.niceness):
             logger.warning("could not set the length predictor's niceness %d", self.niceness)
+        try:
+            self.predictor.warm_up()  # a no-op where it is loaded already (a flip back to prefill)
+        except Exception:
+            logger.exception("the length predictor did not load; it is tried again with the first batch")
         while True:
             with self._cond:
                 while not self._pending and not self._closed:

@@ -102,9 +102,8 @@ class PrefillWorker(Handoff, EngineWorker):
 
     # -- wiring --------------------------------------------------------------------
     async def start(self, monitor: Any, scheduler: Any = None) -> str:
-        """Load the length predictor before the first request needs it, then start load reports."""
+        """Start load reports (the length predictor loads on its own thread meanwhile)."""
         if self._report_task is None:
-            await asyncio.to_thread(self.predictor.warm_up)
             self._send_watch = asyncio.create_task(
                 watch_sends(self.worker_id, self._sends, self._send_spans, self._decode_handles)
             )

@@ -92,33 +92,63 @@ def test_an_engine_thread_moves_itself_and_only_itself() -> None:
 
 _RESERVE = """
 import json, os, subprocess, sys, threading
-from pathlib import Path
-from tetriserve.engine.core_layout import reserve_decode_cores
-started = threading.Event()
-t = threading.Thread(target=started.wait, daemon=True)  # a thread from before the reservation
-t.start()
+from tetriserve.engine.core_layout import (ENGINE_THREAD_PREFIX, building_on, pin_engine_thread,
+                                          reserve_decode_cores, settle_on_rest)
+from tetriserve.engine.cores import name_os_thread
+
+def affinity(tid):
+    return sorted(os.sched_getaffinity(tid))
+
 layout = reserve_decode_cores(1, 1)
-threads = {int(task.name): sorted(os.sched_getaffinity(int(task.name))) for task in Path("/proc/self/task").iterdir()}
-child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+booting = affinity(0)
+ray_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # as Ray's, at start
+engines, done = {}, threading.Event()
+
+def engine(name, cores):
+    name_os_thread(ENGINE_THREAD_PREFIX + name)  # as the engine loop names its thread
+    pin_engine_thread(cores)
+    helper = threading.Thread(target=done.wait, daemon=True)  # e.g. an OMP thread the engine starts
+    helper.start()
+    engines[name] = threading.get_native_id()
+    engines[name + "-helper"] = helper.native_id
+    done.wait()
+
+threads = [threading.Thread(target=engine, args=a, daemon=True) for a in (("decode", layout.decode),
+                                                                          ("shared", layout.every))]
+other = threading.Thread(target=done.wait, daemon=True)  # a thread a worker's engine build starts
+with building_on(layout.every):  # the builder (this thread) is no engine thread: it settles too
+    for t in [*threads, other]:
+        t.start()
+while len(engines) < 4:
+    pass
+moved = settle_on_rest(layout)
+later = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
                        capture_output=True, text=True, check=True).stdout
-started.set()
-print(json.dumps({"decode": sorted(layout.decode), "rest": sorted(layout.rest), "threads": sorted(threads.values()),
-                  "child": json.loads(child), "env": os.environ["TETRISERVE_CORE_LAYOUT"]}))
+print(json.dumps({"decode_cores": sorted(layout.decode), "rest": sorted(layout.rest), "booting": booting,
+                  "main": affinity(0), "other": affinity(other.native_id), "ray": affinity(ray_process.pid),
+                  **{name: affinity(tid) for name, tid in engines.items()},
+                  "later": json.loads(later), "moved": moved, "env": os.environ["TETRISERVE_CORE_LAYOUT"]}))
+done.set()
+ray_process.kill()
 """
 
 
 @linux_affinity
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to reserve one")
-def test_serve_puts_its_whole_process_and_what_it_starts_on_the_rest() -> None:
+def test_serve_starts_on_every_core_then_settles_all_but_the_engines_on_the_rest() -> None:
     env = {k: v for k, v in os.environ.items() if k != LAYOUT_ENV}
     env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU machine, whatever this one has
     out = subprocess.run([sys.executable, "-c", _RESERVE], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     cores = sorted(os.sched_getaffinity(0))
-    assert got["decode"] == cores[:1] and got["rest"] == cores[1:]
-    assert got["threads"] == [cores[1:]] * len(got["threads"])  # every thread, the earlier one included
-    assert got["child"] == cores[1:]  # Ray's processes, started after it, inherit the rest
+    assert got["decode_cores"] == cores[:1] and got["rest"] == cores[1:]
+    assert got["booting"] == cores  # the start runs on every core
+    assert got["main"] == got["other"] == got["ray"] == cores[1:]  # then this process and its children settle
+    assert got["decode"] == got["decode-helper"] == cores[:1]  # engine threads and their helpers stay
+    assert got["shared"] == got["shared-helper"] == cores  # a decode engine without a claim shares every core
+    assert got["later"] == cores[1:]  # a process started afterwards inherits the rest
+    assert got["moved"] >= 3
     assert CoreLayout.from_env({LAYOUT_ENV: got["env"]}) == CoreLayout(frozenset(cores[:1]), frozenset(cores))
 
 

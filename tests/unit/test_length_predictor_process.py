@@ -19,6 +19,7 @@ from tests.fakes import tokenizer_dir, wait_until
 from tests.unit.test_length_predictor_served import mixed_batch, random_artifact
 from tetriserve.common.length import PredictInput
 from tetriserve.length_predictor import process
+from tetriserve.length_predictor.baseline import BucketQuantilePredictor
 from tetriserve.length_predictor.process import PredictorProcessError, ProcessPredictor
 from tetriserve.length_predictor.served import TrainedPredictor
 
@@ -30,6 +31,12 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def trained(artifact: Path) -> TrainedPredictor:
     return TrainedPredictor(artifact, tokenizer_dir(), max_batch=4, pad_cutoff=16, encoder_dtype="float32")
+
+
+def light() -> BucketQuantilePredictor:
+    """For the tests of the child's life (start, death, restart, pickling): an inner predictor whose child is
+    up in well under a second, where the trained one loads torch and MiniLM for seconds."""
+    return BucketQuantilePredictor()
 
 
 def alive(pid: int) -> bool:
@@ -63,9 +70,9 @@ def test_answers_as_the_predictor_does_in_the_workers_process(artifact: Path) ->
     wait_until(lambda: not alive(pid), timeout=10, what="the child to exit")
 
 
-def test_observe_never_waits_for_a_batch_in_flight(artifact: Path) -> None:
+def test_observe_never_waits_for_a_batch_in_flight() -> None:
     """``observe`` runs on the worker's event loop: it must not wait while the predictor thread holds the child."""
-    remote = ProcessPredictor(trained(artifact))
+    remote = ProcessPredictor(light())
     try:
         remote.warm_up()
         with remote._lock:  # as while a batch is being computed
@@ -78,9 +85,9 @@ def test_observe_never_waits_for_a_batch_in_flight(artifact: Path) -> None:
         remote.close()
 
 
-def test_a_child_that_cannot_start_does_not_fail_the_worker(artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(process, "START_TIMEOUT_S", 0.01)  # no child loads torch that fast
-    remote = ProcessPredictor(trained(artifact))
+def test_a_child_that_cannot_start_does_not_fail_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(process, "START_TIMEOUT_S", 0.01)  # no Python child starts that fast
+    remote = ProcessPredictor(light())
     try:
         remote.warm_up()  # logged, not raised
         assert remote.pid is None
@@ -94,8 +101,8 @@ def test_a_child_that_cannot_start_does_not_fail_the_worker(artifact: Path, monk
         remote.close()
 
 
-def test_pickles_without_its_child(artifact: Path) -> None:
-    remote = ProcessPredictor(trained(artifact), niceness=0)
+def test_pickles_without_its_child() -> None:
+    remote = ProcessPredictor(light(), niceness=0)
     try:
         remote.warm_up()
         copy = pickle.loads(pickle.dumps(remote))
@@ -104,9 +111,9 @@ def test_pickles_without_its_child(artifact: Path) -> None:
         remote.close()
 
 
-def test_a_dead_child_fails_its_batch_and_is_started_again(artifact: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dead_child_fails_its_batch_and_is_started_again(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(process, "RESTART_BACKOFF_S", 0.0)
-    remote = ProcessPredictor(trained(artifact))
+    remote = ProcessPredictor(light())
     try:
         remote.warm_up()
         first = remote.pid
@@ -120,8 +127,8 @@ def test_a_dead_child_fails_its_batch_and_is_started_again(artifact: Path, monke
         remote.close()
 
 
-def test_restarts_are_spaced(artifact: Path) -> None:
-    remote = ProcessPredictor(trained(artifact))
+def test_restarts_are_spaced() -> None:
+    remote = ProcessPredictor(light())
     try:
         remote.warm_up()
         os.kill(remote.pid or 0, signal.SIGKILL)
@@ -133,15 +140,15 @@ def test_restarts_are_spaced(artifact: Path) -> None:
         remote.close()
 
 
-def test_the_child_exits_when_the_worker_is_killed(artifact: Path, tmp_path: Path) -> None:
+def test_the_child_exits_when_the_worker_is_killed(tmp_path: Path) -> None:
     """SIGKILL of the process that owns the predictor (a worker killed by Ray) takes its child along."""
     pid_file = tmp_path / "child.pid"
     script = textwrap.dedent(
         f"""
         import pathlib, time
+        from tetriserve.length_predictor.baseline import BucketQuantilePredictor
         from tetriserve.length_predictor.process import ProcessPredictor
-        from tetriserve.length_predictor.served import TrainedPredictor
-        p = ProcessPredictor(TrainedPredictor({str(artifact)!r}, None, encoder_dtype="float32"))
+        p = ProcessPredictor(BucketQuantilePredictor())
         p.warm_up()
         pathlib.Path({str(pid_file)!r}).write_text(str(p.pid))
         time.sleep(600)

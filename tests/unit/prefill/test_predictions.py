@@ -162,3 +162,37 @@ def test_a_request_that_goes_away_withdraws_its_ticket(gated: _Gated) -> None:
         queue.close()
 
     asyncio.run(run())
+
+
+class _Loading(_Gated):
+    """A predictor whose ``warm_up`` (loading its model) blocks until the test lets it finish."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded = threading.Event()
+        self.warm_ups = 0
+
+    def warm_up(self) -> None:
+        self.warm_ups += 1
+        assert self.loaded.wait(10)
+
+
+def test_the_predictor_loads_on_the_queues_thread_and_handoffs_take_the_instant_estimate_meanwhile() -> None:
+    """The worker starts (and serves) while the model loads: nothing waits for the load."""
+    loading = _Loading()
+    loading.gate.set()
+
+    async def run() -> None:
+        queue = PredictionQueue(loading)
+        ticket = queue.submit(_item(5))
+        estimate, refinement = await queue.estimate(ticket)  # at once, though the model is not loaded
+        assert estimate is INSTANT and refinement is None and loading.batches == []
+        loading.loaded.set()
+        after = queue.submit(_item(6))
+        await _until(after.future.done)
+        estimate, _ = await queue.estimate(after)
+        assert (estimate.estimate, estimate.source) == (6, "model")
+        assert loading.warm_ups == 1
+        queue.close()
+
+    asyncio.run(run())
