@@ -102,7 +102,7 @@ def affinity(tid):
 layout = reserve_decode_cores(1, 1)
 booting = affinity(0)
 ray_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # as Ray's, at start
-engines, done = {}, threading.Event()
+engines, done, up = {}, threading.Event(), threading.Semaphore(0)
 
 def engine(name, cores):
     name_os_thread(ENGINE_THREAD_PREFIX + name)  # as the engine loop names its thread
@@ -111,6 +111,7 @@ def engine(name, cores):
     helper.start()
     engines[name] = threading.get_native_id()
     engines[name + "-helper"] = helper.native_id
+    up.release()
     done.wait()
 
 threads = [threading.Thread(target=engine, args=a, daemon=True) for a in (("decode", layout.decode),
@@ -119,8 +120,8 @@ other = threading.Thread(target=done.wait, daemon=True)  # a thread a worker's e
 with building_on(layout.every):  # the builder (this thread) is no engine thread: it settles too
     for t in [*threads, other]:
         t.start()
-while len(engines) < 4:
-    pass
+for _ in threads:
+    up.acquire()
 moved = settle_on_rest(layout)
 later = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
                        capture_output=True, text=True, check=True).stdout
