@@ -25,32 +25,27 @@ import time
 from collections import Counter
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from thread_timeline import threads
+
+from tetriserve.engine.core_layout import ENGINE_THREAD_PREFIX
+
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = ["--grpc-port", "0", "--http-port", "0", "--kv-cache-gb", "0.5", "--enforce-eager"]
-ENGINE_THREAD_PREFIX = "eng-"  # engine threads and the helpers they start (engine/core_layout.py)
 
 
-def threads_by_cores(pid: int) -> tuple[Counter[str], list[str]]:
-    """Threads of ``pid`` and its descendants by their CPU affinity; the engine threads' affinities."""
-    import psutil
-
+def threads_by_cores(sid: int) -> tuple[Counter[str], list[str]]:
+    """Threads of session ``sid`` (serve's, Ray's processes included) by their CPU affinity; the engine threads'."""
     counts: Counter[str] = Counter()
     engines: list[str] = []
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
+    for tid, (name, _, _) in threads(sid).items():
         try:
-            tasks = list(Path(f"/proc/{proc.pid}/task").iterdir())
+            cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(tid)))
         except OSError:
-            continue
-        for task in tasks:
-            try:
-                cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(int(task.name))))
-                name = (task / "comm").read_text().strip()
-            except (OSError, ValueError):
-                continue
-            counts[cores] += 1
-            if name.startswith(ENGINE_THREAD_PREFIX):
-                engines.append(cores)
+            continue  # a thread that has just ended
+        counts[cores] += 1
+        if name.startswith(ENGINE_THREAD_PREFIX):
+            engines.append(cores)
     return counts, sorted(engines)
 
 
@@ -72,7 +67,7 @@ def one(flags: list[str], pythonpath: str | None, timeout_s: float = 600) -> tup
             if "Ctrl-C stops" in line or time.monotonic() > deadline:
                 break
         time.sleep(2)  # the front doors' threads are up
-        counts, engines = threads_by_cores(proc.pid)
+        counts, engines = threads_by_cores(proc.pid)  # its own session (start_new_session)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:

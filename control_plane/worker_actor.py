@@ -77,7 +77,7 @@ class Worker:
         self.role: EngineWorker = self._make(Role(role), incarnation, None)
         self.flips = 0
         self._flipping = False
-        self._warm = False
+        self._heap_frozen = False
         self._intakes: dict[str, asyncio.Task[None] | None] = {}  # subscribed front door -> its intake's reader
 
     def __repr__(self) -> str:
@@ -134,9 +134,9 @@ class Worker:
         """Begin (or redirect) reports. The length predictor loads off this path, on a prefill role's prediction
         thread (``prefill_worker/predictions.py``): a decode worker never loads it, a prefill worker serves while
         it loads (handoffs take the instant estimate until then), and a flip to prefill never waits for it."""
-        if not self._warm:
+        if not self._heap_frozen:
             freeze_heap(f"worker {self.worker_id}")  # its engine and role are built (common/gc_heap.py)
-            self._warm = True
+            self._heap_frozen = True
         return await self.role.start(monitor, scheduler)
 
     async def sentinel(self) -> None:
