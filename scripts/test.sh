@@ -26,5 +26,30 @@ done
     tetriserve/prefill_worker/predictions.py tetriserve/control_plane/admission.py tetriserve/control_plane/http_limits.py \
     tetriserve/control_plane/field_checks.py tetriserve/prefill_worker/pace.py tetriserve/control_plane/flip \
     tetriserve/control_plane/elastic.py tetriserve/control_plane/key_table.py)
-echo "==> tests"
-.venv/bin/python -m pytest -q "$@"
+PYTEST=(.venv/bin/python -m pytest -q)
+if [[ $# -gt 0 ]]; then  # a selection of one's own: one pytest run, as given
+    echo "==> tests"
+    exec "${PYTEST[@]}" "$@"
+fi
+# The whole suite, in two phases (on 2 cores it otherwise runs past CI's 20 minutes):
+#  1. the unit tests, and beside them the e2e tests at a lower priority. The unit tests keep one core busy; the e2e
+#     tests' services (`tetriserve serve`, `profile`, plain vLLM's benchmark client) mostly use the other.
+#  2. the integration tests (every other folder of tests/), alone: they time kills, recoveries and streams on real
+#     engines.
+# Every phase runs to its end; the exit status is non-zero when any failed. PYTEST_ADDOPTS reaches each run.
+E2E_LOG=$(mktemp)
+E2E_PID=
+trap '[[ -n $E2E_PID ]] && kill "$E2E_PID" 2>/dev/null; rm -f "$E2E_LOG"' EXIT
+echo "==> unit tests, with the e2e tests beside them (their output follows the unit tests')"
+nice -n 10 "${PYTEST[@]}" tests/e2e >"$E2E_LOG" 2>&1 &
+E2E_PID=$!
+unit=0 e2e=0 integration=0
+"${PYTEST[@]}" tests/unit || unit=$?
+wait "$E2E_PID" || e2e=$?
+E2E_PID=
+echo "==> e2e tests"
+cat "$E2E_LOG"
+echo "==> integration tests"
+"${PYTEST[@]}" tests --ignore=tests/unit --ignore=tests/e2e || integration=$?
+echo "==> exit status: unit $unit, e2e $e2e, integration $integration"
+[[ $unit == 0 && $e2e == 0 && $integration == 0 ]]

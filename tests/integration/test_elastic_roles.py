@@ -1,6 +1,7 @@
 """Flips and scaling on real engines while greedy streams run (issue 15): nothing is lost or changed.
 
-One cluster of 1 prefill + 2 decode workers. Under streams: `flip decode-1 prefill`, then
+One cluster of 1 prefill + 2 decode workers; the SCLS slice-move tests (``slice_moves.py``) run on it first, while
+both decode workers are as started. Then, under streams: `flip decode-1 prefill`, then
 `scale --prefill 2 --decode 2` (a new decode worker), then `scale --decode 1` (one drained and removed);
 every stream ends with the very tokens of an undisturbed run, `status` shows the roles, counts and flip
 count, and new requests are served. Then the ``tetriinfer`` policy flips an idle worker by itself when
@@ -17,6 +18,11 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import own_cluster
+from tests.integration.slice_moves import (  # collected here, so first: before any flip
+    SLICE,
+    test_a_destination_that_cannot_take_the_request_leaves_it_where_it_was,  # noqa: F401
+    test_moved_requests_keep_their_tokens_and_their_kv_is_shipped_not_recomputed,  # noqa: F401
+)
 from tests.integration.streams import run_streams, same_tokens
 from tetriserve.common.request import Request, SamplingSpec
 
@@ -34,6 +40,8 @@ def cluster(model_path: str) -> Iterator[Any]:
         "prefill.predictor": "baseline",
         "prefill.dispatch_policy": "round-robin",
         "flip.drain_timeout_s": 120,
+        "decode.slice_iters": SLICE,  # the slice moves'; no request moves without an order, and they give them
+        "slice_min_interval_s": 3600.0,
     }
     with own_cluster(model_path, overrides) as handle:
         yield handle

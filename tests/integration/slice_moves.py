@@ -1,40 +1,23 @@
 """SCLS slice moves on real engines (§7): requests leave one decode worker at a slice boundary, their KV
 shipped to another, and finish there with the very tokens they would have produced without moving.
 
-Its own small cluster (1 prefill + 2 decode workers, slices of 16 iterations). The
-monitor's automatic rounds are paced out of the way (Γ = 1 h): the test gives the
-orders itself, so which requests move does not depend on timing.
+The tests take ``cluster``: 1 prefill + 2 decode workers, slices of ``SLICE`` iterations, the monitor's automatic
+rounds paced out of the way (Γ = 1 h), so the tests give the orders themselves and which requests move does not
+depend on timing. ``test_elastic_roles.py`` collects them and runs them first on its cluster (a cluster start on
+2 cores takes about 45 s), before its flips change the roles.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from tests.integration.conftest import own_cluster
 from tetriserve.common.request import Request, RequestState, SamplingSpec
 
 SLICE = 16
 SAMPLING = SamplingSpec(max_tokens=256, temperature=0.0, ignore_eos=True)  # baseline estimate: 128
 PROMPTS = {f"mv-{i}": tuple(range(10 + 7 * i, 10 + 7 * i + 40 + 13 * i)) for i in range(6)}  # 3 per worker
-
-
-@pytest.fixture(scope="module")
-def sliced(model_path: str) -> Iterator[Any]:
-    overrides = {
-        "namespace": "tetriserve-test-slices",
-        "num_decode": 2,
-        "decode.slice_iters": SLICE,
-        "slice_min_interval_s": 3600.0,
-        "prefill.predictor": "baseline",
-        "prefill.dispatch_policy": "round-robin",
-    }
-    with own_cluster(model_path, overrides) as handle:
-        yield handle
 
 
 def _run(cluster: Any, tag: str, during: Any = None) -> dict[str, tuple[int, ...]]:
@@ -81,20 +64,20 @@ def _order_moves(cluster: Any, src: str, dst: str, want: int, dst_handle: Any = 
     return picked
 
 
-def test_moved_requests_keep_their_tokens_and_their_kv_is_shipped_not_recomputed(sliced: Any) -> None:
+def test_moved_requests_keep_their_tokens_and_their_kv_is_shipped_not_recomputed(cluster: Any) -> None:
     import ray
 
-    reference = _run(sliced, "ref")  # nobody moves: slices end nowhere without an order
-    before = {w: ray.get(h.stats.remote()) for w, h in sliced.decode.items()}
+    reference = _run(cluster, "ref")  # nobody moves: slices end nowhere without an order
+    before = {w: ray.get(h.stats.remote()) for w, h in cluster.decode.items()}
     movers: list[str] = []
-    moved = _run(sliced, "moved", during=lambda: movers.extend(_order_moves(sliced, "decode-0", "decode-1", 3)))
-    after = {w: ray.get(h.stats.remote()) for w, h in sliced.decode.items()}
+    moved = _run(cluster, "moved", during=lambda: movers.extend(_order_moves(cluster, "decode-0", "decode-1", 3)))
+    after = {w: ray.get(h.stats.remote()) for w, h in cluster.decode.items()}
 
     assert moved == reference
     assert all(len(v) == SAMPLING.max_tokens for v in moved.values())
     assert len(set(movers)) == 3
 
-    requests = {r.request_id: r for r in ray.get(sliced.scheduler.recent.remote(2 * len(PROMPTS)))}
+    requests = {r.request_id: r for r in ray.get(cluster.scheduler.recent.remote(2 * len(PROMPTS)))}
     for rid in movers:
         states = [e.state for e in requests[rid].events]
         assert states.count(RequestState.TRANSFERRING) == 2, states  # prefill → decode-0, then the move
@@ -114,19 +97,19 @@ def test_moved_requests_keep_their_tokens_and_their_kv_is_shipped_not_recomputed
     assert kv1.load_failures == kv0.load_failures
 
 
-def test_a_destination_that_cannot_take_the_request_leaves_it_where_it_was(sliced: Any) -> None:
+def test_a_destination_that_cannot_take_the_request_leaves_it_where_it_was(cluster: Any) -> None:
     import ray
 
-    reference = _run(sliced, "ref2")
-    kept_before = int(ray.get(sliced.decode["decode-0"].policies.remote())["slice_kept"])
-    not_a_decode_worker = next(iter(sliced.prefill.values()))  # has no ``adopt``: every hand-over fails
+    reference = _run(cluster, "ref2")
+    kept_before = int(ray.get(cluster.decode["decode-0"].policies.remote())["slice_kept"])
+    not_a_decode_worker = next(iter(cluster.prefill.values()))  # has no ``adopt``: every hand-over fails
     movers: list[str] = []
     kept = _run(
-        sliced,
+        cluster,
         "kept",
-        during=lambda: movers.extend(_order_moves(sliced, "decode-0", "decode-1", 3, not_a_decode_worker)),
+        during=lambda: movers.extend(_order_moves(cluster, "decode-0", "decode-1", 3, not_a_decode_worker)),
     )
     assert kept == reference  # nothing lost: each resumed on decode-0 from its own parked KV
-    assert int(ray.get(sliced.decode["decode-0"].policies.remote())["slice_kept"]) - kept_before == len(movers)
-    requests = {r.request_id: r for r in ray.get(sliced.scheduler.recent.remote(len(PROMPTS)))}
+    assert int(ray.get(cluster.decode["decode-0"].policies.remote())["slice_kept"]) - kept_before == len(movers)
+    requests = {r.request_id: r for r in ray.get(cluster.scheduler.recent.remote(len(PROMPTS)))}
     assert all(requests[rid].decode_worker == "decode-0" for rid in movers)
