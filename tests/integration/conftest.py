@@ -1,4 +1,5 @@
-"""One small real cluster (1 prefill + 1 decode vLLM engine on Ray) shared by every integration test."""
+"""One small real cluster (1 prefill + 1 decode vLLM engine on Ray) shared by every integration test that needs
+no cluster of its own; it and its front doors export their traces to an in-memory collector (``traces.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("ray") i
     pytest.skip("integration tests need vllm and ray", allow_module_level=True)
 
 from tests.fakes import LoopThread
+from tests.integration.traces import Collector, running_collector
 from tetriserve.common.config import ClusterConfig
 
 CONFIG_OVERRIDES = {
@@ -62,9 +64,29 @@ class Frontend:
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
+    return _tiny_model()
+
+
+def _tiny_model() -> str:
     from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
 
     return str(build_tiny_model(default_tiny_model_dir()))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The parity tests run last (on the shared cluster); their plain vLLM server starts now, at the lowest
+    priority, on what the tests before them leave idle (``tests/vllm_reference.py``)."""
+    if any(item.nodeid.startswith("tests/integration/test_vllm_parity.py") for item in session.items):
+        from tests.integration.test_vllm_parity import REFERENCE_ARGS
+        from tests.vllm_reference import prestart
+
+        prestart(_tiny_model(), REFERENCE_ARGS)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.vllm_reference import stop_prestarted
+
+    stop_prestarted()
 
 
 @contextmanager
@@ -80,10 +102,17 @@ def own_cluster(model_path: str, overrides: dict[str, Any]) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def cluster(model_path: str) -> Iterator[Any]:
+def trace_collector() -> Iterator[Collector]:
+    with running_collector() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def cluster(model_path: str, trace_collector: Collector) -> Iterator[Any]:
     from tetriserve.control_plane.launcher import launch
 
-    config = ClusterConfig.load(overrides=CONFIG_OVERRIDES)
+    tracing = {"tracing.enabled": True, "tracing.endpoint": trace_collector.endpoint}
+    config = ClusterConfig.load(overrides={**CONFIG_OVERRIDES, **tracing})
     handle = launch(config, model_path)
     try:
         yield handle
@@ -95,6 +124,7 @@ def cluster(model_path: str) -> Iterator[Any]:
 def frontend(cluster: Any) -> Iterator[Frontend]:
     import asyncio
 
+    from tetriserve.common import tracing
     from tetriserve.control_plane.ray_backend import RayBackend
     from tetriserve.control_plane.serve import Endpoints, run_front_doors
 
@@ -110,6 +140,7 @@ def frontend(cluster: Any) -> Iterator[Frontend]:
         loop.loop.call_soon_threadsafe(stop.set)
         task.result(30)
         loop.stop()
+        tracing.shutdown()  # this process's tracer (the front doors'), flushed
 
 
 async def _make_event() -> Any:

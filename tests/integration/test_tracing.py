@@ -2,121 +2,26 @@
 GlobalScheduler, the prefill worker (queue, compute, length prediction, KV send) and the decode worker
 (admission, KV load, decode run), all in one trace.
 
-Every process exports over OTLP/gRPC to a collector this test runs in memory (``Collector``): the Ray actors'
-spans reach the test the way they reach Jaeger, with no test-only hook in the actors. The cluster is this
-module's own (tracing is set up when an actor starts).
+The shared integration cluster and its front doors export every span over OTLP/gRPC to a collector the tests run
+in memory (``trace_collector``, ``traces.py``): the Ray actors' spans reach the test the way they reach Jaeger,
+with no test-only hook in the actors. This test's request is told apart from the other tests' by the trace its
+client starts.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Iterator
-from concurrent import futures
-from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from tests.fakes import LoopThread, wait_until
-from tests.integration.conftest import own_cluster
-from tetriserve.common import tracing
+from tests.fakes import wait_until
+from tests.integration.traces import Collector
 
 pytestmark = pytest.mark.integration
 
 CLIENT_TRACE = "5" * 32
 CLIENT_SPAN = "6" * 16
-
-
-@dataclass(frozen=True)
-class Exported:
-    name: str
-    process: str  # the resource's tetriserve.process
-    trace_id: str
-    span_id: str
-    parent_id: str
-    attributes: dict[str, Any]
-
-
-class Collector(trace_service_pb2_grpc.TraceServiceServicer):
-    """An OTLP/gRPC trace receiver keeping every span in memory."""
-
-    def __init__(self) -> None:
-        self.spans: list[Exported] = []
-        self._lock = threading.Lock()
-
-    def Export(self, request: Any, context: Any) -> Any:
-        with self._lock:
-            for resource_spans in request.resource_spans:
-                resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
-                for scope in resource_spans.scope_spans:
-                    for s in scope.spans:
-                        attributes = {a.key: _value(a.value) for a in s.attributes}
-                        self.spans.append(
-                            Exported(
-                                s.name,
-                                resource.get("tetriserve.process", ""),
-                                s.trace_id.hex(),
-                                s.span_id.hex(),
-                                s.parent_span_id.hex(),
-                                attributes,
-                            )
-                        )
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def trace(self, trace_id: str) -> list[Exported]:
-        with self._lock:
-            return [s for s in self.spans if s.trace_id == trace_id]
-
-
-def _value(v: Any) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return [_value(x) for x in v.array_value.values]
-    return getattr(v, kind) if kind else None
-
-
-@pytest.fixture(scope="module")
-def collector() -> Iterator[tuple[Collector, int]]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    receiver = Collector()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield receiver, port
-    server.stop(None)
-
-
-@pytest.fixture(scope="module")
-def traced(model_path: str, collector: tuple[Collector, int]) -> Iterator[tuple[Collector, str, Any]]:
-    """A cluster and front doors exporting to ``collector``; yields it, the HTTP front door's URL and the cluster."""
-    from tetriserve.control_plane.ray_backend import RayBackend
-    from tetriserve.control_plane.serve import run_front_doors
-
-    receiver, port = collector
-    overrides = {
-        "namespace": "tetriserve-test-tracing",
-        "tracing.enabled": True,
-        "tracing.endpoint": f"127.0.0.1:{port}",
-    }
-    with own_cluster(model_path, overrides) as cluster:
-        loop = LoopThread()
-        stop: asyncio.Event = loop.run(_event())
-        ready: asyncio.Future[Any] = loop.run(_future())
-        backend = RayBackend(cluster, "tiny-llama")
-        task = asyncio.run_coroutine_threadsafe(run_front_doors(cluster.config, backend, stop, ready), loop.loop)
-        endpoints = loop.run(_await(ready), timeout=60)
-        try:
-            yield receiver, endpoints.http, cluster
-        finally:
-            loop.loop.call_soon_threadsafe(stop.set)
-            task.result(30)
-            loop.stop()
-            tracing.shutdown()  # this process's tracer (the front doors'), flushed
-
 
 EXPECTED = {  # span -> the process that records it
     "tetriserve.request": "frontdoor",
@@ -135,8 +40,8 @@ EXPECTED = {  # span -> the process that records it
 }
 
 
-def test_one_request_has_spans_from_every_component_it_crossed(traced: tuple[Collector, str, Any]) -> None:
-    receiver, url, _ = traced
+def test_one_request_has_spans_from_every_component_it_crossed(frontend: Any, trace_collector: Collector) -> None:
+    receiver, url = trace_collector, frontend.http_url
     body = {"model": "tiny-llama", "prompt": "Trace this request", "max_tokens": 8, "ignore_eos": True}
     headers = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}
     response = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=120)
@@ -179,7 +84,7 @@ def test_one_request_has_spans_from_every_component_it_crossed(traced: tuple[Col
     assert decode.attributes["tetriserve.finish_reason"] == "length"
 
 
-def test_actors_log_lines_name_the_request(traced: tuple[Collector, str, Any]) -> None:
+def test_actors_log_lines_name_the_request(cluster: Any) -> None:
     import ray
 
     def log_line(worker: Any, traceparent: str) -> str:  # runs in the actor: a warning of request r-7, formatted
@@ -193,20 +98,7 @@ def test_actors_log_lines_name_the_request(traced: tuple[Collector, str, Any]) -
             record = logging.getLogger(name).makeRecord(name, logging.WARNING, "f.py", 1, "KV send failed", (), None)
         return str(handler.format(record))
 
-    _, _, cluster = traced
     traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
     for handle in [cluster.scheduler, *cluster.prefill.values(), *cluster.decode.values()]:
         line = ray.get(handle.__ray_call__.remote(log_line, traceparent), timeout=30)
         assert line.endswith(f"WARNING tetriserve.prefill_worker.worker [req=r-7 trace={CLIENT_TRACE}]: KV send failed")
-
-
-async def _event() -> asyncio.Event:
-    return asyncio.Event()
-
-
-async def _future() -> asyncio.Future[Any]:
-    return asyncio.get_running_loop().create_future()
-
-
-async def _await(fut: Any) -> Any:
-    return await fut

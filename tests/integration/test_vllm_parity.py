@@ -17,6 +17,7 @@ import pytest
 from tests.vllm_reference import plain_vllm
 
 GREEDY = {"model": "tiny-llama", "temperature": 0}
+REFERENCE_ARGS = ("--dtype", "float32", "--enforce-eager", "--max-model-len", "1024", "--block-size", "32")
 LOGPROB_TOL = 1e-4
 
 COMPLETIONS = [
@@ -45,8 +46,7 @@ CHATS = [
 @pytest.fixture(scope="module")
 def reference(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "1024", "--block-size", "32"]
-    with plain_vllm(model_path, log, args) as url:
+    with plain_vllm(model_path, log, REFERENCE_ARGS) as url:  # prestarted: conftest.py
         yield url
 
 
