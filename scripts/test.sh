@@ -7,11 +7,15 @@ scripts/setup.sh --dev
 # The static checks take about 90 s of one core (mypy most of it); they run beside the tests at the lowest priority,
 # on what the tests leave idle, and their output and status come at the end.
 LINT_LOG=$(mktemp)
-nice -n 19 scripts/lint.sh >"$LINT_LOG" 2>&1 &
-LINT_PID=$!
+LINT_PID=
+start_lint() {
+    nice -n 19 scripts/lint.sh >"$LINT_LOG" 2>&1 &
+    LINT_PID=$!
+}
 lint_result() {
     local rc=0
     wait "$LINT_PID" || rc=$?
+    LINT_PID=
     echo "==> static checks (scripts/lint.sh)"
     cat "$LINT_LOG"
     rm -f "$LINT_LOG"
@@ -20,6 +24,7 @@ lint_result() {
 PYTEST=(.venv/bin/python -m pytest -q)
 if [[ $# -gt 0 ]]; then  # a selection of one's own: one pytest run, as given
     echo "==> tests"
+    start_lint
     tests=0 lint=0
     "${PYTEST[@]}" "$@" || tests=$?
     lint_result || lint=$?
@@ -30,12 +35,12 @@ fi
 # The whole suite, in two phases (on 2 cores it otherwise runs past CI's 20 minutes):
 #  1. the unit tests, and beside them the e2e tests. The unit tests keep one core busy; the e2e tests' services
 #     (`tetriserve serve`, `profile`, plain vLLM's benchmark client) mostly use the other.
-#  2. the integration tests (every other folder of tests/), alone: they time kills, recoveries and streams on real
-#     engines.
+#  2. the integration tests (every other folder of tests/), with only the static checks beside them: they time kills,
+#     recoveries and streams on real engines, and leave about a quarter of the two cores idle.
 # Every phase runs to its end; the exit status is non-zero when any failed. PYTEST_ADDOPTS reaches each run.
 E2E_LOG=$(mktemp)
 E2E_PID=
-trap '[[ -n $E2E_PID ]] && kill "$E2E_PID" 2>/dev/null; rm -f "$E2E_LOG" "$LINT_LOG"' EXIT
+trap 'kill $E2E_PID $LINT_PID 2>/dev/null; rm -f "$E2E_LOG" "$LINT_LOG"' EXIT
 echo "==> unit tests, with the e2e tests beside them (their output follows the unit tests')"
 "${PYTEST[@]}" tests/e2e >"$E2E_LOG" 2>&1 &
 E2E_PID=$!
@@ -46,6 +51,7 @@ E2E_PID=
 echo "==> e2e tests"
 cat "$E2E_LOG"
 echo "==> integration tests"
+start_lint
 "${PYTEST[@]}" tests --ignore=tests/unit --ignore=tests/e2e || integration=$?
 lint=0
 lint_result || lint=$?
