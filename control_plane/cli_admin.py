@@ -39,7 +39,16 @@ SET_KEYS_HELP = (
     "preemption_order=vllm|srtf|lkvo|cacheopt  preemption_mode=recompute|swap|auto  preemption_profile=PATH  "
     "max_local_prompts=N  slice_iters=N"
 )
-_PREFILL_ORDER = ("queue", "chunking", "chunk_size", "selection", "sched_batch", "dispatch")
+_PREFILL_ORDER = (
+    "queue",
+    "chunking",
+    "chunk_size",
+    "selection",
+    "sched_batch",
+    "dispatch",
+    "predictor",
+    "predictor_state",
+)
 _DECODE_ORDER = (
     "admission_policy",
     "cacheopt_reserve_blocks",

@@ -11,7 +11,8 @@ So the handoff takes the best estimate there is when the first token is out:
 
     submit(item) ──▶ pending (FIFO) ──▶ one predictor thread, a batch at a time ──▶ the ticket's future
                                         (it first loads the predictor: ``warm_up``, off the worker's start;
-                                         until it is loaded, every handoff takes ``instant``)
+                                         until it is loaded, every handoff takes ``instant``; ``state``
+                                         says which: loading, ready, failed)
                                         (at most ``max_items`` prompts, ``max_tokens`` prompt tokens;
                                          the first prompt always goes; niceness: it takes what the
                                          engines leave)
@@ -42,6 +43,14 @@ from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInp
 from tetriserve.engine.cores import set_thread_niceness
 
 logger = logging.getLogger(__name__)
+
+
+class PredictorState(enum.Enum):
+    """Whether the predictor is loaded (the prefill worker shows it in ``status``)."""
+
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"  # its load raised; the first batch tries again, and ready once a batch is predicted
 
 
 class TicketState(enum.Enum):
@@ -75,6 +84,7 @@ class PredictionQueue:
         self.late = 0  # handoffs that went with ``instant``
         self.refined = 0  # of those, predictions that came after and were forwarded
         self.batches = 0  # predictor calls
+        self.state = PredictorState.LOADING
         self._pending: deque[Ticket] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -153,7 +163,9 @@ class PredictionQueue:
             logger.warning("could not set the length predictor's niceness %d", self.niceness)
         try:
             self.predictor.warm_up()  # a no-op where it is loaded already (a flip back to prefill)
+            self.state = PredictorState.READY
         except Exception:
+            self.state = PredictorState.FAILED
             logger.exception("the length predictor did not load; it is tried again with the first batch")
         while True:
             with self._cond:
@@ -169,6 +181,7 @@ class PredictionQueue:
                 if len(estimates) != len(batch):
                     raise RuntimeError(f"predictor returned {len(estimates)} estimates for {len(batch)} prompts")
                 results = list(estimates)
+                self.state = PredictorState.READY
             except Exception:
                 logger.exception("length prediction failed on %d prompts; the instant estimate stands in", len(batch))
             with self._cond:

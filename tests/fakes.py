@@ -87,7 +87,8 @@ FAKE_QUEUES = ("fcfs", "sjf", "ljf")
 def default_policies() -> dict[str, dict[str, str]]:
     """What the fake's workers report before any change (shaped like the real workers' ``policies()``)."""
     prefill = {"queue": "fcfs", "chunking": "fixed", "chunk_size": "512", "sched_batch": "16"}
-    return {"prefill-0": {**prefill, "dispatch": "power-of-two"}, "decode-0": decode_policies_shown(DecodeConfig())}
+    shown = {"dispatch": "power-of-two", "predictor": "bucket-quantile", "predictor_state": "ready"}
+    return {"prefill-0": {**prefill, **shown}, "decode-0": decode_policies_shown(DecodeConfig())}
 
 
 def decode_policies_shown(cfg: DecodeConfig) -> dict[str, str]:

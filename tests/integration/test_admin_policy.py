@@ -16,6 +16,8 @@ def test_set_policy_on_the_real_prefill_worker_shows_in_status(frontend: Any) ->
         (prefill_id,) = [wid for wid, w in before.items() if w.role == "prefill"]
         original = {k: before[prefill_id].policy[k] for k in ("queue", "sched_batch")}
         assert all(w.policy for w in before.values()), "every worker reports its policies"
+        shown = before[prefill_id].policy  # and its length predictor: the trained one, loading or loaded
+        assert shown["predictor"].startswith("trained") and shown["predictor_state"] in ("loading", "ready"), shown
         try:
             update = client.set_policy({"queue": "sjf", "sched_batch": 8})
             assert update.policy_of(prefill_id)["queue"] == "sjf"

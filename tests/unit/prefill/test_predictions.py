@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from tetriserve.common.length import LengthEstimate, PredictInput
-from tetriserve.prefill_worker.predictions import PredictionQueue
+from tetriserve.prefill_worker.predictions import PredictionQueue, PredictorState
 
 INSTANT = LengthEstimate(0, 7, 100, source="instant")
 
@@ -187,12 +187,34 @@ def test_the_predictor_loads_on_the_queues_thread_and_handoffs_take_the_instant_
         ticket = queue.submit(_item(5))
         estimate, refinement = await queue.estimate(ticket)  # at once, though the model is not loaded
         assert estimate is INSTANT and refinement is None and loading.batches == []
+        assert queue.state is PredictorState.LOADING
         loading.loaded.set()
         after = queue.submit(_item(6))
         await _until(after.future.done)
         estimate, _ = await queue.estimate(after)
         assert (estimate.estimate, estimate.source) == (6, "model")
-        assert loading.warm_ups == 1
+        assert loading.warm_ups == 1 and queue.state is PredictorState.READY
+        queue.close()
+
+    asyncio.run(run())
+
+
+class _FailsToLoad(_Gated):
+    def warm_up(self) -> None:
+        raise OSError("no model here")
+
+
+def test_a_predictor_that_fails_to_load_shows_failed_until_a_batch_is_predicted() -> None:
+    failing = _FailsToLoad()
+    failing.gate.set()
+
+    async def run() -> None:
+        queue = PredictionQueue(failing)
+        await _until(lambda: queue.state is not PredictorState.LOADING)
+        assert queue.state is PredictorState.FAILED
+        ticket = queue.submit(_item(7))
+        await _until(ticket.future.done)
+        assert queue.state is PredictorState.READY  # it predicted after all: the first batch loaded it
         queue.close()
 
     asyncio.run(run())
