@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import tokenizer_dir, wait_until
+from tests.stalling_predictor import StallsOnce
 from tests.unit.test_length_predictor_served import mixed_batch, random_artifact
 from tetriserve.common.length import PredictInput
 from tetriserve.length_predictor import process
@@ -111,7 +112,39 @@ def test_pickles_without_its_child() -> None:
         remote.close()
 
 
-def test_a_dead_child_fails_its_batch_and_is_started_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dead_child_fails_its_batch_and_is_started_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The child killed while a batch is in it (its predictor stalls in it): that batch fails, the next one goes to
+    a new child."""
+    monkeypatch.setattr(process, "RESTART_BACKOFF_S", 0.0)
+    marker = tmp_path / "predicting"
+    remote = ProcessPredictor(StallsOnce(marker))
+    failed: list[BaseException] = []
+
+    def in_flight() -> None:
+        try:
+            remote.predict([PredictInput(3, 64, (5, 6, 7))])
+        except PredictorProcessError as exc:
+            failed.append(exc)
+
+    try:
+        remote.warm_up()
+        first = remote.pid
+        assert first is not None
+        batch = threading.Thread(target=in_flight)
+        batch.start()
+        wait_until(marker.exists, timeout=30, what="the batch in the child")
+        os.kill(first, signal.SIGKILL)
+        batch.join(30)
+        assert not batch.is_alive() and len(failed) == 1, failed
+        estimates = remote.predict([PredictInput(3, 64, (5, 6, 7))])
+        assert len(estimates) == 1 and remote.pid not in (None, first)
+    finally:
+        remote.close()
+
+
+def test_a_child_found_dead_between_batches_is_started_again_without_failing_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(process, "RESTART_BACKOFF_S", 0.0)
     remote = ProcessPredictor(light())
     try:
@@ -119,8 +152,7 @@ def test_a_dead_child_fails_its_batch_and_is_started_again(monkeypatch: pytest.M
         first = remote.pid
         assert first is not None
         os.kill(first, signal.SIGKILL)
-        with pytest.raises(PredictorProcessError):
-            remote.predict([PredictInput(3, 64, (5, 6, 7))])
+        wait_until(lambda: not alive(first), timeout=10, what="the child's death")
         estimates = remote.predict([PredictInput(3, 64, (5, 6, 7))])
         assert len(estimates) == 1 and remote.pid not in (None, first)
     finally:
