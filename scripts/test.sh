@@ -34,9 +34,12 @@ if [[ $# -gt 0 ]]; then  # a selection of one's own: one pytest run, as given
 fi
 # The whole suite, in two phases (on 2 cores it otherwise runs past CI's 20 minutes):
 #  1. the unit tests, and beside them the e2e tests. The unit tests keep one core busy; the e2e tests' services
-#     (`tetriserve serve`, `profile`, plain vLLM's benchmark client) mostly use the other.
-#  2. the integration tests (every other folder of tests/), with only the static checks beside them: they time kills,
-#     recoveries and streams on real engines, and leave about a quarter of the two cores idle.
+#     (`tetriserve serve`, `profile`, plain vLLM's benchmark client) mostly use the other. Not the transport's unit
+#     tests: once, beside the e2e tests, the UCX contract test crashed its process (a segfault, not reproduced since;
+#     README, Known limits, session 61).
+#  2. the transport's unit tests, then the integration tests (every other folder of tests/), with only the static
+#     checks beside them: they time kills, recoveries and streams on real engines, and leave about a quarter of the
+#     two cores idle.
 # Every phase runs to its end; the exit status is non-zero when any failed. PYTEST_ADDOPTS reaches each run.
 E2E_LOG=$(mktemp)
 E2E_PID=
@@ -44,16 +47,18 @@ trap 'kill $E2E_PID $LINT_PID 2>/dev/null; rm -f "$E2E_LOG" "$LINT_LOG"' EXIT
 echo "==> unit tests, with the e2e tests beside them (their output follows the unit tests')"
 "${PYTEST[@]}" tests/e2e >"$E2E_LOG" 2>&1 &
 E2E_PID=$!
-unit=0 e2e=0 integration=0
-"${PYTEST[@]}" tests/unit || unit=$?
+unit=0 e2e=0 transport=0 integration=0
+"${PYTEST[@]}" tests/unit --ignore=tests/unit/transport || unit=$?
 wait "$E2E_PID" || e2e=$?
 E2E_PID=
 echo "==> e2e tests"
 cat "$E2E_LOG"
-echo "==> integration tests"
 start_lint
+echo "==> the transport's unit tests"
+"${PYTEST[@]}" tests/unit/transport || transport=$?
+echo "==> integration tests"
 "${PYTEST[@]}" tests --ignore=tests/unit --ignore=tests/e2e || integration=$?
 lint=0
 lint_result || lint=$?
-echo "==> exit status: unit $unit, e2e $e2e, integration $integration, static checks $lint"
-[[ $unit == 0 && $e2e == 0 && $integration == 0 && $lint == 0 ]]
+echo "==> exit status: unit $unit, e2e $e2e, transport $transport, integration $integration, static checks $lint"
+[[ $unit == 0 && $e2e == 0 && $transport == 0 && $integration == 0 && $lint == 0 ]]
