@@ -33,10 +33,10 @@ if [[ $# -gt 0 ]]; then  # a selection of one's own: one pytest run, as given
     exit
 fi
 # The whole suite, in two phases (on 2 cores it otherwise runs past CI's 20 minutes):
-#  1. the unit tests, and beside them the e2e tests. The unit tests keep one core busy; the e2e tests' services
-#     (`tetriserve serve`, `profile`, plain vLLM's benchmark client) mostly use the other. Not the transport's unit
-#     tests: once, beside the e2e tests, the UCX contract test crashed its process (a segfault, not reproduced since;
-#     README, Known limits, session 61).
+#  1. the unit tests and the e2e tests that keep one core busy, and beside them the other e2e tests. The unit tests
+#     keep one core busy; the e2e tests' services (`tetriserve serve`, plain vLLM's benchmark client) mostly use the
+#     other. Not the transport's unit tests: once, beside the e2e tests, the UCX contract test crashed its process
+#     (a segfault, not reproduced since; README, Known limits, session 61).
 #  2. the transport's unit tests, then the integration tests (every other folder of tests/), with only the static
 #     checks beside them: they time kills, recoveries and streams on real engines, and leave about a quarter of the
 #     two cores idle.
@@ -44,14 +44,17 @@ fi
 E2E_LOG=$(mktemp)
 E2E_PID=
 trap 'kill $E2E_PID $LINT_PID 2>/dev/null; rm -f "$E2E_LOG" "$LINT_LOG"' EXIT
-echo "==> unit tests, with the e2e tests beside them (their output follows the unit tests')"
-"${PYTEST[@]}" tests/e2e >"$E2E_LOG" 2>&1 &
+# the e2e modules that keep one core busy (one engine; pip) run in the unit tests' process, the ones that start a
+# service on both cores in a process of their own
+ONE_CORE_E2E=(tests/e2e/test_profile_cli.py tests/e2e/test_packaging.py)
+echo "==> unit tests and the one-core e2e tests, with the other e2e tests beside them (their output follows)"
+"${PYTEST[@]}" tests/e2e "${ONE_CORE_E2E[@]/#/--ignore=}" >"$E2E_LOG" 2>&1 &
 E2E_PID=$!
 unit=0 e2e=0 transport=0 integration=0
-"${PYTEST[@]}" tests/unit --ignore=tests/unit/transport || unit=$?
+"${PYTEST[@]}" "${ONE_CORE_E2E[@]}" tests/unit --ignore=tests/unit/transport || unit=$?
 wait "$E2E_PID" || e2e=$?
 E2E_PID=
-echo "==> e2e tests"
+echo "==> the other e2e tests"
 cat "$E2E_LOG"
 start_lint
 echo "==> the transport's unit tests"

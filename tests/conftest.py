@@ -1,8 +1,7 @@
 """The session's order: single-process modules first, the modules on the shared integration cluster last.
 
-``scripts/test.sh`` runs the e2e tests beside the unit tests, which keep one core busy; the e2e modules that keep
-one core busy themselves (``ONE_CORE``) run first, beside them, and the ones that start a service on both cores
-after, when the unit tests are done.
+The e2e modules that keep one core busy (``ONE_CORE``) run before the ones that start a service on both cores.
+(``scripts/test.sh`` runs them in the unit tests' process, first, and the others in a process beside it.)
 
 The shared integration cluster (``tests/integration/conftest.py``'s session-scoped ``cluster``) lives from its first
 user to the end of the session. Idle, its workers, monitor and scheduler take about a sixth of a core (measured in
