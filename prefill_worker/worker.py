@@ -152,8 +152,12 @@ class PrefillWorker(Handoff, EngineWorker):
         return prefill_s
 
     def policies(self) -> dict[str, str]:
-        shown = {"dispatch": self.dispatcher.name, "predictor": self.predictor.name}
-        return {**self.policy.spec.describe(), **shown, "predictor_state": self.predictions.state.value}
+        return {
+            **self.policy.spec.describe(),
+            "dispatch": self.dispatcher.name,
+            "predictor": self.predictor.name,
+            "predictor_state": self.predictions.state.value,
+        }
 
     async def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
         """Admin RPC: switch queue policy, chunking, chunk size or PrefillSchedBatch at run time."""
