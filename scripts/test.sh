@@ -38,8 +38,8 @@ fi
 #     other. Not the transport's unit tests: once, beside the e2e tests, the UCX contract test crashed its process
 #     (a segfault, not reproduced since; README, Known limits, session 61).
 #  2. the transport's unit tests, then the integration tests (every other folder of tests/), with only the static
-#     checks beside them: they time kills, recoveries and streams on real engines, and leave about a quarter of the
-#     two cores idle.
+#     checks beside them: they time kills, recoveries and streams on real engines, and leave cores idle between
+#     their steps.
 # Every phase runs to its end; the exit status is non-zero when any failed. PYTEST_ADDOPTS reaches each run.
 E2E_LOG=$(mktemp)
 E2E_PID=
