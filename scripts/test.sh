@@ -43,7 +43,14 @@ fi
 # Every phase runs to its end; the exit status is non-zero when any failed. PYTEST_ADDOPTS reaches each run.
 E2E_LOG=$(mktemp)
 E2E_PID=
-trap 'kill $E2E_PID $LINT_PID 2>/dev/null; rm -f "$E2E_LOG" "$LINT_LOG"' EXIT
+# The exit trap must not fail: under `set -e` a failing command in it (a bare `kill` once both runs have been waited
+# for) becomes the script's exit status, and a green suite exited 2.
+cleanup() {
+    local pids=($E2E_PID $LINT_PID)
+    if ((${#pids[@]})); then kill "${pids[@]}" 2>/dev/null || true; fi
+    rm -f "$E2E_LOG" "$LINT_LOG"
+}
+trap cleanup EXIT
 # the e2e modules that keep one core busy (one engine; pip) run in the unit tests' process, the ones that start a
 # service on both cores in a process of their own
 ONE_CORE_E2E=(tests/e2e/test_profile_cli.py tests/e2e/test_packaging.py)
