@@ -1,12 +1,15 @@
 """The prefill pace a served worker reports before a burst, against what the burst then took (issue #12, session 59).
 
     python benchmarks/prefill_pace_probe.py --rounds 2
+    python benchmarks/prefill_pace_probe.py --warmup smoke --num-prompts 60 --commit a46ce67
 
 Each round starts a fresh ``tetriserve serve`` (default config), warmed up as ``vllm_bench_serve.py`` warms it
-(its 64 prompts at once), and then sends its saturation scenario (``--num-prompts`` ShareGPT prompts at once,
+(its 64 prompts at once; ``--warmup smoke``: as a user's first look at a fresh service, two single prompts, the
+benchmark client's test prompt and one more; ``--commit C``: the server runs commit ``C``'s code, not the
+working tree's), and then sends its saturation scenario (``--num-prompts`` ShareGPT prompts at once,
 vLLM's benchmark client, ``--ignore-eos``). Just before the burst it reads the front door's ``/metrics``: the
-prefill worker's reported pace (``prefill_seconds_per_token``, a prompt token's cost in full steps, from the fit
-of its step times: ``prefill_worker/pace.py``) and, for comparison, the pace as it was read up to session 58,
+prefill worker's reported pace (``prefill_seconds_per_token``: ``prefill_worker/pace.py``) and, for comparison,
+the pace as it was read up to session 58,
 the warm-up's seconds of prefill steps over its prompt tokens (from the step and prompt-token counters). During
 the burst it samples the reported queue wait (``prefill_queue_wait_seconds``) every 0.25 s. The GlobalScheduler
 prices the prompts it places before the worker's next report at the pace before the burst and refuses where a
@@ -26,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_steps import worker_series
-from vllm_bench_report import RESULTS, code_state, report_head, saved
+from vllm_bench_report import RESULTS, checkout_env, code_state, report_head, saved
 from vllm_bench_serve import TETRISERVE_PORT, prepare, run_bench, warmed_server
 
 READ = (
@@ -59,7 +62,7 @@ STEP_S, COMPUTED, CACHED = "engine_step_seconds:wall", "engine_prompt_tokens:com
 
 def one_round(i: int, args: argparse.Namespace, model: str, dataset: Path, env: dict[str, str]) -> dict[str, float]:
     name = f"pace_r{i}"
-    with warmed_server(name, "", args, model, dataset, env):
+    with warmed_server(name, "", args, model, dataset, env, args.warmup):
         before, decode_before = series("prefill"), series("decode")
         stop, waits = threading.Event(), []
         sampler = threading.Thread(target=sample_waits, args=(stop, waits), daemon=True)
@@ -118,15 +121,21 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warmup", choices=("warmup", "smoke"), default="warmup")
+    ap.add_argument("--commit", help="the server runs this commit's code instead of the working tree's")
     ap.add_argument("--out", default="prefill_pace_probe")
     args = ap.parse_args()
     args.ignore_eos = True
     model, dataset, env = prepare()
+    if args.commit:
+        env = checkout_env(args.commit, env)
     rounds = [one_round(i, args, model, dataset, env) for i in range(args.rounds)]
-    result = {"command": sys.argv[1:], "code": code_state(), "rounds": rounds}
+    code = f"server on commit {args.commit}" if args.commit else code_state()
+    result = {"command": sys.argv[1:], "code": code, "rounds": rounds}
     lines = report_head(args.out, "The prefill pace before a burst, against the burst", "prefill_pace_probe.py", result)
+    warmup = "the 64-prompt warm-up" if args.warmup == "warmup" else "two single prompts (a smoke test)"
     lines += [
-        f"Burst: {args.num_prompts} ShareGPT prompts at once after the 64-prompt warm-up; the admission bound is 30 s.",
+        f"Burst: {args.num_prompts} ShareGPT prompts at once after {warmup}; the admission bound is 30 s.",
         "",
         "| round | " + " | ".join(title for _, title, _ in COLUMNS) + " |",
         "| --- |" + " ---: |" * len(COLUMNS),

@@ -165,6 +165,8 @@ def scenario_args(scenario: str, args: argparse.Namespace) -> list[str]:
         return ["--num-prompts", str(args.num_prompts), "--request-rate", str(args.request_rate)]
     if scenario == "warmup":  # every batch shape the measured runs will meet: compiled graphs, caches
         return ["--num-prompts", str(WARMUP_PROMPTS), "--request-rate", "inf"]
+    if scenario == "smoke":  # a user's first requests: the client's own test prompt, then one more
+        return ["--num-prompts", "1", "--request-rate", "inf"]
     if scenario == "single":
         return ["--num-prompts", str(args.single_prompts), "--request-rate", "inf", "--max-concurrency", "1"]
     return ["--num-prompts", str(args.num_prompts), "--request-rate", "inf"]
@@ -232,16 +234,23 @@ def tetriserve_cmd(*extra: str) -> list[str]:
 
 @contextmanager
 def warmed_server(
-    name: str, flags: str, args: argparse.Namespace, model: str, dataset: Path, env: dict[str, str]
+    name: str,
+    flags: str,
+    args: argparse.Namespace,
+    model: str,
+    dataset: Path,
+    env: dict[str, str],
+    warmup: str = "warmup",
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A fresh ``tetriserve serve`` (extra ``flags``) on the benchmark ports (``tetriserve_cmd``), answering and
-    warmed up (``WARMUP_PROMPTS``, not measured), its log in ``_work/server_<name>.log``; stopped on exit."""
+    warmed up by scenario ``warmup`` (``WARMUP_PROMPTS`` at once, not measured; ``smoke``: two single prompts), its
+    log in ``_work/server_<name>.log``; stopped on exit."""
     with open(WORK / f"server_{name}.log", "w") as log:
         cmd = tetriserve_cmd(*shlex.split(flags))
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_ready(f"http://127.0.0.1:{TETRISERVE_PORT}", proc)
-            run_bench(name, "warmup", TETRISERVE_PORT, args, model, dataset)
+            run_bench(name, warmup, TETRISERVE_PORT, args, model, dataset)
             yield proc
         finally:
             stop(proc)

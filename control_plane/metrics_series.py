@@ -66,7 +66,8 @@ SPECS: tuple[MetricSpec, ...] = (
         "prefill_seconds_per_token",
         GAUGE,
         "What a queued prompt token adds to that wait: the engine's seconds per prompt token, scaled by the share "
-        "of a backlog prefilled here (the rest offloaded to decode workers); 0: not measured yet.",
+        "of a backlog prefilled here (the rest offloaded to decode workers), measured while prompts wait for the "
+        "engine; 0: not measured yet.",
         W,
     ),
     MetricSpec("num_preemptions", COUNTER, "Preemptions on the worker's engine.", W),

@@ -31,6 +31,7 @@ from typing import Any
 from tetriserve.common import tracing
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.engine_tags import EngineTags
+from tetriserve.common.iteration_log import IterationStats
 from tetriserve.common.length import LengthPredictor, PredictInput
 from tetriserve.common.load import DecodeLoad, PrefillLoad
 from tetriserve.common.request import Request, RequestState
@@ -129,8 +130,10 @@ class PrefillWorker(Handoff, EngineWorker):
         return dead is not None
 
     def load(self) -> PrefillLoad:
-        self.pace.observe(self.engine.stats())
         lens = self.gate.queued_lens()
+        snapshot = self.engine.snapshot  # the engine's counters and its scheduler's iteration log, published together
+        if isinstance(snapshot.extra, IterationStats):  # none before the role's scheduler is installed
+            self.pace.observe(snapshot.stats, snapshot.extra.tokens, backlogged=bool(lens))
         return PrefillLoad(
             self.worker_id,
             len(lens),

@@ -7,15 +7,16 @@ Wire format, per transfer, on a pooled UCX endpoint (tag messages, in order)::
 
 All UCX calls run as coroutines on one asyncio event loop per process, on a
 daemon thread of its own (``ucxx``'s async API, whose worker progresses on
-that loop): ``send`` schedules the transfer there and returns a polled
-``TransferHandle``; nothing blocks the engine loop. A deadline bounds
+that loop and nowhere else: ``UCXPY_PROGRESS_MODE=blocking``, below): ``send``
+schedules the transfer there and returns a polled ``TransferHandle``; nothing blocks the engine loop. A deadline bounds
 connect, the messages and the acknowledgement together: past it the endpoint is
 aborted (the peer sees its receive fail and marks the key failed) and the send
 is ``FAILED``. A peer that dies breaks its endpoints: UCX's error handling
 cancels the pending messages on the survivor, so both sides know at once.
 
 Environment: without a GPU (no ``/dev/nvidiactl``) the backend sets ``UCX_RNDV_FRAG_MEM_TYPE=host`` before
-``ucxx`` is imported (rendezvous fragments in host memory; an explicit setting wins). ``UCX_TLS`` is UCX's
+``ucxx`` is imported (rendezvous fragments in host memory; an explicit setting wins), and everywhere
+``UCXPY_PROGRESS_MODE=blocking`` (``UCX_DEFAULTS``; an explicit setting wins here too). ``UCX_TLS`` is UCX's
 choice: every transport it finds (here tcp, shared memory ``posix``/``sysv``/``cma`` and ``self``; ``rc``/``dc``
 RDMA and ``cuda_copy``/``cuda_ipc`` where the host has them); set e.g. ``UCX_TLS=tcp,sm,self`` to restrict it.
 (UCX warns once at start that ``UCX_MEMTYPE_CACHE``, which ``ucxx`` sets, is unused by this build: harmless.)
@@ -46,6 +47,13 @@ from tetriserve.transport.tcp import ReceivePool, parse_address
 logger = logging.getLogger(__name__)
 
 UCX_CPU_DEFAULTS = {"UCX_RNDV_FRAG_MEM_TYPE": "host"}
+# ucxx progresses its worker on our event loop's thread ("blocking": the loop wakes on the worker's event fd), not
+# on a C++ thread of its own that calls back into Python (its default, "thread"): ucxx does not vouch for that
+# mode in processes with several Python threads (rapidsai/ucxx#325), and ours have several. With it, the transport
+# tests' process died in 2 of 9 suite runs (sessions 61-62: a segfault on a thread without Python frames), and in
+# a rerun the interpreter's own state was corrupted ("AST constructor recursion depth mismatch"); the likeliest
+# cause, not a proven one (README, Known limits, session 62).
+UCX_DEFAULTS = {"UCXPY_PROGRESS_MODE": "blocking"}
 _MAX_HEADER = 1 << 20
 
 _loop_lock = threading.Lock()
@@ -53,9 +61,11 @@ _loop: asyncio.AbstractEventLoop | None = None
 
 
 def _ucxx() -> Any:
+    defaults = dict(UCX_DEFAULTS)
     if not os.path.exists("/dev/nvidiactl"):
-        for name, value in UCX_CPU_DEFAULTS.items():
-            os.environ.setdefault(name, value)
+        defaults.update(UCX_CPU_DEFAULTS)
+    for name, value in defaults.items():
+        os.environ.setdefault(name, value)
     import ucxx
 
     return ucxx

@@ -17,72 +17,107 @@ from tetriserve.engine.stats import EngineStats
 from tetriserve.prefill_worker.pace import PrefillPace
 
 
-def _stats(prompt_tokens: int, step_s: float, cached: int = 0) -> EngineStats:
-    return EngineStats(
-        prompt_tokens_total=prompt_tokens,
-        prompt_tokens_computed=prompt_tokens - cached,
-        prompt_tokens_cached=cached,
-        step_seconds=step_s,
-    )
+def _observe(pace: PrefillPace, prompt_tokens: int, step_s: float, cached: int = 0, backlogged: bool = True) -> None:
+    """The engine has gone through ``prompt_tokens`` prompt tokens (``cached`` of them held by its prefix cache)
+    in ``step_s`` seconds of steps so far; prompts wait for it now if ``backlogged``."""
+    stats = EngineStats(prompt_tokens_cached=cached, step_seconds=step_s)
+    pace.observe(stats, computed_tokens=prompt_tokens - cached, backlogged=backlogged)
 
 
 def test_pace_is_measured_from_prompt_tokens_and_stepping_time_and_prices_the_queue() -> None:
     pace = PrefillPace()
-    pace.observe(_stats(0, 10.0))  # the engine's seconds spent stepping so far, not the clock
+    _observe(pace, 0, 10.0)  # the engine's seconds spent stepping so far, not the clock
     assert pace.seconds_per_token == 0.0 and pace.queue_wait_s([100], None, None) == 0.0  # not measured yet
-    pace.observe(_stats(1000, 11.0))  # 1000 tokens in 1 s of steps
+    _observe(pace, 1000, 11.0)  # 1000 tokens in 1 s of steps
     assert pace.seconds_per_token == pytest.approx(1e-3)
-    pace.observe(_stats(1000, 11.0))  # an idle interval: no steps, no sample
+    _observe(pace, 1000, 11.0)  # an idle interval: no steps, no sample
     assert pace.seconds_per_token == pytest.approx(1e-3)
-    pace.observe(_stats(1500, 12.0))  # 500 tokens in 1 s of steps: the pace moves toward it
+    _observe(pace, 1500, 12.0)  # 500 tokens in 1 s of steps: the pace moves toward it
     assert 1e-3 < pace.seconds_per_token < 2e-3
     assert pace.queue_wait_s([100, 300], None, None) == pytest.approx(400 * pace.seconds_per_token)
 
 
 def test_prompts_the_prefix_cache_held_do_not_make_the_queue_look_slow() -> None:
-    """The queue's prompts are priced whole, so the pace counts prompt tokens whole: 10 prompts of 1000 tokens
-    that the cache held but for 10 tokens each, in 0.1 s of steps, are 1e-5 s a prompt token, not 1e-3 s a
+    """The queue's prompts are priced whole, so the pace counts prompt tokens whole: 50 prompts of 1000 tokens
+    that the cache held but for 10 tokens each, in 0.5 s of steps, are 1e-5 s a prompt token, not 1e-3 s a
     computed one (which priced the next burst of new prompts 100 times too slow, and refused it)."""
     pace = PrefillPace()
-    pace.observe(_stats(0, 0.0))
-    pace.observe(_stats(10_000, 0.1, cached=9_900))
+    _observe(pace, 0, 0.0)
+    _observe(pace, 50_000, 0.5, cached=49_500)
     assert pace.seconds_per_token == pytest.approx(1e-5)
     assert pace.queue_wait_s([1000] * 100, None, None) == pytest.approx(1.0)
 
 
-def test_a_short_prompt_ending_among_other_prompts_chunks_does_not_spike_the_pace() -> None:
-    """The engine counts a prompt's tokens when its prefill ends: an interval of 72 ms of steps that were mostly
-    other prompts' chunks, in which one prompt of 11 tokens ended, is not 6.5 ms a token. Averaging each
-    interval's ratio put a served worker's pace at 2.1 ms a token where the run's was 0.105 ms
-    (benchmarks/results/prefill_pace_replay.md); those steps' tokens are counted with a later interval."""
+def test_tokens_counted_after_their_steps_do_not_spike_the_pace() -> None:
+    """An interval of 72 ms of steps whose tokens are counted in a later one (11 tokens in it) is not 6.5 ms a
+    token: a ratio of sums, not of each interval. vLLM counted a prompt's tokens when its prefill ended, and
+    averaging each interval's ratio put a served worker's pace at 2.1 ms a token where the run's was 0.105 ms
+    (benchmarks/results/prefill_pace_replay.md); cached tokens are still counted so."""
     pace = PrefillPace()
-    pace.observe(_stats(0, 0.0))
+    _observe(pace, 0, 0.0)
     tokens, steps = 0, 0.0
     for _ in range(20):  # 1000 tokens per 0.1 s of steps
         tokens, steps = tokens + 1000, steps + 0.1
-        pace.observe(_stats(tokens, steps))
+        _observe(pace, tokens, steps)
     assert pace.seconds_per_token == pytest.approx(1e-4)
     tokens, steps = tokens + 11, steps + 0.072  # the lump
-    pace.observe(_stats(tokens, steps))
+    _observe(pace, tokens, steps)
     assert pace.seconds_per_token < 1.5e-4
     tokens, steps = tokens + 709, steps + 0.0  # the chunked prompts end: their steps were counted already
-    pace.observe(_stats(tokens, steps))
+    _observe(pace, tokens, steps)
     assert pace.seconds_per_token == pytest.approx(1e-4, rel=0.05)
 
 
-def test_steps_before_any_prompt_ends_count_once_one_does() -> None:
+def test_steps_before_their_tokens_are_counted_count_with_them() -> None:
     pace = PrefillPace()
-    pace.observe(_stats(0, 0.0))
-    pace.observe(_stats(0, 0.3))  # chunks of a long prompt: nothing prefilled yet, nothing to price with
+    _observe(pace, 0, 0.0)
+    _observe(pace, 0, 0.6)  # no token counted yet: nothing to price with
     assert pace.seconds_per_token == 0.0
-    pace.observe(_stats(3000, 0.3))  # it ends (the 3000 tokens took those 0.3 s)
+    _observe(pace, 6000, 0.6)  # now they are (the 6000 tokens took those 0.6 s)
     assert pace.seconds_per_token == pytest.approx(1e-4, rel=0.01)
+
+
+def test_computed_tokens_count_as_they_are_scheduled_and_cached_ones_as_their_prompts_end() -> None:
+    """Session 62: counted only as prompts ended, the tokens lagged a burst's steps, and 0.5 s into a burst the
+    pace was 1.113 ms a token against the whole burst's 0.642."""
+    pace = PrefillPace()
+    pace.observe(EngineStats(step_seconds=0.0), computed_tokens=0, backlogged=True)
+    pace.observe(EngineStats(step_seconds=0.6), computed_tokens=6000, backlogged=True)  # no prompt has ended yet
+    assert pace.seconds_per_token == pytest.approx(1e-4)
+    pace.observe(EngineStats(step_seconds=0.6, prompt_tokens_cached=6000), computed_tokens=6000, backlogged=True)
+    assert pace.seconds_per_token == pytest.approx(0.5e-4)  # their prompts ended: half of each was cached
+
+
+def test_only_a_backlog_s_steps_set_the_pace() -> None:
+    """A step costs a fixed few milliseconds whatever it carries, and the pace prices backlogs, whose steps are
+    full. Session 62: a fresh service's smoke test (two single prompts) set it at 1.858 ms a token, and the
+    GlobalScheduler refused 23 of a burst of 200 prompts whose last first token came at 17.8 s
+    (benchmarks/results/s62_pace_smoke_before.md). An interval counts when prompts waited at its start."""
+    pace = PrefillPace()
+    _observe(pace, 0, 0.0, backlogged=False)
+    for n in range(1, 200):  # light load: one short prompt at a time, 4 tokens in 25 ms of steps each
+        _observe(pace, 4 * n, 0.025 * n, backlogged=False)
+    assert pace.seconds_per_token == 0.0 and pace.queue_wait_s([300] * 60, None, None) == 0.0  # not measured
+    tokens, steps = 4 * 199, 0.025 * 199
+    _observe(pace, tokens, steps)  # a burst arrives: prompts wait from now on
+    tokens, steps = tokens + 512, steps + 0.1
+    _observe(pace, tokens, steps)  # full steps: 512 tokens in 0.1 s
+    assert pace.seconds_per_token == 0.0  # 0.1 s of a backlog's steps: too little to price with yet
+    for _ in range(5):
+        tokens, steps = tokens + 512, steps + 0.1
+        _observe(pace, tokens, steps)
+    assert pace.seconds_per_token == pytest.approx(0.1 / 512)
+    tokens, steps = tokens + 512, steps + 0.1
+    _observe(pace, tokens, steps, backlogged=False)  # that interval began backlogged: counted
+    tokens, steps = tokens + 4, steps + 0.5
+    _observe(pace, tokens, steps, backlogged=False)  # light load again: its steps leave the pace alone
+    assert pace.seconds_per_token == pytest.approx(0.1 / 512)
 
 
 def _measured(seconds_per_token: float) -> PrefillPace:
     pace = PrefillPace()
-    pace.observe(_stats(0, 0.0))
-    pace.observe(_stats(1000, 1000 * seconds_per_token))
+    _observe(pace, 0, 0.0)
+    _observe(pace, 1000, 1000 * seconds_per_token)
     return pace
 
 

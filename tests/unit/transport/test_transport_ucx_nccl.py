@@ -36,6 +36,16 @@ def test_ucx_sets_its_cpu_defaults_before_ucxx_loads(make: Callable[..., Any]) -
     assert os.environ["UCX_RNDV_FRAG_MEM_TYPE"] == "host"
 
 
+def test_ucx_progresses_on_the_transport_loop_not_on_a_thread_of_its_own(make: Callable[..., Any]) -> None:
+    # ucxx's default ("thread") runs a C++ progress thread that calls into Python; ucxx does not vouch for it in
+    # processes with several Python threads (transport/ucx.py, UCX_DEFAULTS)
+    tx, rx = make("ucx"), make("ucx")
+    assert tx.send(rx.address, "k", [b"x" * 100_000], 5.0).wait(5.0) is TransferState.DONE
+    import ucxx.core
+
+    assert ucxx.core._get_ctx().progress_mode == "blocking"
+
+
 @pytest.mark.parametrize("kind", ["ucx", "nccl"])
 def test_a_send_to_nobody_fails_within_its_deadline(make: Callable[..., Any], kind: str, dead_port: str) -> None:
     handle = make(kind).send(f"{kind}://{dead_port}", "k", [b"x"], deadline_s=2.0)
