@@ -8,7 +8,9 @@ Wire format, per transfer, on a pooled UCX endpoint (tag messages, in order)::
 All UCX calls run as coroutines on one asyncio event loop per process, on a
 daemon thread of its own (``ucxx``'s async API, whose worker progresses on
 that loop and nowhere else: ``UCXPY_PROGRESS_MODE=blocking``, below): ``send``
-schedules the transfer there and returns a polled ``TransferHandle``; nothing blocks the engine loop. A deadline bounds
+schedules the transfer there and returns a polled ``TransferHandle``; nothing blocks the engine loop. Between
+frames a receiving endpoint has no receive posted: it probes for the next frame (``_next_frame``), since ucxx
+polls a posted request without pause and an idle pooled endpoint kept a core busy. A deadline bounds
 connect, the messages and the acknowledgement together: past it the endpoint is
 aborted (the peer sees its receive fail and marks the key failed) and the send
 is ``FAILED``. A peer that dies breaks its endpoints: UCX's error handling
@@ -55,6 +57,8 @@ UCX_CPU_DEFAULTS = {"UCX_RNDV_FRAG_MEM_TYPE": "host"}
 # cause, not a proven one (README, Known limits, session 62).
 UCX_DEFAULTS = {"UCXPY_PROGRESS_MODE": "blocking"}
 _MAX_HEADER = 1 << 20
+# a receiving endpoint's probes for its next frame (``_next_frame``): at once, then backing off from 50 µs to 2 ms
+IDLE_PROBE_MIN_S, IDLE_PROBE_MAX_S = 50e-6, 2e-3
 
 _loop_lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -68,7 +72,29 @@ def _ucxx() -> Any:
         os.environ.setdefault(name, value)
     import ucxx
 
+    _rearm_blocking_mode()
     return ucxx
+
+
+def _rearm_blocking_mode() -> None:
+    """ucxx's blocking progress mode arms the worker's event descriptor once: its reader callback progresses the
+    worker but never starts the arming task again (ucx-py's did), so after the first event the descriptor stays
+    readable and the event loop spins on it, a core's worth of CPU while idle (4.99 s of CPU in 5 s with one idle
+    pooled endpoint, session 62). This puts ucx-py's re-arming back (once per process)."""
+    from ucxx._lib_async import continuous_ucx_progress as progress
+
+    mode: Any = progress.BlockingMode
+    if getattr(mode, "_rearms", False):
+        return
+
+    def _fd_reader_callback(self: Any) -> None:
+        self.worker.progress()
+        self.armed = False
+        if self.arm_task is None or self.arm_task.done():
+            self.arm_task = self.event_loop.create_task(self._arm_worker())
+
+    mode._fd_reader_callback = _fd_reader_callback
+    mode._rearms = True
 
 
 def ucx_loop() -> asyncio.AbstractEventLoop:
@@ -197,6 +223,8 @@ class UcxTransport(StoreBackedEndpoint):
         self._busy.add(ep)
         try:
             while not self._closed:
+                if not await self._next_frame(ep):
+                    return
                 length = np.zeros(1, dtype=np.uint64)
                 try:
                     await ep.recv(length)
@@ -209,6 +237,25 @@ class UcxTransport(StoreBackedEndpoint):
                     return
         finally:
             self._abort(ep)
+
+    async def _next_frame(self, ep: Any) -> bool:
+        """Wait until the next frame's first message has reached ``ep``, with no receive posted meanwhile; False
+        once ``ep`` or this transport is closed. ucxx awaits a posted request by polling it on the loop without a
+        pause (its ``wait_yield``), so a receive posted on an idle pooled endpoint kept a core busy for as long as
+        the endpoint lived (4.99 s of CPU in 5 s idle, README's Known limits, session 62). Instead the loop
+        progresses the worker and probes for the endpoint's tag, at once and then backing off to
+        ``IDLE_PROBE_MAX_S`` between probes: at most that much latency for a frame that comes after a pause."""
+        ctx, tag = ep._ctx, ep._tags["msg_recv"]  # ucxx's own: the tag its recv matches on this endpoint
+        ours = not ctx.progress_mode.startswith("thread")  # the worker progresses on this loop: here, then
+        delay = 0.0
+        while not self._closed and not ep.closed:
+            if ours:
+                ctx.worker.progress()
+            if ctx.tag_probe(tag).matched:
+                return True
+            await asyncio.sleep(delay)
+            delay = min(max(2 * delay, IDLE_PROBE_MIN_S), IDLE_PROBE_MAX_S)
+        return False
 
     async def _serve_frame(self, ep: Any, header_len: int) -> bool:
         key = None

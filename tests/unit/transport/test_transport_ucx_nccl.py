@@ -46,6 +46,18 @@ def test_ucx_progresses_on_the_transport_loop_not_on_a_thread_of_its_own(make: C
     assert ucxx.core._get_ctx().progress_mode == "blocking"
 
 
+def test_an_idle_ucx_transport_leaves_the_cores_alone(make: Callable[..., Any]) -> None:
+    # ucxx's blocking mode spun on its never re-armed event descriptor, and ucxx polls a posted receive without a
+    # pause: one idle pooled endpoint kept a core busy (4.99 s of CPU in 5 s, session 62; transport/ucx.py)
+    tx, rx = make("ucx"), make("ucx")
+    assert tx.send(rx.address, "k", [b"x" * 100_000], 5.0).wait(5.0) is TransferState.DONE  # an endpoint in the pool
+    time.sleep(0.2)
+    cpu = time.process_time()
+    time.sleep(1.0)
+    assert time.process_time() - cpu < 0.25  # the process's CPU, every thread's; measured 0.06-0.08 s a second
+    assert tx.send(rx.address, "k2", [b"y" * 100_000], 5.0).wait(5.0) is TransferState.DONE  # and it still serves
+
+
 @pytest.mark.parametrize("kind", ["ucx", "nccl"])
 def test_a_send_to_nobody_fails_within_its_deadline(make: Callable[..., Any], kind: str, dead_port: str) -> None:
     handle = make(kind).send(f"{kind}://{dead_port}", "k", [b"x"], deadline_s=2.0)
