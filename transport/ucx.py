@@ -242,9 +242,12 @@ class UcxTransport(StoreBackedEndpoint):
         """Wait until the next frame's first message has reached ``ep``, with no receive posted meanwhile; False
         once ``ep`` or this transport is closed. ucxx awaits a posted request by polling it on the loop without a
         pause (its ``wait_yield``), so a receive posted on an idle pooled endpoint kept a core busy for as long as
-        the endpoint lived (4.99 s of CPU in 5 s idle, README's Known limits, session 62). Instead the loop
+        the endpoint lived (5.17 s of CPU in 5 s idle in ucxx's default mode, README's Known limits, session 62;
+        results in benchmarks/results/s62_ucx_progress_mode.md). Instead the loop
         progresses the worker and probes for the endpoint's tag, at once and then backing off to
         ``IDLE_PROBE_MAX_S`` between probes: at most that much latency for a frame that comes after a pause."""
+        if ep.closed:
+            return False
         ctx, tag = ep._ctx, ep._tags["msg_recv"]  # ucxx's own: the tag its recv matches on this endpoint
         ours = not ctx.progress_mode.startswith("thread")  # the worker progresses on this loop: here, then
         delay = 0.0
