@@ -78,8 +78,8 @@ def test_steps_before_their_tokens_are_counted_count_with_them() -> None:
 
 
 def test_computed_tokens_count_as_they_are_scheduled_and_cached_ones_as_their_prompts_end() -> None:
-    """Session 62: counted only as prompts ended, the tokens lagged a burst's steps, and 0.5 s into a burst the
-    pace was 1.113 ms a token against the whole burst's 0.642."""
+    """Session 62: counted only as prompts ended, the tokens lagged a burst's steps, and at a burst's first
+    refusal the pace read 1.113 ms a token against the whole burst's 0.642."""
     pace = PrefillPace()
     pace.observe(EngineStats(step_seconds=0.0), computed_tokens=0, backlogged=True)
     pace.observe(EngineStats(step_seconds=0.6), computed_tokens=6000, backlogged=True)  # no prompt has ended yet
