@@ -35,8 +35,8 @@ fi
 # The whole suite, in two phases (on 2 cores it otherwise runs past CI's 20 minutes):
 #  1. the unit tests and the e2e tests that keep one core busy, and beside them the other e2e tests. The unit tests
 #     keep one core busy; the e2e tests' services (`tetriserve serve`, plain vLLM's benchmark client) mostly use the
-#     other. Not the transport's unit tests: once, beside the e2e tests, the UCX contract test crashed its process
-#     (a segfault, not reproduced since; README, Known limits, session 61).
+#     other. Not the transport's unit tests: their process crashed twice in sessions 61-62 (a segfault, once beside
+#     the e2e tests, once alone; README, Known limits, session 62), and they stay apart until that is known gone.
 #  2. the transport's unit tests, then the integration tests (every other folder of tests/), with only the static
 #     checks beside them: they time kills, recoveries and streams on real engines, and leave cores idle between
 #     their steps.

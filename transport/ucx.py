@@ -72,7 +72,6 @@ def _ucxx() -> Any:
         os.environ.setdefault(name, value)
     import ucxx
 
-    _rearm_blocking_mode()
     return ucxx
 
 
@@ -80,12 +79,8 @@ def _rearm_blocking_mode() -> None:
     """ucxx's blocking progress mode arms the worker's event descriptor once: its reader callback progresses the
     worker but never starts the arming task again (ucx-py's did), so after the first event the descriptor stays
     readable and the event loop spins on it, a core's worth of CPU while idle (4.99 s of CPU in 5 s with one idle
-    pooled endpoint, session 62). This puts ucx-py's re-arming back (once per process)."""
+    pooled endpoint, session 62). This puts ucx-py's re-arming back; ``ucx_loop`` calls it once per process."""
     from ucxx._lib_async import continuous_ucx_progress as progress
-
-    mode: Any = progress.BlockingMode
-    if getattr(mode, "_rearms", False):
-        return
 
     def _fd_reader_callback(self: Any) -> None:
         self.worker.progress()
@@ -93,8 +88,7 @@ def _rearm_blocking_mode() -> None:
         if self.arm_task is None or self.arm_task.done():
             self.arm_task = self.event_loop.create_task(self._arm_worker())
 
-    mode._fd_reader_callback = _fd_reader_callback
-    mode._rearms = True
+    progress.BlockingMode._fd_reader_callback = _fd_reader_callback
 
 
 def ucx_loop() -> asyncio.AbstractEventLoop:
@@ -103,6 +97,7 @@ def ucx_loop() -> asyncio.AbstractEventLoop:
     with _loop_lock:
         if _loop is None:
             _ucxx()
+            _rearm_blocking_mode()
             _loop = asyncio.new_event_loop()
             threading.Thread(target=_loop.run_forever, name="kv-ucx", daemon=True).start()
         return _loop

@@ -81,10 +81,10 @@ def test_computed_tokens_count_as_they_are_scheduled_and_cached_ones_as_their_pr
     """Session 62: counted only as prompts ended, the tokens lagged a burst's steps, and at a burst's first
     refusal the pace read 1.113 ms a token against the whole burst's 0.642."""
     pace = PrefillPace()
-    pace.observe(EngineStats(step_seconds=0.0), computed_tokens=0, backlogged=True)
-    pace.observe(EngineStats(step_seconds=0.6), computed_tokens=6000, backlogged=True)  # no prompt has ended yet
+    _observe(pace, 0, 0.0)
+    _observe(pace, 6000, 0.6)  # computed as scheduled: no prompt has ended yet
     assert pace.seconds_per_token == pytest.approx(1e-4)
-    pace.observe(EngineStats(step_seconds=0.6, prompt_tokens_cached=6000), computed_tokens=6000, backlogged=True)
+    _observe(pace, 12_000, 0.6, cached=6000)  # the prompts end: the cached tokens count now
     assert pace.seconds_per_token == pytest.approx(0.5e-4)  # their prompts ended: half of each was cached
 
 
