@@ -78,8 +78,9 @@ def _ucxx() -> Any:
 def _rearm_blocking_mode() -> None:
     """ucxx's blocking progress mode arms the worker's event descriptor once: its reader callback progresses the
     worker but never starts the arming task again (ucx-py's did), so after the first event the descriptor stays
-    readable and the event loop spins on it, a core's worth of CPU while idle (4.99 s of CPU in 5 s with one idle
-    pooled endpoint, session 62). This puts ucx-py's re-arming back; ``ucx_loop`` calls it once per process."""
+    readable and the event loop spins on it, a core's worth of CPU while idle (5.00 s of CPU in 5 s with one idle
+    pooled endpoint, session 62: benchmarks/results/s62_ucx_idle_cpu.md). This puts ucx-py's re-arming back;
+    ``ucx_loop`` calls it once per process."""
     from ucxx._lib_async import continuous_ucx_progress as progress
 
     def _fd_reader_callback(self: Any) -> None:
