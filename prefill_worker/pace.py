@@ -27,9 +27,8 @@ goes only to a prefill worker whose queue it would wait behind for at most
                    The computed tokens count as the scheduler schedules them, step by step (its iteration log's
                    ``tokens``); the cached ones as their prompts' prefill ends (vLLM's count), when the cache's
                    share is known. vLLM counts a prompt's tokens only when its prefill ends: counted so, the
-                   pace lagged a burst's steps. After a smoke test, at a 600-prompt burst's first refusal it read
-                   1.113 ms a token against the 0.642 of the whole burst's steps, and 455 were refused
-                   where the last served prompt's first token came at 15 s (session 62,
+                   pace lagged a burst's steps: after a smoke test, 455 of a 600-prompt burst were refused where
+                   the last served prompt's first token came at 15 s (session 62,
                    benchmarks/results/s62_pace_smoke_flood.md; counted step by step, 343 of 600 were refused and
                    the last first token came at 33.8 s: s62_pace_smoke_600_after.md).
                    A ratio of sums, not an average of each report interval's ratio: averaged per interval, one

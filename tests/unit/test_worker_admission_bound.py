@@ -78,8 +78,9 @@ def test_steps_before_their_tokens_are_counted_count_with_them() -> None:
 
 
 def test_computed_tokens_count_as_they_are_scheduled_and_cached_ones_as_their_prompts_end() -> None:
-    """Session 62: counted only as prompts ended, the tokens lagged a burst's steps, and at a burst's first
-    refusal the pace read 1.113 ms a token against the whole burst's 0.642."""
+    """Session 62: counted only as prompts ended, the tokens lagged a burst's steps, and 455 of a 600-prompt
+    burst were refused where the last served prompt's first token came at 15 s
+    (benchmarks/results/s62_pace_smoke_flood.md)."""
     pace = PrefillPace()
     _observe(pace, 0, 0.0)
     _observe(pace, 6000, 0.6)  # computed as scheduled: no prompt has ended yet
