@@ -130,6 +130,36 @@ def write(result: dict, args: argparse.Namespace) -> None:
     print("\n".join(lines))
 
 
+def traced_scenario(
+    name: str,
+    scenario: str,
+    flags: str,
+    collector: Collector,
+    bench: argparse.Namespace,
+    model: str,
+    dataset: Path,
+    env: dict[str, str],
+) -> tuple[list[tuple[str, str, int, int]], dict[str, float]]:
+    """A fresh ``tetriserve serve`` (extra ``flags``) exporting its spans to ``collector``, warmed up as in
+    ``vllm_bench_serve.py``, then ``scenario`` of vLLM's benchmark client: the scenario's spans (those the
+    collector got after the warm-up's were exported) and the client's summary. The server's log is
+    ``_work/server_<name>.log``; the collector is shut down on return."""
+    cmd = tetriserve_cmd(*shlex.split(flags), "--otlp-endpoint", collector.endpoint, "--otlp-protocol", "http")
+    with open(WORK / f"server_{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_ready(URL, proc)
+            run_bench(name, "warmup", PORT, bench, model, dataset)  # not measured
+            time.sleep(EXPORT_S)  # the warm-up's spans exported before the scenario's are counted
+            before = len(collector.spans)
+            client = run_bench(name, scenario, PORT, bench, model, dataset)
+            time.sleep(EXPORT_S)
+        finally:
+            stop(proc)
+    collector.shutdown()
+    return collector.spans[before:], client
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-prompts", type=int, default=300)
@@ -143,20 +173,8 @@ def main() -> int:
     model, dataset, env = prepare()
     bench = client_args(args)
     collector = Collector()
-    cmd = tetriserve_cmd(*shlex.split(args.flags), "--otlp-endpoint", collector.endpoint, "--otlp-protocol", "http")
-    with open(WORK / "server_burst_spans.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_ready(URL, proc)
-            run_bench("burst_spans", "warmup", PORT, bench, model, dataset)  # not measured
-            time.sleep(EXPORT_S)  # the warm-up's spans exported before the burst's are counted
-            before = len(collector.spans)
-            client = run_bench("burst_spans", "saturation", PORT, bench, model, dataset)
-            time.sleep(EXPORT_S)
-        finally:
-            stop(proc)
-    collector.shutdown()
-    reqs = requests(collector.spans[before:])
+    spans, client = traced_scenario("burst_spans", "saturation", args.flags, collector, bench, model, dataset, env)
+    reqs = requests(spans)
     result = {
         "command": sys.argv[1:],
         "client": {k: client.get(k) for k in ("completed", "output_throughput", "median_ttft_ms")},

@@ -19,20 +19,18 @@ import argparse
 import json
 import shlex
 import statistics
-import subprocess
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_steps import PORT, URL, client_args
-from ttft_spans import Collector, _Handler
-from vllm_bench_report import PROMPT_BANDS, RESULTS, ROOT, WORK, code_state, saved
-from vllm_bench_serve import prepare, run_bench, stop, tetriserve_cmd, wait_ready
+from burst_spans import traced_scenario
+from engine_steps import client_args
+from ttft_spans import Collector
+from vllm_bench_report import PROMPT_BANDS, RESULTS, code_state, saved
+from vllm_bench_serve import prepare
 
-EXPORT_S = 8  # the span processors export every 5 s
 ROOT_SPAN, INPUT_TOKENS = "tetriserve.request", "gen_ai.usage.input_tokens"
 
 
@@ -42,30 +40,13 @@ class PromptCollector(Collector):
     def __init__(self) -> None:
         self.prompt_tokens: dict[str, int] = {}
         super().__init__()
-        self.RequestHandlerClass = _PromptHandler
 
-
-class _PromptHandler(_Handler):
-    server: PromptCollector
-
-    def do_POST(self) -> None:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-        body = self.rfile.read(int(self.headers.get("content-length", 0)))
-        req = ExportTraceServiceRequest()
-        req.ParseFromString(body)
-        with self.server.lock:
-            for rs in req.resource_spans:
-                for ss in rs.scope_spans:
-                    for s in ss.spans:
-                        trace = s.trace_id.hex()
-                        self.server.spans.append((trace, s.name, s.start_time_unix_nano, s.end_time_unix_nano))
-                        for kv in s.attributes:
-                            if s.name == ROOT_SPAN and kv.key == INPUT_TOKENS:
-                                self.server.prompt_tokens[trace] = kv.value.int_value
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.end_headers()
+    def keep(self, span: Any) -> None:
+        super().keep(span)
+        if span.name == ROOT_SPAN:
+            for kv in span.attributes:
+                if kv.key == INPUT_TOKENS:
+                    self.prompt_tokens[span.trace_id.hex()] = kv.value.int_value
 
 
 def band_of(tokens: int) -> str:
@@ -149,24 +130,12 @@ def main() -> int:
     model, dataset, env = prepare()
     bench = client_args(args)
     collector = PromptCollector()
-    cmd = tetriserve_cmd(*shlex.split(args.flags), "--otlp-endpoint", collector.endpoint, "--otlp-protocol", "http")
-    with open(WORK / "server_rate_spans.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_ready(URL, proc)
-            run_bench("rate_spans", "warmup", PORT, bench, model, dataset)  # not measured
-            time.sleep(EXPORT_S)  # the warm-up's spans exported before the run's are counted
-            before = len(collector.spans)
-            run_bench("rate_spans", "rate", PORT, bench, model, dataset)
-            time.sleep(EXPORT_S)
-        finally:
-            stop(proc)
-    collector.shutdown()
+    spans, _ = traced_scenario("rate_spans", "rate", args.flags, collector, bench, model, dataset, env)
     result = {
         "command": sys.argv[1:],
         "code": code_state(),
         "client_median_ttft_ms": client_ttfts(saved("rate_spans", "rate")),
-        "spans": by_band(collector.spans[before:], collector.prompt_tokens),
+        "spans": by_band(spans, collector.prompt_tokens),
     }
     write(result, args)
     return 0

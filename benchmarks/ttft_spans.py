@@ -52,6 +52,10 @@ class Collector(http.server.ThreadingHTTPServer):
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
+    def keep(self, span: Any) -> None:
+        """Keep one received span (an OTLP ``Span``); called with ``lock`` held."""
+        self.spans.append((span.trace_id.hex(), span.name, span.start_time_unix_nano, span.end_time_unix_nano))
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: Collector
@@ -66,9 +70,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             for rs in req.resource_spans:
                 for ss in rs.scope_spans:
                     for s in ss.spans:
-                        self.server.spans.append(
-                            (s.trace_id.hex(), s.name, s.start_time_unix_nano, s.end_time_unix_nano)
-                        )
+                        self.server.keep(s)
         self.send_response(200)
         self.send_header("content-type", "application/x-protobuf")
         self.end_headers()
