@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from burst_spans import traced_scenario
 from engine_steps import client_args
 from ttft_spans import Collector
-from vllm_bench_report import PROMPT_BANDS, RESULTS, code_state, saved
+from vllm_bench_report import PROMPT_BANDS, RESULTS, band_label, code_state, ttft_by_prompt
 from vllm_bench_serve import prepare
 
 ROOT_SPAN, INPUT_TOKENS = "tetriserve.request", "gen_ai.usage.input_tokens"
@@ -50,8 +50,7 @@ class PromptCollector(Collector):
 
 
 def band_of(tokens: int) -> str:
-    lo, hi = next(b for b in PROMPT_BANDS if b[0] <= tokens < b[1])
-    return f"{lo}–{hi - 1}" if hi < 1 << 20 else f"≥ {lo}"
+    return band_label(*next(b for b in PROMPT_BANDS if b[0] <= tokens < b[1]))
 
 
 def by_band(spans: list[tuple[str, str, int, int]], prompt_tokens: dict[str, int]) -> dict[str, dict[str, Any]]:
@@ -77,19 +76,9 @@ def by_band(spans: list[tuple[str, str, int, int]], prompt_tokens: dict[str, int
     }
 
 
-def client_ttfts(result: dict[str, Any]) -> dict[str, float]:
-    """The client's median TTFT (ms) by prompt band (and ``all``), over the requests that got a first token."""
-    out: dict[str, list[float]] = defaultdict(list)
-    for tokens, ttft in zip(result["input_lens"], result["ttfts"], strict=True):
-        if ttft:
-            out["all"].append(1e3 * ttft)
-            out[band_of(tokens)].append(1e3 * ttft)
-    return {band: statistics.median(v) for band, v in out.items()}
-
-
 def write(result: dict[str, Any], args: argparse.Namespace) -> None:
     (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
-    bands = ["all", *(band_of(lo) for lo, _ in PROMPT_BANDS)]
+    bands = ["all", *(band_label(lo, hi) for lo, hi in PROMPT_BANDS)]
     spans, client = result["spans"], result["client_median_ttft_ms"]
     lines = [
         "# A request's first token under Poisson arrivals, span by span",
@@ -130,11 +119,15 @@ def main() -> int:
     model, dataset, env = prepare()
     bench = client_args(args)
     collector = PromptCollector()
-    spans, _ = traced_scenario("rate_spans", "rate", args.flags, collector, bench, model, dataset, env)
+    spans, client = traced_scenario("rate_spans", "rate", args.flags, collector, bench, model, dataset, env)
+    by_prompt = zip(PROMPT_BANDS, ttft_by_prompt(["rate_spans"], "rate"), strict=True)
     result = {
         "command": sys.argv[1:],
         "code": code_state(),
-        "client_median_ttft_ms": client_ttfts(saved("rate_spans", "rate")),
+        "client_median_ttft_ms": {
+            "all": client["median_ttft_ms"],
+            **{band_label(*band): ms for band, (n, ms) in by_prompt if n},
+        },
         "spans": by_band(spans, collector.prompt_tokens),
     }
     write(result, args)

@@ -134,6 +134,11 @@ def cpu_of(name: str, scenario: str) -> dict[str, float] | None:
 PROMPT_BANDS = ((0, 50), (50, 150), (150, 400), (400, 1 << 20))
 
 
+def band_label(lo: int, hi: int) -> str:
+    """A ``PROMPT_BANDS`` band as the reports name it: ``0–49``, ``≥ 400``."""
+    return f"{lo}–{hi - 1}" if hi < 1 << 20 else f"≥ {lo}"
+
+
 def ttft_by_prompt(names: list[str], scenario: str) -> list[tuple[int, float]]:
     """Per band of prompt length (``PROMPT_BANDS``): (requests, median TTFT in ms) over the runs saved under
     ``names``, from the detailed JSON."""
@@ -261,8 +266,7 @@ def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: ar
     ]
     bands = {n: ttft_by_prompt([run_name(n, r) for r in range(rounds)], "rate") for n in ("tetriserve", "vllm")}
     for (lo, hi), (n, t_ms), (_, v_ms) in zip(PROMPT_BANDS, bands["tetriserve"], bands["vllm"], strict=True):
-        band = f"{lo}–{hi - 1}" if hi < 1 << 20 else f"≥ {lo}"
-        lines.append(f"| {band} | {n} | {t_ms:.0f} | {v_ms:.0f} | {t_ms / v_ms:.2f} |")
+        lines.append(f"| {band_label(lo, hi)} | {n} | {t_ms:.0f} | {v_ms:.0f} | {t_ms / v_ms:.2f} |")
     kept = {scenario: per_request_runs(rounds, scenario) for scenario in ("rate", "saturation")}
     lines += tpot_split_section(kept["rate"], TITLES["rate"].format(**vars(args)))
     lines += last_response_section(kept["saturation"])

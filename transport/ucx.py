@@ -239,7 +239,7 @@ class UcxTransport(StoreBackedEndpoint):
         once ``ep`` or this transport is closed. ucxx awaits a posted request by polling it on the loop without a
         pause (its ``wait_yield``), so a receive posted on an idle pooled endpoint kept a core busy for as long as
         the endpoint lived (5.17 s of CPU in 5 s idle in ucxx's default mode, README's Known limits, session 62;
-        results in benchmarks/results/s62_ucx_progress_mode.md). Instead the loop
+        benchmarks/results/s62_ucx_idle_cpu.md). Instead the loop
         progresses the worker and probes for the endpoint's tag, at once and then backing off to
         ``IDLE_PROBE_MAX_S`` between probes: at most that much latency for a frame that comes after a pause."""
         if ep.closed:
