@@ -74,6 +74,16 @@ class EngineConfig(BaseModel):
             "TPOT). 0: an equal share."
         ),
     )
+    prefill_niceness: int = Field(
+        0,
+        ge=-20,
+        le=19,
+        description=(
+            "Linux niceness of each prefill engine's stepping thread (and only it). Below 0 a prompt's step goes "
+            "before the front door, Ray, the length predictor and the workers' event loops on the cores they "
+            "share; it needs CAP_SYS_NICE, without which the thread stays at 0 and the worker logs a warning."
+        ),
+    )
     borrow_idle_cores: bool = Field(
         True,
         description=(

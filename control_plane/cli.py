@@ -31,6 +31,11 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--kv-cache-gb": ("engine.kv_cache_gb", float, "KV cache per CPU engine, GiB"),
     "--threads-per-engine": ("engine.threads_per_engine", int, "OMP threads per engine"),
     "--decode-niceness": ("engine.decode_niceness", int, "niceness of decode engine threads (0-19; 0: equal share)"),
+    "--prefill-niceness": (
+        "engine.prefill_niceness",
+        int,
+        "niceness of prefill engine threads (-20-19; below 0 needs CAP_SYS_NICE)",
+    ),
     "--borrow-min-batch": (
         "engine.borrow_min_batch",
         int,

@@ -103,9 +103,10 @@ class RoleCpu:
         return cls(cfg.decode_niceness, cfg.borrow_idle_cores, None if layout is None else layout.every)
 
     @classmethod
-    def prefill(cls, layout: CoreLayout | None) -> RoleCpu:
-        """The rest's cores: a prompt never takes a step's time from a decode engine's own core."""
-        return cls(0, False, None if layout is None else layout.rest)
+    def prefill(cls, cfg: EngineConfig, layout: CoreLayout | None) -> RoleCpu:
+        """The rest's cores, at the configured niceness: a prompt never takes a step's time from a decode
+        engine's own core."""
+        return cls(cfg.prefill_niceness, False, None if layout is None else layout.rest)
 
 
 class CoreClaim:

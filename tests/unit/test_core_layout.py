@@ -64,8 +64,10 @@ def test_with_its_own_cores_a_decode_engine_neither_yields_nor_borrows_and_prefi
     assert RoleCpu.decode(cfg, layout, None) == RoleCpu(shared.niceness, shared.borrows, frozenset({0, 1}))
     claim = claim_decode_cores(layout, 1, tmp_path)
     assert RoleCpu.decode(cfg, layout, claim) == RoleCpu(0, False, frozenset({0}))
-    assert RoleCpu.prefill(None) == RoleCpu(0, False, None)
-    assert RoleCpu.prefill(layout) == RoleCpu(0, False, frozenset({1}))
+    assert RoleCpu.prefill(cfg, None) == RoleCpu(cfg.prefill_niceness, False, None)
+    assert RoleCpu.prefill(cfg, layout) == RoleCpu(cfg.prefill_niceness, False, frozenset({1}))
+    raised = cfg.model_copy(update={"prefill_niceness": -5})
+    assert RoleCpu.prefill(raised, layout) == RoleCpu(-5, False, frozenset({1}))
 
 
 def test_the_reservation_is_on_by_default_and_a_setting() -> None:
