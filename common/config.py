@@ -55,8 +55,8 @@ class EngineConfig(BaseModel):
         True,
         description=(
             "CPU, `tetriserve serve` with a Ray cluster of its own: the decode engines get the lowest "
-            "num_decode x threads_per_engine cores to themselves, the prefill engines every core, and every "
-            "other thread of the service (front door, Ray, predictor) the remaining cores, as plain vLLM binds "
+            "num_decode x threads_per_engine cores to themselves, and the prefill engines and every other "
+            "thread of the service (front door, Ray, predictor) the remaining cores, as plain vLLM binds "
             "its model worker to a core; only where at least one core is left for the rest. With it a decode "
             "engine on its own cores runs at niceness 0 and borrows none (decode_niceness and "
             "borrow_idle_cores do not apply to it). Sized at start: a decode worker added later by a flip or "
@@ -75,13 +75,14 @@ class EngineConfig(BaseModel):
         ),
     )
     prefill_niceness: int = Field(
-        0,
+        -10,
         ge=-20,
         le=19,
         description=(
             "Linux niceness of each prefill engine's stepping thread (and only it). Below 0 a prompt's step goes "
             "before the front door, Ray, the length predictor and the workers' event loops on the cores they "
-            "share; it needs CAP_SYS_NICE, without which the thread stays at 0 and the worker logs a warning."
+            "share (lower TTFT). Below 0 needs CAP_SYS_NICE (root, or the capability added to the pod): "
+            "without it the thread stays at 0 and the worker logs a warning. 0: an equal share."
         ),
     )
     borrow_idle_cores: bool = Field(

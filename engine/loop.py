@@ -23,7 +23,9 @@ itself: benchmarks/engine_thread_contention.py.)
 
 A decode engine's thread may run at a lower CPU priority (``niceness``, the config's
 ``engine.decode_niceness``, default 5; 0: equal shares), so that where it shares cores
-with a prefill engine and the front door the prompts go first. The thread carries
+with a prefill engine and the front door the prompts go first; a prefill engine's thread
+runs at a higher one (``engine.prefill_niceness``, default -10, where the process may raise
+its priority), ahead of the front door, Ray and the predictor on the cores it shares with them. The thread carries
 an OS name, ``eng-<worker id>`` (``top -H``, ``/proc/<pid>/task/*/comm``). On CPUs each
 engine posts on the machine's core board whether it is stepping (``cores``,
 engine/cores.py), and a borrowing engine sets its thread count before each step
@@ -191,7 +193,13 @@ class EngineLoop:
                 if set_thread_niceness(niceness):
                     self._niceness = niceness
                 else:
-                    logger.warning("engine %s: could not set niceness %d", self.name, niceness)
+                    logger.warning(
+                        "engine %s: could not set niceness %d (below the thread's own needs CAP_SYS_NICE); it stays "
+                        "at %d",
+                        self.name,
+                        niceness,
+                        self._niceness,
+                    )
             pin_engine_thread(cores)
             if self._cores is not None:
                 self._cores.set_borrows(borrows, borrow_min_batch, borrow_min_idle)

@@ -1,5 +1,5 @@
-"""A decode engine's thread can yield the CPU to prompts (``engine.decode_niceness``), and only that thread; engine
-threads carry OS names."""
+"""A decode engine's thread can yield the CPU to prompts (``engine.decode_niceness``), and only that thread; a
+prefill engine's goes first (``engine.prefill_niceness``); engine threads carry OS names."""
 
 from __future__ import annotations
 
@@ -28,6 +28,14 @@ def test_lowering_an_engine_threads_priority_leaves_the_rest_of_the_process_alon
     t.join()
     assert seen["engine"] == before + 5
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+
+
+def test_prefill_engines_go_first_by_default_and_the_setting_is_checked() -> None:
+    assert ClusterConfig().engine.prefill_niceness == -10
+    assert ClusterConfig.load(overrides={"engine": {"prefill_niceness": 0}}).engine.prefill_niceness == 0
+    for bad in (-21, 20):
+        with pytest.raises(ValueError, match="prefill_niceness"):
+            ClusterConfig.load(overrides={"engine": {"prefill_niceness": bad}})
 
 
 def test_decode_engines_yield_by_default_and_the_setting_is_checked() -> None:
