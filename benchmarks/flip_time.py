@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import measure_or_reload
 from flip_phases import serving
-from vllm_bench_report import WORK, measure_or_reload
+from vllm_bench_report import WORK
 
 GRPC = "127.0.0.1:50171"
 WORKER = "decode-1"

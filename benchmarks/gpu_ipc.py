@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import gpu_args, measure_or_reload
 from gpu_transport import MIB, _timed
-from vllm_bench_report import gpu_args, measure_or_reload
 
 
 def _consumer(requests: Any, replies: Any) -> None:

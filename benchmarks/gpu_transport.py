@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import gpu_args, measure_or_reload
 from transport_throughput import MIB, _backend, exchange, free_port
-from vllm_bench_report import gpu_args, measure_or_reload
 
 LLAMA8B = {"layers": 32, "kv_heads": 8, "head_dim": 128, "block_size": 16}
 PACK_TOKENS = (512, 2048, 8192)

@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import measure_or_reload
 from transfer_breakdown import PORT, handoffs
-from vllm_bench_report import WORK, measure_or_reload
+from vllm_bench_report import WORK
 from vllm_bench_serve import prepare, run_bench, stop, tetriserve_cmd, wait_ready
 
 from tetriserve.common.prefill_config import PrefillConfig

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_bench_report import measure_or_reload
+from bench_results import measure_or_reload
 
 DTYPES = ("float32", "bfloat16")
 

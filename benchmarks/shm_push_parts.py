@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import measure_or_reload
 from transport_throughput import recv_landed
-from vllm_bench_report import measure_or_reload
 
 MIB = 1 << 20
 PARTS = ("handoff", "slab", "copy", "frame", "to_store", "wake", "total")

@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import measure_or_reload
 from handoff_gap import NAMESPACE, prompt_ids, stream_one
-from vllm_bench_report import WORK, measure_or_reload
+from vllm_bench_report import WORK
 from vllm_bench_serve import prepare, stop, tetriserve_cmd, wait_ready
 
 PORT = 8100

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import measure_or_reload
 from transport_throughput_report import report
-from vllm_bench_report import measure_or_reload
 
 MIB = 1 << 20
 BACKEND_GROUPS = ("shm", "ucx", "nccl")  # shm's table has tcp beside it
