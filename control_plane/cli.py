@@ -55,6 +55,11 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--num-decode": ("num_decode", int, "decode workers"),
     "--chunk-size": ("prefill.chunk_size", int, "ChunkSize: prefill tokens per iteration"),
     "--prefill-sched-batch": ("prefill.sched_batch", int, "PrefillSchedBatch"),
+    "--offload-max-tokens": (
+        "prefill.offload_max_tokens",
+        int,
+        "prompts of at most this many tokens are computed by a decode worker with room (0: off)",
+    ),
     "--prefill-policy": ("prefill.queue_policy", str, "prefill queue order: fcfs | sjf | ljf | accelgen | sola"),
     "--chunking": ("prefill.chunking", str, "fixed | none | dynamic (AccelGen S_b = S_pf·SLO_min/T̄_pf)"),
     "--chunk-selection": ("prefill.chunk_selection", str, "dynamic chunking: in-order | multi-resource"),

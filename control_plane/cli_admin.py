@@ -10,7 +10,7 @@
 
 --worker is a worker's id or a role: "prefill" / "decode" means every worker of that role.
 Keys belong to one role, a key of the other role is rejected naming it (INVALID_ARGUMENT):
-    prefill  queue chunking chunk_size selection sched_batch
+    prefill  queue chunking chunk_size selection sched_batch offload_max_tokens
     decode   admission_policy cacheopt_reserve_blocks cacheopt_proactive_tokens cacheopt_buffer_tokens
              preemption_order preemption_mode preemption_profile max_local_prompts slice_iters
              (the ``decode`` config section)
@@ -33,7 +33,7 @@ from tetriserve.control_plane.cli_security import add_client_flags, connect
 DEFAULT_TARGET = "localhost:50051"
 SET_KEYS_HELP = (
     "prefill: queue=fcfs|sjf|ljf|accelgen|sola  chunking=fixed|none|dynamic  chunk_size=N  "
-    "selection=in-order|multi-resource  sched_batch=N;  "
+    "selection=in-order|multi-resource  sched_batch=N  offload_max_tokens=N;  "
     "decode (--worker decode or decode-N): admission_policy=greedy|reserve-static|reserve-dynamic|cacheopt|sola  "
     "cacheopt_reserve_blocks=N  cacheopt_proactive_tokens=N  cacheopt_buffer_tokens=N  "
     "preemption_order=vllm|srtf|lkvo|cacheopt  preemption_mode=recompute|swap|auto  preemption_profile=PATH  "
@@ -45,6 +45,7 @@ _PREFILL_ORDER = (
     "chunk_size",
     "selection",
     "sched_batch",
+    "offload_max_tokens",
     "dispatch",
     "predictor",
     "predictor_state",

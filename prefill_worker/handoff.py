@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tetriserve.common import tracing
@@ -23,6 +24,7 @@ from tetriserve.common.length import LengthEstimate
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason
 from tetriserve.prefill_worker import spans
+from tetriserve.prefill_worker.admission import Offloaded
 from tetriserve.prefill_worker.dispatch.base import account
 from tetriserve.prefill_worker.views import ReqView
 from tetriserve.transport.api import TransferState
@@ -95,6 +97,58 @@ class Handoff(_Base):
         self.endpoint.discard(key)
         self.publish(subscriber, req, (), FinishReason.ERROR, error, index=index, retry=True)
         return None
+
+    # -- prompts offloaded to decode workers (conditional disaggregation) ----------------
+    async def _offload_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.report_interval_ms / 1000)
+            try:
+                self.offer_prompts()
+            except Exception:
+                logger.exception("prefill %s: offering prompts to decode workers failed", self.worker_id)
+
+    def offer_prompts(self) -> None:
+        """While the prompts queued here would take longer than ``prefill.offload_wait_s`` for this worker's engine
+        to prefill (``pace.prefill_s``), offer the next in line to a decode worker with room to compute it: its
+        ``turn`` raises ``Offloaded`` and its task hands it over (``Handoff._offload``)."""
+        threshold = self.config.prefill.offload_wait_s
+        if threshold <= 0:
+            return
+        chunk = self.policy.spec.chunk_size
+        wait = self._prefill_s(self.gate.queued_lens())
+        while wait > threshold and (view := self.gate.next_in_line()) is not None:
+            decode_id = self._prompt_room(view) if view.offloadable else None
+            if decode_id is None:  # in line order: one that stays holds the line
+                return
+            self.gate.cancel(view.request_id, Offloaded(decode_id))
+            wait -= self.pace.prefill_s([view.prompt_len], self.cost, chunk)
+
+    def offer_short(self, view: ReqView) -> None:
+        """Raise ``Offloaded`` for a prompt of at most ``offload_max_tokens`` tokens (``view.prompt_len``; the
+        config's ``prefill.offload_max_tokens``, or as ``set_policy`` changed it) that a decode worker has room to
+        compute: there it costs part of one step, here a turn in the queue, the engine's prefill and the KV
+        handoff."""
+        if view.offloadable and view.prompt_len <= self.policy.spec.offload_max_tokens:
+            decode_id = self._prompt_room(view)
+            if decode_id is not None:
+                raise Offloaded(decode_id, short=True)
+
+    def _prompt_room(self, view: ReqView) -> str | None:
+        """The decode worker with the most room to compute ``view``'s prompt (its ``prompt_room``,
+        ``decode.max_local_prompts``, by the broadcast loads less the offers made since), the room taken; None:
+        none has room."""
+        room = [
+            d
+            for d in self.decode_loads.values()
+            if d.accepting and d.prompt_room > 0 and d.worker_id in self._decode_handles
+        ]
+        if not room:
+            return None
+        decode_id = min(room, key=lambda d: (-d.prompt_room, d.running + d.queued, d.worker_id)).worker_id
+        self._account(decode_id, view)
+        offered = self.decode_loads[decode_id]
+        self.decode_loads[decode_id] = replace(offered, prompt_room=offered.prompt_room - 1)
+        return decode_id
 
     async def _offload(self, req: Request, subscriber: str, ticket: Ticket, decode_id: str) -> bool:
         """Give ``req``, still queued here, to ``decode_id`` to compute its prompt there (``offer_prompts``); True

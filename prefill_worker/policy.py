@@ -29,6 +29,7 @@ class PrefillPolicySpec:
     chunk_size: int = 512
     selection: Selection = "in-order"
     sched_batch: int = 16
+    offload_max_tokens: int = 0  # prompts this short go to a decode worker with room (``Handoff.offer_short``)
 
     def updated(self, changes: dict[str, Any]) -> PrefillPolicySpec:
         unknown = set(changes) - set(self.__dataclass_fields__)
@@ -38,6 +39,7 @@ class PrefillPolicySpec:
 
     def describe(self) -> dict[str, str]:
         out = {"queue": self.queue, "chunking": self.chunking, "sched_batch": str(self.sched_batch)}
+        out["offload_max_tokens"] = str(self.offload_max_tokens)
         if self.chunking == "fixed":
             out["chunk_size"] = str(self.chunk_size)
         if self.chunking == "dynamic":
@@ -63,13 +65,17 @@ def build_prefill_policy(spec: PrefillPolicySpec, cost: CostEstimator | None) ->
     """Raises ValueError naming the field when a name is unknown or a needed cost model is missing."""
     if spec.sched_batch < 1:
         raise ValueError(f"prefill.sched_batch must be >= 1, got {spec.sched_batch}")
+    if spec.offload_max_tokens < 0:
+        raise ValueError(f"prefill.offload_max_tokens must be >= 0, got {spec.offload_max_tokens}")
     queue = make_queue_policy(spec.queue, cost, chunk_tokens(spec, cost))
     chunking = make_chunking_policy(spec.chunking, spec.chunk_size, cost, spec.selection)
     return PrefillPolicy(spec, queue, chunking, cost)
 
 
 def spec_from_config(cfg: PrefillConfig) -> PrefillPolicySpec:
-    return PrefillPolicySpec(cfg.queue_policy, cfg.chunking, cfg.chunk_size, cfg.chunk_selection, cfg.sched_batch)
+    return PrefillPolicySpec(
+        cfg.queue_policy, cfg.chunking, cfg.chunk_size, cfg.chunk_selection, cfg.sched_batch, cfg.offload_max_tokens
+    )
 
 
 def load_cost(cfg: PrefillConfig, model: str, hardware: str) -> CostEstimator | None:

@@ -163,7 +163,7 @@ class PrefillWorker(Handoff, EngineWorker):
         }
 
     async def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
-        """Admin RPC: switch queue policy, chunking, chunk size or PrefillSchedBatch at run time."""
+        """Admin RPC: switch queue policy, chunking, chunk size, PrefillSchedBatch or offload_max_tokens at run time."""
         spec = self.policy.spec.updated(changes)
         if spec.chunk_size > self.ceiling:
             raise ValueError(f"prefill.chunk_size {spec.chunk_size} exceeds this engine's ceiling {self.ceiling}")
@@ -241,8 +241,12 @@ class PrefillWorker(Handoff, EngineWorker):
             item = PredictInput(len(req.prompt_token_ids), req.sampling.max_tokens, tuple(req.prompt_token_ids))
             ticket = self.predictions.submit(item)
         try:
+            short = ticket is not None  # a short prompt may go to a decode worker before it queues here
             while True:
                 try:
+                    if short:
+                        short = False
+                        self.offer_short(view)
                     async with self.gate.turn(view) as batch_seq:
                         if self._backlogged:
                             self.pace.left_queue(view.prompt_len, offloaded=False)
@@ -257,7 +261,8 @@ class PrefillWorker(Handoff, EngineWorker):
                     return
                 except Offloaded as offer:  # a decode worker computes the prompt; refused, back in line
                     if ticket is not None and await self._offload(req, subscriber, ticket, offer.decode_id):
-                        self.pace.left_queue(view.prompt_len, offloaded=True)
+                        if not offer.short:  # one that never queued is no share of the queue's
+                            self.pace.left_queue(view.prompt_len, offloaded=True)
                         ticket = None  # its estimate went with it, and its prediction follows it if late
                         return
             tokens, lps = out.token_ids, out.logprobs
@@ -319,40 +324,6 @@ class PrefillWorker(Handoff, EngineWorker):
         if reason == "length" and park:
             reason = None  # max_tokens=1 is ours, not the client's: the request goes on to decode
         return Delta(tuple(tokens), reason, error, None if logprobs is None else tuple(logprobs))
-
-    # -- prompts offloaded to decode workers -----------------------------------------------
-    async def _offload_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.report_interval_ms / 1000)
-            try:
-                self.offer_prompts()
-            except Exception:
-                logger.exception("prefill %s: offering prompts to decode workers failed", self.worker_id)
-
-    def offer_prompts(self) -> None:
-        """While the prompts queued here would take longer than ``prefill.offload_wait_s`` for this worker's engine
-        to prefill (``pace.prefill_s``), offer the next in line to a decode worker with room to compute
-        it (its ``prompt_room``, ``decode.max_local_prompts``, by the broadcast loads less the offers made since):
-        its ``turn`` raises ``Offloaded`` and its task hands it over (``Handoff._offload``)."""
-        threshold = self.config.prefill.offload_wait_s
-        if threshold <= 0:
-            return
-        chunk = self.policy.spec.chunk_size
-        wait = self._prefill_s(self.gate.queued_lens())
-        while wait > threshold and (view := self.gate.next_in_line()) is not None:
-            room = [
-                d
-                for d in self.decode_loads.values()
-                if d.accepting and d.prompt_room > 0 and d.worker_id in self._decode_handles
-            ]
-            if not view.offloadable or not room:  # in line order: one that stays holds the line
-                return
-            decode_id = min(room, key=lambda d: (-d.prompt_room, d.running + d.queued, d.worker_id)).worker_id
-            self.gate.cancel(view.request_id, Offloaded(decode_id))
-            self._account(decode_id, view)
-            offered = self.decode_loads[decode_id]
-            self.decode_loads[decode_id] = replace(offered, prompt_room=offered.prompt_room - 1)
-            wait -= self.pace.prefill_s([view.prompt_len], self.cost, chunk)
 
     def abort(self, request_id: str, attempt: int | None = None) -> bool:
         """Abort wherever the request is: raw queue, engine, between its first token and the handoff, or on

@@ -42,6 +42,7 @@ def test_prefill_keys_follow_the_worker_spec() -> None:
         "chunk_size": int,
         "selection": str,
         "sched_batch": int,
+        "offload_max_tokens": int,
     }
 
 
