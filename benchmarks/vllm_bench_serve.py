@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import signal
@@ -259,6 +260,7 @@ def warmed_server(
 def vllm_server(model: str, port: int, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """A plain vLLM OpenAI server on ``port`` (command, environment): same model, dtype, context and block size
     as tetriserve's engines, its KV cache sized like theirs."""
+    from tetriserve.common.config import ClusterConfig
     from tetriserve.engine.settings import engine_dtype
 
     cmd = [
@@ -279,7 +281,11 @@ def vllm_server(model: str, port: int, env: dict[str, str]) -> tuple[list[str], 
         str(port),
         "--disable-uvicorn-access-log",
     ]
-    return cmd, dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2")
+    # idle HTTP connections kept as long as tetriserve's front door keeps them (``http_keepalive_s``, 75 s), not
+    # vLLM's 5 s: the client pools its connections for 60 s, and one the server closes as the client reuses it
+    # fails that request (``ServerDisconnectedError``, lost by plain vLLM in sessions 63 and 64)
+    keepalive = str(math.ceil(ClusterConfig().http_keepalive_s))
+    return cmd, dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2", VLLM_HTTP_TIMEOUT_KEEP_ALIVE=keepalive)
 
 
 def serve_and_bench(

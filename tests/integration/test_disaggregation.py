@@ -180,6 +180,37 @@ def test_prompts_offloaded_to_the_decode_worker_give_the_colocated_output_too(
     assert loaded == len(prompts) - offloaded and computed > len(prompts)
 
 
+def test_short_prompts_go_to_the_decode_worker_before_they_queue_and_give_the_colocated_output_too(
+    cluster: Any, colocated: Any, prompts: dict[str, tuple[int, ...]]
+) -> None:
+    """``prefill.offload_max_tokens``, set at run time: prompts sent one at a time (no backlog, so only their
+    length sends them) of at most that many tokens are computed, first token included, on the decode worker;
+    the longer ones on the prefill worker, their KV sent."""
+    import ray
+
+    decode = next(iter(cluster.decode.values()))
+    prefill = next(iter(cluster.prefill.values()))
+    by_length = sorted(prompts.items(), key=lambda item: len(item[1]))
+    chosen = dict(by_length[:2] + by_length[-2:])
+    limit = len(by_length[1][1])
+    assert len(by_length[-2][1]) > limit
+    ray.get(decode.set_policy.remote({"max_local_prompts": 2}))
+    ray.get(prefill.set_policy.remote({"offload_max_tokens": limit}))
+    time.sleep(0.5)  # the decode worker's room reaches the prefill worker with the next load broadcast
+    try:
+        before_d, before_p = _engine_stats(decode), _engine_stats(prefill)
+        disaggregated = {}
+        for rid, ids in chosen.items():  # one at a time
+            disaggregated.update(_disaggregated(cluster, {rid: ids}, SAMPLING, "short"))
+        after_d, after_p = _engine_stats(decode), _engine_stats(prefill)
+    finally:
+        ray.get(prefill.set_policy.remote({"offload_max_tokens": 0}))
+        ray.get(decode.set_policy.remote({"max_local_prompts": 0}))
+    _assert_same(disaggregated, ray.get(colocated.generate_many.remote(chosen, SAMPLING), timeout=600))
+    assert after_p["handoffs"]["offloaded"] - before_p["handoffs"]["offloaded"] == 2
+    assert after_d["kv"].requests_loaded - before_d["kv"].requests_loaded == 2
+
+
 def test_seeded_sampling_is_reproducible_from_run_to_run(cluster: Any, prompts: dict[str, tuple[int, ...]]) -> None:
     few = dict(list(prompts.items())[:6])
     seeded = SamplingSpec(max_tokens=12, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)

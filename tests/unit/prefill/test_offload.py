@@ -96,3 +96,92 @@ def test_the_queue_is_noted_backlogged_while_its_engine_time_is_over_the_offload
     assert worker._prefill_s([50] * 3) == pytest.approx(1.5) and worker._backlogged
     worker.config = ClusterConfig(prefill={"offload_wait_s": 0.0})  # offloading off: never backlogged
     assert worker._prefill_s([50] * 30) == pytest.approx(15.0) and not worker._backlogged
+
+
+def _short_worker(offload_max_tokens: int) -> PrefillWorker:
+    worker = _worker(offload_wait_s=1.0)
+    worker.config = ClusterConfig(prefill={"offload_wait_s": 1.0}, transport={"pipeline": False})
+    spec = SimpleNamespace(chunk_size=512, offload_max_tokens=offload_max_tokens)
+    worker.policy = SimpleNamespace(spec=spec)
+    loads = [_decode("decode-0", 1, running=9), _decode("decode-1", 2, running=1), _decode("decode-2", 0)]
+    worker.decode_loads = {ld.worker_id: ld for ld in loads}
+    return worker
+
+
+def _offer(worker: PrefillWorker, prompt_len: int, offloadable: bool = True) -> str | None:
+    try:
+        worker.offer_short(ReqView("r", prompt_len, 100, 0.0, offloadable=offloadable))
+    except Offloaded as offer:
+        assert offer.short
+        return offer.decode_id
+    return None
+
+
+def test_a_short_prompt_is_offered_before_it_queues_to_the_decode_worker_with_the_most_room() -> None:
+    """``prefill.offload_max_tokens``: no backlog needed, the room taken is counted until the next broadcast."""
+    worker = _short_worker(offload_max_tokens=64)
+    assert [_offer(worker, 64), _offer(worker, 1), _offer(worker, 30), _offer(worker, 30)] == [
+        "decode-1",
+        "decode-1",
+        "decode-0",
+        None,  # no room left anywhere: it queues here
+    ]
+    assert all(ld.prompt_room == 0 for ld in worker.decode_loads.values())
+    assert worker.decode_loads["decode-1"].queued == 2 and worker.gate.queued == 0
+
+
+@pytest.mark.parametrize(("limit", "prompt_len", "offloadable"), [(64, 65, True), (0, 1, True), (64, 8, False)])
+def test_a_prompt_stays_when_it_is_too_long_short_offers_are_off_or_it_may_not_leave(
+    limit: int, prompt_len: int, offloadable: bool
+) -> None:
+    """Not offloadable: a prefill-only request (``max_tokens`` 1) or a seeded one (reproducible on its engine)."""
+    worker = _short_worker(limit)
+    assert _offer(worker, prompt_len, offloadable) is None
+    assert worker.decode_loads["decode-1"].prompt_room == 2
+
+
+def _request_path(worker: PrefillWorker, taken: bool) -> tuple[list[str], list[tuple[int, bool]], list[str]]:
+    """Run one short request through ``_prefill`` with a decode worker that takes (or refuses) it: the decode
+    workers it was offered to, what the pace was told, the requests that reached the engine (which holds them)."""
+    from tetriserve.common.request import Request, SamplingSpec
+
+    offers: list[str] = []
+    told: list[tuple[int, bool]] = []
+    computed: list[str] = []
+
+    async def run_engine(req: Request, view: ReqView, park: bool) -> None:
+        computed.append(req.request_id)
+        await asyncio.Event().wait()
+
+    async def offload(req: Request, subscriber: str, ticket: object, decode_id: str) -> bool:
+        offers.append(decode_id)
+        return taken
+
+    async def scenario() -> None:
+        worker._offload = offload  # type: ignore[method-assign]
+        worker._run_engine = run_engine  # type: ignore[method-assign,assignment]
+        worker._backlogged = True
+        worker.pace.left_queue = lambda tokens, offloaded: told.append((tokens, offloaded))  # type: ignore[method-assign]
+        worker.predictions = SimpleNamespace(submit=lambda item: object(), withdraw=lambda ticket: None)
+        req = Request("r", tuple(range(1, 21)), SamplingSpec(max_tokens=16))
+        task = asyncio.create_task(worker._prefill(req, "fd"))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        if not taken:  # refused: it waits for the prefill engine like any other prompt
+            assert not task.done()
+            task.cancel()
+        else:
+            assert task.done() and task.exception() is None
+
+    asyncio.run(scenario())
+    return offers, told, computed
+
+
+def test_a_short_prompt_a_decode_worker_takes_never_queues_here_nor_counts_in_the_queue_s_share() -> None:
+    worker = _short_worker(offload_max_tokens=64)
+    assert _request_path(worker, taken=True) == (["decode-1"], [], [])
+
+
+def test_a_short_prompt_the_decode_worker_refuses_is_prefilled_here_offered_once() -> None:
+    worker = _short_worker(offload_max_tokens=64)
+    assert _request_path(worker, taken=False) == (["decode-1"], [(20, False)], ["r"])
