@@ -166,7 +166,8 @@ class DecodeConfig(BaseModel):
         2,
         ge=0,
         description=(
-            "Prompts offloaded by backlogged prefill workers (prefill.offload_wait_s) that this decode worker "
+            "Prompts offloaded by prefill workers, backlogged (prefill.offload_wait_s) or short "
+            "(prefill.offload_max_tokens), that this decode worker "
             "computes at once, each until its first token; 0 takes none."
         ),
     )

@@ -69,13 +69,14 @@ class PrefillConfig(BaseModel):
         ),
     )
     offload_max_tokens: int = Field(
-        0,
+        512,
         ge=0,
         description=(
             "Short prompts offloaded to decode workers (conditional disaggregation): a prompt of at most this many "
             "tokens (a migrated request's output included) goes at once to a decode worker with room for it "
             "(decode.max_local_prompts), which computes it in its next step instead of waiting for the prefill "
-            "engine and the KV handoff; with no room it queues here. 0: only a backlog offloads (offload_wait_s)."
+            "engine and the KV handoff; with no room it queues here. Default: one chunk of the default chunk_size. "
+            "0: only a backlog offloads (offload_wait_s)."
         ),
     )
     heavy_threshold_tokens: int = Field(

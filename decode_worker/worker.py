@@ -197,8 +197,9 @@ class DecodeWorker(EngineWorker):
         """Start decoding ``req`` after ``generated`` (the prefill's token; before it, for a migrated request, the
         tokens the client already had), whose KV is (or will be) pushed here under ``req.kv_key``, or pulled: from
         ``pull_from`` (a prefill worker of this host), or by a pull under way (``pull_kv``). ``prefill_here``: a
-        prompt offloaded by a backlogged prefill worker (``prefill.offload_wait_s``): no KV comes, this engine
-        computes it; refused while ``decode.max_local_prompts`` are being computed here."""
+        prompt offloaded by a prefill worker (backlogged, ``prefill.offload_wait_s``, or short,
+        ``prefill.offload_max_tokens``): no KV comes, this engine computes it; refused while
+        ``decode.max_local_prompts`` are being computed here."""
         if prefill_here and self.prompts_here() >= self._decode_cfg.max_local_prompts:
             return False
         if not self._may_take(req):
