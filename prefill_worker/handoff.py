@@ -1,6 +1,9 @@
 """The prefill worker's handoff to a decode worker (TetriInfer §3.3.3-§3.3.4): choose one with the dispatcher,
 send it the parked KV (whole, or part by part in a pipelined handoff: ``pipeline.py``) or, on one host, have it
-pull the KV from this worker's slabs (``transport/shm_pull.py``), give it the request.
+pull the KV from this worker's slabs (``transport/shm_pull.py``), give it the request. Or, for a prompt this
+worker does not compute, give a decode worker the request to compute it itself (conditional disaggregation,
+a departure from §3.3 in README's Design notes): a short one before it queues (``offer_short``), the next in
+line of a backlog (``offer_prompts``).
 
 A decode worker found dead at ``take`` before any of the KV lent to it has left is passed over: the KV is lent
 to another decode worker and the request goes on in the same attempt (``_take``). One whose KV was sent or
@@ -151,10 +154,10 @@ class Handoff(_Base):
         return decode_id
 
     async def _offload(self, req: Request, subscriber: str, ticket: Ticket, decode_id: str) -> bool:
-        """Give ``req``, still queued here, to ``decode_id`` to compute its prompt there (``offer_prompts``); True
-        if it took it, or the request was aborted meanwhile (ended here). Refused (no room there any more, or
-        gone), the request waits here again; a prediction not started by then is dropped (the instant estimate
-        goes with it at its handoff), as for a handoff that does not wait."""
+        """Give ``req``, not computed here, to ``decode_id`` to compute its prompt there (``offer_prompts``,
+        ``offer_short``); True if it took it, or the request was aborted meanwhile (ended here). Refused (no room
+        there any more, or gone), the request waits here again; a prediction not started by then is dropped (the
+        instant estimate goes with it at its handoff), as for a handoff that does not wait."""
         rid, key = req.request_id, req.kv_key
         estimate, refinement = await self.predictions.estimate(ticket)
         handle = self._decode_handles.get(decode_id)

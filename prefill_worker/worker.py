@@ -2,6 +2,8 @@
 (``control_plane/worker_actor.py``, which can flip it to decode with the same engine).
 
     submit(req, front door) ─▶ raw queue ─policy, PrefillSchedBatch at a time─▶ scheduled
+                     │ (a prompt of at most prefill.offload_max_tokens, before it queues, or the next in line of a
+                     │  backlog, may go to a decode worker with room instead, which computes it: ``handoff.py``)
                      │ length predictor (trained heads in a process of their own, or baseline; parallel mode)
                      │ dispatcher: decode worker from the broadcast loads (power-of-two)
                      ▼
