@@ -53,6 +53,26 @@ def decode_engine_args(model_path: str, endpoint: str, num_blocks: int) -> Any:
     return args
 
 
+def wait_room_seen(prefill: list[Any], room: int, seconds: float = 10) -> None:
+    """Wait until every prefill worker (actor handles) sees ``room`` for offloaded prompts on every decode worker
+    it knows: a decode worker's changed ``decode.max_local_prompts`` reaches them with a load broadcast, within
+    the monitor's heartbeat."""
+    import time
+
+    import ray
+
+    def seen(worker: Any) -> list[int]:
+        return [load.prompt_room for load in worker.role.decode_loads.values()]
+
+    deadline = time.monotonic() + seconds
+    while True:
+        found = ray.get([h.__ray_call__.remote(seen) for h in prefill])
+        if all(rooms and set(rooms) == {room} for rooms in found):
+            return
+        assert time.monotonic() < deadline, f"prefill workers see room {found}, not {room}"
+        time.sleep(0.1)
+
+
 @dataclass
 class Frontend:
     cluster: Any

@@ -12,11 +12,11 @@ decode worker.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
 
+from tests.integration.conftest import wait_room_seen
 from tetriserve.common.request import Request, SamplingSpec
 
 N_PROMPTS = 32
@@ -164,7 +164,7 @@ def test_prompts_offloaded_to_the_decode_worker_give_the_colocated_output_too(
     decode = next(iter(cluster.decode.values()))
     prefill = next(iter(cluster.prefill.values()))
     ray.get(decode.set_policy.remote({"max_local_prompts": 2}))
-    time.sleep(0.5)  # its room reaches the prefill worker with the next load broadcast
+    wait_room_seen([prefill], 2)  # its room reaches the prefill worker with a load broadcast
     try:
         before_d, before_p = _engine_stats(decode), _engine_stats(prefill)
         disaggregated = _disaggregated(cluster, prompts, SAMPLING, "offloaded")
@@ -196,7 +196,7 @@ def test_short_prompts_go_to_the_decode_worker_before_they_queue_and_give_the_co
     assert len(by_length[-2][1]) > limit
     ray.get(decode.set_policy.remote({"max_local_prompts": 2}))
     ray.get(prefill.set_policy.remote({"offload_max_tokens": limit}))
-    time.sleep(0.5)  # the decode worker's room reaches the prefill worker with the next load broadcast
+    wait_room_seen([prefill], 2)  # or the first prompt may find no room yet
     try:
         before_d, before_p = _engine_stats(decode), _engine_stats(prefill)
         disaggregated = {}

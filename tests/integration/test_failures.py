@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import own_cluster
+from tests.integration.conftest import own_cluster, wait_room_seen
 from tests.integration.streams import Progress, run_streams, same_tokens
 from tetriserve.common.request import Request, SamplingSpec
 
@@ -104,13 +104,13 @@ def _served_within(cluster: Any, seconds: float) -> None:
     assert time.monotonic() - t0 < seconds
 
 
-def _back_within(cluster: Any, name: str, seconds: float) -> None:
+def _back_within(cluster: Any, name: str, seconds: float, incarnation: int = 1) -> None:
     from tetriserve.control_plane.supervisor import ActorState
 
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         slot = cluster.supervision.sup.slots[name]
-        if slot.state is ActorState.ACTIVE and slot.incarnation >= 1:
+        if slot.state is ActorState.ACTIVE and slot.incarnation >= incarnation:
             return
         time.sleep(0.2)
     raise AssertionError(f"{name} not serving again within {seconds:.0f} s: {cluster.supervision.sup.slots[name]}")
@@ -197,4 +197,34 @@ def test_the_cluster_monitor_killed_under_streams_leaves_them_untouched(cluster:
     same_tokens(_run(cluster, "km", _kill("cluster-monitor"), after=8), undisturbed)
     _back_within(cluster, "cluster-monitor", 120)
     _served_within(cluster, 30)  # placement and dispatch see the workers again through the new monitor
+    _no_kv_left(cluster)
+
+
+def _offloading(max_local_prompts: int, offload_max_tokens: int) -> int:
+    """Set every worker's room for offloaded prompts (decode) and short prompts' bound (prefill); the prompts the
+    prefill workers have offloaded so far."""
+    import ray
+
+    decode = [ray.get_actor(f"decode-{i}", namespace=NAMESPACE) for i in range(2)]
+    prefill = [ray.get_actor(f"prefill-{i}", namespace=NAMESPACE) for i in range(2)]
+    ray.get([h.set_policy.remote({"max_local_prompts": max_local_prompts}) for h in decode])
+    ray.get([h.set_policy.remote({"offload_max_tokens": offload_max_tokens}) for h in prefill])
+    return sum(s["handoffs"]["offloaded"] for s in ray.get([h.stats.remote() for h in prefill]))
+
+
+def test_a_decode_worker_killed_while_it_computes_offloaded_prompts_loses_nothing(
+    cluster: Any, undisturbed: Any
+) -> None:
+    """The service's default (this module's cluster has it off): every prompt here is short enough to be offered
+    to a decode worker before it queues, two per decode worker at once. decode-0 dies as the first token of any
+    stream comes, computing or decoding the prompts it took; they are migrated like any other."""
+    import ray
+
+    _back_within(cluster, "cluster-monitor", 120)  # the previous test's victim
+    before = _offloading(2, 512)
+    wait_room_seen([ray.get_actor(f"prefill-{i}", namespace=NAMESPACE) for i in range(2)], 2)
+    same_tokens(_run(cluster, "ko", _kill("decode-0"), after=0), undisturbed)
+    _back_within(cluster, "decode-0", 120, incarnation=2)  # killed once before, in the first test
+    assert _offloading(0, 0) > before
+    _served_within(cluster, 30)
     _no_kv_left(cluster)
