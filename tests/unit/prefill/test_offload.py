@@ -1,4 +1,5 @@
-"""A backlogged prefill worker offers the next prompts in line to decode workers with room (no Ray, no engine)."""
+"""A prefill worker offers prompts to decode workers with room: a backlog's next in line, and a short prompt before it
+queues (no Ray, no engine)."""
 
 from __future__ import annotations
 
