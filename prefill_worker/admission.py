@@ -26,13 +26,11 @@ class RequestAborted(Exception):
 
 class Offloaded(Exception):
     """Raised into a waiting ``turn`` whose request is offered to decode worker ``decode_id``, to compute its
-    prompt there (``prefill.offload_wait_s``); refused, it waits for its turn again, by its arrival. ``short``:
-    offered for its length before it queued (``prefill.offload_max_tokens``), not out of a backlog."""
+    prompt there (``prefill.offload_wait_s``); refused, it waits for its turn again, by its arrival."""
 
-    def __init__(self, decode_id: str, short: bool = False) -> None:
+    def __init__(self, decode_id: str) -> None:
         super().__init__(decode_id)
         self.decode_id = decode_id
-        self.short = short
 
 
 class SchedBatchGate:

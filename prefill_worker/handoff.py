@@ -126,15 +126,14 @@ class Handoff(_Base):
             self.gate.cancel(view.request_id, Offloaded(decode_id))
             wait -= self.pace.prefill_s([view.prompt_len], self.cost, chunk)
 
-    def offer_short(self, view: ReqView) -> None:
-        """Raise ``Offloaded`` for a prompt of at most ``offload_max_tokens`` tokens (``view.prompt_len``; the
-        config's ``prefill.offload_max_tokens``, or as ``set_policy`` changed it) that a decode worker has room to
-        compute: there it costs part of one step, here a turn in the queue, the engine's prefill and the KV
-        handoff."""
+    def offer_short(self, view: ReqView) -> str | None:
+        """The decode worker to offer a prompt of at most ``offload_max_tokens`` tokens (``view.prompt_len``; the
+        config's ``prefill.offload_max_tokens``, or as ``set_policy`` changed it), before it queues, if one has
+        room to compute it (the room taken): there it costs part of one step, here a turn in the queue, the
+        engine's prefill and the KV handoff. None: it queues here."""
         if view.offloadable and view.prompt_len <= self.policy.spec.offload_max_tokens:
-            decode_id = self._prompt_room(view)
-            if decode_id is not None:
-                raise Offloaded(decode_id, short=True)
+            return self._prompt_room(view)
+        return None
 
     def _prompt_room(self, view: ReqView) -> str | None:
         """The decode worker with the most room to compute ``view``'s prompt (its ``prompt_room``,

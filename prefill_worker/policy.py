@@ -38,8 +38,12 @@ class PrefillPolicySpec:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def describe(self) -> dict[str, str]:
-        out = {"queue": self.queue, "chunking": self.chunking, "sched_batch": str(self.sched_batch)}
-        out["offload_max_tokens"] = str(self.offload_max_tokens)
+        out = {
+            "queue": self.queue,
+            "chunking": self.chunking,
+            "sched_batch": str(self.sched_batch),
+            "offload_max_tokens": str(self.offload_max_tokens),
+        }
         if self.chunking == "fixed":
             out["chunk_size"] = str(self.chunk_size)
         if self.chunking == "dynamic":

@@ -243,12 +243,13 @@ class PrefillWorker(Handoff, EngineWorker):
             item = PredictInput(len(req.prompt_token_ids), req.sampling.max_tokens, tuple(req.prompt_token_ids))
             ticket = self.predictions.submit(item)
         try:
-            short = ticket is not None  # a short prompt may go to a decode worker before it queues here
+            # a short prompt may go to a decode worker before it queues here; refused, it queues
+            decode_id = self.offer_short(view) if ticket is not None else None
+            if ticket is not None and decode_id is not None and await self._offload(req, subscriber, ticket, decode_id):
+                ticket = None  # its estimate went with it, and its prediction follows it if late
+                return
             while True:
                 try:
-                    if short:
-                        short = False
-                        self.offer_short(view)
                     async with self.gate.turn(view) as batch_seq:
                         if self._backlogged:
                             self.pace.left_queue(view.prompt_len, offloaded=False)
@@ -263,8 +264,7 @@ class PrefillWorker(Handoff, EngineWorker):
                     return
                 except Offloaded as offer:  # a decode worker computes the prompt; refused, back in line
                     if ticket is not None and await self._offload(req, subscriber, ticket, offer.decode_id):
-                        if not offer.short:  # one that never queued is no share of the queue's
-                            self.pace.left_queue(view.prompt_len, offloaded=True)
+                        self.pace.left_queue(view.prompt_len, offloaded=True)
                         ticket = None  # its estimate went with it, and its prediction follows it if late
                         return
             tokens, lps = out.token_ids, out.logprobs

@@ -110,12 +110,7 @@ def _short_worker(offload_max_tokens: int) -> PrefillWorker:
 
 
 def _offer(worker: PrefillWorker, prompt_len: int, offloadable: bool = True) -> str | None:
-    try:
-        worker.offer_short(ReqView("r", prompt_len, 100, 0.0, offloadable=offloadable))
-    except Offloaded as offer:
-        assert offer.short
-        return offer.decode_id
-    return None
+    return worker.offer_short(ReqView("r", prompt_len, 100, 0.0, offloadable=offloadable))
 
 
 def test_a_short_prompt_is_offered_before_it_queues_to_the_decode_worker_with_the_most_room() -> None:
