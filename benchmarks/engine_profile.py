@@ -107,6 +107,8 @@ def main() -> int:
             sampler.join()
         finally:
             stop(proc)
+    for mode, raw in raws.items():  # every thread's stacks, for a look beyond the engine thread's parts
+        (WORK / f"{args.out}_{mode}.txt").write_text(raw)
     results = {mode: parts_of(raw, args.engine) for mode, raw in raws.items()}
     command = "python benchmarks/engine_profile.py " + " ".join(sys.argv[1:])
     payload = {"command": command, "client": {k: client.get(k) for k in CLIENT}, "samples": results}

@@ -175,9 +175,7 @@ def serve(config: ClusterConfig) -> None:
     try:
         cluster = RemoteCluster.join(handle, START_TIMEOUT_S)
         if layout is not None:
-            from tetriserve.engine.core_layout import settle_on_rest
-
-            settle_on_rest(layout)  # the service is up: everything but the engines to the rest, front doors too
+            settle_service(config, layout)
         print(f"tetriserve: {join_hint(config.namespace)}", flush=True)
         what = "the service" if owns_ray else "the service (only this front door while others are attached)"
         run_until_signal(config, RayBackend(cluster, name), t0, dashboard, what, cluster.gone)
@@ -199,6 +197,22 @@ def serve(config: ClusterConfig) -> None:
                 import ray
 
                 ray.shutdown()
+
+
+def settle_service(config: ClusterConfig, layout: CoreLayout) -> None:
+    """The service is up: every thread but the engines' to the rest's cores (front doors too), unless the decode
+    engines share theirs (``engine.decode_cores_shared``), which needs them to go first there (CAP_SYS_NICE)."""
+    from tetriserve.engine.core_layout import settle_on_rest
+    from tetriserve.engine.cores import may_raise_priority
+
+    if config.engine.decode_cores_shared != "no":
+        if may_raise_priority():
+            print(f"tetriserve: the decode engines' cores are shared ({config.engine.decode_cores_shared})", flush=True)
+            return
+        logger.warning(
+            "engine.decode_cores_shared needs CAP_SYS_NICE: the decode engines keep their cores to themselves"
+        )
+    settle_on_rest(layout)
 
 
 def reserve_cores(config: ClusterConfig) -> CoreLayout | None:

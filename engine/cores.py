@@ -293,3 +293,13 @@ def set_thread_niceness(niceness: int) -> bool:
     except (OSError, AttributeError):
         return False
     return True
+
+
+def may_raise_priority() -> bool:
+    """Whether a thread of this process may take a niceness below 0 (CAP_SYS_NICE, or RLIMIT_NICE allows it);
+    tried on a short-lived thread of its own."""
+    allowed: list[bool] = []
+    probe = threading.Thread(target=lambda: allowed.append(set_thread_niceness(-1)), daemon=True)
+    probe.start()
+    probe.join()
+    return bool(allowed and allowed[0])

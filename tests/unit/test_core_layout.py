@@ -70,6 +70,22 @@ def test_with_its_own_cores_a_decode_engine_neither_yields_nor_borrows_and_prefi
     assert RoleCpu.prefill(raised, layout) == RoleCpu(-5, False, frozenset({1}))
 
 
+def test_sharing_its_cores_a_decode_engine_goes_first_there_and_only_all_brings_the_prefill_engines(
+    tmp_path: Path,
+) -> None:
+    layout = CoreLayout(frozenset({0}), frozenset({0, 1}))
+    claim = claim_decode_cores(layout, 1, tmp_path)
+    base = ClusterConfig().engine
+    assert base.decode_cores_shared == "no"
+    for shared, decode_niceness, prefill_cores in (("no", 0, {1}), ("rest", -20, {1}), ("all", -20, {0, 1})):
+        cfg = base.model_copy(update={"decode_cores_shared": shared})
+        assert RoleCpu.decode(cfg, layout, claim) == RoleCpu(decode_niceness, False, frozenset({0})), shared
+        assert RoleCpu.prefill(cfg, layout) == RoleCpu(cfg.prefill_niceness, False, frozenset(prefill_cores)), shared
+        assert RoleCpu.prefill(cfg, None) == RoleCpu(cfg.prefill_niceness, False, None)
+    loaded = ClusterConfig.load(overrides={"engine.decode_cores_shared": "rest"})
+    assert loaded.engine.decode_cores_shared == "rest"
+
+
 def test_the_reservation_is_on_by_default_and_a_setting() -> None:
     assert ClusterConfig().engine.reserve_decode_cores is True
     assert ClusterConfig.load(overrides={"engine.reserve_decode_cores": False}).engine.reserve_decode_cores is False
