@@ -239,9 +239,8 @@ class EngineWorker:
         if src is not None and key not in self._pulls:
             self.pull_kv(src, key)
         handle = self._pulls.pop(key, None)
-        deadline = time.monotonic() + PULL_SETTLE_S
-        while handle is not None and handle.state is TransferState.PENDING and time.monotonic() < deadline:
-            await asyncio.sleep(0.0005)
+        if handle is not None:
+            await handle.settled(PULL_SETTLE_S)  # woken by the pull's thread, not polled: no wake-ups meanwhile
         return handle is not None
 
     async def parked_kv(self, key: str, give_up: Callable[[], bool] = lambda: False) -> list[Received] | None:

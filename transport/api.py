@@ -22,10 +22,11 @@ are pushed to.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,6 +53,8 @@ class TransferHandle:
         self.error: str | None = None
         self._state = TransferState.PENDING
         self._done = threading.Event()
+        self._callbacks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
 
     @classmethod
     def refused(cls, key: str, error: str) -> TransferHandle:
@@ -65,13 +68,40 @@ class TransferHandle:
         return self._state
 
     def complete(self, error: str | None = None) -> None:
-        self.error = error
-        self.finished = time.monotonic()
-        self._state = TransferState.FAILED if error else TransferState.DONE
+        with self._lock:
+            self.error = error
+            self.finished = time.monotonic()
+            self._state = TransferState.FAILED if error else TransferState.DONE
+            callbacks, self._callbacks = self._callbacks, []
         self._done.set()
+        for callback in callbacks:
+            callback()
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the transfer is over: at once if it is, otherwise on the thread that ends it
+        (a backend's I/O thread: keep it short, e.g. ``loop.call_soon_threadsafe``)."""
+        with self._lock:
+            if self._state is TransferState.PENDING:
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    async def settled(self, timeout_s: float) -> TransferState:
+        """Wait on the running event loop, at most ``timeout_s``, until the transfer is over; its state then."""
+        if self._state is TransferState.PENDING:
+            loop = asyncio.get_running_loop()
+            over = loop.create_future()
+
+            def wake() -> None:
+                if not over.done():
+                    over.set_result(None)
+
+            self.on_done(lambda: loop.call_soon_threadsafe(wake))
+            await asyncio.wait([over], timeout=timeout_s)
+        return self._state
 
     def wait(self, timeout: float | None = None) -> TransferState:
-        """For tests and shutdown only; engine loops poll ``state``."""
+        """For tests and shutdown only: it blocks. Engine loops poll ``state``; event loops await ``settled``."""
         self._done.wait(timeout)
         return self._state
 
