@@ -31,10 +31,10 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--kv-cache-gb": ("engine.kv_cache_gb", float, "KV cache per CPU engine, GiB"),
     "--threads-per-engine": ("engine.threads_per_engine", int, "OMP threads per engine"),
     "--decode-niceness": ("engine.decode_niceness", int, "niceness of decode engine threads (0-19; 0: equal share)"),
-    "--decode-cores-shared": (
-        "engine.decode_cores_shared",
+    "--share-decode-cores": (
+        "engine.share_decode_cores",
         str,
-        "no | rest | all: who may run on a reserved decode core between its engine's steps",
+        "none | rest | all: who may run on a reserved decode core between its engine's steps",
     ),
     "--prefill-niceness": (
         "engine.prefill_niceness",

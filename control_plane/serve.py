@@ -201,16 +201,16 @@ def serve(config: ClusterConfig) -> None:
 
 def settle_service(config: ClusterConfig, layout: CoreLayout) -> None:
     """The service is up: every thread but the engines' to the rest's cores (front doors too), unless the decode
-    engines share theirs (``engine.decode_cores_shared``), which needs them to go first there (CAP_SYS_NICE)."""
+    engines share theirs (``engine.share_decode_cores``), which needs them to go first there (CAP_SYS_NICE)."""
     from tetriserve.engine.core_layout import settle_on_rest
     from tetriserve.engine.cores import may_raise_priority
 
-    if config.engine.decode_cores_shared != "no":
+    if config.engine.share_decode_cores != "none":
         if may_raise_priority():
-            print(f"tetriserve: the decode engines' cores are shared ({config.engine.decode_cores_shared})", flush=True)
+            print(f"tetriserve: the decode engines' cores are shared ({config.engine.share_decode_cores})", flush=True)
             return
         logger.warning(
-            "engine.decode_cores_shared needs CAP_SYS_NICE: the decode engines keep their cores to themselves"
+            "engine.share_decode_cores needs CAP_SYS_NICE: the decode engines keep their cores to themselves"
         )
     settle_on_rest(layout)
 

@@ -99,7 +99,7 @@ class RoleCpu:
         """With a claim, its own cores, where it has nothing to yield to and nothing to borrow; sharing cores
         (no layout, or no group left to claim), the configured niceness and borrowing."""
         if claim is not None:
-            return cls(0 if cfg.decode_cores_shared == "no" else -20, False, claim.cores)
+            return cls(0 if cfg.share_decode_cores == "none" else -20, False, claim.cores)
         return cls(cfg.decode_niceness, cfg.borrow_idle_cores, None if layout is None else layout.every)
 
     @classmethod
@@ -108,7 +108,7 @@ class RoleCpu:
         engine's own core."""
         if layout is None:
             return cls(cfg.prefill_niceness, False, None)
-        return cls(cfg.prefill_niceness, False, layout.every if cfg.decode_cores_shared == "all" else layout.rest)
+        return cls(cfg.prefill_niceness, False, layout.every if cfg.share_decode_cores == "all" else layout.rest)
 
 
 class CoreClaim:

@@ -76,14 +76,14 @@ def test_sharing_its_cores_a_decode_engine_goes_first_there_and_only_all_brings_
     layout = CoreLayout(frozenset({0}), frozenset({0, 1}))
     claim = claim_decode_cores(layout, 1, tmp_path)
     base = ClusterConfig().engine
-    assert base.decode_cores_shared == "no"
-    for shared, decode_niceness, prefill_cores in (("no", 0, {1}), ("rest", -20, {1}), ("all", -20, {0, 1})):
-        cfg = base.model_copy(update={"decode_cores_shared": shared})
+    assert base.share_decode_cores == "none"
+    for shared, decode_niceness, prefill_cores in (("none", 0, {1}), ("rest", -20, {1}), ("all", -20, {0, 1})):
+        cfg = base.model_copy(update={"share_decode_cores": shared})
         assert RoleCpu.decode(cfg, layout, claim) == RoleCpu(decode_niceness, False, frozenset({0})), shared
         assert RoleCpu.prefill(cfg, layout) == RoleCpu(cfg.prefill_niceness, False, frozenset(prefill_cores)), shared
         assert RoleCpu.prefill(cfg, None) == RoleCpu(cfg.prefill_niceness, False, None)
-    loaded = ClusterConfig.load(overrides={"engine.decode_cores_shared": "rest"})
-    assert loaded.engine.decode_cores_shared == "rest"
+    loaded = ClusterConfig.load(overrides={"engine.share_decode_cores": "rest"})
+    assert loaded.engine.share_decode_cores == "rest"
 
 
 def test_the_reservation_is_on_by_default_and_a_setting() -> None:
