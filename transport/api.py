@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +35,8 @@ Buffer = bytes | bytearray | memoryview
 # what ``recv`` returns: writable, one-dimensional unsigned bytes; a memoryview where the backend hands over
 # memory it mapped rather than copied (shm), so a consumer may read it in place (torch.frombuffer) or write it
 Received = bytearray | memoryview
+
+logger = logging.getLogger(__name__)
 
 
 class TransferState(enum.Enum):
@@ -75,7 +78,7 @@ class TransferHandle:
             callbacks, self._callbacks = self._callbacks, []
         self._done.set()
         for callback in callbacks:
-            callback()
+            _run(callback)
 
     def on_done(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once the transfer is over: at once if it is, otherwise on the thread that ends it
@@ -84,7 +87,7 @@ class TransferHandle:
             if self._state is TransferState.PENDING:
                 self._callbacks.append(callback)
                 return
-        callback()
+        _run(callback)
 
     async def settled(self, timeout_s: float) -> TransferState:
         """Wait on the running event loop, at most ``timeout_s``, until the transfer is over; its state then."""
@@ -96,7 +99,11 @@ class TransferHandle:
                 if not over.done():
                     over.set_result(None)
 
-            self.on_done(lambda: loop.call_soon_threadsafe(wake))
+            def wake_soon() -> None:
+                if not loop.is_closed():  # the waiter's loop has ended meanwhile: nobody to wake
+                    loop.call_soon_threadsafe(wake)
+
+            self.on_done(wake_soon)
             await asyncio.wait([over], timeout=timeout_s)
         return self._state
 
@@ -104,6 +111,15 @@ class TransferHandle:
         """For tests and shutdown only: it blocks. Engine loops poll ``state``; event loops await ``settled``."""
         self._done.wait(timeout)
         return self._state
+
+
+def _run(callback: Callable[[], None]) -> None:
+    """A transfer's completion callback, on whichever thread ends it: its failure is logged, never raised into
+    the backend's I/O thread."""
+    try:
+        callback()
+    except Exception:
+        logger.exception("a transfer's completion callback failed")
 
 
 @dataclass(frozen=True)

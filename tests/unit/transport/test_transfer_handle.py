@@ -43,3 +43,16 @@ def test_an_event_loop_is_woken_by_the_ending_thread_and_gives_up_at_its_timeout
     assert state is TransferState.DONE and woken_after < 2.0  # woken, not timed out
     assert pending is TransferState.PENDING and 0.04 <= gave_up_after < 2.0
     assert again is TransferState.DONE  # over already: no wait
+
+
+def test_a_failing_callback_is_logged_and_neither_stops_the_others_nor_the_ending_thread() -> None:
+    handle = TransferHandle("k", 0)
+    calls: list[int] = []
+
+    def broken() -> None:
+        raise RuntimeError("event loop is closed")
+
+    handle.on_done(broken)
+    handle.on_done(lambda: calls.append(1))
+    handle.complete()  # does not raise
+    assert calls == [1] and handle.state is TransferState.DONE
