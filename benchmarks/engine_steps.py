@@ -60,6 +60,8 @@ _KEYS = {  # figure -> (series, clock) on /metrics
     "wall": ("engine_step_seconds", "wall"),
     "cpu": ("engine_step_seconds", "cpu"),
     "offloaded": ("kv_handoffs", "offloaded"),  # a prefill worker's prompts computed by decode workers
+    "slept": ("engine_step_context_switches", "slept"),  # the stepping thread slept inside a step
+    "preempted": ("engine_step_context_switches", "preempted"),
 }
 RENICE_TO = 10  # the niceness ``--renice-rest`` and ``--renice-front-door`` give the threads they name
 FRONT_DOOR, REST = "the front door's threads", "every thread but the engines'"
@@ -95,6 +97,7 @@ ENGINE_COUNTERS = (
     "engine_step_seconds",
     "engine_generation_tokens",
     "kv_handoffs",
+    "engine_step_context_switches",
 )
 _SERIES = re.compile(r"tetriserve:(\w+?)(?:_total)?\{([^}]*)\} (\S+)")
 
@@ -113,7 +116,7 @@ def worker_series(
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
         if role is not None and labels.get("role") != role:
             continue
-        kind = labels.get("clock") or labels.get("source") or labels.get("mode", "")
+        kind = labels.get("clock") or labels.get("source") or labels.get("kind") or labels.get("mode", "")
         out[(m.group(1), labels.get("worker", ""), kind)] = float(m.group(3))
     return out
 
@@ -203,6 +206,8 @@ def measure(name: str, flags: str, scenario: str, args: argparse.Namespace, env:
             "tokens_per_step": d["tokens"] / steps,
             "borrowed_share": d["borrowed"] / steps,
             "prompts_offloaded": d["offloaded"],
+            "sleeps_per_step": d["slept"] / steps,
+            "preemptions_per_step": d["preempted"] / steps,
         }
     waits = {}
     for tid, tname in steppers.items():
@@ -242,7 +247,10 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         "step by the "
         "wall clock and by the stepping thread's CPU clock; `borrowed_share`: the share of steps taken with cores "
         "borrowed from an idle engine (`--borrow-idle-cores`); `prompts_offloaded`: a prefill worker's prompts "
-        "computed by decode workers (`prefill.offload_wait_s`); `cpu_s`: the engine thread's CPU seconds, "
+        "computed by decode workers (`prefill.offload_wait_s`); `sleeps_per_step`, `preemptions_per_step`: the "
+        "stepping thread's voluntary and involuntary context switches inside its steps "
+        "(`tetriserve:engine_step_context_switches_total`: it slept, mostly waiting for its process's interpreter "
+        "lock; another thread took its core); `cpu_s`: the engine thread's CPU seconds, "
         "`peers_cpu_s`: those of the other threads of its process (the worker actor's event loop, Ray's threads), "
         "which share its interpreter lock; `runqueue_wait_s`: seconds the engine thread was "
         "runnable but waited for a core (schedstat); `busy_*_share`: sampled every "

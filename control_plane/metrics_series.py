@@ -87,6 +87,13 @@ SPECS: tuple[MetricSpec, ...] = (
         "Engine steps taken with cores borrowed from idle engines (CPU; engine.borrow_idle_cores).",
         W,
     ),
+    MetricSpec(
+        "engine_step_context_switches",
+        COUNTER,
+        "Context switches of an engine's stepping thread inside its steps: slept (waited for its process's "
+        "interpreter lock, mostly: the worker's other threads held it) or preempted (another thread took its core).",
+        (*W, "kind"),
+    ),
     MetricSpec("kv_transfer_bytes", COUNTER, "KV cache bytes sent / received.", (*W, "direction")),
     MetricSpec("kv_transfers", COUNTER, "KV transfers sent / received / pulled (one-sided).", (*W, "direction")),
     MetricSpec("kv_transfer_failures", COUNTER, "KV sends that failed.", W),
@@ -186,6 +193,7 @@ def _worker_series(w: WorkerStats) -> Iterator[Series]:
     yield from (Series("engine_step_seconds", (*tags, ("clock", k)), v) for k, v in w.step_seconds.items())
     yield Series("engine_steps", tags, w.steps)
     yield Series("engine_borrowed_steps", tags, w.borrowed_steps)
+    yield from (Series("engine_step_context_switches", (*tags, ("kind", k)), v) for k, v in w.step_switches.items())
     yield from (Series("kv_transfer_bytes", (*tags, ("direction", k)), v) for k, v in w.kv_bytes.items())
     for k, v in w.kv_transfers.items():
         if k == "failed":

@@ -122,6 +122,7 @@ class WorkerStats:
     step_seconds: Mapping[str, float] = field(default_factory=dict)  # wall, cpu: time inside engine steps
     steps: int = 0  # engine steps taken
     borrowed_steps: int = 0  # of them, steps with cores borrowed from idle engines
+    step_switches: Mapping[str, int] = field(default_factory=dict)  # slept, preempted: inside engine steps
     flips: int = 0
     restarts: int = 0
     queue_wait_s: float | None = None  # a prefill worker's reported expected queue wait (None: not a prefill worker)
@@ -186,6 +187,7 @@ def worker_stats(status: Any, raw: Mapping[str, Any] | None) -> WorkerStats:
         extra["step_seconds"] = {"wall": float(eng.step_seconds), "cpu": float(eng.step_cpu_seconds)}
         extra["steps"] = int(eng.steps)
         extra["borrowed_steps"] = int(eng.borrowed_steps)
+        extra["step_switches"] = {"slept": int(eng.step_sleeps), "preempted": int(eng.step_preemptions)}
     if tx is not None:
         extra["kv_bytes"] = {"sent": int(tx.bytes_sent), "received": int(tx.bytes_received)}
         extra["kv_transfers"] = {

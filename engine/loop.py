@@ -11,36 +11,31 @@ thread hands deltas over at most that often instead, each request's tokens of
 the steps between joined into one delta; a finish goes at once.
 
 Nothing else reads or writes the engine's vLLM scheduler while it steps:
-``call(fn)`` runs ``fn(scheduler)`` on the engine thread between two steps
-and resolves an asyncio future with the result (policy changes, slice marks).
-Every 50 ms of steps (and on going idle) the thread publishes ``snapshot``, a frozen ``EngineSnapshot``
-the actor reads without locks (stats, and whatever ``snapshot_fn`` derives from
-the scheduler, e.g. the decode batch's views). The stats include the time spent
-inside steps by two clocks, wall and the engine thread's own CPU time: where the
-second falls well below the first, the engine waited for a core or for its
-process's interpreter lock. (Work on the actor's thread also raises the CPU time
-itself: benchmarks/engine_thread_contention.py.)
+``call(fn)`` runs ``fn(scheduler)`` on the engine thread between two steps and resolves an asyncio future with the
+result (policy changes, slice marks). Every 50 ms of steps (and on going idle) the thread publishes ``snapshot``, a
+frozen ``EngineSnapshot`` the actor reads without locks (stats, and whatever ``snapshot_fn`` derives from the
+scheduler, e.g. the decode batch's views). The stats include the time spent inside steps by two clocks, wall and
+the engine thread's own CPU time, and its context switches inside them: where the CPU time falls well below the
+wall, the engine slept (waited for its process's interpreter lock) or was preempted (waited for a core):
+benchmarks/results/s66_decode_step_switches.md, and benchmarks/engine_thread_contention.py for the CPU time.
 
-A decode engine's thread may run at a lower CPU priority (``niceness``, the config's
-``engine.decode_niceness``, default 5; 0: equal shares), so that where it shares cores
-with a prefill engine and the front door the prompts go first; a prefill engine's thread
-runs at a higher one (``engine.prefill_niceness``, default -10, where the process may raise
-its priority), ahead of the front door, Ray and the predictor on the cores it shares with them. The thread carries
-an OS name, ``eng-<worker id>`` (``top -H``, ``/proc/<pid>/task/*/comm``). On CPUs each
-engine posts on the machine's core board whether it is stepping (``cores``,
-engine/cores.py), and a borrowing engine sets its thread count before each step
-from what the board leaves idle and the size of its running batch (``borrowed_steps``
-counts the steps it took with borrowed cores).
+A decode engine's thread may run at a lower CPU priority (``niceness``, the config's ``engine.decode_niceness``,
+default 5; 0: equal shares), so that where it shares cores with a prefill engine and the front door the prompts
+go first; a prefill engine's thread runs at a higher one (``engine.prefill_niceness``, default -10, where the
+process may raise its priority), ahead of the front door, Ray and the predictor on the cores it shares with them.
+The thread carries an OS name, ``eng-<worker id>`` (``top -H``, ``/proc/<pid>/task/*/comm``). On CPUs each engine
+posts on the machine's core board whether it is stepping (``cores``, engine/cores.py), and a borrowing engine sets
+its thread count before each step from what the board leaves idle and the size of its running batch
+(``borrowed_steps`` counts the steps it took with borrowed cores).
 
 The engine thread blocks on the command queue when idle and never waits on a transfer: requests whose KV is
 still in flight sit in vLLM's WAITING_FOR_REMOTE_KVS state while the loop keeps stepping (with a 1 ms pause after
 a step that produced nothing and ran no model, so a waiting engine does not burn a core; a step that computed a
-prompt's chunk, which also produces nothing, is followed at once by the next). It also steps while
-vLLM's scheduler still holds finished requests: the blocks of one aborted while its KV was in flight are freed only
-in a later step. A failure inside ``step`` finishes every in-flight request with an error and the loop goes on
-serving new ones.
-An ``add``'s ``on_added`` hook runs on the engine thread once vLLM has the request (the decode worker's tracing
-spans time the wait for the step in progress with it).
+prompt's chunk, which also produces nothing, is followed at once by the next). It also steps while vLLM's
+scheduler still holds finished requests: the blocks of one aborted while its KV was in flight are freed only in a
+later step. A failure inside ``step`` finishes every in-flight request with an error and the loop goes on serving
+new ones. An ``add``'s ``on_added`` hook runs on the engine thread once vLLM has the request (the decode
+worker's tracing spans time the wait for the step in progress with it).
 """
 
 from __future__ import annotations
@@ -72,9 +67,10 @@ from tetriserve.engine.loop_messages import (
     merged,
 )
 from tetriserve.engine.sampling import from_vllm_logprobs
-from tetriserve.engine.stats import EngineStats, StatsCollector, stat_loggers
+from tetriserve.engine.stats import EngineStats, StatsCollector, stat_loggers, thread_switches
 
 logger = logging.getLogger(__name__)
+
 
 SNAPSHOT_INTERVAL_S = 0.05  # a busy engine publishes its snapshot at most this often (and when it goes idle)
 
@@ -112,6 +108,7 @@ class EngineLoop:
         self.busy_s = 0.0  # seconds spent inside engine steps (published as the stats' ``step_seconds``)
         self.busy_cpu_s = 0.0  # the engine thread's own CPU time inside them (below busy_s: it waited)
         self.borrowed_steps = 0  # steps taken with more threads than the engine's own (borrowed cores)
+        self.step_switches = (0, 0)  # context switches of the engine thread inside steps: slept, preempted
         self._stale = False
         self._published = 0.0
         self.snapshot = EngineSnapshot(self.collector.snapshot(), self._extra())
@@ -256,6 +253,7 @@ class EngineLoop:
             if threads > self._cores.own:
                 self.borrowed_steps += 1
         self.steps += 1
+        switches = thread_switches()
         started, cpu = time.perf_counter(), time.thread_time()
         try:
             outputs = self.engine.step()
@@ -266,6 +264,8 @@ class EngineLoop:
         finally:
             self.busy_s += time.perf_counter() - started
             self.busy_cpu_s += time.thread_time() - cpu
+            (slept, preempted), (s0, p0) = thread_switches(), self.step_switches
+            self.step_switches = (s0 + slept - switches[0], p0 + preempted - switches[1])
         self._stale = True
         batch = [d for d in (self._delta(out) for out in outputs) if d is not None]
         if time.monotonic() - self._published >= SNAPSHOT_INTERVAL_S:
@@ -296,6 +296,8 @@ class EngineLoop:
             step_seconds=self.busy_s,
             step_cpu_seconds=self.busy_cpu_s,
             borrowed_steps=self.borrowed_steps,
+            step_sleeps=self.step_switches[0],
+            step_preemptions=self.step_switches[1],
         )
         self.snapshot = EngineSnapshot(stats, self._extra())
 

@@ -8,9 +8,12 @@ stays at one token per request (the first generated token, fed back as input).
 
 from __future__ import annotations
 
+import resource
 import threading
 from dataclasses import dataclass, replace
 from typing import Any
+
+_RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class EngineStats:
     step_seconds: float = 0.0  # wall time spent inside engine steps (``EngineLoop``'s, not vLLM's)
     step_cpu_seconds: float = 0.0  # the stepping thread's own CPU time inside them
     borrowed_steps: int = 0  # steps taken with cores borrowed from idle engines (``engine/cores.py``)
+    step_sleeps: int = 0  # times the stepping thread slept inside them: its process's interpreter lock, mostly
+    step_preemptions: int = 0  # times it was preempted inside them (another thread took its core)
 
     @property
     def free_blocks(self) -> int:
@@ -128,3 +133,12 @@ def stat_logger_factory(collector: StatsCollector) -> Any:
             return
 
     return _Logger
+
+
+def thread_switches() -> tuple[int, int]:
+    """The calling thread's context switches so far: (voluntary: it slept, involuntary: it was preempted);
+    zeros where the OS keeps no per-thread count (``RUSAGE_THREAD`` is Linux's)."""
+    if _RUSAGE_THREAD is None:
+        return 0, 0
+    usage = resource.getrusage(_RUSAGE_THREAD)
+    return usage.ru_nvcsw, usage.ru_nivcsw

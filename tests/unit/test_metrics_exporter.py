@@ -58,6 +58,8 @@ def _cluster() -> ClusterStats:
             step_cpu_seconds=1.5,
             steps=40,
             borrowed_steps=7,
+            step_sleeps=90,
+            step_preemptions=11,
         ),
         "transport": TransportStats(bytes_received=4096, transfers_received=2),
         "length_score": score.snapshot(),
@@ -107,6 +109,8 @@ def test_front_door_and_cluster_series() -> None:
     assert s[("tetriserve:engine_step_seconds_total", (("clock", "cpu"), *d))] == 1.5
     assert s[("tetriserve:engine_steps_total", d)] == 40
     assert s[("tetriserve:engine_borrowed_steps_total", d)] == 7
+    assert s[("tetriserve:engine_step_context_switches_total", (("kind", "slept"), *d))] == 90
+    assert s[("tetriserve:engine_step_context_switches_total", (("kind", "preempted"), *d))] == 11
     assert s[("tetriserve:engine_prompt_tokens_total", (*p[:1], ("source", "computed"), p[1]))] == 100
     assert s[("tetriserve:kv_transfer_bytes_total", (("direction", "sent"), *p))] == 4096
     assert s[("tetriserve:kv_transfer_bytes_total", (("direction", "received"), *d))] == 4096
