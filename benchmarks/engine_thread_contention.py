@@ -11,7 +11,8 @@ temperature 1) steps ``--batches`` requests at once; after every step it wakes a
 stand-in for publishing that step's tokens. ``0``: the loop is woken and does nothing. Reported per step: the
 engine thread's wall time and its own CPU time (``time.thread_time``), medians over the timed repeat's steps.
 Each configuration runs in a process of its own, the configurations interleaved ``--repeats`` times (this
-machine's speed drifts). Writes ``benchmarks/results/engine_thread_contention.{md,json}``.
+machine's speed drifts). Writes ``benchmarks/results/<out>.{md,json}`` (``--out``, default
+``engine_thread_contention``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def main() -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--work-us", type=float, nargs="+", default=[0, 50, 150, 300])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="engine_thread_contention", help="report name under benchmarks/results")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -96,7 +98,7 @@ def main() -> int:
                 runs.setdefault(f"{batch}/{work:g}", []).append(json.loads(line.removeprefix("RESULT ")))
                 print(f"repeat {rep}, batch {batch}, {work:g} us: {runs[f'{batch}/{work:g}'][-1]}", flush=True)
     command = "python benchmarks/engine_thread_contention.py " + " ".join(sys.argv[1:])
-    (RESULTS / "engine_thread_contention.json").write_text(json.dumps({"command": command, "runs": runs}, indent=1))
+    (RESULTS / f"{args.out}.json").write_text(json.dumps({"command": command, "runs": runs}, indent=1))
     lines = [
         "# An engine's steps beside a second Python thread in its process",
         "",
@@ -116,8 +118,8 @@ def main() -> int:
         cpu = statistics.median(v[1] for v in values)
         each = ", ".join(f"{w:.2f} / {c:.2f}" for w, c in values)
         lines.append(f"| {batch} | {work} µs | {wall:.2f} | {cpu:.2f} | {each} |")
-    (RESULTS / "engine_thread_contention.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / "engine_thread_contention.md").read_text())
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    print((RESULTS / f"{args.out}.md").read_text())
     return 0
 
 
