@@ -75,6 +75,10 @@ def test_metrics_move_after_a_request(frontend: Any, capsys: pytest.CaptureFixtu
         wall, cpu = (delta("engine_step_seconds_total", worker=w, clock=c) for c in ("wall", "cpu"))
         assert 0 < cpu <= wall + 1e-3, (w, wall, cpu)
         assert delta("engine_steps_total", worker=w) >= 1
+        for kind in ("slept", "preempted"):  # the stepping thread's context switches inside its steps
+            name = "tetriserve:engine_step_context_switches_total"
+            assert any(n == name and {("kind", kind), ("worker", w)} <= set(k) for n, k in after), (w, kind)
+            assert delta("engine_step_context_switches_total", worker=w, kind=kind) >= 0
     assert delta("kv_transfer_bytes_total", worker=prefill, direction="sent") > 0
     assert delta("kv_transfer_bytes_total", worker=decode, direction="received") > 0
     assert delta("kv_transfers_total", worker=prefill, direction="sent") >= 1
