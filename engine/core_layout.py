@@ -49,6 +49,7 @@ from tetriserve.engine.cores import default_board_path, usable_cpus
 logger = logging.getLogger(__name__)
 
 LAYOUT_ENV = "TETRISERVE_CORE_LAYOUT"
+SHARED_DECODE_NICENESS = -20  # a decode engine on its own cores that others may use (engine.share_decode_cores)
 ENGINE_THREAD_PREFIX = "eng-"  # an engine thread's OS name (/proc/<pid>/task/<tid>/comm), and its helpers'
 
 
@@ -99,7 +100,7 @@ class RoleCpu:
         """With a claim, its own cores, where it has nothing to yield to and nothing to borrow; sharing cores
         (no layout, or no group left to claim), the configured niceness and borrowing."""
         if claim is not None:
-            return cls(0 if cfg.share_decode_cores == "none" else -20, False, claim.cores)
+            return cls(0 if cfg.share_decode_cores == "none" else SHARED_DECODE_NICENESS, False, claim.cores)
         return cls(cfg.decode_niceness, cfg.borrow_idle_cores, None if layout is None else layout.every)
 
     @classmethod

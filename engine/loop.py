@@ -71,7 +71,6 @@ from tetriserve.engine.stats import EngineStats, StatsCollector, stat_loggers, t
 
 logger = logging.getLogger(__name__)
 
-
 SNAPSHOT_INTERVAL_S = 0.05  # a busy engine publishes its snapshot at most this often (and when it goes idle)
 
 
@@ -108,7 +107,7 @@ class EngineLoop:
         self.busy_s = 0.0  # seconds spent inside engine steps (published as the stats' ``step_seconds``)
         self.busy_cpu_s = 0.0  # the engine thread's own CPU time inside them (below busy_s: it waited)
         self.borrowed_steps = 0  # steps taken with more threads than the engine's own (borrowed cores)
-        self.step_switches = (0, 0)  # context switches of the engine thread inside steps: slept, preempted
+        self.step_sleeps = self.step_preemptions = 0  # the engine thread's context switches inside steps
         self._stale = False
         self._published = 0.0
         self.snapshot = EngineSnapshot(self.collector.snapshot(), self._extra())
@@ -264,8 +263,9 @@ class EngineLoop:
         finally:
             self.busy_s += time.perf_counter() - started
             self.busy_cpu_s += time.thread_time() - cpu
-            (slept, preempted), (s0, p0) = thread_switches(), self.step_switches
-            self.step_switches = (s0 + slept - switches[0], p0 + preempted - switches[1])
+            slept, preempted = thread_switches()
+            self.step_sleeps += slept - switches[0]
+            self.step_preemptions += preempted - switches[1]
         self._stale = True
         batch = [d for d in (self._delta(out) for out in outputs) if d is not None]
         if time.monotonic() - self._published >= SNAPSHOT_INTERVAL_S:
@@ -296,8 +296,8 @@ class EngineLoop:
             step_seconds=self.busy_s,
             step_cpu_seconds=self.busy_cpu_s,
             borrowed_steps=self.borrowed_steps,
-            step_sleeps=self.step_switches[0],
-            step_preemptions=self.step_switches[1],
+            step_sleeps=self.step_sleeps,
+            step_preemptions=self.step_preemptions,
         )
         self.snapshot = EngineSnapshot(stats, self._extra())
 

@@ -23,6 +23,7 @@ are pushed to.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import enum
 import logging
 import threading
@@ -92,19 +93,9 @@ class TransferHandle:
     async def settled(self, timeout_s: float) -> TransferState:
         """Wait on the running event loop, at most ``timeout_s``, until the transfer is over; its state then."""
         if self._state is TransferState.PENDING:
-            loop = asyncio.get_running_loop()
-            over = loop.create_future()
-
-            def wake() -> None:
-                if not over.done():
-                    over.set_result(None)
-
-            def wake_soon() -> None:
-                if not loop.is_closed():  # the waiter's loop has ended meanwhile: nobody to wake
-                    loop.call_soon_threadsafe(wake)
-
-            self.on_done(wake_soon)
-            await asyncio.wait([over], timeout=timeout_s)
+            over: concurrent.futures.Future[None] = concurrent.futures.Future()
+            self.on_done(lambda: over.set_result(None))  # once; asyncio's bridge wakes the loop (if still open)
+            await asyncio.wait([asyncio.wrap_future(over)], timeout=timeout_s)
         return self._state
 
     def wait(self, timeout: float | None = None) -> TransferState:
