@@ -22,12 +22,18 @@ sending side and 1.1 ms on the receiving side here, against about 0.2 ms and
 the process whose engine thread shares its GIL.
 
 Chunks published before the subscriber attaches wait until it does.
+
+A decode engine's thread sends its step's token chunks itself (``stage`` each, then ``send_staged``), without
+waking the worker's event loop: the hub's lock orders them with what the loop publishes, whatever was published
+before them going first. A sink that is not thread-safe (an in-process subscriber's queue) gets them from the
+event loop instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -91,45 +97,90 @@ class ZmqSink:
 
 
 class StreamHub:
-    """A worker's streams, one per subscriber (front door). Call from the worker's event loop only."""
+    """A worker's streams, one per subscriber (front door). ``publish`` and ``attach`` from the worker's event loop
+    only; ``stage`` and ``send_staged`` from one other thread (the engine's)."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()  # the pending chunks, the sinks, and the sockets behind them
         self._pending: dict[str, list[StreamChunk]] = {}
-        self._sinks: dict[str, Sink] = {}
+        self._sinks: dict[str, tuple[Sink, bool]] = {}  # subscriber -> (sink, whether any thread may call it)
+        self._staged: dict[str, list[StreamChunk]] = {}  # the engine thread's own, until send_staged
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._flush_due = False
 
     def publish(self, subscriber: str, chunk: StreamChunk) -> None:
-        pending = self._pending.get(subscriber)
-        if pending is None:  # not ``setdefault(..., [])``: that would build a list for every chunk
-            pending = self._pending[subscriber] = []
-        pending.append(chunk)
-        if not self._flush_due and subscriber in self._sinks:
-            self._flush_due = True
+        with self._lock:
+            pending = self._pending.get(subscriber)
+            if pending is None:  # not ``setdefault(..., [])``: that would build a list for every chunk
+                pending = self._pending[subscriber] = []
+            pending.append(chunk)
+            due = not self._flush_due and subscriber in self._sinks
+            self._flush_due |= due
+        if due:
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def stage(self, subscriber: str, chunk: StreamChunk) -> None:
+        """Engine thread: ``chunk`` goes with this step's others at ``send_staged``."""
+        staged = self._staged.get(subscriber)
+        if staged is None:
+            staged = self._staged[subscriber] = []
+        staged.append(chunk)
+
+    def send_staged(self) -> None:
+        """Engine thread: send what was staged, one message per subscriber, after what was published before it."""
+        if not self._staged:
+            return
+        staged, self._staged = self._staged, {}
+        wake = False
+        with self._lock:
+            for subscriber, chunks in staged.items():
+                pending = self._pending.pop(subscriber, None)
+                batch = chunks if pending is None else pending + chunks
+                sink, threadsafe = self._sinks.get(subscriber, (None, False))
+                if sink is not None and threadsafe:
+                    self._send(subscriber, sink, batch)
+                else:  # not attached yet, or its sink is the loop's own: the loop sends it
+                    self._pending[subscriber] = batch
+                    wake |= sink is not None and not self._flush_due
+            self._flush_due |= wake
+        if wake and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # the loop has closed: nobody reads these
+                logger.debug("stream chunks dropped: the worker's event loop is closed")
+
     def _flush(self) -> None:
-        self._flush_due = False
-        for subscriber, sink in self._sinks.items():
-            chunks = self._pending.pop(subscriber, None)
-            if chunks:
-                try:
-                    sink(coalesce(chunks))
-                except Exception:  # one subscriber's broken socket must not cost the others their chunks
-                    logger.exception("stream to %s failed; %d chunks dropped", subscriber, len(chunks))
+        with self._lock:
+            self._flush_due = False
+            for subscriber, (sink, _) in self._sinks.items():
+                chunks = self._pending.pop(subscriber, None)
+                if chunks:
+                    self._send(subscriber, sink, chunks)
+
+    @staticmethod
+    def _send(subscriber: str, sink: Sink, chunks: list[StreamChunk]) -> None:
+        try:
+            sink(coalesce(chunks))
+        except Exception:  # one subscriber's broken socket must not cost the others their chunks
+            logger.exception("stream to %s failed; %d chunks dropped", subscriber, len(chunks))
 
     @contextmanager
-    def attach(self, subscriber: str, sink: Sink) -> Iterator[None]:
+    def attach(self, subscriber: str, sink: Sink, threadsafe: bool = False) -> Iterator[None]:
         """Send ``subscriber``'s chunks to ``sink`` while the ``with`` lasts (what waited goes at once); one sink
-        per subscriber at a time; what is still unsent when it ends is dropped."""
+        per subscriber at a time; what is still unsent when it ends is dropped. ``threadsafe``: the engine thread
+        may call ``sink`` itself (else it is called on this event loop only)."""
         if subscriber in self._sinks:
             raise ValueError(f"subscriber {subscriber} already has a stream open")
-        self._sinks[subscriber] = sink
+        self._loop = asyncio.get_running_loop()
+        with self._lock:
+            self._sinks[subscriber] = (sink, threadsafe)
         try:
             self._flush()
             yield
         finally:
-            del self._sinks[subscriber]
-            self._pending.pop(subscriber, None)
+            with self._lock:
+                del self._sinks[subscriber]
+                self._pending.pop(subscriber, None)
 
     async def serve(
         self, subscriber: str, address: str, beat: Callable[[], Beat], heartbeat_s: float = HEARTBEAT_S
@@ -138,7 +189,7 @@ class StreamHub:
         ``address``; this stream yields ``beat()`` at once and every ``heartbeat_s`` until the caller drops it."""
         sink = ZmqSink(address)
         try:
-            with self.attach(subscriber, sink):
+            with self.attach(subscriber, sink, threadsafe=True):
                 while True:
                     yield beat()
                     await asyncio.sleep(heartbeat_s)

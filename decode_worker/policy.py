@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
 
 from tetriserve.common.config import DecodeConfig
 from tetriserve.decode_worker.admission import AdmissionPolicy, make_admission_policy
@@ -27,3 +30,20 @@ def decode_policies(cfg: DecodeConfig) -> tuple[AdmissionPolicy, PreemptionOrder
         make_preemption_order(cfg.preemption_order),
         PreemptionStrategy(cfg.preemption_mode, costs),
     )
+
+
+def updated_decode_config(cfg: DecodeConfig, changes: dict[str, Any]) -> DecodeConfig:
+    """``cfg`` with ``changes`` applied and validated; a ValueError names every bad ``decode.<field>``."""
+    try:
+        return DecodeConfig.model_validate({**cfg.model_dump(), **changes})
+    except ValidationError as exc:
+        bad = "; ".join(f"decode.{'.'.join(map(str, e['loc'])) or 'changes'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(bad) from None
+
+
+def decode_policy_settings(cfg: DecodeConfig) -> dict[str, str]:
+    """The policy settings in force, as ``policy show`` lists them (cacheopt's knobs only under cacheopt)."""
+    shown = cfg.model_dump(exclude_none=True)
+    if cfg.admission_policy != "cacheopt":
+        shown = {k: v for k, v in shown.items() if not k.startswith("cacheopt_")}
+    return {k: str(v) for k, v in shown.items()}

@@ -11,7 +11,10 @@
 that owns it, through that front door's one multiplexed stream from this worker
 (``common.outbox``): one message per engine step for all its requests. The
 engine is stepped by its own loop (``engine.loop``); this actor sends it
-commands and reads the snapshot it publishes. Admission
+commands and reads the snapshot it publishes. A step's tokens leave from the
+engine thread itself (``_tokens_now``), so that the actor's event loop, which
+shares the engine's interpreter lock, does not run once per step; it takes a
+request's first token (a state event), its finish and its slice end. Admission
 (``decode.admission_policy``), the preemption victim order and swap-or-recompute
 (``decode.preemption_order`` / ``_mode``) are decided in the engine's scheduler
 subclass (``vllm_scheduler.py``); SCLS slice moves are ``moves.py``.
@@ -34,8 +37,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from tetriserve.common import log_context, tracing
 from tetriserve.common.config import ClusterConfig, DecodeConfig
 from tetriserve.common.engine_tags import EngineTags
@@ -44,11 +45,11 @@ from tetriserve.common.load import DecodeLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, TokenLogprobs
 from tetriserve.decode_worker.moves import Move, SliceMover
-from tetriserve.decode_worker.policy import decode_policies
+from tetriserve.decode_worker.policy import decode_policies, decode_policy_settings, updated_decode_config
 from tetriserve.decode_worker.slices import Order
 from tetriserve.decode_worker.spans import NO_SPANS, DecodeSpans
 from tetriserve.engine.core_layout import CoreLayout, RoleCpu, claim_decode_cores
-from tetriserve.engine.loop_messages import Delta
+from tetriserve.engine.loop_messages import Delta, InlineSink
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.transport.instructions import KVInstruction, KVMode
 
@@ -73,23 +74,6 @@ class Running:
     def computing_prompt(self) -> bool:
         """Its prompt is computed here, no KV coming (an offloaded prompt, a recompute), until its next token."""
         return self.kv_key is None and not self.decoding
-
-
-def updated_decode_config(cfg: DecodeConfig, changes: dict[str, Any]) -> DecodeConfig:
-    """``cfg`` with ``changes`` applied and validated; a ValueError names every bad ``decode.<field>``."""
-    try:
-        return DecodeConfig.model_validate({**cfg.model_dump(), **changes})
-    except ValidationError as exc:
-        bad = "; ".join(f"decode.{'.'.join(map(str, e['loc'])) or 'changes'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(bad) from None
-
-
-def decode_policy_settings(cfg: DecodeConfig) -> dict[str, str]:
-    """The policy settings in force, as ``policy show`` lists them (cacheopt's knobs only under cacheopt)."""
-    shown = cfg.model_dump(exclude_none=True)
-    if cfg.admission_policy != "cacheopt":
-        shown = {k: v for k, v in shown.items() if not k.startswith("cacheopt_")}
-    return {k: str(v) for k, v in shown.items()}
 
 
 class DecodeWorker(EngineWorker):
@@ -283,10 +267,32 @@ class DecodeWorker(EngineWorker):
             tracing.link_key(key, run.spans.span)  # the KV connector's load span goes under it
         on_delta = log_context.within(req.request_id, req.trace, functools.partial(self._on_delta, run))
         run.spans.queued()
-        self.engine.add(req.kv_key, prompt, params, on_delta, run.spans.on_added)
+        inline = InlineSink(
+            functools.partial(self._tokens_now, run, asyncio.get_running_loop()), self.streams.send_staged
+        )
+        self.engine.add(req.kv_key, prompt, params, on_delta, run.spans.on_added, inline)
+
+    def _tokens_now(self, run: Running, loop: asyncio.AbstractEventLoop, delta: Delta) -> bool:
+        """On the engine thread: a step's tokens for ``run`` that do not finish it go to its front door's stream
+        from there (``StreamHub.stage``), without a turn of this actor's event loop; always True."""
+        if not delta.token_ids or self.running.get(run.request.request_id) is not run:
+            return True  # nothing to send, or not this stream's now (as ``_on_delta`` would drop it)
+        index = len(run.generated)
+        chunk = self.chunk(run.request, delta.token_ids, index=index, logprobs=delta.logprobs)
+        run.generated.extend(delta.token_ids)
+        self.streams.stage(run.subscriber, chunk)
+        if not run.decoding:
+            run.decoding = True
+            loop.call_soon_threadsafe(self._decoding, run)
+        return True
+
+    def _decoding(self, run: Running) -> None:
+        run.spans.first_token()
+        self.event(run.request.request_id, RequestState.DECODING)
 
     def _on_delta(self, run: Running, delta: Delta) -> None:
-        """One engine step's output for ``run`` (on the actor's event loop)."""
+        """One engine step's output for ``run`` (on the actor's event loop): its finish, and what the engine
+        thread did not send itself (``_tokens_now``)."""
         rid = run.request.request_id
         if self.running.get(rid) is not run:  # evicted, or replaced by a later attempt: not this stream's now
             return
@@ -294,8 +300,7 @@ class DecodeWorker(EngineWorker):
         run.generated.extend(delta.token_ids)
         if delta.token_ids and not run.decoding:
             run.decoding = True
-            run.spans.first_token()
-            self.event(rid, RequestState.DECODING)
+            self._decoding(run)
         if delta.finish_reason == "length" and run.move is not None and not self._at_end(run):
             if delta.token_ids:  # the slice's last token; the request goes on elsewhere
                 self._publish(run, delta.token_ids, index=index, logprobs=delta.logprobs)

@@ -6,9 +6,10 @@
           └── one call_soon_threadsafe per step: every request's ◀───┘
               Delta to its sink (a callback or an asyncio.Queue)
 
-With ``stream_interval_s`` (the config's ``engine.stream_interval_ms``) the
-thread hands deltas over at most that often instead, each request's tokens of
-the steps between joined into one delta; a finish goes at once.
+A request added with an ``inline`` sink is offered its deltas on the engine thread first (``Output``): the decode
+worker sends its tokens to their stream from there, and its event loop wakes only for a finish. With
+``stream_interval_s`` (the config's ``engine.stream_interval_ms``) the thread hands deltas over at most that often
+instead, each request's tokens of the steps between joined into one delta; a finish goes at once.
 
 Nothing else reads or writes the engine's vLLM scheduler while it steps:
 ``call(fn)`` runs ``fn(scheduler)`` on the engine thread between two steps and resolves an asyncio future with the
@@ -60,13 +61,14 @@ from tetriserve.engine.loop_messages import (
     Delta,
     EngineSnapshot,
     Hook,
+    InlineSink,
     Output,
     Sink,
     Stop,
+    delta_of,
     dispatch,
     merged,
 )
-from tetriserve.engine.sampling import from_vllm_logprobs
 from tetriserve.engine.stats import EngineStats, StatsCollector, stat_loggers, thread_switches
 
 logger = logging.getLogger(__name__)
@@ -124,10 +126,17 @@ class EngineLoop:
         return self._live
 
     def add(
-        self, request_id: str, prompt_token_ids: Sequence[int], params: Any, sink: Sink, on_added: Hook | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: Any,
+        sink: Sink,
+        on_added: Hook | None = None,
+        inline: InlineSink | None = None,
     ) -> None:
         """Start a request; ``sink`` gets its deltas on this event loop, the last with ``finish_reason``.
-        ``on_added`` runs on the engine thread once vLLM has the request (between two steps): it must be quick."""
+        ``on_added`` runs on the engine thread once vLLM has the request (between two steps): it must be quick.
+        ``inline``: the engine thread's own sink for the deltas before the finish (``Output``)."""
         from vllm.sampling_params import RequestOutputKind
 
         loop = asyncio.get_running_loop()
@@ -139,7 +148,9 @@ class EngineLoop:
                 self._live -= 1
             sink(delta)
 
-        self._commands.put(AddRequest(request_id, tuple(prompt_token_ids), params, Output(loop, counted), on_added))
+        self._commands.put(
+            AddRequest(request_id, tuple(prompt_token_ids), params, Output(loop, counted, inline), on_added)
+        )
 
     async def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: Any) -> AsyncIterator[Delta]:
         """Run one request; yields deltas until one carries ``finish_reason``. Closing early aborts it."""
@@ -189,13 +200,8 @@ class EngineLoop:
                 if set_thread_niceness(niceness):
                     self._niceness = niceness
                 else:
-                    logger.warning(
-                        "engine %s: could not set niceness %d (below the thread's own needs CAP_SYS_NICE); it stays "
-                        "at %d",
-                        self.name,
-                        niceness,
-                        self._niceness,
-                    )
+                    why = "below the thread's own needs CAP_SYS_NICE"
+                    logger.warning("engine %s: could not set niceness %d (%s)", self.name, niceness, why)
             pin_engine_thread(cores)
             if self._cores is not None:
                 self._cores.set_borrows(borrows, borrow_min_batch, borrow_min_idle)
@@ -381,15 +387,9 @@ class EngineLoop:
         output = self._outputs.get(out.request_id)
         if output is None:
             return None
-        completion = out.outputs[0] if out.outputs else None
-        tokens = tuple(completion.token_ids) if completion is not None else ()
-        reason = None
         if out.finished:
-            reason = (completion.finish_reason if completion is not None else None) or "stop"
             del self._outputs[out.request_id]
-        error = "KV cache transfer failed" if reason == "error" else None
-        logprobs = from_vllm_logprobs(completion.logprobs) if completion is not None else None
-        return output, Delta(tokens, reason, error, logprobs)
+        return output, delta_of(out)
 
     def _fail_all(self, error: str) -> None:
         ids = list(self._outputs)

@@ -32,11 +32,23 @@ Hook = Callable[[], None]
 
 
 @dataclass(frozen=True)
+class InlineSink:
+    """A request's sink on the engine thread: ``take(delta)`` for each delta that does not finish the request,
+    True if it took it there, False to leave it to the event loop's sink; ``flush()`` once after a batch's
+    deltas, if it took any (one flush shared by many requests runs once)."""
+
+    take: Callable[[Delta], bool]
+    flush: Hook
+
+
+@dataclass(frozen=True)
 class Output:
-    """Where a request's deltas go: ``sink``, called on ``loop`` (the event loop that added the request)."""
+    """Where a request's deltas go: ``sink``, called on ``loop`` (the event loop that added the request), unless
+    ``inline`` takes them on the engine thread first. A finish always goes to ``sink``."""
 
     loop: asyncio.AbstractEventLoop
     sink: Sink
+    inline: InlineSink | None = None
 
 
 @dataclass(frozen=True)
@@ -93,10 +105,20 @@ def merged(batch: list[tuple[Output, Delta]]) -> list[tuple[Output, Delta]]:
 
 
 def dispatch(batch: list[tuple[Output, Delta]]) -> None:
-    """Hand ``batch`` (from the engine thread) to the event loops that added its requests: one wake-up per loop."""
+    """Hand ``batch`` (from the engine thread) to the outputs' inline sinks where they take it, the rest to the
+    event loops that added its requests: one wake-up per loop, none for a batch the inline sinks took whole."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Sink, Delta]]] = {}
+    flushes: dict[Hook, None] = {}
     for output, delta in batch:
+        if output.inline is not None and delta.finish_reason is None and _took(output.inline, delta):
+            flushes[output.inline.flush] = None
+            continue
         by_loop.setdefault(output.loop, []).append((output.sink, delta))
+    for flush in flushes:
+        try:
+            flush()
+        except Exception:
+            logger.exception("engine output flush failed")
     for loop, deltas in by_loop.items():
         try:
             loop.call_soon_threadsafe(_deliver, deltas)
@@ -110,3 +132,25 @@ def _deliver(batch: list[tuple[Sink, Delta]]) -> None:
             sink(delta)
         except Exception:  # one request's consumer must not cost the others their tokens
             logger.exception("engine output sink failed")
+
+
+def delta_of(out: Any) -> Delta:
+    """The delta of one vLLM ``RequestOutput`` (``RequestOutputKind.DELTA``)."""
+    from tetriserve.engine.sampling import from_vllm_logprobs
+
+    completion = out.outputs[0] if out.outputs else None
+    tokens = tuple(completion.token_ids) if completion is not None else ()
+    reason = None
+    if out.finished:
+        reason = (completion.finish_reason if completion is not None else None) or "stop"
+    error = "KV cache transfer failed" if reason == "error" else None
+    logprobs = from_vllm_logprobs(completion.logprobs) if completion is not None else None
+    return Delta(tokens, reason, error, logprobs)
+
+
+def _took(inline: InlineSink, delta: Delta) -> bool:
+    try:
+        return inline.take(delta)
+    except Exception:  # its owner's bug: the delta takes the ordinary way
+        logger.exception("inline engine output sink failed")
+        return False

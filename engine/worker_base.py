@@ -168,7 +168,25 @@ class EngineWorker:
         output position ``index`` on. A finish is also a state event for the GlobalScheduler's table (the front
         door's own finish usually gets there first); ``retry`` marks an error the request may get past
         elsewhere (the front door migrates it)."""
-        chunk = StreamChunk(
+        chunk = self.chunk(req, tokens, reason, error, index=index, moved_to=moved_to, retry=retry, logprobs=logprobs)
+        self.streams.publish(subscriber, chunk)
+        if reason is not None and not retry:
+            self.event(req.request_id, reason.state, reason.value, chunk.end, attempt=req.attempt)
+
+    def chunk(
+        self,
+        req: Request,
+        tokens: tuple[int, ...],
+        reason: FinishReason | None = None,
+        error: str | None = None,
+        *,
+        index: int,
+        moved_to: str | None = None,
+        retry: bool = False,
+        logprobs: tuple[TokenLogprobs, ...] | None = None,
+    ) -> StreamChunk:
+        """``req``'s chunk from this worker (``publish``); any thread may build one."""
+        return StreamChunk(
             req.request_id,
             tokens,
             reason,
@@ -182,9 +200,6 @@ class EngineWorker:
             retry=retry,
             logprobs=(logprobs or ()) if req.sampling.logprobs is not None else None,
         )
-        self.streams.publish(subscriber, chunk)
-        if reason is not None and not retry:
-            self.event(req.request_id, reason.state, reason.value, chunk.end, attempt=req.attempt)
 
     def _subscriber_gone(self, subscriber: str) -> None:
         """The front door's stream has closed: nobody reads its requests any more (subclasses abort them)."""

@@ -60,3 +60,56 @@ def test_a_hub_sends_one_coalesced_message_per_loop_turn_and_holds_chunks_until_
         assert len(sent) == 2  # detached: nothing goes to the old sink
 
     asyncio.run(main())
+
+
+def test_chunks_staged_on_another_thread_go_out_from_it_after_what_the_loop_published_before_them() -> None:
+    import threading
+
+    async def main() -> None:
+        hub = StreamHub()
+        sent: list[tuple[str, list[StreamChunk]]] = []
+
+        def sink(batch: list[StreamChunk]) -> None:
+            sent.append((threading.current_thread().name, batch))
+
+        with hub.attach("fd", sink, threadsafe=True):
+            hub.publish("fd", StreamChunk("x", (1,), worker="d0", index=0))  # the loop's, not flushed yet
+
+            def engine_step() -> None:
+                hub.stage("fd", StreamChunk("x", (2,), worker="d0", index=1))
+                hub.stage("fd", StreamChunk("y", (7,), worker="d0", index=0))
+                hub.stage("late", StreamChunk("z", (8,), worker="d0", index=0))  # nobody attached yet: held
+                hub.send_staged()
+                hub.send_staged()  # nothing staged since: nothing sent
+
+            thread = threading.Thread(target=engine_step, name="eng")
+            thread.start()
+            thread.join()
+            assert [(name, [(c.request_id, c.token_ids) for c in b]) for name, b in sent] == [
+                ("eng", [("x", (1, 2)), ("y", (7,))])  # one message, the loop's chunk first, coalesced
+            ]
+            await asyncio.sleep(0)  # the loop's own flush finds nothing left
+            assert len(sent) == 1
+            late: list[list[StreamChunk]] = []
+            with hub.attach("late", late.append):
+                assert [c.token_ids for b in late for c in b] == [(8,)]
+
+    asyncio.run(main())
+
+
+def test_a_sink_that_is_not_threadsafe_gets_the_staged_chunks_on_its_event_loop() -> None:
+    import threading
+
+    async def main() -> None:
+        hub = StreamHub()
+        got: asyncio.Queue[tuple[str, list[StreamChunk]]] = asyncio.Queue()
+        with hub.attach("fd", lambda b: got.put_nowait((threading.current_thread().name, b))):
+            thread = threading.Thread(
+                target=lambda: (hub.stage("fd", StreamChunk("x", (1,), worker="d0")), hub.send_staged()), name="eng"
+            )
+            thread.start()
+            thread.join()
+            name, batch = await asyncio.wait_for(got.get(), 5)
+            assert name == threading.current_thread().name and [c.token_ids for c in batch] == [(1,)]
+
+    asyncio.run(main())
