@@ -278,7 +278,7 @@ class DecodeWorker(EngineWorker):
         if not delta.token_ids or self.running.get(run.request.request_id) is not run:
             return True  # nothing to send, or not this stream's now (as ``_on_delta`` would drop it)
         index = len(run.generated)
-        chunk = self.chunk(run.request, delta.token_ids, index=index, logprobs=delta.logprobs)
+        chunk = self.chunk(run.request, delta.token_ids, index, logprobs=delta.logprobs)
         run.generated.extend(delta.token_ids)
         self.streams.stage(run.subscriber, chunk)
         if not run.decoding:

@@ -168,37 +168,28 @@ class EngineWorker:
         output position ``index`` on. A finish is also a state event for the GlobalScheduler's table (the front
         door's own finish usually gets there first); ``retry`` marks an error the request may get past
         elsewhere (the front door migrates it)."""
-        chunk = self.chunk(req, tokens, reason, error, index=index, moved_to=moved_to, retry=retry, logprobs=logprobs)
+        chunk = self.chunk(
+            req, tokens, index, finish_reason=reason, error=error, moved_to=moved_to, retry=retry, logprobs=logprobs
+        )
         self.streams.publish(subscriber, chunk)
         if reason is not None and not retry:
             self.event(req.request_id, reason.state, reason.value, chunk.end, attempt=req.attempt)
 
-    def chunk(
-        self,
-        req: Request,
-        tokens: tuple[int, ...],
-        reason: FinishReason | None = None,
-        error: str | None = None,
-        *,
-        index: int,
-        moved_to: str | None = None,
-        retry: bool = False,
-        logprobs: tuple[TokenLogprobs, ...] | None = None,
-    ) -> StreamChunk:
-        """``req``'s chunk from this worker (``publish``); any thread may build one."""
+    def chunk(self, req: Request, tokens: tuple[int, ...], index: int, **fields: Any) -> StreamChunk:
+        """``req``'s chunk from this worker: ``tokens`` from output position ``index`` on, and any other
+        ``StreamChunk`` ``fields`` (``logprobs`` kept only where the request asked for them); any thread may
+        build one."""
+        logprobs = fields.pop("logprobs", None)
         return StreamChunk(
             req.request_id,
             tokens,
-            reason,
-            error,
-            len(req.prompt_token_ids),
-            self.worker_id,
-            moved_to=moved_to,
+            prompt_tokens=len(req.prompt_token_ids),
+            worker=self.worker_id,
             index=index,
             attempt=req.attempt,
             incarnation=self.incarnation,
-            retry=retry,
             logprobs=(logprobs or ()) if req.sampling.logprobs is not None else None,
+            **fields,
         )
 
     def _subscriber_gone(self, subscriber: str) -> None:
