@@ -200,8 +200,8 @@ class EngineLoop:
                 if set_thread_niceness(niceness):
                     self._niceness = niceness
                 else:
-                    why = "below the thread's own needs CAP_SYS_NICE"
-                    logger.warning("engine %s: could not set niceness %d (%s)", self.name, niceness, why)
+                    why, left = "below the thread's own needs CAP_SYS_NICE", self._niceness
+                    logger.warning("engine %s: no niceness %d (%s); it stays %d", self.name, niceness, why, left)
             pin_engine_thread(cores)
             if self._cores is not None:
                 self._cores.set_borrows(borrows, borrow_min_batch, borrow_min_idle)

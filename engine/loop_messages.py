@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tetriserve.common.stream import TokenLogprobs
+from tetriserve.engine.sampling import from_vllm_logprobs
 from tetriserve.engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)
@@ -136,8 +137,6 @@ def _deliver(batch: list[tuple[Sink, Delta]]) -> None:
 
 def delta_of(out: Any) -> Delta:
     """The delta of one vLLM ``RequestOutput`` (``RequestOutputKind.DELTA``)."""
-    from tetriserve.engine.sampling import from_vllm_logprobs
-
     completion = out.outputs[0] if out.outputs else None
     tokens = tuple(completion.token_ids) if completion is not None else ()
     reason = None
