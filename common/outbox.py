@@ -141,7 +141,8 @@ class StreamHub:
                     self._send(subscriber, sink, batch)
                 else:  # not attached yet, or its sink is the loop's own: the loop sends it
                     self._pending[subscriber] = batch
-                    wake |= sink is not None and not self._flush_due
+                    wake |= sink is not None
+            wake &= not self._flush_due  # a flush already queued takes these too
             self._flush_due |= wake
         if wake and self._loop is not None:
             try:

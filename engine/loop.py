@@ -3,8 +3,8 @@
     asyncio side (the worker actor)                engine thread (the only one that touches vLLM)
     add(AddRequest) / abort(id) / call(fn) ──▶ command queue ──▶ apply, then engine.step()
           ▲                                                          │
-          └── one call_soon_threadsafe per step: every request's ◀───┘
-              Delta to its sink (a callback or an asyncio.Queue)
+          └── one call_soon_threadsafe per step: every Delta that ◀──┘
+              no inline sink took, to its sink (a callback or an asyncio.Queue)
 
 A request added with an ``inline`` sink is offered its deltas on the engine thread first (``Output``): the decode
 worker sends its tokens to their stream from there, and its event loop wakes only for a finish. With
