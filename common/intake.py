@@ -66,7 +66,7 @@ _SAMPLING = tuple(f.name for f in fields(SamplingSpec))
 
 def encode(message: IntakeMessage) -> bytes:
     if isinstance(message, Submit):
-        body: list[Any] = [IntakeKind.SUBMIT, _request_row(message.request)]
+        body: list[Any] = [IntakeKind.SUBMIT, request_row(message.request)]
     else:
         body = [IntakeKind.ABORT, message.request_id, message.attempt]
     data: bytes = msgpack.packb([INTAKE_VERSION, *body])
@@ -81,7 +81,7 @@ def decode(data: bytes) -> IntakeMessage:
             raise ValueError(f"intake message of version {version}; this side speaks {INTAKE_VERSION}")
         if kind == IntakeKind.SUBMIT:
             (row,) = body
-            return Submit(_request(*row))
+            return Submit(request_from_row(row))
         if kind == IntakeKind.ABORT:
             request_id, attempt = body
             if not isinstance(request_id, str) or not (attempt is None or isinstance(attempt, int)):
@@ -94,7 +94,8 @@ def decode(data: bytes) -> IntakeMessage:
         raise ValueError(f"malformed intake message: {type(exc).__name__}: {exc}") from None
 
 
-def _request_row(req: Request) -> list[Any]:
+def request_row(req: Request) -> list[Any]:
+    """``req`` as msgpack's plain values (``request_from_row`` reads it back); the handoff channel's too."""
     return [
         req.request_id,
         req.prompt_token_ids,
@@ -111,6 +112,11 @@ def _request_row(req: Request) -> list[Any]:
         req.resume,
         req.trace,
     ]
+
+
+def request_from_row(row: list[Any]) -> Request:
+    """The request ``request_row`` wrote; an exception of msgpack's values of a wrong shape or type."""
+    return _request(*row)
 
 
 def _request(

@@ -35,6 +35,15 @@ from typing import Any
 from tetriserve.common import tracing
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.gc_heap import freeze_heap
+from tetriserve.common.handoff_channel import (
+    Discard,
+    HandoffMessage,
+    HandoffServer,
+    KvFailed,
+    PullKV,
+    Refine,
+    Take,
+)
 from tetriserve.common.intake import IntakeMessage, Submit, serve_intake
 from tetriserve.common.length import LengthEstimate, LengthPredictor
 from tetriserve.common.load import DecodeLoad, PrefillLoad, Role
@@ -79,6 +88,7 @@ class Worker:
         self._flipping = False
         self._heap_frozen = False
         self._intakes: dict[str, asyncio.Task[None] | None] = {}  # subscribed front door -> its intake's reader
+        self._handoff: tuple[HandoffServer, asyncio.Task[None]] | None = None  # prefill workers' calls over ZeroMQ
 
     def __repr__(self) -> str:
         return f"Worker({self.role_name} {self.worker_id}, flips={self.flips})"
@@ -171,6 +181,37 @@ class Worker:
         reader = self._intakes.pop(subscriber, None)
         if reader is not None:
             reader.cancel()
+
+    def handoff_address(self) -> tuple[str, str]:
+        """(address, token) of this worker's handoff server (``common/handoff_channel.py``), started on first
+        ask: a prefill worker's ``take``, ``pull_kv``, ``refine``, ``discard`` and ``kv_failed`` come over it."""
+        import ray
+
+        if self._handoff is None:
+            server = HandoffServer(ray.util.get_node_ip_address())
+            self._handoff = server, asyncio.get_running_loop().create_task(server.serve(self._handed))
+        return self._handoff[0].address, self._handoff[0].token.decode()
+
+    def _handed(self, message: HandoffMessage) -> Any:
+        if isinstance(message, Take):
+            return self.take(
+                message.request, message.generated, message.estimate, message.subscriber, message.pull_from,
+                message.prefill_here,
+            )  # fmt: skip
+        if isinstance(message, PullKV):
+            self.pull_kv(message.src, message.key)
+        elif isinstance(message, Refine):
+            return self.refine(message.request_id, message.attempt, message.estimate)
+        elif isinstance(message, Discard):
+            self.discard(message.key)
+        elif isinstance(message, KvFailed):
+            self.kv_failed(message.key, message.error)
+        return None
+
+    def ping(self) -> bool:
+        """For a caller waiting on this worker over another channel: raises (Ray's ``ActorDiedError``) once it
+        is dead."""
+        return True
 
     def stats(self) -> dict[str, Any]:
         return {**self.role.stats(), "role": self.role_name, "flips": self.flips}

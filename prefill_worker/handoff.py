@@ -35,6 +35,7 @@ from tetriserve.transport.api import TransferState
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from tetriserve.prefill_worker.decode_peers import DecodePeer
     from tetriserve.prefill_worker.predictions import Ticket
     from tetriserve.prefill_worker.worker import PrefillWorker
 
@@ -44,11 +45,13 @@ else:
 
 
 class Handoff(_Base):
-    async def _refine(self, req: Request, decode: Any, refinement: asyncio.Future[LengthEstimate | None]) -> None:
+    async def _refine(
+        self, req: Request, decode: DecodePeer, refinement: asyncio.Future[LengthEstimate | None]
+    ) -> None:
         """Give the decode worker ``req`` went to the prediction that was late for its handoff."""
         estimate = await self.predictions.later(refinement)
         if estimate is not None:
-            decode.refine.remote(req.request_id, req.attempt, estimate)
+            decode.refine(req.request_id, req.attempt, estimate)
 
     async def _hand_off(
         self,
@@ -57,8 +60,8 @@ class Handoff(_Base):
         view: ReqView,
         subscriber: str,
         chosen: tuple[str, str | None] | None = None,
-    ) -> Any:
-        """Send the parked KV to a decode worker and give it the request; returns that worker's handle, or None
+    ) -> DecodePeer | None:
+        """Send the parked KV to a decode worker and give it the request; returns that worker's peer, or None
         where the request did not go on: a failure the request may get past elsewhere ends this attempt with a
         ``retry`` error (the front door migrates it). ``chosen``: (decode worker, forwarding error) of a
         pipelined handoff, whose KV has gone already."""
@@ -76,15 +79,15 @@ class Handoff(_Base):
             del self._aborted[key]
             self.endpoint.discard(key)
             if chosen is not None and decode_id is not None:  # parts of its KV went there already
-                self._decode_handles[decode_id].discard.remote(key)
+                self._decode_peers[decode_id].discard(key)
             self.publish(subscriber, req, (), FinishReason.ABORT, index=index)
             return None
         if error is None and decode_id is not None:
             decode_id, taken, error = await self._take(req, generated, view, subscriber, decode_id, pull_from)
-            decode = self._decode_handles[decode_id]
+            decode = self._decode_peers[decode_id]
             if taken:
                 self.handoffs["pipelined" if chosen is not None else "whole"] += 1
-                self.handed_on(rid, decode)
+                self.handed_on(rid, decode.handle)
                 if key in self._aborted:  # aborted while the decode worker took it: abort it there
                     del self._aborted[key]
                     self.forward_abort(rid, req.attempt)
@@ -93,9 +96,9 @@ class Handoff(_Base):
                 return decode
             if error is None:  # alive but not accepting: its copy of the KV goes
                 error = f"decode worker {decode_id} refused the request"
-                decode.discard.remote(key)
+                decode.discard(key)
         elif chosen is not None and decode_id is not None:  # a pipelined send broke off: the parts there go
-            self._decode_handles[decode_id].discard.remote(key)
+            self._decode_peers[decode_id].discard(key)
             self.decode_loads.pop(decode_id, None)  # until the next broadcast says otherwise
         self.endpoint.discard(key)
         self.publish(subscriber, req, (), FinishReason.ERROR, error, index=index, retry=True)
@@ -142,7 +145,7 @@ class Handoff(_Base):
         room = [
             d
             for d in self.decode_loads.values()
-            if d.accepting and d.prompt_room > 0 and d.worker_id in self._decode_handles
+            if d.accepting and d.prompt_room > 0 and d.worker_id in self._decode_peers
         ]
         if not room:
             return None
@@ -159,11 +162,11 @@ class Handoff(_Base):
         instant estimate goes with it at its handoff), as for a handoff that does not wait."""
         rid, key = req.request_id, req.kv_key
         estimate, refinement = await self.predictions.estimate(ticket)
-        handle = self._decode_handles.get(decode_id)
+        peer = self._decode_peers.get(decode_id)
         taken = False
         try:
-            if handle is not None:
-                taken = bool(await handle.take.remote(req, req.resume, estimate, subscriber, None, True))
+            if peer is not None:
+                taken = await peer.take(req, req.resume, estimate, subscriber, None, True)
         except Exception as exc:  # died since the broadcast
             if actor_died(exc):
                 self.decode_died(decode_id)
@@ -174,13 +177,13 @@ class Handoff(_Base):
                 self.publish(subscriber, req, (), FinishReason.ABORT, index=len(req.resume))
             return aborted
         self.handoffs["offloaded"] += 1
-        self.handed_on(rid, handle)
+        self.handed_on(rid, peer.handle)
         if aborted:  # aborted while the decode worker took it: abort it there
             self.forward_abort(rid, req.attempt)
         self.publish(subscriber, req, (), index=len(req.resume), moved_to=decode_id)
         self.event(rid, RequestState.DECODE_QUEUED, decode_id, moved_to=decode_id)
         if refinement is not None:
-            task = asyncio.create_task(self._refine(req, handle, refinement))
+            task = asyncio.create_task(self._refine(req, peer, refinement))
             self._refining.add(task)
             task.add_done_callback(self._refining.discard)
         return True
@@ -201,10 +204,8 @@ class Handoff(_Base):
         key = req.kv_key
         while True:
             try:
-                taken = await self._decode_handles[decode_id].take.remote(
-                    req, generated, view.estimate, subscriber, pull_from
-                )
-                return decode_id, bool(taken), None
+                taken = await self._decode_peers[decode_id].take(req, generated, view.estimate, subscriber, pull_from)
+                return decode_id, taken, None
             except Exception as exc:  # the decode worker died between the broadcast and now
                 error = f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
                 if not actor_died(exc):
@@ -228,7 +229,7 @@ class Handoff(_Base):
         can (an shm endpoint of this host: ``transport/shm_pull.py``); False: it must be sent."""
         if not self._lent_to(key, decode_id):
             return False
-        self._decode_handles[decode_id].pull_kv.remote(self.endpoint.address, key)
+        self._decode_peers[decode_id].pull_kv(self.endpoint.address, key)
         return True
 
     def _lent_to(self, key: str, decode_id: str) -> bool:
@@ -255,8 +256,8 @@ class Handoff(_Base):
         address = self.decode_addresses.get(decode_id, "")
         spans.sending(self._send_spans, key, tracing.now_ns(), handle.nbytes, address, decode_id)
 
-    def decode_handle(self, decode_id: str) -> Any:
-        return self._decode_handles.get(decode_id)
+    def decode_peer(self, decode_id: str) -> DecodePeer | None:
+        return self._decode_peers.get(decode_id)
 
     @property
     def aborted_keys(self) -> dict[str, None]:
@@ -271,6 +272,9 @@ class Handoff(_Base):
         if known is None:  # found already, or no longer in the view: not ours to judge
             return
         self._dead_decodes[decode_id] = known.incarnation
+        peer = self._decode_peers.get(decode_id)
+        if peer is not None:  # a later life comes with a peer of its own
+            peer.close()
         if self._monitor is not None:
             self._monitor.mark_dead.remote(decode_id, known.incarnation)
 

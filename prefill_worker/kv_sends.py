@@ -10,11 +10,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tetriserve.common import tracing
 from tetriserve.transport import parts
 from tetriserve.transport.api import TransferState
+
+if TYPE_CHECKING:
+    from tetriserve.prefill_worker.decode_peers import DecodePeer
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +29,7 @@ async def watch_sends(
     worker_id: str,
     sends: dict[str, tuple[Any, str]],
     send_spans: dict[str, tracing.Span],
-    decode_handles: dict[str, Any],
+    decode_peers: dict[str, DecodePeer],
 ) -> None:
     """Forever: end each finished send (``sends``: KV key -> (handle, decode worker)) and its span; tell the
     decode worker of each failed one."""
@@ -40,9 +43,9 @@ async def watch_sends(
             tracing.end(span, {"tetriserve.kv.bytes": handle.nbytes}, error=handle.error)
             if handle.state is TransferState.FAILED:
                 logger.warning("prefill %s: KV send of %s failed: %s", worker_id, key, handle.error)
-                decode = decode_handles.get(decode_id)
+                decode = decode_peers.get(decode_id)
                 if decode is not None:
-                    decode.kv_failed.remote(key, handle.error or "send failed")
+                    decode.kv_failed(key, handle.error or "send failed")
 
 
 async def forward_parts(

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tetriserve.prefill_worker.dispatch.base import accepting
 from tetriserve.prefill_worker.kv_sends import forward_parts
@@ -101,6 +101,6 @@ class EarlyHandoff:
         self._task.cancel()
         if self.decode_id is not None and not self._dropped:
             self._dropped = True
-            handle: Any = self._worker.decode_handle(self.decode_id)
-            if handle is not None:
-                handle.discard.remote(self._key)
+            peer = self._worker.decode_peer(self.decode_id)
+            if peer is not None:
+                peer.discard(self._key)

@@ -43,6 +43,7 @@ from tetriserve.engine.loop_messages import Delta
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.prefill_worker import spans
 from tetriserve.prefill_worker.admission import Offloaded, RequestAborted, SchedBatchGate
+from tetriserve.prefill_worker.decode_peers import DecodePeer
 from tetriserve.prefill_worker.dispatch import DispatchParams, make_dispatch_policy
 from tetriserve.prefill_worker.handoff import Handoff
 from tetriserve.prefill_worker.kv_sends import watch_sends
@@ -93,7 +94,7 @@ class PrefillWorker(Handoff, EngineWorker):
         self._dead_decodes: dict[str, int] = {}  # decode id -> the incarnation a call of ours found dead
         self.decode_addresses: dict[str, str] = {}
         self._aborted: dict[str, None] = {}  # insertion-ordered set: ids aborted after leaving the engine
-        self._decode_handles: dict[str, Any] = {}
+        self._decode_peers: dict[str, DecodePeer] = {}  # the decode workers' current lives, as the handoff calls them
         self._tasks: dict[str, tuple[Request, str, asyncio.Task[None]]] = {}  # id -> (request, subscriber, task)
         self._sends: dict[str, tuple[Any, str]] = {}  # KV key -> (its send's handle, the decode worker)
         self._send_spans: dict[str, tracing.Span] = {}  # KV key -> its send's span (tracing on only)
@@ -108,7 +109,7 @@ class PrefillWorker(Handoff, EngineWorker):
         """Start load reports (the length predictor loads on its own thread meanwhile)."""
         if self._report_task is None:
             self._send_watch = asyncio.create_task(
-                watch_sends(self.worker_id, self._sends, self._send_spans, self._decode_handles)
+                watch_sends(self.worker_id, self._sends, self._send_spans, self._decode_peers)
             )
             self._offload_task = asyncio.create_task(self._offload_loop())
         return await super().start(monitor, scheduler)
@@ -118,7 +119,11 @@ class PrefillWorker(Handoff, EngineWorker):
         now, and the addresses and handles of those this worker has not seen in their current life."""
         self.decode_loads = {ld.worker_id: ld for ld in loads if not self._found_dead(ld)}
         self.decode_addresses.update(addresses)
-        self._decode_handles.update(handles)
+        for decode_id, handle in handles.items():  # a new life: its calls go over a link of its own
+            old = self._decode_peers.get(decode_id)
+            if old is not None:
+                old.close()
+            self._decode_peers[decode_id] = DecodePeer(decode_id, handle, self.worker_id)
         self.offer_prompts()
 
     def _found_dead(self, load: DecodeLoad) -> bool:

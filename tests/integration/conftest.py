@@ -53,16 +53,18 @@ def decode_engine_args(model_path: str, endpoint: str, num_blocks: int) -> Any:
     return args
 
 
-def wait_room_seen(prefill: list[Any], room: int, seconds: float = 10) -> None:
+def wait_room_seen(prefill: list[Any], room: int, seconds: float = 10, since: float | None = None) -> None:
     """Wait until every prefill worker (actor handles) sees ``room`` for offloaded prompts on every decode worker
     it knows: a decode worker's changed ``decode.max_local_prompts`` reaches them with a load broadcast, within
-    the monitor's heartbeat."""
+    the monitor's heartbeat. ``since`` (``time.time()`` before the change): only in loads reported after it; a
+    view from before (an earlier test's room, about to be replaced by its reset) does not count."""
     import time
 
     import ray
 
     def seen(worker: Any) -> list[int]:
-        return [load.prompt_room for load in worker.role.decode_loads.values()]
+        loads = worker.role.decode_loads.values()
+        return [load.prompt_room if since is None or load.at >= since else -1 for load in loads]
 
     deadline = time.monotonic() + seconds
     while True:

@@ -12,6 +12,7 @@ decode worker.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -163,8 +164,9 @@ def test_prompts_offloaded_to_the_decode_worker_give_the_colocated_output_too(
 
     decode = next(iter(cluster.decode.values()))
     prefill = next(iter(cluster.prefill.values()))
+    changed = time.time()
     ray.get(decode.set_policy.remote({"max_local_prompts": 2}))
-    wait_room_seen([prefill], 2)  # its room reaches the prefill worker with a load broadcast
+    wait_room_seen([prefill], 2, since=changed)  # its room reaches the prefill worker with a load broadcast
     try:
         before_d, before_p = _engine_stats(decode), _engine_stats(prefill)
         disaggregated = _disaggregated(cluster, prompts, SAMPLING, "offloaded")
@@ -194,9 +196,10 @@ def test_short_prompts_go_to_the_decode_worker_before_they_queue_and_give_the_co
     chosen = dict(by_length[:2] + by_length[-2:])
     limit = len(by_length[1][1])
     assert len(by_length[-2][1]) > limit
+    changed = time.time()
     ray.get(decode.set_policy.remote({"max_local_prompts": 2}))
     ray.get(prefill.set_policy.remote({"offload_max_tokens": limit}))
-    wait_room_seen([prefill], 2)  # or the first prompt may find no room yet
+    wait_room_seen([prefill], 2, since=changed)  # or the first prompt may find no room yet (or the last test's)
     try:
         before_d, before_p = _engine_stats(decode), _engine_stats(prefill)
         disaggregated = {}

@@ -221,8 +221,9 @@ def test_a_decode_worker_killed_while_it_computes_offloaded_prompts_loses_nothin
     import ray
 
     _back_within(cluster, "cluster-monitor", 120)  # the previous test's victim
+    changed = time.time()
     before = _offloading(2, 512)
-    wait_room_seen([ray.get_actor(f"prefill-{i}", namespace=NAMESPACE) for i in range(2)], 2)
+    wait_room_seen([ray.get_actor(f"prefill-{i}", namespace=NAMESPACE) for i in range(2)], 2, since=changed)
     same_tokens(_run(cluster, "ko", _kill("decode-0"), after=0), undisturbed)
     _back_within(cluster, "decode-0", 120, incarnation=2)  # killed once before, in the first test
     assert _offloading(0, 0) > before

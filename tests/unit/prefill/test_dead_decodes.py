@@ -23,7 +23,7 @@ def _load(worker_id: str, incarnation: int) -> DecodeLoad:
 def _worker() -> PrefillWorker:
     worker = PrefillWorker.__new__(PrefillWorker)  # no engine, no queue: just the decode view
     worker.config = ClusterConfig(prefill={"offload_wait_s": 0})  # nothing queued to offer (test_offload.py)
-    worker.decode_loads, worker.decode_addresses, worker._decode_handles = {}, {}, {}
+    worker.decode_loads, worker.decode_addresses, worker._decode_peers = {}, {}, {}
     worker._dead_decodes = {}
     worker._monitor = _Monitor()
     return worker
@@ -66,7 +66,9 @@ class _Decode:
         self.dead = dead
         self.taken: list[tuple[str, str | None]] = []
 
-    def take(self, req: Request, generated: Any, estimate: Any, subscriber: str, pull_from: str | None) -> bool:
+    def take(
+        self, req: Request, generated: Any, estimate: Any, subscriber: str, pull_from: str | None, here: bool = False
+    ) -> bool:
         if self.dead:
             from ray.exceptions import ActorDiedError
 

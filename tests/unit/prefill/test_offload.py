@@ -30,7 +30,7 @@ def _worker(offload_wait_s: float) -> PrefillWorker:
     worker.cost = None
     worker.policy = SimpleNamespace(spec=SimpleNamespace(chunk_size=512))
     worker.decode_loads, worker.decode_addresses, worker._dead_decodes = {}, {}, {}
-    worker._decode_handles = {"decode-0": object(), "decode-1": object(), "decode-2": object()}
+    worker._decode_peers = {"decode-0": object(), "decode-1": object(), "decode-2": object()}
     return worker
 
 

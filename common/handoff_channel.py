@@ -1,0 +1,331 @@
+"""A prefill worker's calls on a decode worker over ZeroMQ: the handoff (issue #12; DESIGN.md §5b).
+
+Every request a prefill worker hands on cost it two or three Ray actor calls on the decode worker: ``pull_kv``
+(a pipelined handoff's pull of the KV parts as they are parked), ``take`` (the request itself, answered), and
+``refine`` (the prediction that was late for the handoff). A Ray call from one async actor to another costs
+about 0.5-0.7 ms of CPU on each side on the 2-core development machine (measured this session with a
+two-actor probe, 2000 calls: 690 and 800 µs one at a time, 450 and 515 µs eight at a time), and in a burst
+those calls run beside the engines on the same two cores and in the engines' processes. So they go over
+ZeroMQ, as the front door's submits do (``common/intake.py``):
+
+    decode worker: one ROUTER socket, bound when its actor starts (``HandoffServer``); its address and
+                   a random token go to a prefill worker in one (authenticated) Ray call, ``handoff_address``
+    prefill worker: one DEALER per decode worker's life (``HandoffLink``), routing id = token + its own id
+
+The server takes messages only from routing ids that begin with its token, so another peer cannot hand it
+requests. One link carries all of a prefill worker's messages to that decode worker, in order (a pull before
+the ``take`` that waits for it, a ``refine`` after it). ``take`` is answered with a ``Reply`` of the same call
+number; while it waits, the link asks Ray every ``LIVENESS_S`` whether the decode worker's actor still lives
+(``probe``), so a worker killed with a ``take`` outstanding fails it with Ray's own ``ActorDiedError`` about as
+soon as a Ray call would have. Messages are msgpack, ``[HANDOFF_VERSION, kind, ...]``, and decode into the
+typed messages below; a malformed one, or one of another version, is a ``ValueError`` that the server logs and
+drops (a ``take`` it cannot read goes unanswered and its caller's liveness probe keeps waiting: both sides come
+from one release, so this is a bug path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from tetriserve.common.intake import request_from_row, request_row
+from tetriserve.common.length import LengthEstimate
+from tetriserve.common.request import Request
+
+logger = logging.getLogger(__name__)
+
+HANDOFF_VERSION = 1
+LIVENESS_S = 0.5  # an unanswered take asks Ray this often whether the decode worker still lives
+
+
+class HandoffKind(enum.IntEnum):
+    TAKE = 1
+    PULL_KV = 2
+    REFINE = 3
+    DISCARD = 4
+    KV_FAILED = 5
+    REPLY = 6
+
+
+@dataclass(frozen=True)
+class Take:
+    """``DecodeWorker.take``; answered by a ``Reply`` with the same ``call``."""
+
+    call: int
+    request: Request
+    generated: tuple[int, ...]
+    estimate: LengthEstimate | None
+    subscriber: str
+    pull_from: str | None = None
+    prefill_here: bool = False
+
+
+@dataclass(frozen=True)
+class PullKV:
+    src: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Refine:
+    request_id: str
+    attempt: int
+    estimate: LengthEstimate
+
+
+@dataclass(frozen=True)
+class Discard:
+    key: str
+
+
+@dataclass(frozen=True)
+class KvFailed:
+    key: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer to ``Take`` number ``call``: taken, or the error the decode worker's ``take`` raised."""
+
+    call: int
+    taken: bool
+    error: str | None = None
+
+
+HandoffMessage = Take | PullKV | Refine | Discard | KvFailed | Reply
+
+
+def _estimate(data: dict[str, Any] | None) -> LengthEstimate | None:
+    return None if data is None else LengthEstimate.from_dict(data)
+
+
+def encode(message: HandoffMessage) -> bytes:
+    body: list[Any]
+    if isinstance(message, Take):
+        estimate = None if message.estimate is None else message.estimate.to_dict()
+        row = request_row(message.request)
+        body = [HandoffKind.TAKE, message.call, row, message.generated, estimate, message.subscriber]
+        body += [message.pull_from, message.prefill_here]
+    elif isinstance(message, PullKV):
+        body = [HandoffKind.PULL_KV, message.src, message.key]
+    elif isinstance(message, Refine):
+        body = [HandoffKind.REFINE, message.request_id, message.attempt, message.estimate.to_dict()]
+    elif isinstance(message, Discard):
+        body = [HandoffKind.DISCARD, message.key]
+    elif isinstance(message, KvFailed):
+        body = [HandoffKind.KV_FAILED, message.key, message.error]
+    else:
+        body = [HandoffKind.REPLY, message.call, message.taken, message.error]
+    data: bytes = msgpack.packb([HANDOFF_VERSION, *body])
+    return data
+
+
+def decode(data: bytes) -> HandoffMessage:
+    """The message in ``data``; ValueError when it is not one this side speaks."""
+    try:
+        version, kind, *body = msgpack.unpackb(data)
+        if version != HANDOFF_VERSION:
+            raise ValueError(f"handoff message of version {version}; this side speaks {HANDOFF_VERSION}")
+        message: HandoffMessage
+        if kind == HandoffKind.TAKE:
+            call, row, generated, estimate, subscriber, pull_from, prefill_here = body
+            message = Take(
+                int(call), request_from_row(row), tuple(generated), _estimate(estimate), subscriber, pull_from,
+                bool(prefill_here),
+            )  # fmt: skip
+        elif kind == HandoffKind.PULL_KV:
+            message = PullKV(*body)
+        elif kind == HandoffKind.REFINE:
+            request_id, attempt, estimate = body
+            message = Refine(request_id, int(attempt), LengthEstimate.from_dict(estimate))
+        elif kind == HandoffKind.DISCARD:
+            message = Discard(*body)
+        elif kind == HandoffKind.KV_FAILED:
+            message = KvFailed(*body)
+        elif kind == HandoffKind.REPLY:
+            call, taken, error = body
+            message = Reply(int(call), bool(taken), error)
+        else:
+            raise ValueError(f"unknown handoff message kind {kind!r}")
+        if not all(isinstance(v, str) for v in _strings(message)):
+            raise ValueError("a handoff message's ids, keys and addresses are strings")
+        return message
+    except ValueError:
+        raise
+    except Exception as exc:  # msgpack's errors, a wrong shape, a field of the wrong type
+        raise ValueError(f"malformed handoff message: {type(exc).__name__}: {exc}") from None
+
+
+def _strings(message: HandoffMessage) -> tuple[Any, ...]:
+    if isinstance(message, Take):
+        return (message.subscriber,) + (() if message.pull_from is None else (message.pull_from,))
+    if isinstance(message, PullKV):
+        return message.src, message.key
+    if isinstance(message, Refine):
+        return (message.request_id,)
+    if isinstance(message, Discard):
+        return (message.key,)
+    if isinstance(message, KvFailed):
+        return message.key, message.error
+    return () if message.error is None else (message.error,)
+
+
+class HandoffServer:
+    """The decode side: a ROUTER bound on ``host``; ``serve`` hands each message from a peer that knows the
+    token to ``handle`` (on this event loop), awaits what it returns (a ``take``, a ``refine``) and answers each
+    ``Take`` with that."""
+
+    def __init__(self, host: str) -> None:
+        import zmq
+        import zmq.asyncio
+
+        self.token = secrets.token_hex(16).encode()
+        self._socket = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.RCVHWM, 0)
+        self._socket.setsockopt(zmq.SNDHWM, 0)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self.address = f"tcp://{host}:{self._socket.bind_to_random_port(f'tcp://{host}')}"
+        self._answering: set[asyncio.Task[None]] = set()
+
+    async def serve(self, handle: Callable[[HandoffMessage], Awaitable[bool] | None]) -> None:
+        """Until cancelled. ``handle(message)``: None, or an awaitable (for a ``Take``: of its answer)."""
+        try:
+            while True:
+                route, data = await self._socket.recv_multipart()
+                if not route.startswith(self.token):
+                    logger.warning("handoff: a message from a peer without the token was dropped")
+                    continue
+                try:
+                    message = decode(data)
+                except ValueError as exc:
+                    logger.warning("handoff: a message was dropped: %s", exc)
+                    continue
+                try:
+                    answer = handle(message)
+                except Exception:  # one request's failure must not close the channel of every other
+                    logger.exception("handoff: %s failed", type(message).__name__)
+                    continue
+                if answer is not None:
+                    task = asyncio.create_task(self._answer(route, message, answer))
+                    self._answering.add(task)
+                    task.add_done_callback(self._answering.discard)
+        finally:
+            for task in self._answering:
+                task.cancel()
+            self._socket.close()
+
+    async def _answer(self, route: bytes, message: HandoffMessage, answer: Awaitable[bool]) -> None:
+        call = message.call if isinstance(message, Take) else None
+        try:
+            reply = Reply(call or 0, bool(await answer))
+        except Exception as exc:  # the worker's own error, raised in the caller as a Ray call's would be
+            logger.exception("handoff: %s failed", type(message).__name__)
+            reply = Reply(call or 0, False, f"{type(exc).__name__}: {exc}")
+        if call is not None:
+            await self._socket.send_multipart([route, encode(reply)])
+
+
+class HandoffError(RuntimeError):
+    """The decode worker's ``take`` raised (its message), as a Ray call would re-raise it."""
+
+
+class HandoffLink:
+    """The prefill side, for one decode worker's life: a DEALER connected to its server. ``probe()`` is a Ray
+    call on that decode worker's actor that raises once the actor is dead (``ping``)."""
+
+    def __init__(self, address: str, token: bytes, name: str, probe: Callable[[], Awaitable[Any]]) -> None:
+        import zmq
+        import zmq.asyncio
+
+        self.address = address
+        self._probe = probe
+        self._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.ROUTING_ID, token + b":" + name.encode())
+        self._socket.setsockopt(zmq.SNDHWM, 0)
+        self._socket.setsockopt(zmq.RCVHWM, 0)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(address)
+        self._noblock = zmq.NOBLOCK
+        self._calls = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Reply]] = {}
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    def send(self, message: HandoffMessage) -> None:
+        """Queue a one-way message (sent in order with every other of this link); dropped once it is closed."""
+        if not self._closed:
+            self._socket.send(encode(message), self._noblock)
+
+    async def take(
+        self,
+        req: Request,
+        generated: tuple[int, ...],
+        estimate: LengthEstimate | None,
+        subscriber: str,
+        pull_from: str | None = None,
+        prefill_here: bool = False,
+    ) -> bool:
+        """``take`` on the decode worker: its answer; its own error as ``HandoffError``; Ray's ``ActorDiedError``
+        once the probe finds it dead (this link is failed then: every other waiting call gets it too)."""
+        if self._failure is not None:
+            raise self._failure
+        if self._closed:
+            raise HandoffError(f"the handoff link to {self.address} is closed")
+        call = next(self._calls)
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._waiting[call] = future
+        try:
+            self.send(Take(call, req, generated, estimate, subscriber, pull_from, prefill_here))
+            while True:
+                done, _ = await asyncio.wait([future], timeout=LIVENESS_S)
+                if done:
+                    break
+                try:
+                    await self._probe()
+                except Exception as exc:
+                    self.fail(exc)
+            reply = future.result()
+        finally:
+            self._waiting.pop(call, None)
+        if reply.error is not None:
+            raise HandoffError(reply.error)
+        return reply.taken
+
+    def fail(self, exc: BaseException) -> None:
+        """The decode worker's life is over: every waiting ``take`` raises ``exc``, and so does every later one."""
+        if self._failure is None:
+            self._failure = exc
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(exc)
+        self.close()
+
+    def close(self) -> None:
+        """No more messages; a ``take`` still waiting ends when its probe finds the actor dead."""
+        self._closed = True
+        self._reader.cancel()
+        self._socket.close()
+
+    async def _read(self) -> None:
+        while True:
+            data = await self._socket.recv()
+            try:
+                reply = decode(data)
+            except ValueError as exc:
+                logger.warning("handoff link to %s: a message was dropped: %s", self.address, exc)
+                continue
+            if not isinstance(reply, Reply):
+                continue
+            future = self._waiting.get(reply.call)
+            if future is not None and not future.done():
+                future.set_result(reply)
