@@ -10,6 +10,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from tests.waiting import until
 from tetriserve.common.handoff_channel import (
     HANDOFF_VERSION,
     Discard,
@@ -68,13 +69,6 @@ def test_a_malformed_message_is_a_value_error(data: bytes) -> None:
         decode(data)
 
 
-async def _until(cond: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
-
-
 async def _alive() -> bool:
     return True
 
@@ -108,7 +102,7 @@ def test_takes_are_answered_and_every_message_arrives_in_the_order_sent() -> Non
         refused = await link.take(Request("refused", (1,), SamplingSpec(max_tokens=2)), (3,), None, "fd")
         both = await asyncio.gather(link.take(REQ, (), None, "fd"), link.take(REQ, (), EST, "fd", None, True))
         link.send(Refine("r1", 2, EST))
-        await _until(lambda: len(worker.got) == 6)
+        await until(lambda: len(worker.got) == 6)
         assert (taken, refused, both) == (True, False, [True, True])
         assert worker.got[0] == PullKV("shm://p", "r1#2") and worker.got[1] == Take(1, REQ, (8,), EST, "fd", None)
         assert worker.got[-1] == Refine("r1", 2, EST)  # after the takes it follows
@@ -132,7 +126,7 @@ def test_a_peer_without_the_token_is_not_heard() -> None:
         stranger.send(Discard("k0"))
         link = HandoffLink(server.address, server.token, "prefill-0", _alive)
         link.send(Discard("k1"))
-        await _until(lambda: worker.got == [Discard("k1")])
+        await until(lambda: worker.got == [Discard("k1")])
         await asyncio.sleep(0.05)
         assert worker.got == [Discard("k1")]
         stranger.close()
@@ -211,12 +205,12 @@ def test_a_decode_peer_uses_ray_until_its_link_is_up_and_for_a_worker_without_a_
         new = _Handle((server.address, server.token.decode()))
         peer = DecodePeer("decode-1", new, "prefill-0")
         peer.discard("k0")  # the first call goes over Ray, and starts the link
-        await _until(lambda: peer.link is not None)
+        await until(lambda: peer.link is not None)
         peer.pull_kv("shm://p", "k")
         assert await peer.take(REQ, (8,), EST, "fd")
         peer.refine("r1", 2, EST)
         peer.kv_failed("k", "lost")
-        await _until(lambda: len(worker.got) == 4)
+        await until(lambda: len(worker.got) == 4)
         assert [type(m) for m in worker.got] == [PullKV, Take, Refine, KvFailed]
         assert [name for name, _ in new.calls] == ["discard", "handoff_address"]  # the rest went over the link
         peer.close()

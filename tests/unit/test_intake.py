@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Any
 
 import msgpack
 import pytest
 
+from tests.waiting import until
 from tetriserve.common.intake import (
     INTAKE_VERSION,
     Abort,
@@ -107,13 +106,6 @@ def test_a_malformed_message_is_a_value_error(data: bytes) -> None:
         decode(data)
 
 
-async def _until(cond: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
-
-
 def test_messages_reach_the_worker_attached_under_the_routing_id_and_none_other() -> None:
     async def main() -> None:
         router = IntakeRouter("127.0.0.1")
@@ -121,15 +113,15 @@ def test_messages_reach_the_worker_attached_under_the_routing_id_and_none_other(
         route, other = b"prefill-0/aa", b"prefill-0/bb"
         assert not router.send(route, Abort("x"))  # nobody attached yet: the caller uses Ray
         reader = asyncio.ensure_future(serve_intake(router.address, route, got.append))
-        await _until(lambda: router.send(route, Abort("first", 0)))  # once it is connected
+        await until(lambda: router.send(route, Abort("first", 0)))  # once it is connected
         req = Request("r", (1, 2), SamplingSpec(max_tokens=3))
         assert router.send(route, Submit(req)) and router.send(route, Abort("r", 0))
         assert not router.send(other, Abort("r"))  # a routing id no worker attached under
-        await _until(lambda: len(got) == 3)
+        await until(lambda: len(got) == 3)
         assert got == [Abort("first", 0), Submit(req), Abort("r", 0)]  # in the order sent
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
-        await _until(lambda: not router.send(route, Abort("late")))  # detached: the sender learns it
+        await until(lambda: not router.send(route, Abort("late")))  # detached: the sender learns it
         router.close()
 
     asyncio.run(main())
@@ -147,10 +139,10 @@ def test_a_bad_message_or_a_failing_delivery_does_not_close_the_channel() -> Non
 
         route = b"decode-0/cc"
         reader = asyncio.ensure_future(serve_intake(router.address, route, deliver))
-        await _until(lambda: router.send(route, Abort("boom")))
+        await until(lambda: router.send(route, Abort("boom")))
         router._socket.send_multipart([route, b"\x00not msgpack"])  # what a broken sender might put on the wire
         router.send(route, Abort("after", 1))
-        await _until(lambda: got == [Abort("after", 1)])
+        await until(lambda: got == [Abort("after", 1)])
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
         router.close()
