@@ -4,10 +4,10 @@ carry (``handle``: aborts forwarded, liveness).
 
 A peer is made for each decode worker's life the ClusterMonitor's broadcast introduces (``update_decode_view``).
 On its first call it asks that actor for its handoff server's address in one Ray call and connects; until the
-answer is in, and
-for a decode worker of a release without the server, its calls go over Ray as before. A request whose ``pull_kv``
-went over Ray just before the link came up may reach the decode worker after its ``take`` did: the ``take`` then
-does not wait for the pull to settle, and the engine loads the KV once the pull has landed it, as for a pushed KV.
+answer is in, and for a decode worker of a release without the server, its calls go over Ray as before. A
+request whose ``pull_kv`` went over Ray just before the link came up may reach the decode worker after its
+``take`` did: the ``take`` then does not wait for the pull to settle, and the engine loads the KV once the pull
+has landed it, as for a pushed KV.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 
 class DecodePeer:
+    """One decode worker's life, as this prefill worker's handoff calls it."""
+
     def __init__(self, decode_id: str, handle: Any, caller: str) -> None:
         self.decode_id, self.handle, self.caller = decode_id, handle, caller
         self.link: HandoffLink | None = None
