@@ -17,10 +17,11 @@ requests. One link carries all of a prefill worker's messages to that decode wor
 the ``take`` that waits for it, a ``refine`` after it). ``take`` is answered with a ``Reply`` of the same call
 number; while it waits, the link asks Ray every ``LIVENESS_S`` whether the decode worker's actor still lives
 (``probe``), so a worker killed with a ``take`` outstanding fails it with Ray's own ``ActorDiedError`` about as
-soon as a Ray call would have. Messages are msgpack, ``[HANDOFF_VERSION, kind, ...]``, and decode into the
-typed messages below; a malformed one, or one of another version, is a ``ValueError`` that the server logs and
-drops (a ``take`` it cannot read goes unanswered and its caller's liveness probe keeps waiting: both sides come
-from one release, so this is a bug path).
+soon as a Ray call would have; one that lives and has not answered in ``ANSWER_TIMEOUT_S`` (its server gone, or
+a message it could not read) fails it with ``HandoffError``, and the request's attempt ends with a ``retry``
+error, as for any handoff that fails. Messages are msgpack, ``[HANDOFF_VERSION, kind, ...]``, and decode into the
+typed messages below; a malformed one, or one of another version, or of other than one frame, is logged and
+dropped by the server.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 HANDOFF_VERSION = 1
 LIVENESS_S = 0.5  # an unanswered take asks Ray this often whether the decode worker still lives
+ANSWER_TIMEOUT_S = 30.0  # a take its living decode worker has not answered in this long fails
 
 
 class HandoffKind(enum.IntEnum):
@@ -200,7 +202,11 @@ class HandoffServer:
         """Until cancelled. ``handle(message)``: None, or an awaitable (for a ``Take``: of its answer)."""
         try:
             while True:
-                route, data = await self._socket.recv_multipart()
+                frames = await self._socket.recv_multipart()
+                if len(frames) != 2:
+                    logger.warning("handoff: a message of %d frames was dropped", len(frames) - 1)
+                    continue
+                route, data = frames
                 if not route.startswith(self.token):
                     logger.warning("handoff: a message from a peer without the token was dropped")
                     continue
@@ -275,15 +281,18 @@ class HandoffLink:
         pull_from: str | None = None,
         prefill_here: bool = False,
     ) -> bool:
-        """``take`` on the decode worker: its answer; its own error as ``HandoffError``; Ray's ``ActorDiedError``
-        once the probe finds it dead (this link is failed then: every other waiting call gets it too)."""
+        """``take`` on the decode worker: its answer; its own error, or no answer in ``ANSWER_TIMEOUT_S``, as
+        ``HandoffError``; Ray's ``ActorDiedError`` once the probe finds it dead (this link is failed then: every
+        other waiting call gets it too)."""
         if self._failure is not None:
             raise self._failure
         if self._closed:
             raise HandoffError(f"the handoff link to {self.address} is closed")
         call = next(self._calls)
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
         self._waiting[call] = future
+        deadline = loop.time() + ANSWER_TIMEOUT_S
         try:
             self.send(Take(call, req, generated, estimate, subscriber, pull_from, prefill_here))
             while True:
@@ -294,6 +303,9 @@ class HandoffLink:
                     await self._probe()
                 except Exception as exc:
                     self.fail(exc)
+                    continue
+                if loop.time() >= deadline:
+                    raise HandoffError(f"{self.address} did not answer a take in {ANSWER_TIMEOUT_S:g} s")
             reply = future.result()
         finally:
             self._waiting.pop(call, None)

@@ -33,8 +33,11 @@ class DecodePeer:
         self._connecting: asyncio.Task[None] | None = None
 
     def _link(self) -> HandoffLink | None:
-        """The link, once up; the first call starts connecting it (on the caller's event loop)."""
-        if self._connecting is None and not self._closed:
+        """The link, once up and until closed (then Ray, whose call on a dead actor raises ``ActorDiedError`` as the
+        handoff expects); the first call starts connecting it (on the caller's event loop)."""
+        if self._closed:
+            return None
+        if self._connecting is None:
             self._connecting = asyncio.get_running_loop().create_task(self._connect())
         return self.link
 
@@ -87,8 +90,8 @@ class DecodePeer:
         return True
 
     def close(self) -> None:
-        """This life of the decode worker is over (a later one gets a peer of its own): no more messages; a
-        ``take`` still waiting finds the actor dead on its next liveness probe."""
+        """This life of the decode worker is over (a later one gets a peer of its own): later calls go over Ray,
+        and a ``take`` still waiting on the link finds the actor dead on its next liveness probe."""
         self._closed = True
         if self._connecting is not None:
             self._connecting.cancel()

@@ -163,6 +163,32 @@ def test_a_take_on_a_dead_decode_worker_fails_with_the_probe_error_and_so_does_e
     asyncio.run(main())
 
 
+def test_a_message_of_several_frames_is_dropped_and_a_living_worker_that_does_not_answer_fails_the_take(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tetriserve.common.handoff_channel as channel
+
+    monkeypatch.setattr(channel, "LIVENESS_S", 0.05)
+    monkeypatch.setattr(channel, "ANSWER_TIMEOUT_S", 0.3)
+
+    async def main() -> None:
+        server, worker = HandoffServer("127.0.0.1"), _Worker()
+        serving = asyncio.ensure_future(server.serve(worker.handle))
+        link = HandoffLink(server.address, server.token, "prefill-0", _alive)
+        link._socket.send_multipart([encode(Discard("k0")), b"more"])  # what a broken sender might put on the wire
+        assert await link.take(REQ, (), None, "fd")  # the server goes on
+        assert worker.got == [Take(1, REQ, (), None, "fd")]
+        serving.cancel()  # the worker lives (its probe answers) but its server is gone
+        await asyncio.gather(serving, return_exceptions=True)
+        t0 = time.monotonic()
+        with pytest.raises(HandoffError, match="did not answer"):
+            await link.take(REQ, (), None, "fd")
+        assert 0.25 < time.monotonic() - t0 < 2.0
+        link.close()
+
+    asyncio.run(main())
+
+
 class _Method:
     def __init__(self, calls: list[tuple[str, tuple[Any, ...]]], name: str, result: Any = None) -> None:
         self.calls, self.name, self.result = calls, name, result
@@ -213,7 +239,9 @@ def test_a_decode_peer_uses_ray_until_its_link_is_up_and_for_a_worker_without_a_
         await until(lambda: len(worker.got) == 4)
         assert [type(m) for m in worker.got] == [PullKV, Take, Refine, KvFailed]
         assert [name for name, _ in new.calls] == ["discard", "handoff_address"]  # the rest went over the link
-        peer.close()
+        peer.close()  # that life is over: what still comes goes over Ray (raising as a dead actor's call would)
+        assert await peer.take(REQ, (8,), EST, "fd")
+        assert [name for name, _ in new.calls][-1] == "take"
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
 
