@@ -230,23 +230,23 @@ class HandoffServer:
             self._socket.close()
 
     async def _answer(self, route: bytes, message: HandoffMessage, answer: Awaitable[bool]) -> None:
-        call = message.call if isinstance(message, Take) else None
         try:
-            reply = Reply(call or 0, bool(await answer))
+            taken, error = bool(await answer), None
         except Exception as exc:  # the worker's own error, raised in the caller as a Ray call's would be
             logger.exception("handoff: %s failed", type(message).__name__)
-            reply = Reply(call or 0, False, f"{type(exc).__name__}: {exc}")
-        if call is not None:
-            await self._socket.send_multipart([route, encode(reply)])
+            taken, error = False, f"{type(exc).__name__}: {exc}"
+        if isinstance(message, Take):
+            await self._socket.send_multipart([route, encode(Reply(message.call, taken, error))])
 
 
 class HandoffError(RuntimeError):
-    """The decode worker's ``take`` raised (its message), as a Ray call would re-raise it."""
+    """The decode worker's ``take`` raised (its message), as a Ray call would re-raise it; or it did not answer."""
 
 
 class HandoffLink:
-    """The prefill side, for one decode worker's life: a DEALER connected to its server. ``probe()`` is a Ray
-    call on that decode worker's actor that raises once the actor is dead (``ping``)."""
+    """The prefill side, for one decode worker's life: a DEALER connected to its server, under a routing id of
+    the token, the caller's ``name`` and a random part (a restarted caller never meets its old connection's).
+    ``probe()`` is a Ray call on that decode worker's actor that raises once the actor is dead (``ping``)."""
 
     def __init__(self, address: str, token: bytes, name: str, probe: Callable[[], Awaitable[Any]]) -> None:
         import zmq
@@ -255,7 +255,7 @@ class HandoffLink:
         self.address = address
         self._probe = probe
         self._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.ROUTING_ID, token + b":" + name.encode())
+        self._socket.setsockopt(zmq.ROUTING_ID, b":".join((token, name.encode(), secrets.token_hex(4).encode())))
         self._socket.setsockopt(zmq.SNDHWM, 0)
         self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.setsockopt(zmq.LINGER, 0)
