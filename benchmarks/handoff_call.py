@@ -42,6 +42,13 @@ def cpu_s() -> float:
     return t.user + t.system
 
 
+async def idle_cpu_s(seconds: float) -> float:
+    """This process's CPU seconds over ``seconds`` of doing nothing (what the calls' figures subtract)."""
+    c0 = cpu_s()
+    await asyncio.sleep(seconds)
+    return cpu_s() - c0
+
+
 def make_actors() -> tuple[Any, Any]:
     import ray
 
@@ -75,9 +82,7 @@ def make_actors() -> tuple[Any, Any]:
             return cpu_s()
 
         async def idle(self, seconds: float) -> float:
-            c0 = cpu_s()
-            await asyncio.sleep(seconds)
-            return cpu_s() - c0
+            return await idle_cpu_s(seconds)
 
     @ray.remote(num_cpus=0)
     class Prefill:
@@ -115,9 +120,7 @@ def make_actors() -> tuple[Any, Any]:
             return {"sent": [s for s, _ in out], "trips": [t for _, t in out], "cpu_s": used, "wall_s": wall}
 
         async def idle(self, seconds: float) -> float:
-            c0 = cpu_s()
-            await asyncio.sleep(seconds)
-            return cpu_s() - c0
+            return await idle_cpu_s(seconds)
 
     return Prefill.remote(), Decode.remote()
 
