@@ -9,6 +9,7 @@ server's ``details`` and the ``request_id`` when one was involved::
     ├── FailedPrecondition an admin order that cannot be carried out now (``flip``, ``scale``); ``details`` says why
     ├── DeadlineExceeded   the ``timeout`` passed before the call finished
     ├── Unavailable        the service could not be reached (retried before the first token)
+    ├── ResourceExhausted  refused: the service is full or the key over its quota (``retry_after_s``), or too big
     ├── Cancelled          the call was cancelled (by the server, or by closing the client)
     ├── Unauthenticated    no API key, or a wrong one (``api_key=`` / ``$TETRISERVE_API_KEY``)
     └── InternalError      the request failed inside the cluster; ``details`` says why

@@ -1,7 +1,7 @@
 """Cluster configuration: a pydantic model read from YAML and overridden by CLI flags.
 
-Later issues add policy sections; every field carries a description that the
-CLI turns into ``--help`` text.
+Each section lives in a module of its own (``admission_config.py``, ``prefill_config.py``, ...); every field
+carries a description that the CLI turns into ``--help`` text.
 """
 
 from __future__ import annotations
@@ -69,8 +69,10 @@ class EngineConfig(BaseModel):
             "With reserve_decode_cores, who else may run on a decode engine's own cores while it leaves them "
             "idle: none, rest (every thread of the service but the prefill engines) or all (the prefill engines "
             "too). Sharing, the decode engine runs there at niceness -20, so the others take its cores only "
-            "between its steps (needs CAP_SYS_NICE; without it nothing is shared). Measured on 2 cores "
-            "(README): rest buys throughput and TTFT in a burst and costs TTFT at a steady rate; none by default."
+            "between its steps (needs CAP_SYS_NICE; without it nothing is shared). On 2 cores rest buys throughput "
+            "and TTFT in a burst and costs TTFT at a steady rate (benchmarks/diagnostics/engine_steps.py "
+            "--scenario saturation, and rate, --repeats 2 --variant none= --variant rest='--share-decode-cores "
+            "rest'); none by default."
         ),
     )
     decode_niceness: int = Field(
@@ -102,7 +104,9 @@ class EngineConfig(BaseModel):
             "its own threads plus the cores that idle engines on the same machine leave (a prefill engine "
             "between prompts), while the rest of the machine leaves them idle, and gives them back at its next "
             "step once they start stepping. Pays at large batches (a burst's decode); a small step has too little "
-            "work to split (README). False: every engine keeps threads_per_engine."
+            "work to split: at a batch of one a second thread buys nothing, at 4 to 64 it cuts the step "
+            "(benchmarks/diagnostics/engine_executor.py --executors uni --threads 1 2 --batches 1 4 16 64 --tokens "
+            "128 --repeats 3). False: every engine keeps threads_per_engine."
         ),
     )
     borrow_min_batch: int = Field(
@@ -169,7 +173,7 @@ class DecodeConfig(BaseModel):
         ),
     )
     preemption_profile: str | None = Field(
-        None, description="Swap/recompute latency profile JSON for preemption_mode=auto (preemption_profile.py)."
+        None, description="Swap/recompute latency profile JSON for preemption_mode=auto (benchmarks/decode_policies.py writes one)."
     )
 
     max_local_prompts: int = Field(

@@ -23,7 +23,7 @@ class FlipConfig(BaseModel):
     load_window_s: float = Field(
         10.0, gt=0, description="Time constant of each worker's smoothed load (the policies' utilisation)."
     )
-    load_threshold: float = Field(0.10, ge=0, le=1, description="tetriinfer: a worker under this load is idle.")
+    load_threshold: float = Field(0.10, ge=0, le=1, description="tetriinfer and slo: a worker under this load is idle.")
     interval_s: float = Field(60.0, ge=0, description="tetriinfer: how long a worker stays idle before it flips.")
     require_demand: bool = Field(
         True, description="tetriinfer: flip only toward a role with a worker at or over load_threshold."

@@ -1,12 +1,12 @@
-"""A prefill worker's calls on a decode worker over ZeroMQ: the handoff (issue #12; DESIGN.md §5b).
+"""A prefill worker's calls on a decode worker over ZeroMQ: the handoff (``docs/design/ownership.md``).
 
-Every request a prefill worker hands on cost it two or three Ray actor calls on the decode worker: ``pull_kv``
-(a pipelined handoff's pull of the KV parts as they are parked), ``take`` (the request itself, answered), and
-``refine`` (the prediction that was late for the handoff). A Ray call from one async actor to another costs
-about 0.5-0.7 ms of CPU on each side on the 2-core development machine (measured this session with a
-two-actor probe, 2000 calls: 690 and 800 µs one at a time, 450 and 515 µs eight at a time), and in a burst
-those calls run beside the engines on the same two cores and in the engines' processes. So they go over
-ZeroMQ, as the front door's submits do (``common/intake.py``):
+Every request a prefill worker hands on makes two or three calls on the decode worker: ``pull_kv`` (a
+pipelined handoff's pull of the KV parts as they are parked), ``take`` (the request itself, answered), and
+``refine`` (the prediction that was late for the handoff). As a Ray call from one async actor to another, one
+costs 850 µs of CPU in the caller and 925 µs in the callee one at a time, 425 and 500 µs eight at a time; over
+this link, 350 and 400 µs, and 75 and 100 µs (``python benchmarks/diagnostics/handoff_call.py --calls 400
+--prompt-tokens 300``). In a burst those calls run beside the engines on the same cores and in the engines'
+processes. So they go over ZeroMQ, as the front door's submits do (``common/intake.py``):
 
     decode worker: one ROUTER socket, bound when its actor starts (``HandoffServer``); its address and
                    a random token go to a prefill worker in one (authenticated) Ray call, ``handoff_address``

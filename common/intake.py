@@ -1,10 +1,11 @@
-"""A front door's requests to a worker over ZeroMQ: submit one, abort one (issue #12; DESIGN.md §5b).
+"""A front door's requests to a worker over ZeroMQ: submit one, abort one (``docs/design/ownership.md``).
 
 Tokens reach the front door over ZeroMQ (``common/outbox.py``) because a Ray call costs several times a ZeroMQ
 message on both sides. The calls the other way, one ``submit`` per request and an ``abort`` per worker when a
-request ends early, went over Ray still; in a burst of 300 requests at once the GlobalScheduler had placed 186
-of them by 1 s, and the prefill worker had been handed 11 (``benchmarks/results/burst_spans_s48.md``). So they
-go over ZeroMQ too:
+request ends early, go over ZeroMQ too. Over Ray they lag a burst: with 300 requests at once the GlobalScheduler
+places 186 of them by 1 s and the prefill worker has been handed 11, and 34 by 1.5 s; over ZeroMQ all 300 are at
+the prefill worker by 1.5 s (``python benchmarks/diagnostics/burst_spans.py --num-prompts 300 --seed 1``, tracing
+on; the Ray side measured on ed4d9a8). The sockets:
 
     front door: one ROUTER socket per process (``WorkerStreams``), beside its stream socket
     worker:     one DEALER per front door's subscription, connected to that ROUTER under the routing id the

@@ -1,4 +1,4 @@
-"""Output-length estimates that travel with each request (DESIGN.md §2).
+"""Output-length estimates that travel with each request.
 
 TetriInfer §3.3.2 predicts a *range* (bucket) of generated tokens rather than an
 exact count; schedulers use ``lower``/``upper`` for reservation decisions and

@@ -1,4 +1,4 @@
-"""A worker's lifecycle and role (DESIGN.md §5b; TetriInfer §3.5, Figure 10).
+"""A worker's lifecycle and role (TetriInfer §3.5, Figure 10).
 
     STARTING ──activate──▶ ACTIVE ──drain(to_role)──▶ DRAINING ──flipping──▶ FLIPPING ──activate──▶ ACTIVE
                              ▲            (to_role None: removal)    │ (queue empty, requests               (new role)

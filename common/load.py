@@ -8,9 +8,9 @@ have a deadband (``report_tolerance``): one that moved by less than that share
 of its value since the last report is no change, and goes out with the next
 heartbeat. Each report and broadcast is a Ray call that costs CPU in the
 sender, the monitor and the receivers (the GlobalScheduler, every prefill
-worker), on the cores the prefill engines share (README, Known limits, issue
-#12, session 58). Decode loads are broadcast to every prefill worker, whose
-dispatcher decides locally from that view (§3.3.4). A report is also the
+worker), on the cores the prefill engines share. Decode loads are broadcast
+to every prefill worker, whose dispatcher decides locally from that view
+(§3.3.4). A report is also the
 worker's heartbeat: it carries the worker's ``incarnation`` (reports of a
 previous life are dropped) and its engine's step counter with whether the
 engine has work, so the monitor can tell a stuck engine from a live one by its

@@ -1,4 +1,4 @@
-"""The request id (and trace id) on every log line of a request's path (issue #17, part 6).
+"""The request id (and trace id) on every log line of a request's path.
 
     bind(request_id, traceparent)     first thing in the asyncio task that handles a request (a front door's
                                       stream, a prefill worker's task per request): a ``ContextVar``, so
@@ -100,7 +100,7 @@ def install() -> None:
 def configure_process(level: int = logging.WARNING) -> None:
     """An actor process: ``install`` and, when nothing handles its logs yet (Ray leaves the root logger bare,
     so only Python's last-resort handler prints, warnings and up without any context), a stderr handler in
-    ``FORMAT`` at ``level``: what it printed before, now with time, logger and request."""
+    ``FORMAT`` at ``level``, so those lines carry the time, the logger and the request."""
     install()
     root = logging.getLogger()
     if not root.handlers:

@@ -17,9 +17,10 @@ front door's long-lived ``subscribe`` call (``serve`` here) attaches the socket
 and then yields only a heartbeat every ``HEARTBEAT_S``; that call ending tells
 each side the other is gone. Tokens do not go through Ray's streaming
 generators because each of their messages costs about 0.8 ms of CPU on the
-sending side and 1.1 ms on the receiving side here, against about 0.2 ms and
-0.3 ms for ZeroMQ (``benchmarks/stream_channel.py``), and the sending side is
-the process whose engine thread shares its GIL.
+sending side and 1.1 ms on the receiving side on 2 cores, against about 0.2 ms and
+0.3 ms for ZeroMQ (``python benchmarks/diagnostics/stream_channel.py --messages
+2000 --rounds 3``), and the sending side is the process whose engine thread
+shares its GIL.
 
 Chunks published before the subscriber attaches wait until it does.
 

@@ -1,4 +1,4 @@
-"""The request model: one ordered state enum and a timestamped event log (DESIGN.md §2).
+"""The request model: one ordered state enum and a timestamped event log.
 
 Lifecycle::
 
@@ -8,9 +8,9 @@ Lifecycle::
                                └─── moved to another decode ◀───┘  (SCLS slice, §7)
     any non-finished state ─▶ FINISHED_ABORTED | FINISHED_ERROR
 
-Every transition appends a ``RequestEvent``; TTFT, TBT, transfer time and
-queueing delays are derived from those events (``common.metrics``), never
-measured twice.
+Every transition appends a timestamped ``RequestEvent``, so a request's history (queueing, transfer,
+decoding) reads from its events. The latencies clients see (TTFT, TBT, end to end) are measured once, at the
+front door (``control_plane/request_metrics.py``).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class ApiKeySpec(BaseModel):
 
 
 class SecurityConfig(BaseModel):
-    """API keys, quotas and TLS of both front doors (README "Security")."""
+    """API keys, quotas and TLS of both front doors (``docs/deployment/security.md``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -1,4 +1,4 @@
-"""What flows between front doors, the control plane and the workers (DESIGN.md §5b), as typed messages.
+"""What flows between front doors, the control plane and the workers, as typed messages.
 
 Tokens go straight from the worker that produces them to the front door that
 owns the request; the control plane only places requests and keeps a table of

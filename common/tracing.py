@@ -1,4 +1,4 @@
-"""OpenTelemetry spans of one request across the service's processes; off unless configured (issue #17, part 6).
+"""OpenTelemetry spans of one request across the service's processes; off unless configured.
 
     front door       tetriserve.request  (root, SERVER: route, request id, model, tokens, finish reason)
                         │ traceparent ─▶ Request.trace, PlacementRequest.trace (W3C strings in typed fields)

@@ -1,4 +1,4 @@
-"""The ``tracing`` section of the cluster config: OpenTelemetry spans of each request (issue #17, part 6).
+"""The ``tracing`` section of the cluster config: OpenTelemetry spans of each request.
 
 Off by default. On, every process of the service (each front door, the GlobalScheduler, every worker)
 exports its spans over OTLP to ``endpoint`` (``common/tracing.py``)::

@@ -1,4 +1,4 @@
-"""The ``transport`` section of the cluster config: which backend moves KV between workers (issue #16)."""
+"""The ``transport`` section of the cluster config: which backend moves KV between workers."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class TransportConfig(BaseModel):
         "auto",
         description=(
             "tcp: bytes over sockets. shm: through reused shared-memory slabs between processes of one host "
-            "(peers on other hosts get them over TCP). ucx: through ucxx (tcp/shared memory here, RDMA where the "
+            "(peers on other hosts get them over TCP). ucx: through ucxx (tcp and shared memory, RDMA where the "
             "cluster has it). nccl: torch.distributed point-to-point on a group per pair (NCCL on CUDA, gloo on "
             "CPU). auto: shm within a host; where the cluster spans hosts, ucx to a worker on another host (tcp "
             "to one without a UCX listener). mock: TetriInfer's "

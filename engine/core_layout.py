@@ -3,10 +3,9 @@
 On a CPU machine every thread of the service competes for the same few cores: the decode engine, whose
 step sets every running stream's pace, the prefill engine, the front door (tokenizing, detokenizing,
 writing SSE), Ray's processes and the length predictor. Left to the kernel, the decode engine's thread
-waits for a core while each of the others takes a little (README, Known limits, issue #12, sessions 45 and
-52). Plain vLLM's CPU server binds its model worker to core 0 and keeps the other core for the rest
-(``core ids=[0]``, ``reserved_cpus=[1]`` in its log). A ``CoreLayout`` does the same for a disaggregated
-service:
+waits for a core while each of the others takes a little. Plain vLLM's CPU server binds its model worker to
+core 0 and keeps the other core for the rest (``core ids=[0]``, ``reserved_cpus=[1]`` in its log). A
+``CoreLayout`` does the same for a disaggregated service:
 
     decode engine threads   the lowest ``decode engines × threads_per_engine`` cores, nothing else on them
     every other thread      the other cores, "the rest": prefill engines, front door, Ray, the workers' event
@@ -15,22 +14,34 @@ service:
 ``tetriserve serve`` makes the layout when it starts a Ray cluster of its own on a CPU machine and at least
 one core stays for the rest, and hands it to the engines' workers in the environment (``LAYOUT_ENV``). The
 service starts on every core: on the rest alone, Ray's processes, the workers' imports, the engines' builds
-(model load) and the predictors' loads queued on one core while the decode cores, idle until the first
-request, waited (``tetriserve serve`` was ready in a median 47.4 s against 90.0 s, three runs each,
-``benchmarks/results/s60_serve_startup.md``). An engine's thread moves itself to its role's cores when it
-takes a role (also at a flip). Once the service is up, ``settle_on_rest`` moves every other thread of the
-service's processes to the rest; what starts later (a worker the supervisor restarts, a scaled-out one)
-inherits the rest from Ray's processes and builds its engine on every core (``building_on``).
+(model load) and the predictors' loads queue on one core while the decode cores, idle until the first
+request, wait. On 2 cores ``tetriserve serve`` is ready in a median 47.4 s starting on every core, against
+90.0 s starting on the rest (three runs each, ``python benchmarks/diagnostics/serve_startup.py --rounds 3
+--variant new= --variant old= --pythonpath old=DIR``, DIR holding 5d8695c, which starts on the rest, laid out
+as installed). An engine's thread moves itself to its role's cores when it takes a role (also at a flip).
+Once the service is up, ``settle_on_rest`` moves every other thread of the service's processes to the rest;
+what starts later (a worker the supervisor restarts, a scaled-out one) inherits the rest from Ray's processes
+and builds its engine on every core (``building_on``).
 
 A decode engine first claims a group of ``threads_per_engine`` reserved cores (``CoreClaim``: an exclusive
 ``flock`` on a file per group, which the OS drops when its process ends), so two decode engines never share
 one; with a claim it runs on those cores at niceness 0 and borrows none (its core is its own, and a borrowed
 OMP helper thread would start on it). The reservation is sized at start: a decode engine a flip or scaling
 adds finds every group claimed and shares every core, with ``decode_niceness`` and borrowing, as without a
-layout. Measured: ``benchmarks/results/s53_probe_pin_free_prefill.md``. Until session 56 the prefill engines
-ran on every core, taking an equal share of the decode's as a colocated engine spends part of its step on
-prompt chunks; on the rest only, a burst's prompts come later and every decode step sooner (README, Design
-notes, ``benchmarks/results/s56_probe_prefill_rest_*.md``).
+layout. At saturation on 2 cores, a decode engine pinned to its core at niceness 0 (the prefill engine on
+every core) gives 2423 and 2548 output tokens/s against 2274 and 2302 sharing every core; its step takes 11.3
+against 15.1 ms by the wall clock, and its thread waits 3.0 against 5.4 s for a core (``python
+benchmarks/diagnostics/engine_steps.py --scenario saturation --repeats 2 --variant default= --variant
+'pfp0=--no-borrow-idle-cores --decode-niceness 0' --pin-free-prefill pfp0``).
+
+The prefill engines run on the rest only. On every core a prefill engine takes an equal share of the decode's
+core, as a colocated engine spends part of its step on prompt chunks; on the rest a burst's prompts come later
+and every decode step sooner. At saturation the rest gives 2764 against 2486 output tokens/s, a decode step of
+10.3 against 13.5 ms and a median TPOT of 24.1 against 38.1 ms, for a prefill step of 82.8 against 60.6 ms and
+a median TTFT of 3.0 against 2.3 s; at 2 req/s a median TPOT of 2.86 against 3.13 ms and a median TTFT of
+41.3 against 37.9 ms (``python benchmarks/diagnostics/engine_steps.py --scenario saturation --repeats 3
+--variant every= --variant rest= --code every=58ec87a --code rest=53672ec``, and ``--scenario rate``;
+58ec87a runs the prefill engines on every core).
 """
 
 from __future__ import annotations

@@ -22,15 +22,22 @@ meters the rest of the machine (``CpuMeter``: ``/proc/stat`` busy time less its
 own process's, over 200 ms) and borrows only while that has left at least
 ``engine.borrow_min_idle_cores`` (default ``MIN_IDLE_CORES``) idle beyond its own
 threads: the front door, Ray and the length predictor post nothing on the board
-but use cores all the same. Less was worse at saturation (README, Known limits,
-session 52): a borrowed thread that another process preempts holds the step back.
+but use cores all the same. Less is worse at saturation: a borrowed thread that
+another process preempts holds the step back (on 2 cores, 1992 output tokens/s at
+0.5 against 1443 at 0 and 1494 at 0.25, ``python
+benchmarks/diagnostics/engine_steps.py --scenario saturation --repeats 2 --variant
+default= --variant 'idle0=--borrow-min-idle 0' --variant 'idle25=--borrow-min-idle
+0.25'``).
 
 A borrower borrows only for steps of at least ``min_batch`` running requests
-(``engine.borrow_min_batch``, default 4): offline, a second thread cut a decode
-step by 29-57% from a batch of 4 on and bought nothing at a batch of one
-(benchmarks/results/engine_threads_by_batch.md). A borrower below that batch
-shows on the board as no borrower, so the spare goes to one that can use it.
-Borrowing is on by default (README, "Engines share the machine's cores").
+(``engine.borrow_min_batch``, default 4): offline, a second thread cuts a decode
+step by 29-57% from a batch of 4 on and buys nothing at a batch of one (``python
+benchmarks/diagnostics/engine_executor.py --executors uni --threads 1 2 --batches
+1 4 16 64 --tokens 128 --repeats 3``). A borrower below that batch shows on the
+board as no borrower, so the spare goes to one that can use it. Borrowing is on
+by default: at saturation one pair gives 2233 output tokens/s with it against
+1717 without (``python benchmarks/diagnostics/engine_steps.py --scenario
+saturation --repeats 1 --variant gated= --variant off=--no-borrow-idle-cores``).
 Engines post on the board either way.
 
 The board is a small shared-memory file (``/dev/shm``), one slot per engine:

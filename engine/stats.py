@@ -88,7 +88,7 @@ class StatsCollector:
 def stat_loggers(collector: StatsCollector) -> list[Any]:
     """The ``stat_loggers`` of a worker's ``LLMEngine``: ``collector``'s, and a stand-in that keeps vLLM from
     adding its own Prometheus logger, whose per-step ``record`` fills a registry in the worker's process that
-    nothing scrapes (the front door exports the workers' ``stats()``), work that showed in a sampled profile of
+    nothing scrapes (the front door exports the workers' ``stats()``), work that shows in a sampled profile of
     every served decode step. vLLM's periodic log line stays."""
     return [stat_logger_factory(collector), _unscraped_prometheus()]
 

@@ -4,7 +4,7 @@ start(monitor, scheduler) ─▶ every report_interval_ms: monitor.report(load()
                              every heartbeat_interval_ms                               (TetriInfer §3.2)
                                                         scheduler.record(state events)  (the request table)
                              called again after the monitor or the GlobalScheduler was re-created: rewires
-subscribe(front door)     ─▶ that front door's one stream of token chunks from this worker, over ZeroMQ (DESIGN.md §5b),
+subscribe(front door)     ─▶ that front door's one stream of token chunks from this worker, over ZeroMQ,
                              and on the Ray call itself a ``Heartbeat`` (this life's incarnation, the requests
                              held for that front door) every ``HEARTBEAT_S``
 sentinel()                ─▶ never returns: the supervisor holds one call open and hears of this actor's death

@@ -1,1 +1,2 @@
-"""KV transfer: the transport API, one backend per file, and the vLLM KV connector (DESIGN.md §5)."""
+"""KV transfer: the transport API, one backend per file, and the vLLM KV connector
+(``docs/design/kv-transfer.md``)."""

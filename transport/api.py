@@ -1,4 +1,4 @@
-"""The transport API every KV transfer backend implements (TetriInfer §3.3.4, DESIGN.md §5).
+"""The transport API every KV transfer backend implements (TetriInfer §3.3.4).
 
 Two-sided backends implement ``send``/``recv``::
 

@@ -1,4 +1,4 @@
-"""The default ``auto`` backend across hosts: shared memory to a peer on this host, UCX to one on another (issue #16).
+"""The default ``auto`` backend across hosts: shared memory to a peer on this host, UCX to one on another.
 
     transport: {backend: auto}        # the default
 
@@ -9,7 +9,7 @@ hosts (a KubeRay cluster: one pod per Ray node) it opens this endpoint, an
 the UCX port added, ``shm://<host id>@host:port?ucx=<port>``::
 
     send to a peer with the same host id        shared-memory slabs (the shm path)
-    send to a peer on another host, UCX open    UCX (RDMA where the NIC has it; tcp here)
+    send to a peer on another host, UCX open    UCX (RDMA where the NIC has it, else tcp)
     send to a peer without a UCX listener       TCP, as shm sends to another host
 
 Both listeners land what they receive in the one ``ReceiveStore``, so the KV

@@ -1,4 +1,4 @@
-"""Link emulation: any real backend shaped to a slower link (issue #16; TetriInfer §4 studies links this way).
+"""Link emulation: any real backend shaped to a slower link (TetriInfer §4 studies links this way).
 
     transport: {backend: shm, emulate: {gbps: 10, latency_us: 50}}
 

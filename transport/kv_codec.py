@@ -13,7 +13,8 @@ From a GPU cache, ``pack`` copies into pinned host memory (torch's caching host
 allocator, so steady state allocates nothing), every layer's copy queued before one
 wait: on an H100, 256 MiB (2048 tokens of a Llama-3-8B shape) packed in 6.0 ms,
 against 126 ms (2.1 GB/s) into pageable memory, inside the engine step
-(``benchmarks/results/gpu_transport.md``, issue #16). Pinned pages also let a
+(``python benchmarks/gpu_transport.py --sizes-mib 1 4 16 64 256 --repeats 10``,
+``benchmarks/results/gpu_transport.md``). Pinned pages also let a
 backend that stages through the GPU (``nccl``) copy them by DMA.
 """
 
@@ -62,7 +63,7 @@ def pack(
     reserve: Callable[[list[int]], Sequence[Any]] | None = None,
 ) -> PackedKV:
     """Copy the first ``num_tokens`` tokens' blocks of every layer to host memory: page-locked from a CUDA cache
-    unless ``pinned`` is False (the benchmark's before/after). From a CPU cache with ``reserve`` (an endpoint's:
+    unless ``pinned`` is False (the benchmark's pageable comparison). From a CPU cache with ``reserve`` (an endpoint's:
     writable buffers of the sizes asked, in memory it can publish without copying, ``Transport.reserve``) the
     blocks are gathered straight into those buffers, which are returned; the header is padded with JSON
     whitespace to a multiple of 64 bytes, so every layer's bytes start aligned."""

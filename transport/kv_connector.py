@@ -28,8 +28,8 @@ Lifecycle (request-level transfer, as in the paper)::
     ``shm_pull.py``; either way it lands in the ReceiveStore the connector polls)
 
 When the KV has already landed as the decode engine first schedules the request
-(the usual case: the bytes travel while the prefill worker's ``submit`` call
-does) and is at most ``sync_load_bytes`` (the config's ``transport.sync_load_mib``),
+(the usual case: the bytes travel while the prefill worker's ``take`` call on the decode worker
+runs) and is at most ``sync_load_bytes`` (the config's ``transport.sync_load_mib``),
 the load is synchronous instead: ``get_num_new_matched_tokens`` returns (L,
 False), the worker copies the blocks in before that very step's forward pass,
 and token L+1 comes out of the request's first step, not its second. A bigger

@@ -1,4 +1,4 @@
-"""The loading half of the KV connector's worker side: landed KV into a request's blocks (issue #16, TetriInfer §3.3.4).
+"""The loading half of the KV connector's worker side: landed KV into a request's blocks (TetriInfer §3.3.4).
 
 One ``KVLoads`` per engine, called on the engine thread only: ``start`` in
 ``start_load_kv`` each step, ``finished`` in ``get_finished``, ``errors`` in

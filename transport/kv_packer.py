@@ -1,4 +1,4 @@
-"""Packing KV out of an engine's blocks and unpacking it into them, off the engine step (issue #16).
+"""Packing KV out of an engine's blocks and unpacking it into them, off the engine step.
 
     engine thread (in the step that computes the KV)        packer thread
     submit(SaveSpec) ─────────── queue ──────────────────▶  kv_codec.pack(blocks) → transport.publish(key)

@@ -1,4 +1,4 @@
-"""NCCL backend: KV bytes through ``torch.distributed`` point-to-point on a stateless group per pair (issue #16).
+"""NCCL backend: KV bytes through ``torch.distributed`` point-to-point on a stateless group per pair.
 
 NCCL on CUDA, gloo on CPU (so it runs and is tested here); the backend is named ``nccl`` either way. vLLM owns
 the default process group inside each engine process, so this never calls ``init_process_group``: every

@@ -1,4 +1,4 @@
-"""A request's KV in parts, one per prefill chunk (issue #16): how the parts of a key are named.
+"""A request's KV in parts, one per prefill chunk: how the parts of a key are named.
 
 The prefill engine parks each chunk's KV as chunked prefill computes it, under ``part_key(key, i, last)``:
 parts 0, 1, … cover whole blocks in the order of the request's block table, and the last part (marked)

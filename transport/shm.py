@@ -1,4 +1,4 @@
-"""Shared-memory backend: KV bytes cross between processes of one host through registered memory (issue #16).
+"""Shared-memory backend: KV bytes cross between processes of one host through registered memory.
 
 Each sender keeps a pool of slabs, anonymous shared-memory segments (``memfd``)
 mapped once and reused, so the only per-transfer cost is one copy into pages
@@ -13,8 +13,8 @@ that are already there::
                                                               the last view of the transfer dropped: the
                                                               receiver sets the slab's control byte (shared)
     the next take sees the byte: the slab is free again, and taken before slabs that came back earlier (its
-    pages are still in the cache: a one-thread 16 MiB copy into a buffer just used ran at 15.9 GB/s here, into
-    one of two used in turn at 11.9, ``benchmarks/copy_reuse.py``)
+    pages are still in the cache: one thread copies 16 MiB into one reused buffer at 15.9 GB/s, into two used
+    in turn at 11.9, ``python benchmarks/diagnostics/copy_reuse.py``)
 
 Slabs have no name anywhere: memory goes when the last process that maps it
 lets go, so a dead peer strands nothing (a sender whose connection breaks

@@ -1,4 +1,4 @@
-"""One-sided pull over shared memory (issue #16): the reader takes published KV out of the publisher's own slabs.
+"""One-sided pull over shared memory: the reader takes published KV out of the publisher's own slabs.
 
 The ``shm`` backend's push copies the KV into a slab at send time and lends it to
 the receiver. A pull turns that around, as NIXL's READ does: the publisher's
@@ -30,7 +30,7 @@ memory goes with the last mapping). Published KV nobody pulls or takes is
 dropped with the lease (the store's TTL) and its slab freed.
 
 Only between endpoints of one host (``lends_to``); a reader elsewhere gets the
-KV pushed, as before (the prefill side sends the published views inline).
+KV pushed (the prefill side sends the published views inline).
 """
 
 from __future__ import annotations

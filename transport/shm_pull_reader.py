@@ -1,4 +1,4 @@
-"""The reader's side of shm's one-sided pull (issue #16): a decode worker maps a prefill worker's published slabs.
+"""The reader's side of shm's one-sided pull: a decode worker maps a prefill worker's published slabs.
 
 See ``shm_pull.py`` for the protocol. A pull's data phase (ask for the key, map and
 land each part as the publisher hands it over) runs on a pooled thread over a

@@ -1,4 +1,4 @@
-"""UCX backend: KV bytes over UCX through ``ucxx`` (issue #16) — tcp and shared memory here, RDMA where the NIC has it.
+"""UCX backend: KV bytes over UCX through ``ucxx``: tcp and shared memory, RDMA where the NIC has it.
 
 Wire format, per transfer, on a pooled UCX endpoint (tag messages, in order)::
 
@@ -10,8 +10,8 @@ daemon thread of its own (``ucxx``'s async API, whose worker progresses on
 that loop and nowhere else: ``UCXPY_PROGRESS_MODE=blocking``, below): ``send``
 schedules the transfer there and returns a polled ``TransferHandle``; nothing blocks the engine loop. Between
 frames a receiving endpoint has no receive posted: it probes for the next frame (``_next_frame``), since ucxx
-polls a posted request without pause and an idle pooled endpoint kept a core busy. A deadline bounds
-connect, the messages and the acknowledgement together: past it the endpoint is
+polls a posted request without pause, and a receive posted on an idle pooled endpoint keeps a core busy. A
+deadline bounds connect, the messages and the acknowledgement together: past it the endpoint is
 aborted (the peer sees its receive fail and marks the key failed) and the send
 is ``FAILED``. A peer that dies breaks its endpoints: UCX's error handling
 cancels the pending messages on the survivor, so both sides know at once.
@@ -19,13 +19,14 @@ cancels the pending messages on the survivor, so both sides know at once.
 Environment: without a GPU (no ``/dev/nvidiactl``) the backend sets ``UCX_RNDV_FRAG_MEM_TYPE=host`` before
 ``ucxx`` is imported (rendezvous fragments in host memory; an explicit setting wins), and everywhere
 ``UCXPY_PROGRESS_MODE=blocking`` (``UCX_DEFAULTS``; an explicit setting wins here too). ``UCX_TLS`` is UCX's
-choice: every transport it finds (here tcp, shared memory ``posix``/``sysv``/``cma`` and ``self``; ``rc``/``dc``
-RDMA and ``cuda_copy``/``cuda_ipc`` where the host has them); set e.g. ``UCX_TLS=tcp,sm,self`` to restrict it.
+choice: every transport it finds (on a host without RDMA: tcp, shared memory ``posix``/``sysv``/``cma`` and
+``self``; ``rc``/``dc`` RDMA and ``cuda_copy``/``cuda_ipc`` where the host has them); set e.g.
+``UCX_TLS=tcp,sm,self`` to restrict it.
 (UCX warns once at start that ``UCX_MEMTYPE_CACHE``, which ``ucxx`` sets, is unused by this build: harmless.)
 
 Two-sided only: the ``ucxx`` Python bindings (0.52) expose tag and active messages but not UCX's
-memory registration, remote keys or ``put``/``get`` (the C++ library has them), so there is no one-sided
-``read``/``write`` yet. Addresses look like ``ucx://host:port`` (the UCX listener).
+memory registration, remote keys or ``put``/``get`` (the C++ library has them), so this backend has no
+one-sided ``read``/``write``. Addresses look like ``ucx://host:port`` (the UCX listener).
 """
 
 from __future__ import annotations
@@ -51,10 +52,11 @@ logger = logging.getLogger(__name__)
 UCX_CPU_DEFAULTS = {"UCX_RNDV_FRAG_MEM_TYPE": "host"}
 # ucxx progresses its worker on our event loop's thread ("blocking": the loop wakes on the worker's event fd), not
 # on a C++ thread of its own that calls back into Python (its default, "thread"): ucxx does not vouch for that
-# mode in processes with several Python threads (rapidsai/ucxx#325), and ours have several. With it, the transport
-# tests' process died in 2 of 9 suite runs (sessions 61-62: a segfault on a thread without Python frames), and in
-# a rerun the interpreter's own state was corrupted ("AST constructor recursion depth mismatch"); the likeliest
-# cause, not a proven one (README, Known limits, session 62).
+# mode in processes with several Python threads (rapidsai/ucxx#325), and ours have several. In that mode the
+# transport tests' process died in 2 of 9 suite runs (a segfault on a thread without Python frames), and once the
+# interpreter's own state was corrupted ("AST constructor recursion depth mismatch"); the mode is the likeliest
+# cause, not a proven one (``docs/known-limits.md``; ``benchmarks/diagnostics/transport_tests_loop.sh`` reruns
+# those tests until one dies of a signal).
 UCX_DEFAULTS = {"UCXPY_PROGRESS_MODE": "blocking"}
 _MAX_HEADER = 1 << 20
 # a receiving endpoint's probes for its next frame (``_next_frame``): at once, then backing off from 50 µs to 2 ms
@@ -78,9 +80,10 @@ def _ucxx() -> Any:
 def _rearm_blocking_mode() -> None:
     """ucxx's blocking progress mode arms the worker's event descriptor once: its reader callback progresses the
     worker but never starts the arming task again (ucx-py's did), so after the first event the descriptor stays
-    readable and the event loop spins on it, a core's worth of CPU while idle (5.00 s of CPU in 5 s with one idle
-    pooled endpoint, session 62: benchmarks/results/s62_ucx_idle_cpu.md). This puts ucx-py's re-arming back;
-    ``ucx_loop`` calls it once per process."""
+    readable and the event loop spins on it, a core's worth of CPU while idle: without this, one idle pooled
+    endpoint costs 5.00 s of CPU in 5 s, with it and ``_next_frame``'s probing 0.32 s (``python
+    benchmarks/diagnostics/ucx_idle_cpu.py --variant blocking=98af462 --variant final=``, 98af462 being the
+    code without the re-arming). This restores ucx-py's re-arming; ``ucx_loop`` calls it once per process."""
     from ucxx._lib_async import continuous_ucx_progress as progress
 
     def _fd_reader_callback(self: Any) -> None:
@@ -237,11 +240,12 @@ class UcxTransport(StoreBackedEndpoint):
     async def _next_frame(self, ep: Any) -> bool:
         """Wait until the next frame's first message has reached ``ep``, with no receive posted meanwhile; False
         once ``ep`` or this transport is closed. ucxx awaits a posted request by polling it on the loop without a
-        pause (its ``wait_yield``), so a receive posted on an idle pooled endpoint kept a core busy for as long as
-        the endpoint lived (5.17 s of CPU in 5 s idle in ucxx's default mode, README's Known limits, session 62;
-        benchmarks/results/s62_ucx_idle_cpu.md). Instead the loop
-        progresses the worker and probes for the endpoint's tag, at once and then backing off to
-        ``IDLE_PROBE_MAX_S`` between probes: at most that much latency for a frame that comes after a pause."""
+        pause (its ``wait_yield``), so a receive posted on an idle pooled endpoint keeps a core busy for as long
+        as the endpoint lives: 5.17 s of CPU in 5 s idle in ucxx's default mode, against 0.32 s with this probing
+        (``python benchmarks/diagnostics/ucx_idle_cpu.py --variant posted=c3bfc51 --variant final=``, c3bfc51
+        being code that keeps a receive posted). So the loop progresses the worker and probes for the endpoint's
+        tag, at once and then backing off to ``IDLE_PROBE_MAX_S`` between probes: at most that much latency for a
+        frame that comes after a pause."""
         if ep.closed:
             return False
         ctx, tag = ep._ctx, ep._tags["msg_recv"]  # ucxx's own: the tag its recv matches on this endpoint

@@ -1,5 +1,5 @@
-"""A deadline watchdog for blocking operations that may never return (issue #16: NCCL and gloo can hang when a
-peer dies). An operation runs inside ``watch(deadline, on_expire, sock)``; one thread calls ``on_expire`` once
+"""A deadline watchdog for blocking operations that may never return (NCCL and gloo can hang when a peer
+dies). An operation runs inside ``watch(deadline, on_expire, sock)``; one thread calls ``on_expire`` once
 the deadline passes with the operation still running, or as soon as the peer closes ``sock`` (a control socket
 the peer leaves silent during the operation), so the caller fails the transfer and tears its channel down
 instead of waiting on a library that has not noticed the peer is gone.

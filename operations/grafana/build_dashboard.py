@@ -1,4 +1,4 @@
-"""Writes ``tetriserve-dashboard.json``, the Grafana dashboard of tetriserve's ``/metrics`` (README: Metrics).
+"""Writes ``tetriserve-dashboard.json``, the Grafana dashboard of ``/metrics`` (``docs/observability/grafana.md``).
 
     python operations/grafana/build_dashboard.py        # rewrites the JSON next to this script
 
