@@ -1,9 +1,9 @@
 """The session's order: the test modules on the shared integration cluster run last.
 
 That cluster (``tests/integration/conftest.py``'s session-scoped ``cluster``) lives from its first user to the end
-of the session. Idle, its workers, monitor and scheduler take about a sixth of a core (measured in session 60),
-which every other module (the ones that start a cluster or a service of their own, and the unit tests) would
-share the two cores with. Run last, its users follow one another and nothing else runs beside it.
+of the session. Idle, its workers, monitor and scheduler still use CPU, which every other module (the ones that
+start a cluster or a service of their own, and the unit tests) would share the two cores with. Run last, its users
+follow one another and nothing else runs beside it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """A plain vLLM OpenAI server (``python -m vllm.entrypoints.openai.api_server``) on the tiny model: the
 reference the front door's answers are compared with.
 
-Its start took 39 s in session 60's suite, mostly vLLM's imports. ``prestart`` begins it early at the lowest priority,
-on what the tests before it leave idle; ``plain_vllm`` then takes over that server (same model and arguments)
-instead of starting one.
+Its start is slow, mostly vLLM's imports. ``prestart`` begins it early at the lowest priority, on what the tests
+before it leave idle; ``plain_vllm`` then takes over that server (same model and arguments) instead of starting one.
 """
 
 from __future__ import annotations

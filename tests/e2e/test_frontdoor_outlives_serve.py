@@ -1,4 +1,4 @@
-"""Front doors outlive each other (issue #17), on a Ray cluster started apart from the service (`ray start`, as
+"""Front doors outlive each other, on a Ray cluster started apart from the service (`ray start`, as
 on Kubernetes): `serve --address` killed outright (SIGKILL) leaves the control plane, the workers and a
 `tetriserve frontdoor` serving; `tetriserve stop` then ends the service and the front door exits."""
 

@@ -1,4 +1,4 @@
-"""Flips and scaling on real engines while greedy streams run (issue 15): nothing is lost or changed.
+"""Flips and scaling on real engines while greedy streams run: nothing is lost or changed.
 
 One cluster of 1 prefill + 2 decode workers; the SCLS slice-move tests (``slice_moves.py``) run on it first, while
 both decode workers are as started. Then, under streams: `flip decode-1 prefill`, then

@@ -1,4 +1,4 @@
-"""One request's trace across the real cluster (issue #17, part 6): spans from the front door, the
+"""One request's trace across the real cluster: spans from the front door, the
 GlobalScheduler, the prefill worker (queue, compute, length prediction, KV send) and the decode worker
 (admission, KV load, decode run), all in one trace.
 

@@ -1,4 +1,4 @@
-"""Serving over each non-default transport (issue #16): the disaggregated greedy output is a colocated engine's,
+"""Serving over each non-default transport: the disaggregated greedy output is a colocated engine's,
 token for token and top logprob for top logprob, over tcp, ucx and nccl (gloo here) too. The default, shm, is
 covered by test_disaggregation.py and every other cluster.
 

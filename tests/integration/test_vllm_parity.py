@@ -1,4 +1,4 @@
-"""The OpenAI front door against a plain vLLM OpenAI server on the same model and prompts (issue 14): greedy
+"""The OpenAI front door against a plain vLLM OpenAI server on the same model and prompts: greedy
 text, token strings and logprobs, usage, finish and stop reasons, stream framing, ``n`` and the refusals.
 
 Both sides run float32 without torch.compile, so greedy answers must agree token for token, though ours are

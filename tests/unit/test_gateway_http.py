@@ -280,7 +280,7 @@ def test_openai_client(env: FakeFrontDoors, backend: FakeBackend) -> None:
             oa.completions.create(model="gpt-17", prompt="hi")
 
 
-def test_an_idle_keep_alive_connection_outlives_the_old_5_s_server_timeout(env: FakeFrontDoors) -> None:
+def test_an_idle_keep_alive_connection_outlives_uvicorns_default_5_s_timeout(env: FakeFrontDoors) -> None:
     """Clients pool connections for up to 60 s (aiohttp, vLLM's benchmark client); a server that closes them
     sooner races the client's next request on that connection (seen as a failed request under load)."""
     import http.client

@@ -1,5 +1,5 @@
 """The Helm chart (helm/tetriserve): rendered by Helm's engine, linted, checked against KubeRay's CRD and golden
-renders, and read for what the service needs (issue #17). No cluster, no Ray, no vLLM.
+renders, and read for what the service needs. No cluster, no Ray, no vLLM.
 
 Regenerate the golden renders after a deliberate chart change:
     TETRISERVE_REGEN_GOLDEN=1 python -m pytest -q tests/unit/test_helm_chart.py
@@ -246,9 +246,8 @@ def test_golden_files_are_the_three_value_sets() -> None:
     assert sorted(p.stem for p in Path(hs.GOLDEN).glob("*.yaml")) == sorted(hs.VALUE_SETS)
 
 
-def test_vendored_crd_is_kuberay_1_7_0_for_a_clean_checkout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Without ../shared (CI's clean checkout) the vendored copy is used, and it is the released file."""
-    monkeypatch.setattr(hs, "SHARED_CRD", tmp_path / "absent.yaml")
+def test_vendored_crd_is_kuberay_1_7_0() -> None:
+    """The CRD the checks read is the vendored copy, and it is KubeRay v1.7.0's released file."""
     assert hashlib.sha256(hs.crd_bytes()).hexdigest() == hs.CRD_SHA256
 
 

@@ -1,6 +1,6 @@
-"""KV on a CUDA KV cache (issue #16): packing into pinned host memory moves the same bytes as from a CPU cache,
+"""KV on a CUDA KV cache: packing into pinned host memory moves the same bytes as from a CPU cache,
 landing buffers are pinned, and unpacking puts the blocks into other blocks on the GPU. Skipped without a CUDA
-GPU (CI has none); run on the machine the ``device`` tool lends."""
+GPU (CI has none): run them on a machine with one."""
 
 from __future__ import annotations
 

@@ -240,7 +240,7 @@ def test_dispatch_registry() -> None:
         assert name in str(err.value)
 
 
-# -- dispatch: load-based variants (issue #5) ---------------------------------------------------------------------
+# -- dispatch: load-based variants --------------------------------------------------------------------------------
 
 
 def test_least_loaded_takes_fewest_requests_ties_by_free_kv() -> None:

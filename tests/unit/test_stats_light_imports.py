@@ -1,5 +1,5 @@
-"""A front door unpickles every worker's ``stats()`` on its event loop: nothing in them may import vLLM (2-3 s
-of imports that stalled the front door's first status and metrics calls past their timeouts)."""
+"""A front door unpickles every worker's ``stats()`` on its event loop: nothing in them may import vLLM (seconds
+of imports that would stall the front door's first status and metrics calls past their timeouts)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""scripts/test.sh, the README's test command, run with its tools stubbed: its exit status is the suite's.
+"""scripts/test.sh, the suite's command (what CI runs), run with its tools stubbed: its exit status is the suite's.
 
-A green suite once exited 2 (its exit trap ran a bare `kill` under `set -e`), and CI refused it; these runs take
-well under a second.
+Under `set -e` a failing command in the script's exit trap (a bare `kill` of runs already waited for) would become
+its exit status and fail a green suite in CI; these runs check the status and take well under a second.
 """
 
 from __future__ import annotations

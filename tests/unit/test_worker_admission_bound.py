@@ -1,4 +1,4 @@
-"""Admission bounded per worker (issue #14): the prefill pace and queue wait a worker reports, and the
+"""Admission bounded per worker: the prefill pace and queue wait a worker reports, and the
 GlobalScheduler placing only where the wait is within the bound (the refusal's way to the clients:
 test_gateway_limits.py)."""
 
@@ -40,7 +40,7 @@ def test_pace_is_measured_from_prompt_tokens_and_stepping_time_and_prices_the_qu
 def test_prompts_the_prefix_cache_held_do_not_make_the_queue_look_slow() -> None:
     """The queue's prompts are priced whole, so the pace counts prompt tokens whole: 50 prompts of 1000 tokens
     that the cache held but for 10 tokens each, in 0.5 s of steps, are 1e-5 s a prompt token, not 1e-3 s a
-    computed one (which priced the next burst of new prompts 100 times too slow, and refused it)."""
+    computed one (which would price the next burst of new prompts 100 times too slow, and refuse it)."""
     pace = PrefillPace()
     _observe(pace, 0, 0.0)
     _observe(pace, 50_000, 0.5, cached=49_500)
@@ -50,9 +50,10 @@ def test_prompts_the_prefix_cache_held_do_not_make_the_queue_look_slow() -> None
 
 def test_tokens_counted_after_their_steps_do_not_spike_the_pace() -> None:
     """An interval of 72 ms of steps whose tokens are counted in a later one (11 tokens in it) is not 6.5 ms a
-    token: a ratio of sums, not of each interval. vLLM counted a prompt's tokens when its prefill ended, and
-    averaging each interval's ratio put a served worker's pace at 2.1 ms a token where the run's was 0.105 ms
-    (benchmarks/results/prefill_pace_replay.md); cached tokens are still counted so."""
+    token: the pace is a ratio of sums, not an average of each interval's ratio. Tokens counted as their prompt's
+    prefill ends (as cached tokens are) lag their steps; on a served worker's report intervals the average of each
+    interval's ratio reaches 2.1 ms a token where the whole run's pace is 0.105 ms
+    (`python benchmarks/diagnostics/prefill_pace_replay.py`)."""
     pace = PrefillPace()
     _observe(pace, 0, 0.0)
     tokens, steps = 0, 0.0
@@ -78,9 +79,11 @@ def test_steps_before_their_tokens_are_counted_count_with_them() -> None:
 
 
 def test_computed_tokens_count_as_they_are_scheduled_and_cached_ones_as_their_prompts_end() -> None:
-    """Session 62: counted only as prompts ended, the tokens lagged a burst's steps, and 455 of a 600-prompt
-    burst were refused where the last served prompt's first token came at 15 s
-    (benchmarks/results/s62_pace_smoke_flood.md)."""
+    """Counted only as their prompts end, computed tokens lag a burst's steps and the pace reads low when the
+    burst is placed: after a smoke test, 455 of a 600-prompt burst are refused where the last served prompt's
+    first token comes at 15 s (`python benchmarks/diagnostics/prefill_pace_probe.py --warmup smoke --num-prompts
+    600 --rounds 1`, measured on a46ce67 with the pace set by a backlog's steps only and tokens counted as their
+    prompts end)."""
     pace = PrefillPace()
     _observe(pace, 0, 0.0)
     _observe(pace, 6000, 0.6)  # computed as scheduled: no prompt has ended yet
@@ -91,9 +94,10 @@ def test_computed_tokens_count_as_they_are_scheduled_and_cached_ones_as_their_pr
 
 def test_only_a_backlog_s_steps_set_the_pace() -> None:
     """A step costs a fixed few milliseconds whatever it carries, and the pace prices backlogs, whose steps are
-    full. Session 62: a fresh service's smoke test (two single prompts) set it at 1.858 ms a token, and the
-    GlobalScheduler refused 23 of a burst of 200 prompts whose last first token came at 17.8 s
-    (benchmarks/results/s62_pace_smoke_before.md). An interval counts when prompts waited at its start."""
+    full. Set by every step, a fresh service's smoke test (two single prompts) puts it at 1.858 ms a token, and
+    the GlobalScheduler refuses 23 of a burst of 200 prompts whose last first token comes at 17.8 s
+    (`python benchmarks/diagnostics/prefill_pace_probe.py --warmup smoke --num-prompts 200 --rounds 1 --commit
+    a46ce67`, a46ce67 setting the pace by every step). An interval counts when prompts waited at its start."""
     pace = PrefillPace()
     _observe(pace, 0, 0.0, backlogged=False)
     for n in range(1, 200):  # light load: one short prompt at a time, 4 tokens in 25 ms of steps each
@@ -123,9 +127,9 @@ def _measured(seconds_per_token: float) -> PrefillPace:
 
 
 def test_a_backlog_decode_workers_take_prompts_from_is_priced_at_the_share_prefilled_here() -> None:
-    """s59: the decode worker computed about a third of a saturation burst's prompt tokens; priced at the engine's
-    pace alone, the burst looked 31–34 s deep and was partly refused, and its last first token came at 15–18 s
-    (benchmarks/results/s59_prefill_pace_probe.md)."""
+    """The decode worker computes about a third of a saturation burst's prompt tokens; priced at the engine's
+    pace alone, the burst looks 31–34 s deep and is partly refused, while its last first token comes at 15–18 s
+    (`python benchmarks/diagnostics/prefill_pace_probe.py --rounds 2`, measured on ada26d0, which has no share)."""
     pace = _measured(1e-3)
     assert pace.local_share == 1.0 and pace.queue_seconds_per_token == pytest.approx(1e-3)  # no backlog seen yet
     for offloaded in (False, True, False, False, True, False):  # 1000-token prompts leave a backlogged queue

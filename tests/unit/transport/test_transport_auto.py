@@ -1,4 +1,4 @@
-"""The default backend where the cluster spans hosts (issue #16): shared memory to a peer on this host, UCX to
+"""The default backend where the cluster spans hosts: shared memory to a peer on this host, UCX to
 one on another, TCP to one that has no UCX listener; what lands either way is in the one store ``recv`` reads.
 
 Two endpoints on this machine play two hosts by carrying different host ids (``host=``). The contract suite
@@ -44,7 +44,8 @@ def test_a_peer_on_this_host_gets_them_through_shared_memory(make: Callable[...,
 
 
 def test_endpoints_without_ucx_still_talk_to_it_both_ways(make: Callable[..., Any]) -> None:
-    """A worker that opened a plain shm endpoint (its cluster on one host then) and one opened since."""
+    """A worker that opened a plain shm endpoint (while its cluster was on one host) and one that opened an
+    ``auto`` endpoint after the cluster spanned hosts."""
     auto, plain = make("auto", host="host-a"), make("shm")
     assert auto.route(plain.address) == "tcp"  # another host, no UCX listener there: inline over TCP
     _send(auto, plain.address, "to-plain", b"a")

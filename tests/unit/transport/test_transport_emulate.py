@@ -1,4 +1,4 @@
-"""Link emulation over a real backend (issue #16): transfers take the emulated link's time, queue behind each
+"""Link emulation over a real backend: transfers take the emulated link's time, queue behind each
 other on it, and fail at their deadline when the link is too slow for it."""
 
 from __future__ import annotations

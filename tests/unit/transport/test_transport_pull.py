@@ -1,4 +1,4 @@
-"""The one-sided part of the transport contract (issue #16), on the backends that offer it (``shm``, and ``auto``
+"""The one-sided part of the transport contract, on the backends that offer it (``shm``, and ``auto``
 between endpoints of one host): a reader pulls what a publisher published, in place, each part as it comes; a
 key that fails, is discarded, misses the deadline or whose publisher dies fails the pull on the reader's side at
 once; the publisher's slabs come back once the reader lets go. Backends and peers without it say so."""

@@ -1,4 +1,4 @@
-"""The shared-memory backend (issue #16): bytes through reused, registered slabs between processes of one host,
+"""The shared-memory backend: bytes through reused, registered slabs between processes of one host,
 mapped not copied by the receiver, a slab reused only once every view of its transfer is gone; inline over TCP
 to other hosts."""
 
