@@ -1,7 +1,8 @@
 """Dispatch across real decode engines side by side (TetriInfer Fig. 19, SCLS Fig. 17).
 
     python benchmarks/decode_dispatch.py          # ~25 min on 2 cores; writes results/decode_dispatch.{md,json}
-    python benchmarks/decode_dispatch.py --estimates oracle --heavy 345 --out benchmarks/results/decode_dispatch_oracle
+    python benchmarks/decode_dispatch.py --engines 2 4 --estimates oracle --heavy 345 \
+        --out benchmarks/results/decode_dispatch_oracle
 
 Each run sends ``--per-worker`` ShareGPT requests per decode engine, in one burst, through the dispatch
 policy the prefill worker uses (``prefill_worker/dispatch``), with the trained predictor's estimates or the
@@ -40,6 +41,7 @@ from benchmarks.decode_harness import (
     Job,
     add,
     bench_header,
+    header_lines,
     load_jobs,
     make_engine,
     scheduler,
@@ -153,7 +155,8 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [
         "# Dispatch across real decode engines",
         "",
-        f"`{res['command']}` — {res['hardware']}, {res['cores']} cores, tiny model (float32, 1 thread per "
+        *header_lines(res),
+        "Tiny model (float32, 1 thread per "
         f"engine), {args.per_worker} ShareGPT test-split requests per engine in one burst (prompt ≤ "
         f"{args.max_prompt} tokens, true output ≤ {args.max_out} tokens), the {args.estimates} predictor's estimates, "
         f"heavy = predicted ≥ {args.heavy} tokens, KV {args.blocks} blocks × 32 tokens per engine, greedy "
@@ -203,7 +206,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(RESULTS / "decode_dispatch"))
     args = ap.parse_args()
 
-    model_path, facts = bench_header("decode_dispatch.py")
+    model_path, facts = bench_header()
     most = max(args.engines)
     pool = load_jobs(most * args.per_worker, args.seed, model_path, args.max_prompt, args.max_out)
     engines = {f"decode-{i}": make_engine(model_path, args.blocks) for i in range(most)}

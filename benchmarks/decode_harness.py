@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from bench_results import RESULTS, provenance, run_facts  # noqa: E402, F401  (RESULTS: the decode benchmarks' --out)
 
 from tetriserve.common.config import EngineConfig  # noqa: E402
 from tetriserve.engine.settings import engine_env  # noqa: E402
@@ -192,17 +193,17 @@ def workload_args(ap: Any, **defaults: int) -> None:
     ap.add_argument("--seed", type=int, default=0)
 
 
-def bench_header(script: str) -> tuple[str, dict[str, Any]]:
-    """The tiny model's path (built once) and the facts every result file starts with."""
+def bench_header() -> tuple[str, dict[str, Any]]:
+    """The tiny model's path (built once) and the facts every result file starts with (``run_facts``)."""
     from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
-    from tetriserve.engine.hardware import detect_hardware
 
-    facts = {
-        "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:]),
-        "hardware": detect_hardware(),
-        "cores": os.cpu_count(),
-    }
+    facts = run_facts()
     return str(build_tiny_model(default_tiny_model_dir())), facts
+
+
+def header_lines(facts: dict[str, Any]) -> list[str]:
+    """A report's lines after its title: the run's command, machine, commit and date (``provenance``)."""
+    return provenance(facts)
 
 
 def write_results(out: Path, res: dict[str, Any], markdown: str) -> None:

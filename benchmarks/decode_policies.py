@@ -1,19 +1,20 @@
 """Decode admission and preemption side by side on one real decode engine (TetriInfer Fig. 18, CacheOpt Fig. 7-8).
 
-    python benchmarks/decode_policies.py            # ~35 min on 2 cores; writes results/decode_policies.{md,json}
+    python benchmarks/decode_policies.py      # ~35 min on 2 cores; writes results/decode_policies{.md,.json}
 
 1. Fig. 18: mean JCT of greedy (vLLM's), reserve-static and reserve-dynamic admission, with the trained
    predictor's estimates and with the oracle's, on one burst of ShareGPT requests.
 2. Fig. 8 / §3.5: recompute and swap latency against context length, profiled on this engine (recompute:
    prefilling S tokens, less a 1-token step's fixed cost; swap: packing S tokens' blocks out of the KV
    cache into the connector's host buffer and back), the fitted curves and their sweet spot, saved as
-   results/preemption_profile_tiny_cpu.json.
+   results/decode_policies_preemption_profile.json (``<out>_preemption_profile.json``), the profile
+   ``decode.preemption_mode=auto`` reads (``decode.preemption_profile``).
 3. Fig. 7: number of preemptions and tail preemption time (preempted → decoding again) under greedy
    admission for vLLM's victim order, SRTF, LKVO and CacheOpt's, each preempting by recompute; then
    CacheOpt's order with swap, and CacheOpt's admission with its order and the sweet-spot choice.
 
 Every run uses the same requests on the same warm engine (``decode_harness.py``); the KV cache is small
-enough (``--blocks``) that greedy admission must preempt.
+enough (``--blocks``) that greedy admission must preempt. Prints a line per run.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from benchmarks.decode_harness import (
     BurstResult,
     Job,
     bench_header,
+    header_lines,
     load_jobs,
     make_engine,
     median,
@@ -177,7 +179,8 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [
         "# Decode admission and preemption on one real decode engine",
         "",
-        f"`{res['command']}` — {res['hardware']}, {res['cores']} cores, tiny model (float32, 1 thread), "
+        *header_lines(res),
+        "Tiny model (float32, 1 thread), "
         f"{args.requests} ShareGPT test-split requests in one burst (prompt ≤ {args.max_prompt} tokens, "
         f"true output ≤ {args.max_out} tokens, mean {res['mean_output']:.0f}), KV cache {args.blocks} blocks × "
         f"{BLOCK} tokens. Same requests, same warm engine for every run; {rounds} rounds, configurations "
@@ -241,7 +244,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(RESULTS / "decode_policies"))
     args = ap.parse_args()
 
-    model_path, facts = bench_header("decode_policies.py")
+    model_path, facts = bench_header()
     jobs = with_slos(load_jobs(args.requests, args.seed, model_path, args.max_prompt, args.max_out), args.seed)
     engine = make_engine(model_path, args.blocks, connector="bench-decode-policies")
     print(f"{len(jobs)} jobs, mean output {statistics.mean(j.truth for j in jobs):.0f} tokens", flush=True)
@@ -249,7 +252,7 @@ def main() -> int:
     longest = engine.vllm_config.model_config.max_model_len - 1
     lengths = sorted({min(s, longest) for s in (32, 64, 128, 256, 512, 768, 1000)})
     prof = profile_preemption(engine, lengths, args.profile_reps)
-    profile_path = Path(args.out).with_name("preemption_profile_tiny_cpu.json")
+    profile_path = Path(args.out).with_name(Path(args.out).name + "_preemption_profile.json")
     prof["costs"].save(profile_path)
     res["profile_path"] = profile_path.name
     rows = measure(engine, jobs, args.max_out, prof["costs"], args.rounds)

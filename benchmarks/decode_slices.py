@@ -37,7 +37,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.decode_harness import RESULTS, Job, bench_header, load_jobs, median, workload_args, write_results
+from benchmarks.decode_harness import (
+    RESULTS,
+    Job,
+    bench_header,
+    header_lines,
+    load_jobs,
+    median,
+    workload_args,
+    write_results,
+)
 
 
 def launch(args: argparse.Namespace, model_path: str, dispatch: str, workload: Path) -> Any:
@@ -127,7 +136,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "decode_slices")
     args = ap.parse_args()
 
-    model_path, facts = bench_header("decode_slices.py")
+    model_path, facts = bench_header()
     jobs = load_jobs(args.decode * args.per_worker, args.seed, model_path, args.max_prompt, args.max_out)
     res: dict[str, Any] = {**facts, "args": vars(args) | {"out": str(args.out)}, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -161,7 +170,9 @@ def main() -> None:
         )
     md = (
         f"# SCLS Fig. 17 with slices (real cluster, {args.decode} decode workers × {args.per_worker} requests)\n\n"
-        f"`{facts['command']}`, {facts['cores']} cores shared by all engines; S = {args.slice_iters}, "
+        + "\n".join(header_lines(facts))
+        + "\n\n"
+        f"All engines share the machine's cores; S = {args.slice_iters}, "
         f"Γ = {args.gamma} s, λ = {args.lam}; oracle estimates; medians of {args.rounds} rotated rounds.\n\n"
         "| dispatch / slices | completion std (s) | total (s) | mean JCT (s) | moves |\n|---|---|---|---|---|\n"
         + "\n".join(rows)

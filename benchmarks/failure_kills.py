@@ -1,4 +1,4 @@
-"""Decode workers killed under load: how many requests fail, and what the kills cost (issue #13).
+"""Decode workers killed under load: how many requests fail, and what the kills cost.
 
 Two runs on this machine, same data, same seed, each on a fresh `tetriserve serve` with 2 prefill + 2
 decode workers, vLLM's own benchmark client at Poisson --request-rate against the HTTP front door:
@@ -12,14 +12,14 @@ decode workers, vLLM's own benchmark client at Poisson --request-rate against th
 
 A request is "in flight at a kill" when the kill falls between its start and its end (the client's
 ``start_times`` and the kill times are both ``time.perf_counter()``, one clock on Linux). Writes
-``benchmarks/results/failure_kills.{md,json}``.
+``benchmarks/results/failure_kills.{md,json}``; the benchmark client shows each run's progress, and each kill
+prints a line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import provenance, run_facts
 from vllm_bench_report import RESULTS, WORK, saved
 from vllm_bench_serve import prepare, run_bench, stop, tetriserve_cmd, wait_ready
 
@@ -131,7 +132,7 @@ def stats(rows: list[dict[str, float]]) -> dict[str, float]:
     }
 
 
-def report(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
+def report(runs: dict[str, dict[str, Any]], args: argparse.Namespace, facts: dict[str, str]) -> str:
     base = per_request(runs["undisturbed"]["detail"])
     hit = per_request(runs["kills"]["detail"])
     kill_times = [t for t, _ in runs["kills"]["kills"]]
@@ -145,13 +146,12 @@ def report(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     }
     t0 = min(r["start"] for r in hit)
     lines = [
-        "# Decode workers killed under load (issue #13)",
+        "# Decode workers killed under load",
         "",
-        f"Command: `python benchmarks/failure_kills.py --num-prompts {args.num_prompts} --request-rate "
-        f"{args.request_rate} --kill-every {args.kill_every} --seed {args.seed}`  ",
+        *provenance(facts),
         "Client: `vllm.benchmarks.serve --backend openai --dataset-name sharegpt` at Poisson arrivals; each run on a "
         "fresh `tetriserve serve --num-prefill 2 --num-decode 2` (tiny random-weight Llama, 1 OMP thread per "
-        f"engine, {os.cpu_count()} CPU cores, no GPU), warmed up with 64 prompts first (not measured).  ",
+        "engine, no GPU), warmed up with 64 prompts first (not measured).  ",
         "Kills: " + ", ".join(f"{victim} at {t - t0:.0f} s" for t, victim in runs["kills"]["kills"]) + ".  ",
         "No decode worker serving (nothing killed) at: "
         + (", ".join(f"{t - t0:.0f} s" for t in runs["kills"]["skipped"]) or "never")
@@ -175,6 +175,7 @@ def report(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     (RESULTS / "failure_kills.json").write_text(
         json.dumps(
             {
+                **facts,
                 "args": vars(args),
                 "groups": groups,
                 "kills": runs["kills"]["kills"],
@@ -193,9 +194,13 @@ def main() -> int:
     ap.add_argument("--kill-every", type=float, default=30.0, help="seconds between kills")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    facts = run_facts()
     model, dataset, env = prepare()
-    runs = {name: one_run(name, args, model, dataset, env) for name in ("undisturbed", "kills")}
-    text = report(runs, args)
+    runs = {}
+    for i, name in enumerate(("undisturbed", "kills"), 1):
+        print(f"== [{i}/2] {name} run", flush=True)
+        runs[name] = one_run(name, args, model, dataset, env)
+    text = report(runs, args, facts)
     (RESULTS / "failure_kills.md").write_text(text)
     print(text)
     failed = sum(1 for e in runs["kills"]["detail"]["errors"] if e)

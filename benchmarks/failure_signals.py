@@ -1,4 +1,4 @@
-"""Workers hurt by signals under streaming HTTP load: does every stream end whole and unchanged? (issue #13)
+"""Workers hurt by signals under streaming HTTP load: does every stream end whole and unchanged?
 
 One `tetriserve serve --num-prefill 2 --num-decode 2` on this machine. First ``--streams`` streamed greedy
 completions (``ignore_eos``, ``--max-tokens`` each) run at once undisturbed: the reference. Then, for each
@@ -14,7 +14,8 @@ operator would do it (Ray hears of it only from the process itself):
 For each stream: its HTTP status, its finish reason, any error event, its time, and whether its text equals
 the reference's. After each scenario, the time until every worker serves again (the supervisor's state, over
 gRPC), and the attempts the front door placed again, by cause (its ``/metrics``). Writes
-``benchmarks/results/<out>.{md,json}``.
+``benchmarks/results/<out>.{md,json}`` (default ``failure_signals``); prints a line as each scenario starts and
+ends.
 
     python benchmarks/failure_signals.py --streams 12 --max-tokens 1000
 """
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import provenance, run_facts
 from failure_kills import NAMESPACE, PORT, worker_restarts
 from vllm_bench_report import RESULTS, WORK
 from vllm_bench_serve import prepare, stop, tetriserve_cmd, wait_ready
@@ -184,7 +186,7 @@ def main() -> int:
     _, _, env = prepare()
     import ray
 
-    report: dict[str, Any] = {"command": shlex.join(["python", "benchmarks/failure_signals.py", *sys.argv[1:]])}
+    report: dict[str, Any] = dict(run_facts())
     with open(WORK / "server_failure_signals.log", "w") as log:
         cmd = tetriserve_cmd("--num-prefill", "2", "--num-decode", "2", *shlex.split(args.flags))
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -194,7 +196,8 @@ def main() -> int:
             asyncio.run(streams(args.streams, 16, None, 0))  # warm-up, not measured
             ref = asyncio.run(streams(args.streams, args.max_tokens, None, 0))
             report["undisturbed"] = summarize(ref, ref)
-            for scenario in args.scenarios:
+            for i, scenario in enumerate(args.scenarios, 1):
+                print(f"== [{i}/{len(args.scenarios)}] {scenario}", flush=True)
                 act, before = action(scenario, args.stop_s), migrations()
                 rows = asyncio.run(streams(args.streams, args.max_tokens, act, AT_S[scenario]))
                 moved = {k: int(v - before.get(k, 0)) for k, v in migrations().items() if v > before.get(k, 0)}
@@ -215,12 +218,12 @@ def write(report: dict[str, Any], args: argparse.Namespace) -> None:
     (RESULTS / f"{args.out}.json").write_text(json.dumps(report, indent=1))
     head = "| run | action at s | streams | HTTP 200 | ended `length` | error events | same text as undisturbed |"
     lines = [
-        "# Workers hurt by signals under streaming HTTP load (issue #13)",
+        "# Workers hurt by signals under streaming HTTP load",
         "",
-        f"Command: `{report['command']}`  ",
+        *provenance(report),
         f"`tetriserve serve --num-prefill 2 --num-decode 2 {args.flags}`".replace(" `", "`")
-        + " (defaults otherwise; tiny random-weight Llama, 2 CPU "
-        f"cores); {args.streams} streamed greedy completions at once over HTTP, `ignore_eos`, {args.max_tokens} "
+        + " (defaults otherwise; tiny random-weight Llama); "
+        f"{args.streams} streamed greedy completions at once over HTTP, `ignore_eos`, {args.max_tokens} "
         f"tokens each, once undisturbed and once per scenario (see the script's docstring); SIGSTOP lasts "
         f"{args.stop_s:g} s. *Back within*: seconds after the streams ended until every worker was active again.",
         "",

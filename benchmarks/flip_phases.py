@@ -8,7 +8,8 @@ the same SLO): prefill-heavy (HPLD: prompts > 512 tokens, outputs ≤ 128), then
 workers (default 2 prefill + 1 decode), warms it, replays the workload over gRPC (outputs forced to their
 lengths with ``ignore_eos``) and polls `status` every 0.5 s for each worker's role, lifecycle and queue. Writes
 ``benchmarks/results/flip_phases.{md,json,png}``: TTFT, TPOT, JCT and goodput under the SLO per configuration
-and phase, every flip with its durations, and a timeline of roles and queues.
+and phase, every flip with its durations, and a timeline of roles and queues; a line per configuration as it
+starts.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import run_facts
 from vllm_bench_report import RESULTS, ROOT, WORK
 from vllm_bench_serve import stop
 
@@ -248,19 +250,23 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     args = ap.parse_args()
+    facts = run_facts()
     from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
 
     WORK.mkdir(parents=True, exist_ok=True)
     model = str(build_tiny_model(default_tiny_model_dir()))
     workload = build(args, model)
-    runs = {name: serve_and_run(name, CONFIGS[name], workload, args) for name in args.configs}
+    runs = {}
+    for i, name in enumerate(args.configs, 1):
+        print(f"== [{i}/{len(args.configs)}] {name}", flush=True)
+        runs[name] = serve_and_run(name, CONFIGS[name], workload, args)
     classes = {c.value: n for c, n in workload.counts_by_class().items()}
     configs = {
         name: {"flags": run["flags"], "summary": summarize(run, args), "flips": flips(run["timeline"])}
         for name, run in runs.items()
     }
     report = {
-        "command": "python benchmarks/flip_phases.py " + " ".join(sys.argv[1:]),
+        **facts,
         "args": vars(args),
         "workload": {"requests": len(workload.requests), "phases": workload.phases(), "classes": classes},
         "configs": configs,

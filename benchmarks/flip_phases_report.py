@@ -6,6 +6,8 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+from bench_results import provenance
+
 METRICS = (
     ("median_ttft_ms", "median TTFT ms"),
     ("p90_ttft_ms", "p90 TTFT ms"),
@@ -32,7 +34,7 @@ def write_report(report: dict[str, Any], md: Path, png: Path) -> None:
     lines = [
         "# Flip policies on a phase-changing workload",
         "",
-        f"Command: `{report['command']}`  ",
+        *provenance(report),
         f"Workload: {report['workload']['requests']} requests in phases {', '.join(report['workload']['phases'])} "
         f"({a['seconds_per_phase']:g} s each at {a['prefill_rate']:g} / {a['decode_rate']:g} / {a['mixed_rate']:g} "
         f"req/s, Poisson; ShareGPT prompts, answer lengths capped at {a['max_output']} tokens, forced with "

@@ -1,5 +1,5 @@
 """How long a flip takes: the role swap on the engine, the switch as the control plane sees it, and the order
-until the first request served in the new role (issue #15; TetriInfer §3.5 measures 5–7 ms for the swap).
+until the first request served in the new role (TetriInfer §3.5 measures 5–7 ms for the swap).
 
     python benchmarks/flip_time.py --flips 10
 
@@ -8,7 +8,7 @@ gRPC with the SDK: ``flip decode-1`` to the other role, wait until `status` show
 send ``--requests`` completions at once (again, until the worker has served one), read its flip timings from
 `status`; then flip it back, ``--flips`` times in all. The cluster is otherwise idle, so the drain ends as
 soon as it may (1 s).
-Writes ``benchmarks/results/flip_time.{md,json}``.
+Writes ``benchmarks/results/flip_time.{md,json}``; prints a line per flip.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_results import measure_or_reload
+from bench_results import measure_or_reload, provenance
 from flip_phases import serving
 from vllm_bench_report import WORK
 
@@ -75,12 +75,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for k in range(args.flips):
             role = "prefill" if k % 2 == 0 else "decode"
             flips.append(one_flip(c, role, args.requests))
-            print(f"flip {k + 1}: {flips[-1]}", flush=True)
+            print(f"flip {k + 1}/{args.flips}: {flips[-1]}", flush=True)
         return flips
 
 
 def report(data: dict[str, Any]) -> str:
-    flips, command = data["flips"], data["command"]
+    flips = data["flips"]
 
     def med(key: str, rows: list[dict[str, Any]]) -> str:
         vals = [r[key] for r in rows if r[key] is not None]
@@ -90,8 +90,8 @@ def report(data: dict[str, Any]) -> str:
     lines = [
         "# Flip time",
         "",
-        f"Command: `{command}`  ",
-        "One `tetriserve serve` (1 prefill + 2 decode workers, tiny model, this machine's 2 cores, otherwise idle); "
+        *provenance(data),
+        "One `tetriserve serve` (1 prefill + 2 decode workers, tiny model, otherwise idle); "
         f"`{WORKER}` flipped to the other role and back over gRPC, as an operator does. Swap: the role change on "
         "the engine, timed by the worker (TetriInfer's 5–7 ms). Switch: end of the drain until the control plane "
         "saw the worker serve in its new role (its 0.25 s ticks and the worker's first report in the new role "

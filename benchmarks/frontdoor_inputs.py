@@ -1,6 +1,6 @@
 """Malformed and edge-case requests against a served front door: the status and error each gets, and how long.
 
-    python benchmarks/frontdoor_inputs.py --out frontdoor_inputs
+    python benchmarks/frontdoor_inputs.py
 
 Starts ``tetriserve serve`` with its defaults (the benchmark ports of ``vllm_bench_serve.py``), sends every case of
 ``CASES`` to its OpenAI HTTP front door one after the other (raw JSON bodies: NaN, lone surrogates, integers past
@@ -8,7 +8,7 @@ Starts ``tetriserve serve`` with its defaults (the benchmark ports of ``vllm_ben
 share one ``x-request-id`` (two prompts, one of them twice) against each prompt's answer under an id of its own,
 and last a plain completion to show the service still serves. Writes ``benchmarks/results/<out>.{md,json}``: per
 case the HTTP status, the seconds to the answer, and the start of the body (an error's ``message``, ``param``,
-``code``).
+``code``); a line per case as it is answered.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import provenance, run_facts
 from vllm_bench_report import RESULTS, ROOT
 from vllm_bench_serve import prepare, stop, tetriserve_cmd, wait_ready
 
@@ -116,6 +117,7 @@ def main() -> int:
     ap.add_argument("--out", default="frontdoor_inputs", help="report name under benchmarks/results (.md, .json)")
     ap.add_argument("--note", default="", help="a line for the report's header (e.g. which code ran)")
     args = ap.parse_args()
+    facts = run_facts()
     _, _, env = prepare()
     results: dict[str, Any] = {}
     with open(RESULTS.parent / "_work" / "server_frontdoor_inputs.log", "w") as log:
@@ -133,13 +135,12 @@ def main() -> int:
                                                      "body": after[2][:240]}  # fmt: skip
         finally:
             stop(proc)
-    command = "python benchmarks/frontdoor_inputs.py " + " ".join(sys.argv[1:])
-    (RESULTS / f"{args.out}.json").write_text(json.dumps({"command": command, "cases": results,
+    (RESULTS / f"{args.out}.json").write_text(json.dumps({**facts, "cases": results,
                                                           "shared_request_id": shared}, indent=1))  # fmt: skip
     lines = [
         "# Malformed and edge-case requests against the HTTP front door",
         "",
-        f"Command: `{command}`  ",
+        *provenance(facts),
         *([args.note + "  "] if args.note else []),
         "`tetriserve serve` with its defaults (tiny model), one request at a time; seconds to the whole answer.",
         "",

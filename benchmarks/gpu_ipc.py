@@ -1,8 +1,8 @@
-"""What a same-host GPU path for KV could reach: CUDA IPC between two processes on one GPU (issue #16).
+"""What a same-host GPU path for KV could reach: CUDA IPC between two processes on one GPU.
 
     python benchmarks/gpu_ipc.py --sizes-mib 1 4 16 64 256 --repeats 10
 
-Today a KV cache on a GPU is packed into pinned host memory, crosses to the other process in host memory
+A KV cache on a GPU is packed into pinned host memory, crosses to the other process in host memory
 (``shm``: a slab; ``tcp``/``ucx``/``nccl``: their own buffers) and is copied back up to the receiving GPU
 (``gpu_transport.md``: 63 ms for one 2048-token Llama-3-8B request over ``shm`` on an H100). Two processes on
 one host can instead share device memory itself: the producer exports a CUDA IPC handle for a buffer, the
@@ -14,9 +14,10 @@ consumer opens it and copies GPU→GPU. This measures that path beside its alter
     ipc open      exporting a fresh buffer's handle and the consumer's first access to it: what a transfer
                   costs on top when each one exports a new buffer
     host staged   the producer copies GPU→pinned host→a shared-memory slab, the consumer the slab→its pinned
-                  buffer→its GPU: today's ``shm`` path without its socket, every host leg from pinned memory
+                  buffer→its GPU: the ``shm`` path without its socket, every host leg from pinned memory
 
-Each cell is the median of ``--repeats`` after one warm-up. Without CUDA it says so and writes nothing (exit 0).
+Each cell is the median of ``--repeats`` after one warm-up. Needs a CUDA GPU: without one it says so and writes
+nothing (exit 0).
 Writes ``benchmarks/results/gpu_ipc.{md,json}``.
 """
 
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_results import gpu_args, measure_or_reload
+from bench_results import gpu_args, measure_or_reload, provenance
 from gpu_transport import MIB, _timed
 
 
@@ -125,8 +126,7 @@ def report(data: dict[str, Any]) -> str:
     lines = [
         "# Same-host GPU KV path: CUDA IPC between two processes on one GPU",
         "",
-        f"Command: `python benchmarks/gpu_ipc.py --sizes-mib {' '.join(map(str, sizes))} --repeats "
-        f"{data['repeats']}`  ",
+        *provenance(data),
         f"Device: {data['device']}; torch {data['torch']}. Median of the repeats after one warm-up; GB/s of the "
         "payload. `ipc open` is per transfer from the producer's export to the consumer's copy done, the queue "
         "round trip included; `host staged` is the producer's legs (GPU→pinned→shared slab) plus the consumer's "

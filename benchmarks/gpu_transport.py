@@ -1,4 +1,4 @@
-"""KV transport figures on a GPU, for the machine the ``device`` tool lends (issue #16).
+"""KV transport figures on a GPU, on a machine with a CUDA GPU.
 
     python benchmarks/gpu_transport.py --sizes-mib 1 4 16 64 256 --repeats 10
 
@@ -13,14 +13,15 @@ Measured in one run, each a median over the repeats after one warm-up per size:
     nccl      the ``nccl`` backend itself between two processes, host buffers in and out (as transport_throughput)
     nccl self one process, a one-rank NCCL group sending to itself (``batch_isend_irecv``): NCCL's point-to-point
               path on one GPU, for when two ranks cannot share it
-    kv pack   ``kv_codec.pack`` (pinned, and pageable as before) and ``unpack_into`` (from pageable buffers,
+    kv pack   ``kv_codec.pack`` (pinned, and into pageable memory) and ``unpack_into`` (from pageable buffers,
               and from pinned ones) of one request's blocks on a GPU KV cache of a Llama-3-8B shape (32 layers,
               8 KV heads of 128, bf16, blocks of 16 tokens, vLLM's GPU layout
               ``[2, num_blocks, block_size, heads, head_dim]``): the cost the engine step pays per request
     handoff   one 2048-token request from one GPU cache to another over ``tcp`` (landing buffers pinned, and
-              pageable as before) and ``shm``, timed leg by leg: pack, send until the receiver holds it, unpack
+              pageable) and ``shm``, timed leg by leg: pack, send until the receiver holds it, unpack
 
-Without CUDA it says so and writes nothing (exit 0). Writes ``benchmarks/results/gpu_transport.{md,json}``.
+Needs a CUDA GPU: without one it says so and writes nothing (exit 0). Writes
+``benchmarks/results/gpu_transport.{md,json}``; a line per part as it is done.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_results import gpu_args, measure_or_reload
+from bench_results import gpu_args, measure_or_reload, provenance
 from transport_throughput import MIB, _backend, exchange, free_port
 
 LLAMA8B = {"layers": 32, "kv_heads": 8, "head_dim": 128, "block_size": 16}
@@ -261,7 +262,7 @@ def report(data: dict[str, Any]) -> str:
     lines = [
         "# KV transport on a GPU: raw CUDA copies, NCCL, KV pack/unpack",
         "",
-        f"Command: `{data['command']}`  ",
+        *provenance(data),
         f"Device: {data['device']}; torch {data['torch']}, NCCL {data['nccl']}. Median of the repeats after one "
         "warm-up per size; GB/s of the payload (not counting read and write twice).",
         "",
@@ -297,7 +298,7 @@ def report(data: dict[str, Any]) -> str:
         "",
         "`kv_codec.pack` (gather the request's blocks, copy each layer to host memory) and `unpack_into` (each "
         "layer to the GPU, scatter into the blocks): the work the engine step does per request. `pack` as it is "
-        "(pinned host memory from a GPU cache) beside `pack(pinned=False)`, pageable memory, as it was before; "
+        "(pinned host memory from a GPU cache) beside `pack(pinned=False)`, into pageable memory; "
         "`unpack_into` from pageable buffers (as the transports' landing areas are) and from pinned ones.",
         "",
         "| prompt tokens | MiB | pack ms | pack GB/s | pageable pack ms | pageable pack GB/s | unpack ms | "
@@ -317,7 +318,7 @@ def report(data: dict[str, Any]) -> str:
         "",
         "Both endpoints in one process, both caches on the one GPU: `pack` (the prefill engine's step), `send` until "
         "the receiving endpoint holds it, `unpack_into` (the decode engine's step); the tcp backend with its landing "
-        "buffers pinned (the default on a host that sees a GPU) and pageable (as before), and shm (the receiver "
+        "buffers pinned (the default on a host that sees a GPU) and pageable, and shm (the receiver "
         "reads the sender's slab, pageable).",
         "",
         "| backend | MiB | pack ms | send ms | unpack ms | total ms |",

@@ -1,4 +1,4 @@
-"""Goodput and refusals against offered load, with the admission bound and without it (issue #14).
+"""Goodput and refusals against offered load, with the admission bound and without it.
 
 Two runs on this machine, same requests, same arrival times, each on a fresh `tetriserve serve`:
 
@@ -18,7 +18,7 @@ seconds for its answer (as a user who gives up), then hangs up (which aborts the
 
     python benchmarks/overload_goodput.py --loads 0.5 1 2 3 5 --duration 60 --deadline 60 --seed 0
 
-Writes ``benchmarks/results/overload_goodput.{md,json,png}``.
+Writes ``benchmarks/results/overload_goodput.{md,json,png}``; a line per step (capacity, each load) as it goes.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import provenance, run_facts
 from vllm_bench_report import RESULTS, WORK
 from vllm_bench_serve import prepare, stop, tetriserve_cmd, wait_ready
 
@@ -174,18 +175,20 @@ def fmt(v: float | None, spec: str = ".2f") -> str:
     return "–" if v is None else format(v, spec)
 
 
-def report(cap: float, runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> None:
-    RESULTS.joinpath("overload_goodput.json").write_text(json.dumps({"capacity_rps": cap, "runs": runs}, indent=1))
+def report(
+    cap: float, runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, facts: dict[str, str]
+) -> None:
+    data = {**facts, "args": vars(args), "capacity_rps": cap, "runs": runs}
+    RESULTS.joinpath("overload_goodput.json").write_text(json.dumps(data, indent=1))
     lines = [
-        "# Goodput and refusals against offered load (issue #14)",
+        "# Goodput and refusals against offered load",
         "",
-        f"    python benchmarks/overload_goodput.py --loads {' '.join(map(str, args.loads))} "
-        f"--duration {args.duration} --deadline {args.deadline} --max-tokens {args.max_tokens} --seed {args.seed}",
+        *provenance(facts),
         "",
         f"Capacity (closed loop, {args.concurrency} clients, on the bounded service): **{cap:.2f} req/s**. Each load "
         f"offers Poisson arrivals for {args.duration} s; a client waits at most {args.deadline} s. Requests: a "
         f"~60-token prompt, {args.max_tokens} output tokens (`ignore_eos`). Goodput: answered 200 within the "
-        "deadline, per second offered. tetriserve's default config (1 prefill + 1 decode worker), 2 cores; the "
+        "deadline, per second offered. tetriserve's default config (1 prefill + 1 decode worker); the "
         "client runs on the same cores.",
         "",
         "| load | offered req/s | goodput bounded | goodput unbounded | bounded / unbounded | refused (bounded) "
@@ -238,13 +241,14 @@ def main() -> int:
     p.add_argument("--measure", type=float, default=45)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    facts = run_facts()
     _, _, env = prepare()
     WORK.mkdir(parents=True, exist_ok=True)
     unbounded = WORK / "overload_unbounded.yaml"
     unbounded.write_text(UNBOUNDED)
     cap, bounded = run_system("bounded", [], env, args, None)
     _, unbounded_rows = run_system("unbounded", ["--config", str(unbounded)], env, args, cap)
-    report(cap, {"bounded": bounded, "unbounded": unbounded_rows}, args)
+    report(cap, {"bounded": bounded, "unbounded": unbounded_rows}, args, facts)
     return 0
 
 

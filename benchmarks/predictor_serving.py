@@ -13,7 +13,8 @@ accelerator and reports a ~10 % prefill throughput drop under stress. Here, in o
 
     python benchmarks/predictor_serving.py [--prompts 64] [--rounds 3]
 
-Writes ``benchmarks/results/length_predictor_serving.md``.
+Writes ``benchmarks/results/predictor_serving.{md,json}``. The measuring child process prints nothing until it
+is done (its output is the result); the parent prints a line as it starts it.
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+from bench_results import RESULTS, provenance, run_facts  # noqa: E402
+
 MAX_PROMPT = 1024
 
 
@@ -126,17 +130,17 @@ def child(n_prompts: int, rounds: int) -> dict[str, object]:
     return result
 
 
-def report(res: dict[str, object], args: argparse.Namespace) -> str:
+def report(res: dict[str, Any], args: argparse.Namespace) -> str:
     lat = res["latency"]
     tps = {k: statistics.median(v) for k, v in res["tokens_per_s"].items()}  # type: ignore[union-attr]
     lines = [
         "# Length predictor: latency and the main engine's prefill throughput beside it",
         "",
-        f"Command: `python benchmarks/predictor_serving.py --prompts {args.prompts} --rounds {args.rounds}`  ",
-        f"{os.cpu_count()} CPU cores, one process with {res['threads']} torch/OMP thread(s) (a prefill worker's "
+        *provenance(res),
+        f"One process with {res['threads']} torch/OMP thread(s) (a prefill worker's "
         f"engine_env). {args.prompts} ShareGPT test prompts (tiny-llama tokens, cut to {MAX_PROMPT}), "
         f"{res['prompt_tokens']} prompt tokens per round. Predictor: committed g200 heads on "
-        "all-MiniLM-L6-v2 (256 tokens, bf16 on this AMX CPU).",
+        "all-MiniLM-L6-v2 (256 tokens, the encoder's default dtype: bfloat16 where the CPU has it in hardware).",
         "",
         "## Predictor latency (alone)",
         "",
@@ -174,15 +178,19 @@ def main() -> int:
     from tetriserve.common.config import EngineConfig
     from tetriserve.engine.settings import engine_env
 
+    facts = run_facts()
+    print(f"measuring in a child process ({args.rounds} rounds of {args.prompts} prompts)", flush=True)
     env = dict(os.environ, **engine_env(EngineConfig()))
     cmd = [sys.executable, __file__, "--child", "--prompts", str(args.prompts), "--rounds", str(args.rounds)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     if out.returncode:
         sys.stderr.write(out.stderr[-5000:])
         return out.returncode
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res = {**facts, "args": vars(args), **json.loads(out.stdout.strip().splitlines()[-1])}
     text = report(res, args)
-    (ROOT / "benchmarks" / "results" / "length_predictor_serving.md").write_text(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "predictor_serving.json").write_text(json.dumps(res, indent=1) + "\n")
+    (RESULTS / "predictor_serving.md").write_text(text)
     print(text)
     return 0
 

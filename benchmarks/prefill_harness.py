@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+from bench_results import RESULTS  # noqa: E402
+
+COST_PROFILE = RESULTS / "cost_profile.json"  # `python benchmarks/cost_profile.py` writes it
 SUBSCRIBER = "benchmark"  # the harness reads the worker's stream as a front door would
 
 
@@ -65,6 +67,19 @@ class RunResult:
     @property
     def overhead_share(self) -> float:
         return self.overhead_s / (self.overhead_s + self.exec_s) if self.exec_s > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The run's figures as a result's JSON keeps them: means, attainment, iterations and their times."""
+        return {
+            "requests": len(self.outcomes),
+            "mean_wait_s": self.mean("wait_s"),
+            "mean_ttft_s": self.mean("ttft_s"),
+            "slo_attainment": self.attainment(),
+            "iterations": self.iterations,
+            "overhead_s": self.overhead_s,
+            "exec_s": self.exec_s,
+            "fit_error": self.fit_error,
+        }
 
 
 def bench_overrides(max_batch_tokens: int, cost_profile: str | None, **extra: Any) -> dict[str, Any]:

@@ -6,16 +6,20 @@
 One prefill worker (benchmarks/prefill_harness.py) serves every configuration
 on the same warm engine; each round runs every configuration once, in a
 rotated order, and the table reports the median over rounds of each run's
-mean. Writes benchmarks/results/prefill_policies.{md,png}.
+mean. ChunkSize defaults to the pivot of the cost profile ``benchmarks/results/cost_profile.json``
+(``python benchmarks/cost_profile.py``). Writes benchmarks/results/prefill_policies.{md,json,png}; a
+progress bar counts the runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from typing import Any
 
-from prefill_harness import RESULTS, Item, PrefillBench, RunResult, bench_overrides, sharegpt_prompts
+from bench_results import provenance, run_facts
+from prefill_harness import COST_PROFILE, RESULTS, Item, PrefillBench, RunResult, bench_overrides, sharegpt_prompts
 
 MAX_PROMPT = 1024
 
@@ -34,9 +38,10 @@ def main() -> int:
     ap.add_argument("--num-prompts", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--chunk-size", type=int, default=None, help="ChunkSize (default: the cost profile's pivot)")
-    ap.add_argument("--cost-profile", default=str(RESULTS / "profile_tiny_cpu.json"))
+    ap.add_argument("--cost-profile", default=str(COST_PROFILE))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    facts = run_facts()
 
     bench = PrefillBench(bench_overrides(16 * MAX_PROMPT, args.cost_profile))
     chunk = args.chunk_size or (bench.worker.cost.pivot_tokens if bench.worker.cost else 512)
@@ -47,7 +52,7 @@ def main() -> int:
         bench.set_policy(cfgs[warm])
         bench.run(burst)
     runs = bench.compare(cfgs, burst, args.rounds, "prefill policies")
-    write_report(runs, args, chunk, prompts)
+    write_report(runs, args, chunk, prompts, facts)
     return 0
 
 
@@ -55,7 +60,9 @@ def med(results: list[RunResult], attr: str) -> float:
     return statistics.median(r.mean(attr) for r in results)
 
 
-def write_report(runs: dict[str, list[RunResult]], args: argparse.Namespace, chunk: int, prompts: list[Any]) -> None:
+def write_report(
+    runs: dict[str, list[RunResult]], args: argparse.Namespace, chunk: int, prompts: list[Any], facts: dict[str, str]
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -65,7 +72,7 @@ def write_report(runs: dict[str, list[RunResult]], args: argparse.Namespace, chu
     lines = [
         "# Prefill policies: TetriInfer Fig. 16 on this machine",
         "",
-        f"Command: `python benchmarks/prefill_policies.py --num-prompts {args.num_prompts} --rounds {args.rounds}`",
+        *provenance(facts),
         "",
         f"A burst of {len(prompts)} ShareGPT first-turn prompts (seed {args.seed}; {min(lens)}–{max(lens)} tokens, "
         f"mean {statistics.mean(lens):.0f}, truncated at {MAX_PROMPT}) arrives at once at one prefill worker "
@@ -96,6 +103,13 @@ def write_report(runs: dict[str, list[RunResult]], args: argparse.Namespace, chu
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "prefill_policies.md").write_text("\n".join(lines) + "\n")
+    data = {
+        **facts,
+        "args": vars(args),
+        "chunk_size": chunk,
+        "runs": {n: [r.summary() for r in rs] for n, rs in runs.items()},
+    }
+    (RESULTS / "prefill_policies.json").write_text(json.dumps(data, indent=1) + "\n")
     fig, ax = plt.subplots(figsize=(9, 4))
     names = list(runs)
     x = range(len(names))

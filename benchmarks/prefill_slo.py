@@ -8,19 +8,23 @@ SLOs as AccelGen sets them: prompts are grouped by length (``--group-tokens``;
 AccelGen uses 512 for prompts up to 100K tokens), the group's mean prefill
 latency is measured in a calibration run (FCFS, same arrivals, no SLOs), and
 each request's TTFT SLO is that mean × U[0.5, 1.5]. Arrivals are Poisson at
-``--load`` × the prefill capacity measured on a burst. Writes
-benchmarks/results/prefill_slo.{md,png}.
+``--load`` × the prefill capacity measured on a burst. The cost profile
+(``--cost-profile``, default ``benchmarks/results/cost_profile.json`` from ``python benchmarks/cost_profile.py``)
+gives the fixed ChunkSize and AccelGen's S_pf and T̄_pf. Writes benchmarks/results/prefill_slo.{md,json,png};
+a progress bar counts the runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 from collections import defaultdict
 from typing import Any
 
-from prefill_harness import RESULTS, Item, PrefillBench, RunResult, bench_overrides, sharegpt_prompts
+from bench_results import provenance, run_facts
+from prefill_harness import COST_PROFILE, RESULTS, Item, PrefillBench, RunResult, bench_overrides, sharegpt_prompts
 
 MAX_PROMPT = 1024
 
@@ -57,13 +61,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--group-tokens", type=int, default=128)
     ap.add_argument("--sched-batch", type=int, default=64)
-    ap.add_argument("--cost-profile", default=str(RESULTS / "profile_tiny_cpu.json"))
+    ap.add_argument("--cost-profile", default=str(COST_PROFILE))
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
+    facts = run_facts()
 
     bench = PrefillBench(bench_overrides(8192, args.cost_profile, **{"prefill.sched_batch": args.sched_batch}))
     if bench.worker.cost is None:
-        raise SystemExit("this benchmark needs a cost profile: run benchmarks/profile_tiny.sh first")
+        raise SystemExit("this benchmark needs a cost profile: run python benchmarks/cost_profile.py first")
     chunk = bench.worker.cost.pivot_tokens
     cfgs = configs(chunk)
     prompts = sharegpt_prompts(args.num_prompts, args.seed, bench.model, MAX_PROMPT)
@@ -84,7 +89,7 @@ def main() -> int:
     items = [Item(p, t, s) for p, t, s in zip(prompts, arrivals, slos, strict=True)]
 
     runs = bench.compare(cfgs, items, args.rounds, "SLO attainment")
-    write_report(runs, args, chunk, capacity, rate, prompts, bench)
+    write_report(runs, args, chunk, capacity, rate, prompts, bench, facts)
     return 0
 
 
@@ -100,6 +105,7 @@ def write_report(
     rate: float,
     prompts: list[tuple[int, ...]],
     bench: PrefillBench,
+    facts: dict[str, str],
 ) -> None:
     import matplotlib
 
@@ -112,8 +118,7 @@ def write_report(
     lines = [
         "# TTFT-SLO attainment with heterogeneous SLOs (AccelGen §3.2 setting) and scheduling overhead",
         "",
-        f"Command: `python benchmarks/prefill_slo.py --num-prompts {args.num_prompts} --load {args.load} "
-        f"--rounds {args.rounds}`",
+        *provenance(facts),
         "",
         f"{len(prompts)} ShareGPT prompts (seed {args.seed}, mean {statistics.mean(map(len, prompts)):.0f} tokens), "
         f"Poisson arrivals at {rate:.1f} req/s = {args.load} × the measured capacity of {capacity:.0f} prompt "
@@ -148,6 +153,15 @@ def write_report(
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "prefill_slo.md").write_text("\n".join(lines) + "\n")
+    data = {
+        **facts,
+        "args": vars(args),
+        "chunk_size": chunk,
+        "capacity_tokens_per_s": capacity,
+        "rate_rps": rate,
+        "runs": {n: [r.summary() for r in rs] for n, rs in runs.items()},
+    }
+    (RESULTS / "prefill_slo.json").write_text(json.dumps(data, indent=1) + "\n")
     fig, ax = plt.subplots(figsize=(9, 4))
     names = list(runs)
     ax.bar(range(len(names)), [100 * med(runs[n], RunResult.attainment) for n in names])

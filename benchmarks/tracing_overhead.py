@@ -1,6 +1,6 @@
-"""What tracing costs a request when it is off (the default), and when it is on, in-process (issue #17, part 6).
+"""What tracing costs a request when it is off (the default), and when it is on, in-process.
 
-    python -m benchmarks.tracing_overhead [--out benchmarks/results/tracing_overhead.md]
+    python benchmarks/tracing_overhead.py [--out benchmarks/results/tracing_overhead.md]
 
 Per request: every tracing call one request's path makes across all its processes (the front door's root
 span, the placement span, the prefill worker's five spans, the decode worker's three and the KV load's),
@@ -9,7 +9,8 @@ token: the decode worker's delta callback with its request id bound for the log 
 (``log_context.within``), against the bare callback. On means spans recorded by the SDK and handed to a
 no-op exporter (``SimpleSpanProcessor``; in service the BatchSpanProcessor exports on its own thread).
 A micro-benchmark of our calls, not of a served request: it says whether the off path is negligible, not
-what a trace costs end to end. Numbers vary with the machine and its load.
+what a trace costs end to end. Numbers vary with the machine and its load. Writes the table to ``--out``
+(``benchmarks/results/tracing_overhead.md`` by default) and its figures beside it (``.json``); about a minute.
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import RESULTS, provenance, run_facts
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from tetriserve.common import log_context, tracing
@@ -34,13 +39,10 @@ from tetriserve.control_plane.request_span import RequestSpan
 from tetriserve.decode_worker.spans import DecodeSpans
 from tetriserve.prefill_worker import spans as prefill_spans
 
-HEADER = """# Tracing overhead
-
-`python -m benchmarks.tracing_overhead --out benchmarks/results/tracing_overhead.md`: per request, every tracing
-call of one request's path (all its processes' calls, timed in one process); per token, the request id bound
-around each decode delta callback for its log lines. A micro-benchmark on one machine (the committed numbers: the
-2-core CPU development machine, shared with other jobs), so only the orders of magnitude matter: compare the
-per-request cost with the milliseconds a request spends in the engines.
+HEADER = """Per request, every tracing call of one request's path (all its processes' calls, timed in one process);
+per token, the request id bound around each decode delta callback for its log lines. A micro-benchmark on one
+machine, shared with whatever else runs on it, so only the orders of magnitude matter: compare the per-request
+cost with the milliseconds a request spends in the engines.
 
 """
 ESTIMATE = LengthEstimate(8, 16, 32, 1, 0.9, "baseline")
@@ -115,8 +117,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--tokens", type=int, default=1_000_000)
-    parser.add_argument("--out", default=None, help="write the markdown table here")
+    parser.add_argument("--out", default=str(RESULTS / "tracing_overhead.md"), help="the report (.md)")
     args = parser.parse_args()
+    facts = run_facts()
     tracing.setup(TracingConfig(), "bench")
     off = best(lambda: per_request_us(args.requests))
     bare, bound = (statistics.median(x) for x in zip(*(per_token_ns(args.tokens) for _ in range(5)), strict=True))
@@ -134,8 +137,13 @@ def main() -> None:
         ]
     )
     print(table)
-    if args.out:
-        Path(args.out).write_text(HEADER + table + "\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    head = "\n".join(["# Tracing overhead", "", *provenance(facts), "", ""])
+    out.write_text(head + HEADER + table + "\n")
+    figures = {"per_request_off_us": off, "per_request_on_us": on}
+    figures |= {"per_token_bare_ns": bare, "per_token_bound_ns": bound}
+    out.with_suffix(".json").write_text(json.dumps({**facts, "args": vars(args), **figures}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

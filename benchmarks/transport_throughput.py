@@ -1,4 +1,4 @@
-"""GB/s of each KV transport backend beside the raw ceiling of the same path, in one run (issue #16).
+"""GB/s of each KV transport backend beside the raw ceiling of the same path, in one run.
 
     python benchmarks/transport_throughput.py --sizes-mib 1 4 16 64 256 --repeats 5 --rounds 5
 
@@ -16,7 +16,8 @@ only once the receiver acknowledged it). Ceilings, measured in the same run:
           its pairs (gloo here, no CUDA), a one-byte tensor back as the ack
 
 Writes ``benchmarks/results/transport_throughput.{md,json}``; with ``--backends`` naming some of them,
-``transport_throughput_<names>.{md,json}`` (e.g. ``--backends ucx nccl``: the newer backends alone).
+``transport_throughput_<names>.{md,json}`` (e.g. ``--backends ucx nccl``: those two alone). Each round prints a
+line as it starts.
 """
 
 from __future__ import annotations
@@ -323,7 +324,7 @@ def main() -> int:
         return {"sizes_mib": args.sizes_mib, "rounds": rounds, "loadavg_1min": [load_before, os.getloadavg()[0]]}
 
     name = "transport_throughput" + ("" if groups == list(BACKEND_GROUPS) else "_" + "_".join(groups))
-    return measure_or_reload(name, args.report_only, measure, report, script="transport_throughput")
+    return measure_or_reload(name, args.report_only, measure, report)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Each run of a system in a scenario and round is the client's JSON under
 ``benchmarks/_work``; the report takes the median of each system's rounds, the
 median of the per-round ratios (tetriserve / vLLM) with every round's listed,
-judges the issue's targets on that median, and pools TTFT by prompt length. From
+judges the targets (``TARGETS``) on that median, and pools TTFT by prompt length. From
 the per-request runs, which it keeps as ``<out>_per_request.json``, it splits TPOT
 at 2 req/s at the second token and shows the response that ended last at saturation.
 """
@@ -22,9 +22,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-WORK = ROOT / "benchmarks" / "_work"
+from bench_results import RESULTS, ROOT, WORK, code_state, provenance
+
 METRICS = [
     "completed",
     "failed",
@@ -40,13 +39,6 @@ METRICS = [
     "median_e2el_per_token_ms",
     "cpu_cores",
 ]
-
-
-def code_state() -> str:
-    """The commit the working tree is on, and whether tracked files differ from it."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
-    return f"{head.stdout.strip()}{' with uncommitted changes' if dirty.stdout.strip() else ''}"
 
 
 def checkout_env(commit: str, env: dict[str, str]) -> dict[str, str]:
@@ -151,7 +143,7 @@ def ttft_by_prompt(names: list[str], scenario: str) -> list[tuple[int, float]]:
     return rows
 
 
-TARGETS = (  # the issue's targets: (scenario, metric, bound, "max" = ratio at most, "min" = at least)
+TARGETS = (  # tetriserve / vLLM: (scenario, metric, bound, "max" = ratio at most, "min" = at least)
     ("rate", "median_ttft_ms", 1.5, "max"),
     ("rate", "median_tpot_ms", 1.2, "max"),
     ("single", "median_tpot_ms", 1.2, "max"),
@@ -180,22 +172,21 @@ def median_of(runs: list[dict[str, float]], metric: str) -> float:
     return statistics.median(r[metric] for r in runs)
 
 
-def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: argparse.Namespace) -> None:
-    from tetriserve.engine.hardware import detect_hardware
+def write_report(
+    results: dict[str, dict[str, list[dict[str, float]]]], args: argparse.Namespace, facts: dict[str, Any]
+) -> None:
+    """The report ``<out>.md``, its figures ``<out>.json`` (arguments, the run's ``facts``, every run's summary)
+    and ``<out>_per_request.json``; ``facts``: the run's command, machine, commit and date (``run_facts``)."""
     from tetriserve.engine.settings import engine_dtype
 
-    (RESULTS / f"{args.out}.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
-    flags = f" --tetriserve-flags={args.tetriserve_flags}" if args.tetriserve_flags else ""
+    data = {"args": vars(args), "facts": facts, "results": results}
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(data, indent=2))
     eos = getattr(args, "ignore_eos", False)
-    flags += "" if eos else " --no-ignore-eos"
-    out = f" --out {args.out}" if args.out != "vllm_bench_serve" else ""
     rounds = args.rounds
     lines = [
         "# vLLM benchmark client: tetriserve vs plain vLLM",
         "",
-        f"Command: `python benchmarks/vllm_bench_serve.py --num-prompts {args.num_prompts} "
-        f"--request-rate {args.request_rate} --single-prompts {args.single_prompts} --seed {args.seed} "
-        f"--rounds {rounds}{flags}{out}`  ",
+        *provenance(facts),
         f"Client: `vllm.benchmarks.serve --backend openai --dataset-name sharegpt --seed {args.seed}"
         f"{' --ignore-eos' if eos else ''}`"
         + (
@@ -207,7 +198,7 @@ def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: ar
         f"{rounds} rounds; in each, every scenario on a fresh server of each system, the two back to back, which one "
         f"goes first alternating; each server first serves {WARMUP_PROMPTS} prompts at once, not measured; "
         "a server starts only once every process of the one before has exited.  ",
-        f"Machine: {detect_hardware()} ({os.cpu_count()} CPU cores), no GPU; tiny random-weight Llama (5.2M params), "
+        "No GPU; tiny random-weight Llama (5.2M params), "
         f"same for both, in dtype `{engine_dtype('auto')}` (tetriserve's default here, passed to plain vLLM).  ",
         f"tetriserve: defaults{' plus `' + args.tetriserve_flags + '`' if args.tetriserve_flags else ''} "
         "(1 prefill + 1 decode worker, trained length predictor), 1 OMP thread per engine, "
@@ -223,7 +214,7 @@ def write_report(results: dict[str, dict[str, list[dict[str, float]]]], args: ar
     ]
     if binding:
         lines.append(f"vLLM's own CPU binding (from its log): {'; '.join(binding)}.")
-    lines += ["", "## The issue's targets, on the median of the per-round ratios", ""]
+    lines += ["", "## The targets, on the median of the per-round ratios", ""]
     lines += [
         "| scenario | metric | target | ratio (median) | rounds that meet it | met |",
         "| --- | --- | --- | ---: | ---: | --- |",
@@ -355,8 +346,6 @@ def cpu_section(title: str) -> list[str]:
 
 if __name__ == "__main__":  # the sections read from per-request runs kept as JSON (``per_request_runs``)
     kept = json.loads(Path(sys.argv[1]).read_text())
-    if "saturation" not in kept:  # session 39's file: saturation runs only
-        kept = {"saturation": kept}
     if "rate" in kept:
         print("\n".join(tpot_split_section(kept["rate"], "Poisson arrivals")))
     print("\n".join(last_response_section(kept["saturation"])))

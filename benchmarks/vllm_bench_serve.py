@@ -22,13 +22,15 @@ systems generate every request's ShareGPT output length. The model has random
 weights: a sampled EOS ends a response early at random, on either system.
 Throughput at saturation is output tokens over the time until the last response
 ends, and the last is the longest (1195 tokens at seed 0) unless an EOS cut it
-short, as one did on plain vLLM in two of session 39's three rounds (README,
-Known limits, session 40). The report's last section shows, for every saturation
-run, which response ended last, with its length, TTFT and end.
+short, which without ``ignore_eos`` decides the ratio at random. The report's last
+section shows, for every saturation run, which response ended last, with its
+length, TTFT and end.
 
 Writes ``benchmarks/results/vllm_bench_serve.{md,json}`` (``--out``): per system, scenario
 and round the benchmark client's JSON summary; tables of medians over rounds, the
-per-round ratios, and the issue's targets judged on the median ratio. Beside them,
+per-round ratios, and the targets (tetriserve / vLLM: TTFT and TPOT at 2 req/s at most
+1.5 and 1.2, one-stream TPOT at most 1.2, saturation throughput at least 1.0) judged
+on the median ratio. Beside them,
 ``<out>_per_request.json`` keeps the rate and saturation runs' per-request figures
 the report's last sections read (TPOT split at the second token; the response that
 ended last): ``python benchmarks/vllm_bench_report.py <that file>`` prints them again.
@@ -50,6 +52,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench_results import run_facts
 from vllm_bench_report import RESULTS, ROOT, SCENARIOS, WARMUP_PROMPTS, WORK, run_name, summary, write_report
 
 
@@ -283,7 +286,7 @@ def vllm_server(model: str, port: int, env: dict[str, str]) -> tuple[list[str], 
     ]
     # idle HTTP connections kept as long as tetriserve's front door keeps them (``http_keepalive_s``, 75 s), not
     # vLLM's 5 s: the client pools its connections for 60 s, and one the server closes as the client reuses it
-    # fails that request (``ServerDisconnectedError``, lost by plain vLLM in sessions 63 and 64)
+    # fails that request (``ServerDisconnectedError``)
     keepalive = str(math.ceil(ClusterConfig().http_keepalive_s))
     return cmd, dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2", VLLM_HTTP_TIMEOUT_KEEP_ALIVE=keepalive)
 
@@ -360,11 +363,14 @@ def main() -> int:
     args = ap.parse_args()
     systems_all = ("tetriserve", "vllm")
     if args.report_only:
+        saved = RESULTS / f"{args.out}.json"
+        facts = json.loads(saved.read_text()).get("facts", {}) if saved.exists() else {}
         results = {
             n: {s: [summary(run_name(n, r), s) for r in range(args.rounds)] for s in SCENARIOS} for n in systems_all
         }
-        write_report(results, args)
+        write_report(results, args, facts or run_facts())
         return 0
+    facts = run_facts()
     model, dataset, env = prepare()
     vllm_cmd, vllm_env = vllm_server(model, 8101, env)
     systems = {
@@ -378,20 +384,23 @@ def main() -> int:
     results: dict[str, dict[str, list[dict[str, float]]]] = {n: {s: [] for s in args.scenarios} for n in args.systems}
     # scenario by scenario, the two systems back to back (the first one alternating), so that the two runs of a
     # scenario are minutes apart, not half an hour: this machine's speed drifts more than that
-    turn = 0
+    turn, step, steps, started = 0, 0, args.rounds * len(args.scenarios) * len(args.systems), time.monotonic()
     for rnd in range(args.rounds):
         for scenario in args.scenarios:
             order = args.systems if turn % 2 == 0 else args.systems[::-1]
             turn += 1
             for name in order:
                 cmd, port, senv = systems[name]
-                print(f"== round {rnd + 1}/{args.rounds}, {scenario}, {name}", flush=True)
+                step += 1
+                elapsed = (time.monotonic() - started) / 60
+                print(f"== [{step}/{steps}] round {rnd + 1}/{args.rounds}, {scenario}, {name} "
+                      f"({elapsed:.0f} min so far)", flush=True)  # fmt: skip
                 run = serve_and_bench(run_name(name, rnd), cmd, port, senv, args, model, dataset, scenario)
                 results[name][scenario].append(run)
     if len(results) < 2 or set(args.scenarios) != set(SCENARIOS):  # a partial run: summaries only, no report
         print(json.dumps(results, indent=2))
         return 0
-    write_report(results, args)
+    write_report(results, args, facts)
     return 0 if all(r.get("failed", 1) == 0 for s in results.values() for runs in s.values() for r in runs) else 1
 
 
