@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The static checks: import contracts, ruff, mypy --strict. `scripts/test.sh` runs them beside the tests.
+# The static checks: import contracts, ruff, mypy --strict, the documentation site (mkdocs build --strict: a
+# broken link, a missing page or a page left out of the nav fails). `scripts/test.sh` runs them beside the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "==> import contracts"
@@ -25,3 +26,5 @@ done
     tetriserve/prefill_worker/predictions.py tetriserve/control_plane/admission.py tetriserve/control_plane/http_limits.py \
     tetriserve/control_plane/field_checks.py tetriserve/prefill_worker/pace.py tetriserve/control_plane/flip \
     tetriserve/control_plane/elastic.py tetriserve/control_plane/key_table.py)
+echo "==> docs (mkdocs build --strict)"
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir build/site

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --dev
-# The static checks take about 90 s of one core (mypy most of it); they run beside the tests at the lowest priority,
+# The static checks (mypy most of their time) run beside the tests at the lowest priority,
 # on what the tests leave idle, and their output and status come at the end.
 LINT_LOG=$(mktemp)
 LINT_PID=
@@ -32,11 +32,11 @@ if [[ $# -gt 0 ]]; then  # a selection of one's own: one pytest run, as given
     [[ $tests == 0 && $lint == 0 ]]
     exit
 fi
-# The whole suite, in two phases (on 2 cores it otherwise runs past CI's 20 minutes):
+# The whole suite, in two phases (on 2 cores it otherwise runs past CI's time limit):
 #  1. the unit tests and the e2e tests that keep one core busy, and beside them the other e2e tests. The unit tests
 #     keep one core busy; the e2e tests' services (`tetriserve serve`, plain vLLM's benchmark client) mostly use the
-#     other. Not the transport's unit tests: their process crashed twice in sessions 61-62 (a segfault, once beside
-#     the e2e tests, once alone; README, Known limits, session 62), and they stay apart until that is known gone.
+#     other. Not the transport's unit tests: their process has crashed with a segfault inside UCX's thread mode
+#     (docs/known-limits.md), and they run apart so that a crash there is reported as theirs alone.
 #  2. the transport's unit tests, then the integration tests (every other folder of tests/), with only the static
 #     checks beside them: they time kills, recoveries and streams on real engines, and leave cores idle between
 #     their steps.
@@ -44,7 +44,7 @@ fi
 E2E_LOG=$(mktemp)
 E2E_PID=
 # The exit trap must not fail: under `set -e` a failing command in it (a bare `kill` once both runs have been waited
-# for) becomes the script's exit status, and a green suite exited 2.
+# for) becomes the script's exit status and would fail a green suite.
 cleanup() {
     local pids=($E2E_PID $LINT_PID)
     if ((${#pids[@]})); then kill "${pids[@]}" 2>/dev/null || true; fi
