@@ -173,7 +173,9 @@ class DecodeConfig(BaseModel):
         ),
     )
     preemption_profile: str | None = Field(
-        None, description="Swap/recompute latency profile JSON for preemption_mode=auto (benchmarks/decode_policies.py writes one)."
+        None,
+        description="Swap/recompute latency profile JSON for preemption_mode=auto (benchmarks/decode_policies.py "
+        "writes one).",
     )
 
     max_local_prompts: int = Field(

@@ -63,9 +63,9 @@ class PrefillConfig(BaseModel):
         ge=0,
         description=(
             "Prompts offloaded to decode workers (conditional disaggregation): while the prompts queued on a "
-            "prefill worker would take longer than this to prefill there (the queue priced at its engine's own pace), it hands the "
-            "next one in line to a decode worker with room for it (decode.max_local_prompts), which computes the "
-            "prompt itself and decodes on. 0: never; every prompt is prefilled on a prefill worker."
+            "prefill worker would take longer than this to prefill there (the queue priced at its engine's own "
+            "pace), it hands the next one in line to a decode worker with room for it (decode.max_local_prompts), "
+            "which computes the prompt itself and decodes on. 0: never; every prompt is prefilled on a prefill worker."
         ),
     )
     offload_max_tokens: int = Field(

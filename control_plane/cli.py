@@ -1,4 +1,5 @@
-"""The `tetriserve` command: serve | frontdoor | stop | generate | status | policy | model tiny | predictor ...."""
+"""The `tetriserve` command: serve | frontdoor | stop | generate | status | top | policy | flip | scale | profile |
+model tiny | predictor."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--model": ("engine.model", str, "Hugging Face model directory (default: the tiny random-weight model)"),
     "--served-model-name": ("engine.served_model_name", str, "name clients pass as `model`"),
     "--dtype": ("engine.dtype", str, "auto | float32 | bfloat16 | float16"),
-    "--max-model-len": ("engine.max_model_len", int, "context length"),
+    "--max-model-len": ("engine.max_model_len", int, "context length, tokens (prompt + output)"),
     "--block-size": ("engine.block_size", int, "KV block size in tokens (CPU: multiple of 32)"),
     "--kv-cache-gb": ("engine.kv_cache_gb", float, "KV cache per CPU engine, GiB"),
     "--threads-per-engine": ("engine.threads_per_engine", int, "OMP threads per engine"),
@@ -49,7 +50,8 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--borrow-min-idle": (
         "engine.borrow_min_idle_cores",
         float,
-        "CPU: ... and only while the rest of the machine leaves at least this many cores idle (0.5)",
+        "CPU: a decode engine borrows idle cores only while the rest of the machine leaves at least this many "
+        "idle (default 0.5)",
     ),
     "--stream-interval-ms": (
         "engine.stream_interval_ms",
@@ -59,7 +61,11 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--num-prefill": ("num_prefill", int, "prefill workers"),
     "--num-decode": ("num_decode", int, "decode workers"),
     "--chunk-size": ("prefill.chunk_size", int, "ChunkSize: prefill tokens per iteration"),
-    "--prefill-sched-batch": ("prefill.sched_batch", int, "PrefillSchedBatch"),
+    "--prefill-sched-batch": (
+        "prefill.sched_batch",
+        int,
+        "PrefillSchedBatch: arrivals the prefill queue policy orders together (TetriInfer §3.3.1)",
+    ),
     "--offload-max-tokens": (
         "prefill.offload_max_tokens",
         int,
@@ -96,13 +102,21 @@ _SERVE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--migration-limit": ("migration_limit", int, "re-placements/migrations per request after worker failures"),
     "--transport": ("transport.backend", str, "KV transfer backend: auto|tcp|shm|ucx|nccl|mock (timing only)"),
     "--emulate-gbps": ("transport.emulate.gbps", float, "shape KV sends to a link of this many Gb/s"),
-    "--emulate-latency-us": ("transport.emulate.latency_us", float, "... with this one-way latency, µs"),
-    "--kv-lease": ("transport.lease_s", float, "seconds parked KV (sent or landed, not taken) is kept (300)"),
-    "--kv-sync-load-mib": ("transport.sync_load_mib", float, "landed KV up to this is copied in the step (4)"),
+    "--emulate-latency-us": (
+        "transport.emulate.latency_us",
+        float,
+        "one-way latency added to every KV send on the emulated link, µs (with --emulate-gbps)",
+    ),
+    "--kv-lease": ("transport.lease_s", float, "seconds parked KV (sent or landed, not taken) is kept (default 300)"),
+    "--kv-sync-load-mib": (
+        "transport.sync_load_mib",
+        float,
+        "landed KV of at most this many MiB is copied within the decode engine's step (default 4)",
+    ),
     "--kv-load-failure-policy": ("kv_load_failure_policy", str, "recompute | fail: a decode engine's lost KV transfer"),
     "--flip-policy": ("flip.policy", str, "off | tetriinfer | slo: workers change role by themselves"),
     "--flip-interval": ("flip.interval_s", float, "tetriinfer: seconds a worker stays idle before it flips"),
-    "--flip-threshold": ("flip.load_threshold", float, "tetriinfer: load under which a worker is idle (0-1)"),
+    "--flip-threshold": ("flip.load_threshold", float, "tetriinfer and slo: load under which a worker is idle (0-1)"),
     "--ttft-slo-ms": ("flip.ttft_slo_ms", float, "slo: TTFT objective of requests without their own"),
     "--tpot-slo-ms": ("flip.tpot_slo_ms", float, "slo: TPOT objective of requests without their own"),
     "--max-workers": ("scale.max_workers", int, "slo: add workers up to this many in all (0: only flip)"),
@@ -168,11 +182,11 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="stream a completion from a running service (gRPC)")
     g.add_argument("prompt")
     g.add_argument("--target", default="localhost:50051", help="gRPC address")
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate")
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
+    g.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     g.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     add_client_flags(g)
 

@@ -34,7 +34,7 @@ def add_predictor_parser(sub: Any) -> None:
     _common(t)
 
     e = psub.add_parser("eval", help="held-out report: markdown + PNG under benchmarks/results")
-    e.add_argument("--granularity", type=int, nargs="+", default=GRANULARITIES)
+    e.add_argument("--granularity", type=int, nargs="+", default=GRANULARITIES, help="bucket widths to evaluate")
     e.add_argument(
         "--from",
         dest="source",
@@ -46,15 +46,15 @@ def add_predictor_parser(sub: Any) -> None:
     _common(e)
 
     x = psub.add_parser("export", help="copy trained heads into length_predictor/artifacts (committed)")
-    x.add_argument("--granularity", type=int, nargs="+", default=GRANULARITIES)
+    x.add_argument("--granularity", type=int, nargs="+", default=GRANULARITIES, help="bucket widths to export")
     x.add_argument("--out", default=None, help="destination (default: length_predictor/artifacts)")
 
     lb = psub.add_parser("label", help="relabel pairs with a running cluster's real output lengths")
     lb.add_argument("--target", default="localhost:50051", help="gRPC address")
     lb.add_argument("--limit", type=int, default=None, help="first N pairs")
-    lb.add_argument("--max-tokens", type=int, default=1024)
-    lb.add_argument("--temperature", type=float, default=0.0)
-    lb.add_argument("--concurrency", type=int, default=8)
+    lb.add_argument("--max-tokens", type=int, default=1024, help="most tokens each prompt may generate")
+    lb.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
+    lb.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
     lb.add_argument("--out", required=True, help="output JSONL")
     _common(lb)
 

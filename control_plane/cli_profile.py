@@ -36,7 +36,7 @@ def add_profile_parser(sub: Any) -> None:
     p.add_argument("--repeats", type=int, default=None, help="runs per scenario; the median is kept (default 3)")
     p.add_argument("--saturation", type=float, default=None, help="pivot: fraction of the best throughput (0.9)")
     p.add_argument("--hardware", default=None, help="hardware name in the profile (default: detected)")
-    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"], help="(auto)")
+    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"], help="dtype (auto)")
     p.add_argument("--threads", type=int, default=None, help="OMP/torch threads of the engine (default 1)")
     p.add_argument("--enforce-eager", action="store_true", help="skip torch.compile / CUDA graphs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -1,4 +1,4 @@
-"""`serve`'s tracing flags (issue #17, part 6): they override the config file's ``tracing`` section.
+"""`serve`'s tracing flags: they override the config file's ``tracing`` section.
 
 --otlp-endpoint URL        export spans there (turns tracing on)
 --otlp-protocol P          grpc (default) | http
@@ -18,8 +18,8 @@ def add_tracing_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="OpenTelemetry collector for request spans, e.g. http://localhost:4317 (turns tracing on)",
     )
-    parser.add_argument("--otlp-protocol", choices=("grpc", "http"), default=None, help="OTLP transport (grpc)")
-    parser.add_argument("--trace-sample-ratio", type=float, default=None, help="share of requests traced (1.0)")
+    parser.add_argument("--otlp-protocol", choices=("grpc", "http"), default=None, help="OTLP transport (default grpc)")
+    parser.add_argument("--trace-sample-ratio", type=float, default=None, help="share of requests traced (default 1.0)")
     parser.add_argument(
         "--tracing",
         action=argparse.BooleanOptionalAction,

@@ -1,4 +1,4 @@
-"""The control plane as one detached Ray actor that outlives every front door (issue #17, part 5; DESIGN.md §5b).
+"""The control plane as one detached Ray actor that outlives every front door (``docs/design/ownership.md``).
 
     tetriserve serve ──▶ ControlPlane  detached, named "control-plane" in the config's namespace
                            └─ launch(): ClusterMonitor, GlobalScheduler, the workers (its own actors)
@@ -7,7 +7,7 @@
         ControlPlane.info()  once: config, model, served name, dashboard
         ControlPlane.view()  every VIEW_S: the current handles (a re-created worker's, an added one's)
         ─▶ RemoteCluster (``remote_cluster.py``) ─▶ RayBackend: places with the GlobalScheduler and streams
-           straight from the workers, as before; flip / scale / status extras go to the ControlPlane
+           straight from the workers; flip / scale / status extras go to the ControlPlane
 
 Front doors hold nothing but their own streams: one that exits or dies loses its
 own clients' connections (the workers drop its requests when its ``subscribe``

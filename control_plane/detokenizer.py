@@ -9,7 +9,7 @@ window may hold back a longer tail, which is then dropped):
   library's ``DecodeStream``, primed with the last few prompt tokens, steps one
   token at a time and returns the text it completes (None while a character is
   incomplete). This is what vLLM's own detokenizer uses; per token it costs a
-  small fraction of the window below (``benchmarks/detokenizer_cost.py``), which
+  small fraction of the window below (``python benchmarks/diagnostics/detokenizer_cost.py``), which
   matters because the front door detokenizes every token of every stream.
 - **Sliding window** (any other tokenizer, and a stream that fails): decode a
   small window and emit what it adds over the previous one (the prefix/read

@@ -385,8 +385,8 @@ async def start_http_server(
 def _listen(host: str, port: int, family: socket.AddressFamily) -> socket.socket:
     """A listening TCP socket whose connections get TCP_NODELAY from asyncio. asyncio sets it only on sockets
     whose ``proto`` is IPPROTO_TCP, and ``socket.create_server`` makes them with proto 0: on a kept-alive
-    connection Nagle then held each small write (a response's first chunk after its headers) until the client's
-    delayed ACK, 40 ms."""
+    connection Nagle would then hold each small write (a response's first chunk after its headers) until the
+    client's delayed ACK, 40 ms."""
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as socket.create_server does

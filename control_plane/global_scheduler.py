@@ -4,9 +4,9 @@
     front door ──submit(request)──▶ that prefill worker; tokens flow worker ══▶ front door directly
     workers, front doors ──record([StateEvent, ...])──▶ the table: each request's timestamped events
 
-TetriInfer's global scheduler also receives the output streams; we depart from
-that on purpose (DESIGN.md §5b): relaying every token through one actor cost us
-2–3× plain vLLM's latency. The table is kept from events the workers batch with
+TetriInfer's global scheduler also receives the output streams; this one does
+not, on purpose: relaying every token through one actor adds that actor's hops
+and queues to every token's latency (``docs/design/index.md``). The table is kept from events the workers batch with
 their load reports (and the front door's finish), so it may trail the tokens by
 a report interval. A request's first finish event is its outcome.
 
@@ -20,7 +20,7 @@ clock) are placed on; a request the front door re-places after a failure
 (a later ``attempt``) replaces its old entry, and goes elsewhere than the
 workers it names in ``avoid`` when another serves. Nothing refuses a request
 for lack of a worker for good: ``Placement.retry`` tells the front door to ask
-again shortly. Admission is bounded per worker (issue #14): a new request goes
+again shortly. Admission is bounded per worker: a new request goes
 only to a prefill worker with fewer than ``admission.max_queued_per_worker``
 requests in prefill whose queue it would wait behind for at most
 ``admission.max_wait_s`` (the worker's reported ``queue_wait_s``, from its cost

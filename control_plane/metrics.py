@@ -1,4 +1,4 @@
-"""The one metrics exporter (DESIGN.md §6.5): stats objects in, Prometheus text and Ray metrics out.
+"""The one metrics exporter: stats objects in, Prometheus text and Ray metrics out.
 
     FrontDoor.metrics (RequestMetrics) ─┐
     backend.status()                    ├─▶ MetricsExporter.snapshot() ─▶ MetricsSnapshot

@@ -5,7 +5,8 @@ front for Prometheus and ``tetriserve_`` for ``ray.util.metrics`` (Ray forbids
 ``:``); a counter's name here has no ``_total`` (Prometheus text adds it).
 Per-worker series carry ``worker`` and ``role`` (its role now: a flipped
 worker's counters go on under its new role's label). ``SPECS`` is the table
-the exporter (``metrics.py``), the README's list and the Grafana lint test read.
+the exporter (``metrics.py``), the generated metrics reference (``docs/reference/metrics.md``) and the
+Grafana lint test read.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ SPECS: tuple[MetricSpec, ...] = (
         GAUGE,
         "What a queued prompt token adds to that wait: the engine's seconds per prompt token, scaled by the share "
         "of a backlog prefilled here (the rest offloaded to decode workers), measured while prompts wait for the "
-        "engine; 0: not measured yet.",
+        "engine; 0: not measured.",
         W,
     ),
     MetricSpec("num_preemptions", COUNTER, "Preemptions on the worker's engine.", W),

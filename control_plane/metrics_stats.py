@@ -1,4 +1,4 @@
-"""The stats objects the metrics exporter publishes (DESIGN.md §6.5): plain frozen values, no metrics library.
+"""The stats objects the metrics exporter publishes: plain frozen values, no metrics library.
 
     FrontDoor ──RequestMetrics.snapshot()──▶ FrontDoorStats   latency histograms, tokens, outcomes (its own view)
     backend.status() + worker_stats() ─────▶ ClusterStats     per worker: queues, KV, transfers, role, flips,
@@ -126,7 +126,7 @@ class WorkerStats:
     flips: int = 0
     restarts: int = 0
     queue_wait_s: float | None = None  # a prefill worker's reported expected queue wait (None: not a prefill worker)
-    seconds_per_token: float = 0.0  # and the prefill pace it prices its queue with (0: not measured yet)
+    seconds_per_token: float = 0.0  # and the prefill pace it prices its queue with (0: not measured)
     predictions: Mapping[str, int] = field(default_factory=dict)  # prefill: on_time, late, refined
     handoffs: Mapping[str, int] = field(default_factory=dict)  # prefill: pipelined, whole, offloaded
     length_score: LengthScoreStats = field(default_factory=LengthScoreStats)

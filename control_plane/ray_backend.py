@@ -1,4 +1,4 @@
-"""``ServingBackend`` over a launched Ray cluster: what the front doors call (DESIGN.md §5b).
+"""``ServingBackend`` over a launched Ray cluster: what the front doors call.
 
     generate(request):
         GlobalScheduler.place_many([PlacementRequest]) ─▶ [Placement(prefill worker)]   a decision, not a relay

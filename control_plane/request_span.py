@@ -1,4 +1,4 @@
-"""The front door's root span of one request, ``tetriserve.request`` (issue #17, part 6; ``common/tracing.py``).
+"""The front door's root span of one request, ``tetriserve.request`` (``common/tracing.py``).
 
     FrontDoor.stream(request, route=...)
         span = RequestSpan(request, model, route, started)   from the gateway's receipt of the request; under

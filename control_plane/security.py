@@ -1,7 +1,7 @@
 """What both front doors enforce, built once from the config's ``security`` section.
 
     SecurityConfig (+ keys file, + $TETRISERVE_API_KEY) ─▶ FrontDoorSecurity
-        keys: KeyTable | None   None: open doors (today's behaviour; a warning on a non-loopback address)
+        keys: KeyTable | None   None: open doors (the default; a warning on a non-loopback address)
         tls:  TlsFiles | None   uvicorn's ssl_certfile/ssl_keyfile, grpc.ssl_server_credentials
         open paths/methods      /health, /ready (and /metrics unless metrics_require_key); gRPC Health
 

@@ -1,7 +1,6 @@
-"""Supervision over Ray (DESIGN.md §5b): watch every named actor, re-create the dead under the same name.
+"""Supervision over Ray (``docs/design/ownership.md``): watch every named actor, re-create the dead under the same name.
 
-A daemon thread of the process that launched the cluster (the one running the
-front doors) ticks every ``TICK_S``::
+A daemon thread of the ``control-plane`` actor, which launched the cluster, ticks every ``TICK_S``::
 
     death      each actor has one ``sentinel()`` call open; Ray fails it the moment the actor dies
                (ray.kill, SIGKILL of its process, its node gone once Ray's health check says so)

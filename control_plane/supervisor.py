@@ -1,4 +1,4 @@
-"""The supervisor's bookkeeping (DESIGN.md §5b): which named actor is in which life, and when to re-create it.
+"""The supervisor's bookkeeping: which named actor is in which life, and when to re-create it.
 
 Pure: no Ray. ``control_plane/supervision.py`` feeds it what Ray and the
 ClusterMonitor say and carries out what it decides::

@@ -1,4 +1,4 @@
-"""Each worker's role, lifecycle and flips as Ray metrics: what the Ray dashboard shows of them (issue #15).
+"""Each worker's role, lifecycle and flips as Ray metrics: what the Ray dashboard shows of them.
 
 The supervision thread publishes, once a second, one set of gauges per worker
 through Ray's metrics API (``ray.util.metrics``); Ray exports them with its own

@@ -1,4 +1,4 @@
-"""A front door's streams from every worker, and how it tells that a request's attempt is lost (DESIGN.md §5b).
+"""A front door's streams from every worker, and how it tells that a request's attempt is lost.
 
 One ZeroMQ PULL socket per front-door process takes every worker's chunks for
 this process's requests and routes them to their queues; per worker, the Ray

@@ -1,4 +1,7 @@
-"""Decode-side policies from configuration (DESIGN.md §4): admission, preemption order, swap or recompute."""
+"""Decode-side policies from configuration: admission, preemption order, swap or recompute.
+
+Each is a pure object over frozen views (``docs/design/policy-seam.md``).
+"""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ that is moved ships its KV to the other worker instead of recomputing it.
 
 A worker's load ``T_load`` is its predicted remaining tokens (running and queued)
 times its current cost per token (decode step time / batch size): the time to
-drain what it holds at today's speed. A worker that is not decoding has no cost
-of its own yet and is priced at the median of the others'.
+drain what it holds at its current speed. A worker that is not decoding has no
+cost of its own and is priced at the median of the others'.
 """
 
 from __future__ import annotations

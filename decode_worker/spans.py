@@ -1,4 +1,4 @@
-"""A decode worker's spans of one request (issue #17, part 6; the tree is in ``common/tracing.py``).
+"""A decode worker's spans of one request (the tree is in ``common/tracing.py``).
 
     take / adopt       tetriserve.decode            open(): under ``Request.trace`` (a sibling of the prefill's),
                                                     from the take's arrival

@@ -1,4 +1,4 @@
-"""Frozen views that decode-side policies decide from (DESIGN.md §4).
+"""Frozen views that decode-side policies decide from (``docs/design/policy-seam.md``).
 
 ``DecodeReqView`` is one request on a decode worker: its context so far, how
 much it may still generate and the predicted length range; ``DecodeState`` is

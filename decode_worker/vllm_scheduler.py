@@ -7,7 +7,10 @@ Each ``schedule()`` call:
        and the KV that is free
     2. every waiting request that would *start decoding* now is put to the admission policy,
        in the policy's order (arrival unless it says otherwise), each admitted one folded into
-       the state before the next is asked; the first refusal stops admission for this step
+       the state before the next is asked; the first refusal stops admission for this step.
+       A request whose KV has yet to come through the connector is not asked (below): when its
+       KV has already landed and is small enough to load within the step
+       (``transport.sync_load_mib``), it starts decoding in that same step, unasked
     3. refused requests are held aside for this one call
     4. when the batch may run out of KV this step (fewer free blocks than running requests),
        the running list is sorted so that vLLM, which preempts from its tail, preempts in the
@@ -18,9 +21,10 @@ Each ``schedule()`` call:
        ``max_tokens`` is cut to this step's token and the connector parks its KV, which the
        worker ships to the destination when the engine reports the request finished (``length``)
 
-Only the engine thread calls into this class (DESIGN.md §5b): the worker changes
-policies and marks slice moves through ``EngineLoop.call`` and reads the frozen
-``DecodeSnapshot`` the engine thread publishes (``snapshot``).
+Only the engine thread calls into this class (the engine has one owner:
+``docs/design/ownership.md``): the worker changes policies and marks slice moves
+through ``EngineLoop.call`` and reads the frozen ``DecodeSnapshot`` the engine
+thread publishes (``snapshot``).
 
 A request that still has to pull its KV through the connector (no blocks yet) is
 never held: it must get its blocks so its KV can land; it is gated once its KV
@@ -123,9 +127,10 @@ class TetriDecodeScheduler(Scheduler):
 
     def remaining_tokens(self) -> int:
         """Σ predicted tokens still to generate over running and queued requests. Published every
-        ``SNAPSHOT_INTERVAL_S`` over every request the engine holds, so without building their views: at
-        saturation building them was 3.3% of the engine thread's time under the interpreter lock
-        (benchmarks/results/engine_profile_saturation_before.md)."""
+        ``SNAPSHOT_INTERVAL_S`` over every request the engine holds, so without building their views: built
+        from views, the snapshot takes 3.3% of the engine thread's samples under the interpreter lock at
+        saturation (``python benchmarks/diagnostics/engine_profile.py --scenario saturation``, measured on
+        a07c4fc)."""
         return sum(
             predicted_remaining(_tags(r).estimate, _max_tokens(r), r.num_output_tokens, "estimate")
             for queue in (self.running, self.kv_holding_waiting, self.waiting)

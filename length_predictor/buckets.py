@@ -5,8 +5,8 @@
     bucket:   0        1         2               K-2                 K-1
            [0, g) [g, 2g) [2g, 3g)  ...  [(K-2)g, (K-1)g)  [(K-1)g, ∞)   ← open-ended tail
 
-* Bucket k holds lengths in ``[k·g, (k+1)·g)``, as in the issue; the paper's own
-  example ("0 to 200 is label 0" at granularity 100) reads as a typo for this.
+* Bucket k holds lengths in ``[k·g, (k+1)·g)``; the paper's own example ("0 to
+  200 is label 0" at granularity 100) reads as a typo for this.
 * The last bucket is **open-ended** rather than capped: every length has a
   label, and no rare 5000-token answer is dropped from training. With the
   default ``open_from = 2000`` (OPT-13B's 2K context, the paper's target) the

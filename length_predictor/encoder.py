@@ -16,7 +16,7 @@
 * ``dtype="auto"`` runs the encoder in bfloat16 on a GPU or on CPUs with AMX tiles or AVX512-BF16, float32
   elsewhere. On this project's 2-core VMs: 3x faster than float32 on a Xeon with AMX; on an EPYC with
   AVX512-BF16 and no AMX, 1.64x (19.8 against 32.4 ms a ShareGPT prompt, one thread), embeddings at cosine
-  >= 0.9999 and 99.7% of prompts in the same bucket (``benchmarks/predictor_dtype.py``).
+  >= 0.9999 and 99.7% of prompts in the same bucket (``python benchmarks/diagnostics/predictor_dtype.py``).
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ TetriInfer's parallel mode runs the predictor while the request is prefilled. In
 the worker's own process the trained predictor (MiniLM, Python-heavy at these
 sizes) shares the interpreter lock with the engine's stepping thread and the
 actor's event loop: with one stream of 20-word prompts the prefill's compute
-took a median 12.99 ms with the prediction in a thread against 10.25 ms with it
-here (``benchmarks/results/ttft_spans_predictor.md``). Here the model runs in a
-child process with its own interpreter and its own niceness; the worker keeps
-what costs nothing::
+takes a median 12.99 ms with the prediction in a thread against 10.25 ms with it
+in a process of its own (``python benchmarks/diagnostics/ttft_spans.py --requests 40 --variant process=
+--variant thread=--config benchmarks/diagnostics/predictor_in_thread.yaml``). Here the model runs in a
+child process with its own interpreter and its own niceness; the worker keeps what costs nothing::
 
     ProcessPredictor(inner)                      child: python -m tetriserve.length_predictor.process
       warm_up()  ── starts the child, sends inner ─▶  inner.warm_up() ─▶ Reply   (loads MiniLM once)

@@ -1,10 +1,10 @@
-"""A decode worker as a prefill worker calls it during the handoff (issue #12): over ZeroMQ
+"""A decode worker as a prefill worker calls it during the handoff: over ZeroMQ
 (``common/handoff_channel.py``) once its link is connected, over Ray before that, and for what the link does not
 carry (``handle``: aborts forwarded, liveness).
 
 A peer is made for each decode worker's life the ClusterMonitor's broadcast introduces (``update_decode_view``).
 On its first call it asks that actor for its handoff server's address in one Ray call and connects; until the
-answer is in, and for a decode worker of a release without the server, its calls go over Ray as before. A
+answer is in, and for a decode worker of a release without the server, its calls go over Ray. A
 request whose ``pull_kv`` went over Ray just before the link came up may reach the decode worker after its
 ``take`` did: the ``take`` then does not wait for the pull to settle, and the engine loads the KV once the pull
 has landed it, as for a pushed KV.
@@ -82,7 +82,7 @@ class DecodePeer:
             self.handle.kv_failed.remote(key, error)
 
     def _sent(self, message: PullKV | Refine | Discard | KvFailed) -> bool:
-        """Sent over the link; False: there is none (yet), the caller uses Ray."""
+        """Sent over the link; False: there is no link, the caller uses Ray."""
         link = self._link()
         if link is None:
             return False

@@ -2,8 +2,8 @@
 send it the parked KV (whole, or part by part in a pipelined handoff: ``pipeline.py``) or, on one host, have it
 pull the KV from this worker's slabs (``transport/shm_pull.py``), give it the request. Or, for a prompt this
 worker does not compute, give a decode worker the request to compute it itself (conditional disaggregation,
-a departure from §3.3 in README's Design notes): a short one before it queues (``offer_short``), the next in
-line of a backlog (``offer_prompts``).
+a departure from TetriInfer §3.3, where prefill instances compute every prompt): a short one before it queues
+(``offer_short``), the next in line of a backlog (``offer_prompts``).
 
 A decode worker found dead at ``take`` before any of the KV lent to it has left is passed over: the KV is lent
 to another decode worker and the request goes on in the same attempt (``_take``). One whose KV was sent or

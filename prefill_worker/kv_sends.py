@@ -1,4 +1,4 @@
-"""The prefill worker's KV sends (issue #16): each in flight is polled, never waited on, and a failed one is
+"""The prefill worker's KV sends: each in flight is polled, never waited on, and a failed one is
 reported to its receiver at once (``kv_failed``: it frees its blocks and recomputes or fails the load) instead
 of letting the decode worker wait out the transfer's deadline. A pipelined handoff (``pipeline.py``) sends a
 prompt's KV part by part while its later chunks compute (``forward_parts``)."""

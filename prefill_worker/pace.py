@@ -1,58 +1,59 @@
-"""How fast a prefill worker gets through prompts, and so how long its queue will take (issue #14).
+"""How fast a prefill worker gets through prompts, and so how long its queue will take.
 
-The GlobalScheduler bounds admission per worker by expected wait: a request
-goes only to a prefill worker whose queue it would wait behind for at most
-``admission.max_wait_s``. The worker reports that wait with its load:
+The GlobalScheduler bounds admission per worker by expected wait: a request goes only to a prefill worker whose
+queue it would wait behind for at most ``admission.max_wait_s``. The worker reports that wait with its load:
 
-    queue_wait_s = Σ over queued prompts of the cost model's Cᵖ(r) (SOLA eq. 3, online-corrected), when a
-                   cost profile is loaded; else queued prompt tokens × seconds_per_token
-    seconds_per_token = seconds the engine spent stepping / prompt tokens it prefilled, both summed over the recent
-                   past (each sum aged by stepping time, time constant ``TAU_S``), counting only the report
-                   intervals that began with prompts waiting for the engine (a backlog, whose steps are full), and
-                   0 ("not measured") until those hold ``MIN_MEASURED_S`` of stepping. The pace prices backlogs
-                   only, and a step costs a fixed few milliseconds whatever it carries: measured on a fresh
-                   service's smoke test (two single ShareGPT prompts, 1.858 ms a token), it priced a burst of
-                   200 prompts at 91.4 s and the GlobalScheduler refused 23 of them, where the last first token
-                   came at 17.8 s (session 62, benchmarks/results/s62_pace_smoke_before.md; after this change 0
-                   refused, s62_pace_smoke_200_after.md). Stepping time, not wall time: a
-                   worker that was idle for most of an interval is not slow. Read by wall time, a lightly loaded
-                   worker's burst was priced at 39–44 s of queue and refused while the prompts' TTFT stayed under
-                   0.2 s (benchmarks/results/flip_phases.json as of commit 5a74509, the run before this fix).
-                   Prompt tokens whole, the ones the prefix cache held included, as the queue's prompts are
-                   priced: per *computed* token, an interval of prompts mostly held by the cache (a client
-                   sending the same prompts again) priced the next burst at 1.057 ms a token, and the
-                   GlobalScheduler refused 56 of 200 prompts at saturation (vllm_bench_serve_s32.md; the
-                   refusal's log line, and the same run after this fix, 200 of 200 served:
-                   benchmarks/results/saturation_pace_fix_s32.json).
-                   The computed tokens count as the scheduler schedules them, step by step (its iteration log's
-                   ``tokens``); the cached ones as their prompts' prefill ends (vLLM's count), when the cache's
-                   share is known. vLLM counts a prompt's tokens only when its prefill ends: counted so, the
-                   pace lagged a burst's steps: after a smoke test, 455 of a 600-prompt burst were refused where
-                   the last served prompt's first token came at 15 s (session 62,
-                   benchmarks/results/s62_pace_smoke_flood.md; counted step by step, 343 of 600 were refused and
-                   the last first token came at 33.8 s: s62_pace_smoke_600_after.md).
-                   A ratio of sums, not an average of each report interval's ratio: averaged per interval, one
-                   interval of a served worker in which one short prompt ended among other prompts' chunks (11
-                   tokens in 72 ms of steps, as vLLM counted them) put the pace at 2.1 ms a token, 20 times the
-                   run's 0.105, which prices a queue of 14,442 prompt tokens at the bound
-                   (benchmarks/results/prefill_pace_replay.md; one saturation run of issue #12's session 48 left
-                   23 of 300 prompts unserved, the refusal's reason not recorded: s48_probe_seqs256.md).
-    The counters come from one snapshot of the engine (``EngineCounters`` and the iteration log's count published
-    with it), so they cover the same steps.
+    queue_wait_s = local_share × the engine's time for the queue: Σ over queued prompts of the cost model's
+                   Cᵖ(r) (SOLA eq. 3, online-corrected) when a cost profile is loaded, else queued prompt
+                   tokens × seconds_per_token
+    seconds_per_token = seconds the engine spent stepping / prompt tokens it prefilled, both summed over the
+                   recent past (each sum aged by stepping time, time constant ``TAU_S``), counting only the
+                   report intervals that began with prompts waiting for the engine; 0 ("not measured") until
+                   those intervals hold ``MIN_MEASURED_S`` of stepping
     local_share = the share of a backlog's prompt tokens this worker prefills itself: prompt tokens that left its
-                   queue while it was backlogged (its engine's time for the queue, ``prefill_s``, over
-                   ``prefill.offload_wait_s``, when decode workers take prompts from it) to its own engine, over
-                   those and the ones decode workers took (``prefill_worker/worker.py`` ``offer_prompts``), each
-                   aged by prompt tokens (``SHARE_TOKENS``); 1 until a backlog has been seen, ``MIN_SHARE`` at
-                   least. The queue drains faster than the engine's pace by that much, and the queue's wait and
-                   the pace this worker reports (``queue_seconds_per_token``, which the GlobalScheduler prices its
-                   new placements with) are scaled by it. Unscaled, the pace priced saturation bursts after a
-                   warm-up at 31 and 34 s, over the 30 s bound, and 3 and 21 of 200 prompts were refused, where
-                   the bursts' last first tokens came at 17.7 and 15.3 s: the decode worker had computed 73 and
-                   65 of the prompts, about a third of their tokens (benchmarks/results/s59_prefill_pace_probe.md).
-                   Backlogged is judged on the engine's time, not on the scaled wait: judged on the scaled one, a
-                   share that fell to 0 priced every queue at 0 s and was never measured again
-                   (benchmarks/results/s59_prefill_pace_share_stuck.md).
+                   queue for its own engine while it was backlogged, over those and the ones decode workers
+                   took (``offer_prompts`` in ``prefill_worker/worker.py``), each sum aged by prompt tokens
+                   (``SHARE_TOKENS``); 1 until a backlog has been seen, ``MIN_SHARE`` at least. The pace this
+                   worker reports (``queue_seconds_per_token``, which the GlobalScheduler prices its new
+                   placements with) is scaled by it too.
+
+The counters come from one snapshot of the engine (``EngineCounters`` and the iteration log's count published
+with it), so they cover the same steps. Each choice guards against a way the pace misprices a burst; the
+measurements come from ``python benchmarks/diagnostics/prefill_pace_probe.py`` (a fresh server, a warm-up, then
+a burst; the admission bound 30 s) unless another command is given:
+
+- Backlogged intervals only. A step costs a fixed few milliseconds whatever it carries, so a pace measured on
+  light load overprices a burst: counting every interval, a fresh service's smoke test (two single ShareGPT
+  prompts) sets the pace at 1.858 ms a token, which prices a burst of 200 prompts at 91.4 s, and 23 are
+  refused where the last first token comes at 17.8 s (``--warmup smoke --num-prompts 200 --rounds 1
+  --commit a46ce67``); counting backlogs only, none is refused (the same without ``--commit``).
+- Stepping time, not wall time: a worker that was idle for most of an interval is not slow. Read by wall time,
+  the pace prices a lightly loaded worker's burst at 39–44 s of queue and refuses it while the prompts' TTFT
+  stays under 0.2 s (the ``python benchmarks/flip_phases.py`` run committed in 5a74509, taken with the pace
+  read by wall time).
+- Prompt tokens whole, the ones the prefix cache held included, as the queue's prompts are priced. Per
+  *computed* token, an interval of prompts mostly held by the cache (a client sending the same prompts again)
+  prices the next burst at 1.057 ms a token, and 56 of 200 prompts are refused at saturation; counted whole,
+  200 of 200 are served (``python benchmarks/vllm_bench_serve.py --systems tetriserve --scenarios saturation
+  --rounds 1 --num-prompts 200``).
+- Computed tokens counted as the scheduler schedules them, step by step (its iteration log's ``tokens``); the
+  cached ones as their prompts' prefill ends (vLLM's count), when the cache's share is known. Counted only as
+  each prompt's prefill ends, the pace lags a burst's steps: after a smoke test, 455 of a 600-prompt burst are
+  refused where the last served prompt's first token comes at 15 s; counted step by step, 343 of 600 are
+  refused and the last first token comes at 33.8 s, past the bound (``--warmup smoke --num-prompts 600
+  --rounds 1``).
+- A ratio of sums, not an average of each report interval's ratio. Averaged per interval, one interval of a
+  served worker in which one short prompt ended among other prompts' chunks (11 tokens in 72 ms of steps, as
+  vLLM counts them) puts the pace at 2.1 ms a token, 20 times the run's 0.105, which prices a queue of 14,442
+  prompt tokens at the bound (``python benchmarks/diagnostics/prefill_pace_replay.py``).
+- Scaled by the local share: the queue drains faster than the engine's pace when decode workers take prompts
+  from it. Unscaled, the pace prices saturation bursts after a warm-up at 31 and 34 s, over the bound, and 3
+  and 21 of 200 prompts are refused, where the bursts' last first tokens come at 17.7 and 15.3 s: the decode
+  worker computes 73 and 65 of the prompts, about a third of their tokens (``--rounds 2 --commit ada26d0``).
+- Backlogged judged on the engine's time for the queue (``prefill_s`` over ``prefill.offload_wait_s``, when
+  decode workers take prompts), not on the scaled wait, and the share ``MIN_SHARE`` at least: judged on the
+  scaled wait, a share that falls to 0 prices every queue at 0 s, nothing more is offloaded, and the share is
+  never measured again (``--rounds 2 --commit c4a9188``).
 
 Pure (no Ray, no vLLM): the worker feeds it its engine's counters.
 """
@@ -83,7 +84,7 @@ class EngineCounters(Protocol):
 
 class PrefillPace:
     def __init__(self) -> None:
-        self.seconds_per_token = 0.0  # 0: not measured yet
+        self.seconds_per_token = 0.0  # 0: not measured
         self._seconds = 0.0  # aged stepping seconds
         self._tokens = 0.0  # aged prompt tokens prefilled in them
         self._measured_s = 0.0  # backlogged stepping seconds seen, not aged

@@ -4,9 +4,9 @@ TetriInfer's parallel mode runs the predictor while the request waits for and
 goes through its prefill, so the estimate is ready when the first token is out.
 That holds only while the predictor is faster than the prefill. It runs on the
 same cores as the engines, and the trained one (MiniLM) costs more than a small
-model's whole prefill: waiting for it lengthened the gap between the first and
-second token at light load, and with many requests at once it fell far behind
-the prefill and every handoff waited (the decode batch filled slowly).
+model's whole prefill: waiting for it lengthens the gap between the first and
+second token at light load, and with many requests at once it falls far behind
+the prefill and every handoff waits (the decode batch fills slowly).
 So the handoff takes the best estimate there is when the first token is out:
 
     submit(item) ──▶ pending (FIFO) ──▶ one predictor thread, a batch at a time ──▶ the ticket's future

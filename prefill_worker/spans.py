@@ -1,4 +1,4 @@
-"""A prefill worker's spans of one request (issue #17, part 6; the tree is in ``common/tracing.py``).
+"""A prefill worker's spans of one request (the tree is in ``common/tracing.py``).
 
     _serve task     tetriserve.prefill          open_prefill: under ``Request.trace``, current for the task
                       tetriserve.prefill.queue        queued(): raw queue until its PrefillSchedBatch turn

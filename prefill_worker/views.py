@@ -1,4 +1,4 @@
-"""Frozen views that prefill-side policies decide from (DESIGN.md §4).
+"""Frozen views that prefill-side policies decide from (``docs/design/policy-seam.md``).
 
 ``ReqView`` is one request as a policy sees it; ``PrefillState`` is one
 scheduling iteration's input to a chunking policy; ``Chunk`` is its output:

@@ -73,7 +73,7 @@ class TetriPrefillScheduler(Scheduler):
         self._views: dict[str, ReqView] = {}
 
     def configure(self, policy: PrefillPolicy) -> None:
-        """Swap the policy; takes effect at the next iteration (called from another thread)."""
+        """Swap the policy; takes effect at the next iteration (called on the engine thread, between steps)."""
         self.policy = policy
 
     # -- views ---------------------------------------------------------------------------

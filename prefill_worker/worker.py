@@ -14,8 +14,8 @@
                   KV sent to the chosen decode worker ─▶ decode.take(prompt + first token)
                      ─▶ a ``moved_to`` marker on the front door's stream: the rest comes from there
 
-Tokens go straight to the front door that submitted the request (DESIGN.md
-§5b); the GlobalScheduler hears only state events. The actor is plain Python
+Tokens go straight to the front door that submitted the request, never through
+a central actor; the GlobalScheduler hears only state events. The actor is plain Python
 over the engine adapter; Ray-specific code is the handful of actor calls to the
 monitor and decode workers.
 """

@@ -1,4 +1,4 @@
-"""The flip policy seam (DESIGN.md §4): ``decide(cluster_snapshot) -> list[order]``.
+"""The flip policy seam (``docs/design/policy-seam.md``): ``decide(cluster_snapshot) -> list[order]``.
 
     flip controller ──each check──▶ ClusterSnapshot (workers: role, lifecycle, load; SLO attainment; bounds)
                                           │

@@ -21,8 +21,8 @@ demand and has no per-request reservation to carve up:
   grant draws on those blocks instead of forcing a preemption.
 
 An empty batch admits whatever fits now, so a request larger than its grant
-still runs (alone). The SLO-critical request selection of §3.3.2 is the prefill
-side's job here (the prefill worker's queue policies); decode admission is FCFS.
+still runs (alone). The SLO-critical request selection of §3.3.2 (critical requests, their basic demand,
+the excess amortised by weights) is not built: decode admission asks waiting requests in arrival order.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Swap or recompute a preempted request, by the sweet-spot length (CacheOpt §2.5, §3.5).
 
-Both latencies are profiled on the real engine (``benchmarks/preemption_profile.py``)
-and fitted:
+Both latencies are profiled on the real engine and fitted (``benchmarks/decode_policies.py``
+does both and saves the pair, the file ``decode.preemption_profile`` names):
 
     recompute   L_r(S) = α_r·S^β_r + κ_r·S + ε_r     (polynomial: attention is quadratic in S)
     swap        L_s(S) = γ_s·S + δ_s                  (linear in the bytes moved, out and back in)

@@ -1,4 +1,4 @@
-"""Load-based dispatchers for experiments (issue #5; TetriInfer Fig. 19, SCLS §4.5).
+"""Load-based dispatchers for experiments (TetriInfer Fig. 19, SCLS §4.5).
 
 least-loaded  fewest running + queued requests; ties: more free KV, then id
 imbalance     Fig. 19's worst case: heavy decodes always to the same workers (the first half by id),

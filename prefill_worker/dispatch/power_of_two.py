@@ -11,10 +11,10 @@ all accepting workers and choose the one with the most free KV, the ratio only
 breaking ties; the decode side's admission policy queues the request there. The
 dispatcher's local copy of a load, debited for each request it sends until the
 next broadcast (``base.account``), may go below zero, so "most free" is "least
-overcommitted". Choosing by the ratio alone here made a burst herd: the ratio
+overcommitted". Choosing by the ratio alone here would herd a burst: the ratio
 (+1 smoothing) stays lowest on the worker that already holds the most light
-requests, and in a first run of ``benchmarks/decode_dispatch.py`` that put most of
-a burst on one of two workers.
+requests, so most of a burst would land on one of two workers
+(``benchmarks/decode_dispatch.py`` runs such bursts).
 """
 
 from __future__ import annotations
