@@ -168,31 +168,45 @@ class StreamHub:
 
     @contextmanager
     def attach(self, subscriber: str, sink: Sink, threadsafe: bool = False) -> Iterator[None]:
-        """Send ``subscriber``'s chunks to ``sink`` while the ``with`` lasts (what waited goes at once); one sink
-        per subscriber at a time; what is still unsent when it ends is dropped. ``threadsafe``: the engine thread
-        may call ``sink`` itself (else it is called on this event loop only)."""
-        if subscriber in self._sinks:
-            raise ValueError(f"subscriber {subscriber} already has a stream open")
+        """Send ``subscriber``'s chunks to ``sink`` while the ``with`` lasts (what waited goes at once).
+
+        One sink per subscriber at a time, the newest: a subscriber that attaches again while its earlier stream
+        is open (a front door that took that stream for broken and opened another) takes its chunks over at once,
+        and the earlier ``with`` then leaves them alone when it ends. What is still unsent when the subscriber's
+        current sink detaches is dropped. ``threadsafe``: the engine thread may call ``sink`` itself (else it is
+        called on this event loop only)."""
         self._loop = asyncio.get_running_loop()
+        entry = (sink, threadsafe)
         with self._lock:
-            self._sinks[subscriber] = (sink, threadsafe)
+            self._sinks[subscriber] = entry
         try:
             self._flush()
             yield
         finally:
             with self._lock:
-                del self._sinks[subscriber]
-                self._pending.pop(subscriber, None)
+                if self._sinks.get(subscriber) is entry:  # not taken over by a newer stream
+                    del self._sinks[subscriber]
+                    self._pending.pop(subscriber, None)
+
+    def current(self, subscriber: str, sink: Sink) -> bool:
+        """Whether ``sink`` is the one ``subscriber``'s chunks go to (not detached, not taken over)."""
+        entry = self._sinks.get(subscriber)
+        return entry is not None and entry[0] is sink
+
+    def attached(self, subscriber: str) -> bool:
+        """Whether any stream of ``subscriber``'s is open."""
+        return subscriber in self._sinks
 
     async def serve(
         self, subscriber: str, address: str, beat: Callable[[], Beat], heartbeat_s: float = HEARTBEAT_S
     ) -> AsyncIterator[Beat]:
         """The worker's side of a front door's ``subscribe``: chunks go to the front door's socket at
-        ``address``; this stream yields ``beat()`` at once and every ``heartbeat_s`` until the caller drops it."""
+        ``address``; this stream yields ``beat()`` at once and every ``heartbeat_s`` until the caller drops it,
+        or until a newer stream of the same subscriber takes its chunks over (then it ends)."""
         sink = ZmqSink(address)
         try:
             with self.attach(subscriber, sink, threadsafe=True):
-                while True:
+                while self.current(subscriber, sink):
                     yield beat()
                     await asyncio.sleep(heartbeat_s)
         finally:

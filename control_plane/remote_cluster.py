@@ -60,10 +60,11 @@ class RemoteCluster:
 
     def _apply(self, view: ClusterView) -> None:
         # each attribute is replaced whole: readers on other threads see the old dict or the new one. A handle
-        # of the same actor is kept as the very object it was: streams reopen when a worker's handle changes
-        prefill, decode = getattr(self, "prefill", {}), getattr(self, "decode", {})
-        self.prefill = {w: _same(prefill.get(w), h) for w, h in view.prefill.items()}
-        self.decode = {w: _same(decode.get(w), h) for w, h in view.decode.items()}
+        # of the same actor is kept as the very object it was, whichever role it was listed under (a flip moves
+        # a worker from one dict to the other): streams reopen only when a worker's handle changes
+        known = {**getattr(self, "prefill", {}), **getattr(self, "decode", {})}
+        self.prefill = {w: _same(known.get(w), h) for w, h in view.prefill.items()}
+        self.decode = {w: _same(known.get(w), h) for w, h in view.decode.items()}
         self.scheduler = _same(getattr(self, "scheduler", None), view.scheduler)
         self.monitor = _same(getattr(self, "monitor", None), view.monitor)
 

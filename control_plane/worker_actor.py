@@ -153,13 +153,16 @@ class Worker:
         await asyncio.Event().wait()
 
     async def subscribe(self, subscriber: str, address: str) -> AsyncIterator[Heartbeat]:
-        """The front door's one stream from this worker: it outlives flips (the streams are the worker's)."""
+        """The front door's one stream from this worker: it outlives flips (the streams are the worker's). A
+        newer subscription of the same front door takes over from an open one, which then ends; the intake the
+        newer one attached stays."""
         self._intakes.setdefault(subscriber, None)
         try:
             async for heartbeat in serve_subscriber(lambda: self.role, subscriber, address):
                 yield heartbeat
         finally:
-            self._detach(subscriber)
+            if not self.role.streams.attached(subscriber):
+                self._detach(subscriber)
 
     def attach_intake(self, subscriber: str, address: str, route: bytes) -> bool:
         """While its subscription lasts, the front door ``subscriber``'s submits and aborts come over ZeroMQ from

@@ -294,7 +294,8 @@ async def serve_subscriber(
         async for heartbeat in worker().streams.serve(subscriber, address, beat):
             yield heartbeat
     finally:
-        worker()._subscriber_gone(subscriber)
+        if not worker().streams.attached(subscriber):  # not a stream a newer one of this front door took over
+            worker()._subscriber_gone(subscriber)
 
 
 def cluster_spans_hosts() -> bool:

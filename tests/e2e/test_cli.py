@@ -186,6 +186,33 @@ def test_a_second_front_door_joins_serves_and_leaves_without_taking_the_service_
             proc.wait()
 
 
+def test_a_worker_flipped_there_and_back_serves_every_request_of_this_front_door(service: Service) -> None:
+    """`scale`, then `flip decode-1 prefill` and `flip decode-1 decode`: the front door keeps its stream from the
+    worker across both flips (the worker is listed under another role, but it is the same actor), so requests
+    handed to it in either role are served, none lost to a stream the front door took for down."""
+    import httpx
+
+    def cli(*args: str) -> None:
+        done = subprocess.run([*CLI, *args, "--target", service.grpc], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    cli("scale", "--decode", "2")
+    cli("flip", "decode-1", "prefill")
+    cli("flip", "decode-1", "decode")
+    bodies = [{"model": "tiny-llama", "prompt": f"flip {i} " * (4 + i), "max_tokens": 8, "ignore_eos": True}
+              for i in range(12)]  # fmt: skip
+    with httpx.Client(timeout=120) as client:
+        replies = [client.post(f"{service.http}/v1/completions", json=b) for b in bodies]
+    assert [r.status_code for r in replies] == [200] * 12, [r.text for r in replies if r.status_code != 200]
+    assert {r.json()["usage"]["completion_tokens"] for r in replies} == {8}
+    st = subprocess.run([*CLI, "status", "--target", service.grpc, "--json"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=60)  # fmt: skip
+    workers = {w["worker_id"]: w for w in json.loads(st.stdout)["workers"]}
+    assert workers["decode-1"]["role"] == "decode" and workers["decode-1"]["flips"] == 2
+    assert "decode-1 is down" not in "".join(service.output)
+
+
 def test_sigterm_under_load_drains_loses_no_admitted_request_and_exits_cleanly(service: Service) -> None:
     """Kubernetes' way to stop a pod: SIGTERM to the main process only. Streams admitted before it run to their
     end; /ready turns 503 at once while /health stays 200; a new request is turned away with 503 draining."""

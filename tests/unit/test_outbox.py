@@ -53,11 +53,59 @@ def test_a_hub_sends_one_coalesced_message_per_loop_turn_and_holds_chunks_until_
             hub.publish("other", StreamChunk("y", (9,), worker="d0"))  # nobody attached for it: held
             await asyncio.sleep(0)
             assert len(sent) == 2 and [(c.token_ids, c.index) for c in sent[1]] == [((2, 3, 4), 1)]
-            with pytest.raises(ValueError, match="already has a stream open"), hub.attach("fd", sent.append):
-                pass
         hub.publish("fd", StreamChunk("x", (5,), worker="d0", index=4))
         await asyncio.sleep(0)
         assert len(sent) == 2  # detached: nothing goes to the old sink
+
+    asyncio.run(main())
+
+
+def test_a_newer_stream_of_the_same_subscriber_takes_its_chunks_over_and_the_older_one_ends() -> None:
+    """A front door that took its stream for broken opens another while the worker's side of the first still
+    runs: the newer one gets the chunks at once, and the older one's end leaves the newer one attached."""
+
+    async def main() -> None:
+        hub = StreamHub()
+        old: list[list[StreamChunk]] = []
+        new: list[list[StreamChunk]] = []
+        with hub.attach("fd", old.append):
+            with hub.attach("fd", new.append):
+                hub.publish("fd", StreamChunk("x", (1,), worker="d0", index=0))
+                await asyncio.sleep(0)
+                assert [c.token_ids for b in new for c in b] == [(1,)] and old == []
+            assert not hub.attached("fd")  # the newer one ended first: detached
+        assert not hub.attached("fd")
+
+        old.clear()
+        new.clear()
+        old_sink, new_sink = old.append, new.append
+        outer = hub.attach("fd", old_sink)
+        outer.__enter__()
+        with hub.attach("fd", new_sink):
+            assert hub.current("fd", new_sink) and not hub.current("fd", old_sink)
+            outer.__exit__(None, None, None)  # the older stream ends while the newer one is open
+            assert hub.attached("fd") and hub.current("fd", new_sink)
+            hub.publish("fd", StreamChunk("x", (2,), worker="d0", index=1))
+            await asyncio.sleep(0)
+            assert [c.token_ids for b in new for c in b] == [(2,)] and old == []
+        assert not hub.attached("fd")
+
+    asyncio.run(main())
+
+
+def test_a_subscribers_heartbeat_stream_ends_when_a_newer_one_takes_over() -> None:
+    async def main() -> None:
+        hub = StreamHub()
+        first = hub.serve("fd", "tcp://127.0.0.1:1", lambda: "beat", heartbeat_s=0.01)
+        assert await first.__anext__() == "beat"
+        second = hub.serve("fd", "tcp://127.0.0.1:1", lambda: "beat", heartbeat_s=0.01)
+        assert await second.__anext__() == "beat"  # takes over
+        with pytest.raises(StopAsyncIteration):
+            await first.__anext__()  # the older stream ends at its next heartbeat
+        assert hub.attached("fd")  # and leaves the newer one attached
+        assert await second.__anext__() == "beat"
+        await second.aclose()
+        assert not hub.attached("fd")
 
     asyncio.run(main())
 

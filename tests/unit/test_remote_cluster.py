@@ -53,6 +53,20 @@ def test_a_refresh_keeps_the_handle_objects_of_the_same_actors_and_takes_new_one
     assert remote.decode == {}  # removed workers leave the view
 
 
+def test_a_flipped_worker_keeps_its_handle_object_under_its_new_role() -> None:
+    """A flip lists the same actor under the other role: its streams must not reopen (the worker's side of the
+    open one would still run)."""
+    remote = _cluster(_view(**{"prefill-0": "p0", "decode-0": "d0", "decode-1": "d1"}))
+    handle = remote.decode["decode-1"]
+    flipped = _view(**{"prefill-0": "p0", "decode-0": "d0"})
+    flipped.prefill["decode-1"] = Handle("d1")
+    remote._apply(flipped)
+    assert remote.prefill["decode-1"] is handle and "decode-1" not in remote.decode
+    back = _view(**{"prefill-0": "p0", "decode-0": "d0", "decode-1": "d1"})
+    remote._apply(back)
+    assert remote.decode["decode-1"] is handle and "decode-1" not in remote.prefill
+
+
 class _Ref:
     def __init__(self, outcome: Any) -> None:
         self.outcome = outcome
