@@ -95,7 +95,7 @@ def stamp(md: Path, facts: dict[str, Any], replace_prefix: str | None = None) ->
 
 def run_cli(args: list[str], env: dict[str, str] | None = None) -> int:
     """``tetriserve <args>`` from the repository root, in this interpreter, its output shown as it comes."""
-    cmd = [sys.executable, "-m", "tetriserve.control_plane.cli", *args]
+    cmd = [sys.executable, "-m", "tetriserve.cli.main", *args]
     print("$ tetriserve " + shlex.join(args), flush=True)
     return subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, **(env or {}))).returncode
 

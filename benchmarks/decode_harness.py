@@ -195,7 +195,7 @@ def workload_args(ap: Any, **defaults: int) -> None:
 
 def bench_header() -> tuple[str, dict[str, Any]]:
     """The tiny model's path (built once) and the facts every result file starts with (``run_facts``)."""
-    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
 
     facts = run_facts()
     return str(build_tiny_model(default_tiny_model_dir())), facts

@@ -76,7 +76,7 @@ def burst(cluster: Any, jobs: list[Job], tag: str) -> dict[str, Any]:
     import ray
 
     from tetriserve.common.request import Request, SamplingSpec
-    from tetriserve.control_plane.ray_backend import RayBackend
+    from tetriserve.frontdoor.ray_backend import RayBackend
 
     backend = RayBackend(cluster, "tiny-llama")
     moved_before = ray.get(cluster.scheduler.status.remote())["counts"]["moved"]

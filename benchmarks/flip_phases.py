@@ -156,7 +156,7 @@ def serving(cmd: list[str], target: str, log_path: Path) -> Iterator[None]:
 
 
 def serve_and_run(name: str, flags: list[str], workload: Any, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "tetriserve.control_plane.cli", "serve", "--grpc-port", GRPC.rsplit(":", 1)[1],
+    cmd = [sys.executable, "-m", "tetriserve.cli.main", "serve", "--grpc-port", GRPC.rsplit(":", 1)[1],
            "--http-port", "8160", "--kv-cache-gb", "2", "--num-prefill", str(args.num_prefill),
            "--num-decode", str(args.num_decode),
            "--predictor", "baseline", *flags]  # fmt: skip
@@ -251,7 +251,7 @@ def main() -> int:
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     args = ap.parse_args()
     facts = run_facts()
-    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
 
     WORK.mkdir(parents=True, exist_ok=True)
     model = str(build_tiny_model(default_tiny_model_dir()))

@@ -68,7 +68,7 @@ def one_flip(client: Any, role: str, requests: int) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from tetriserve.client import TetriServeClient
 
-    cmd = [sys.executable, "-m", "tetriserve.control_plane.cli", "serve", "--grpc-port", GRPC.rsplit(":", 1)[1],
+    cmd = [sys.executable, "-m", "tetriserve.cli.main", "serve", "--grpc-port", GRPC.rsplit(":", 1)[1],
            "--http-port", "8170", "--num-prefill", "1", "--num-decode", "2", "--predictor", "baseline"]  # fmt: skip
     with serving(cmd, GRPC, WORK / "flip_time_serve.log"), TetriServeClient(GRPC, timeout=120) as c:
         flips = []

@@ -74,10 +74,10 @@ def latency(predictor: object, prompts: list[tuple[int, ...]]) -> dict[str, floa
 def child(n_prompts: int, rounds: int) -> dict[str, object]:
     import torch
 
+    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
     from tetriserve.common.config import EngineConfig
     from tetriserve.common.length import PredictInput
     from tetriserve.common.request import SamplingSpec
-    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
     from tetriserve.engine.colocated import ColocatedEngine
     from tetriserve.length_predictor.paths import default_artifact
     from tetriserve.length_predictor.served import TrainedPredictor

@@ -106,8 +106,8 @@ def sharegpt_prompts(n: int, seed: int, tokenizer_dir: str, max_len: int) -> lis
 class PrefillBench:
     def __init__(self, overrides: dict[str, Any]) -> None:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
         from tetriserve.common.config import ClusterConfig
-        from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
         from tetriserve.engine.settings import engine_env
 
         self.config = ClusterConfig.load(overrides=overrides)

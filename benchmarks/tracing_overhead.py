@@ -29,14 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_results import RESULTS, provenance, run_facts
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from tetriserve.common import log_context, tracing
+from tetriserve.common import log_context
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.request import Request, SamplingSpec
 from tetriserve.common.stream import Placement, PlacementRequest
 from tetriserve.common.tracing_config import TracingConfig
 from tetriserve.control_plane.global_scheduler import trace_placement
-from tetriserve.control_plane.request_span import RequestSpan
 from tetriserve.decode_worker.spans import DecodeSpans
+from tetriserve.observability import tracing
+from tetriserve.observability.request_span import RequestSpan
 from tetriserve.prefill_worker import spans as prefill_spans
 
 HEADER = """Per request, every tracing call of one request's path (all its processes' calls, timed in one process);

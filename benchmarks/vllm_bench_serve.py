@@ -222,7 +222,7 @@ def tetriserve_cmd(*extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "tetriserve.control_plane.cli",
+        "tetriserve.cli.main",
         "serve",
         "--http-port",
         str(TETRISERVE_PORT),
@@ -319,8 +319,8 @@ def serve_and_bench(
 def prepare() -> tuple[str, Path, dict[str, str]]:
     """The tiny model, a valid ShareGPT JSON for the client, and the servers' environment."""
     sys.path.insert(0, str(ROOT))
+    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
     from tetriserve.common.sharegpt import write_valid_json
-    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
 
     WORK.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+RETRY_AFTER_MAX_S = 60  # the longest Retry-After a refusal names (front door and GlobalScheduler alike)
+
 
 class AdmissionConfig(BaseModel):
-    """Backpressure at each front door (control_plane/admission.py)."""
+    """Backpressure at each front door (frontdoor/admission.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

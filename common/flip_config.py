@@ -1,4 +1,5 @@
-"""The ``flip`` and ``scale`` sections of the cluster config (TetriInfer §3.5; control_plane/flip, elastic.py)."""
+"""The ``flip`` and ``scale`` sections of the cluster config (TetriInfer §3.5; control_plane/flip,
+control_plane/elastic.py)."""
 
 from __future__ import annotations
 

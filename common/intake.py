@@ -17,7 +17,7 @@ that (authenticated) Ray call, so another peer cannot take a worker's messages. 
 ``ROUTER_MANDATORY``: a message to a routing id with no connection (the worker has not connected yet, or its
 subscription ended) fails at once, and the front door makes that call over Ray instead. A message sent to a
 worker that dies before it reads it is lost with the worker's other requests: its subscription fails and the
-front door places them again (``control_plane/worker_streams.py``).
+front door places them again (``frontdoor/worker_streams.py``).
 
 Messages are msgpack, ``[INTAKE_VERSION, kind, ...]``, and decode into typed ``Submit`` / ``Abort``; a message
 that is malformed or of another version is a ``ValueError``, which the worker logs and drops.

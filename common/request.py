@@ -10,7 +10,7 @@ Lifecycle::
 
 Every transition appends a timestamped ``RequestEvent``, so a request's history (queueing, transfer,
 decoding) reads from its events. The latencies clients see (TTFT, TBT, end to end) are measured once, at the
-front door (``control_plane/request_metrics.py``).
+front door (``observability/request_metrics.py``).
 """
 
 from __future__ import annotations
@@ -148,7 +148,8 @@ class Request:
     events: list[RequestEvent] = field(default_factory=list)
     attempt: int = 0  # placement attempt: chunks of an earlier one are stale
     resume: tuple[int, ...] = ()  # output tokens the client already has (a migrated request goes on after them)
-    trace: str | None = None  # W3C traceparent of the front door's span of it (``common/tracing.py``); None: untraced
+    # W3C traceparent of the front door's span of it (``observability/tracing.py``); None: untraced
+    trace: str | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

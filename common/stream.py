@@ -16,7 +16,7 @@ produced them (``attempt``) and which life of its worker sent it
 (``incarnation``), so the front door drops duplicates, stale attempts and
 messages of a worker's previous life, and sees gaps. A worker's ``Heartbeat``
 on each front door's control stream lists the requests it holds for it, which
-keeps every request's inactivity deadline honest (``control_plane/ray_backend.py``).
+keeps every request's inactivity deadline honest (``frontdoor/ray_backend.py``).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class PlacementRequest:
     arrival_time: float
     attempt: int = 0
     avoid: tuple[str, ...] = ()  # workers earlier attempts were lost on: other prefill workers first
-    trace: str | None = None  # W3C traceparent of the request's span at the front door (``common/tracing.py``)
+    trace: str | None = None  # W3C traceparent of the request's span at the front door (``observability/tracing.py``)
     version: int = PROTOCOL_VERSION
 
 

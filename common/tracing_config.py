@@ -1,7 +1,7 @@
 """The ``tracing`` section of the cluster config: OpenTelemetry spans of each request.
 
 Off by default. On, every process of the service (each front door, the GlobalScheduler, every worker)
-exports its spans over OTLP to ``endpoint`` (``common/tracing.py``)::
+exports its spans over OTLP to ``endpoint`` (``observability/tracing.py``)::
 
     tracing: {enabled: true, endpoint: http://jaeger:4317, protocol: grpc, service_name: tetriserve, sample_ratio: 1.0}
 

@@ -6,7 +6,7 @@
     every front door (serve's own, and each ``tetriserve frontdoor --address ...``):
         ControlPlane.info()  once: config, model, served name, dashboard
         ControlPlane.view()  every VIEW_S: the current handles (a re-created worker's, an added one's)
-        ─▶ RemoteCluster (``remote_cluster.py``) ─▶ RayBackend: places with the GlobalScheduler and streams
+        ─▶ RemoteCluster (``frontdoor/remote_cluster.py``) ─▶ RayBackend: places with the GlobalScheduler and streams
            straight from the workers; flip / scale / status extras go to the ControlPlane
 
 Front doors hold nothing but their own streams: one that exits or dies loses its

@@ -16,7 +16,7 @@ land), or after ``flip.drain_timeout_s``: the requests still on the worker then
 are migrated by their front doors with the tokens they have (the failure path).
 
 A flip keeps the worker's actor and engine: the worker swaps its role in place
-(``control_plane/worker_actor.py``; TetriInfer's 5–7 ms switch), after ending
+(``worker/actor.py``; TetriInfer's 5–7 ms switch), after ending
 with ``retry`` errors whatever a timed-out drain left on it. Every flip's drain,
 switch, engine-switch and first-request times are kept (``common/lifecycle.py``);
 a flip the worker could not carry out puts it back in its old role.

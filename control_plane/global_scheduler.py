@@ -45,14 +45,13 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
-from tetriserve.common import tracing
-from tetriserve.common.admission_config import AdmissionConfig
+from tetriserve.common.admission_config import RETRY_AFTER_MAX_S, AdmissionConfig
 from tetriserve.common.load import PrefillLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import Placement, PlacementRequest, StateEvent
 from tetriserve.common.tracing_config import TracingConfig
-from tetriserve.control_plane.admission import RETRY_AFTER_MAX_S
 from tetriserve.control_plane.batched_calls import OneCallOut
+from tetriserve.observability import tracing
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
     ray.init (local, or --address) ─▶ ClusterMonitor  "cluster-monitor"
                                     ─▶ Worker          "decode-0..N"    (engines start in parallel)
                                     ─▶ Worker          "prefill-0..M"   (+ its length predictor, factory.py)
-                                       one engine each, in the role its name says until a flip (worker_actor.py)
+                                       one engine each, in the role its name says until a flip (worker/actor.py)
                                     ─▶ GlobalScheduler "global-scheduler"
     then: workers register with the monitor, start their 100 ms load reports (and state
     events to the GlobalScheduler), and the monitor starts broadcasting. Front doors
@@ -35,9 +35,9 @@ from tetriserve.control_plane.control_plane import SupervisionState
 from tetriserve.control_plane.elastic import Elastic, parse_role, role_counts
 from tetriserve.control_plane.flip.window import SloWindow
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
-from tetriserve.control_plane.worker_actor import Worker
 from tetriserve.engine.settings import engine_env
 from tetriserve.length_predictor.factory import build_predictor
+from tetriserve.worker.actor import Worker
 
 logger = logging.getLogger(__name__)
 

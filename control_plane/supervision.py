@@ -20,7 +20,7 @@ monitor in its new role), ``remove_worker`` kills a drained worker for good and
 takes it out of the monitor and the GlobalScheduler.
 
 Once a second the same thread publishes each worker's role, lifecycle and
-flips as Ray metrics (``worker_gauges.py``), which is how the Ray dashboard
+flips as Ray metrics (``observability/worker_gauges.py``), which is how the Ray dashboard
 shows them.
 
 The bookkeeping and its decisions are ``supervisor.py`` (pure, unit-tested);
@@ -38,7 +38,7 @@ from tetriserve.common.lifecycle import Lifecycle
 from tetriserve.control_plane.elastic import Elastic
 from tetriserve.control_plane.flip import policy_from_config
 from tetriserve.control_plane.supervisor import ActorState, Slot, Supervisor
-from tetriserve.control_plane.worker_gauges import RayGauges, gauge_values
+from tetriserve.observability.worker_gauges import RayGauges, gauge_values
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A decode worker's spans of one request (the tree is in ``common/tracing.py``).
+"""A decode worker's spans of one request (the tree is in ``observability/tracing.py``).
 
     take / adopt       tetriserve.decode            open(): under ``Request.trace`` (a sibling of the prefill's),
                                                     from the take's arrival
@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tetriserve.common import log_context, tracing
+from tetriserve.common import log_context
 from tetriserve.common.request import Request
+from tetriserve.observability import tracing
 
 
 class DecodeSpans:

@@ -1,5 +1,5 @@
 """DecodeWorker: one decode instance (TetriInfer §3.4), the decode role of a worker actor
-(``control_plane/worker_actor.py``, which can flip it to prefill with the same engine).
+(``worker/actor.py``, which can flip it to prefill with the same engine).
 
     take(req, generated, front door) ─▶ vLLM engine (prompt + tokens so far, KV expected from the connector)
                                   │ request waits in WAITING_FOR_REMOTE_KVS until its KV has landed,
@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tetriserve.common import log_context, tracing
+from tetriserve.common import log_context
 from tetriserve.common.config import ClusterConfig, DecodeConfig
 from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate
@@ -51,6 +51,7 @@ from tetriserve.decode_worker.spans import NO_SPANS, DecodeSpans
 from tetriserve.engine.core_layout import CoreLayout, RoleCpu, claim_decode_cores
 from tetriserve.engine.loop_messages import Delta, InlineSink
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
+from tetriserve.observability import tracing
 from tetriserve.transport.instructions import KVInstruction, KVMode
 
 logger = logging.getLogger(__name__)

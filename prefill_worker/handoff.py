@@ -21,11 +21,11 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from tetriserve.common import tracing
 from tetriserve.common.errors import actor_died
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason
+from tetriserve.observability import tracing
 from tetriserve.prefill_worker import spans
 from tetriserve.prefill_worker.admission import Offloaded
 from tetriserve.prefill_worker.dispatch.base import account

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tetriserve.common import tracing
+from tetriserve.observability import tracing
 from tetriserve.transport import parts
 from tetriserve.transport.api import TransferState
 

@@ -1,4 +1,4 @@
-"""A prefill worker's spans of one request (the tree is in ``common/tracing.py``).
+"""A prefill worker's spans of one request (the tree is in ``observability/tracing.py``).
 
     _serve task     tetriserve.prefill          open_prefill: under ``Request.trace``, current for the task
                       tetriserve.prefill.queue        queued(): raw queue until its PrefillSchedBatch turn
@@ -13,9 +13,10 @@ when tracing is off.
 
 from __future__ import annotations
 
-from tetriserve.common import log_context, tracing
+from tetriserve.common import log_context
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.request import Request
+from tetriserve.observability import tracing
 from tetriserve.transport.registry import backend_of
 
 

@@ -1,5 +1,5 @@
 """PrefillWorker: one prefill instance (TetriInfer §3.3), the prefill role of a worker actor
-(``control_plane/worker_actor.py``, which can flip it to decode with the same engine).
+(``worker/actor.py``, which can flip it to decode with the same engine).
 
     submit(req, front door) ─▶ raw queue ─policy, PrefillSchedBatch at a time─▶ scheduled
                      │ (a prompt of at most prefill.offload_max_tokens, before it queues, or the next in line of a
@@ -30,7 +30,6 @@ import zlib
 from dataclasses import replace
 from typing import Any
 
-from tetriserve.common import tracing
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.iteration_log import IterationStats
@@ -41,6 +40,7 @@ from tetriserve.common.stream import FinishReason, TokenLogprobs
 from tetriserve.engine.core_layout import CoreLayout, RoleCpu
 from tetriserve.engine.loop_messages import Delta
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
+from tetriserve.observability import tracing
 from tetriserve.prefill_worker import spans
 from tetriserve.prefill_worker.admission import Offloaded, RequestAborted, SchedBatchGate
 from tetriserve.prefill_worker.decode_peers import DecodePeer

@@ -5,8 +5,8 @@ Each page is made from the code that defines what it documents, so it cannot dri
 - ``docs/reference/configuration.md`` from the pydantic models of ``common/config.py`` (every field's type,
   default, bounds and description);
 - ``docs/reference/cli.md`` from the ``tetriserve`` command's argparse parser (every subcommand and option);
-- ``docs/reference/metrics.md`` from the exporter's table of series (``control_plane/metrics_series.py``);
-- ``docs/reference/openai.md`` from the OpenAI front door's request models (``control_plane/openai_protocol.py``):
+- ``docs/reference/metrics.md`` from the exporter's table of series (``observability/metrics_series.py``);
+- ``docs/reference/openai.md`` from the OpenAI front door's request models (``frontdoor/openai_protocol.py``):
   every field it takes, and every field it refuses.
 
 ``python scripts/docs_reference.py`` rewrites the pages; ``--check`` exits 1, naming the stale pages,
@@ -213,7 +213,7 @@ def _fixed_width(parser: argparse.ArgumentParser) -> None:
 
 
 def cli_page() -> str:
-    from tetriserve.control_plane import cli
+    from tetriserve.cli import main as cli
 
     parser = cli._parser()
     parser.prog = "tetriserve"
@@ -245,7 +245,7 @@ def cli_page() -> str:
 
 
 def metrics_page() -> str:
-    from tetriserve.control_plane.metrics_series import COUNTER, SPECS
+    from tetriserve.observability.metrics_series import COUNTER, SPECS
 
     lines = [
         GENERATED,
@@ -253,7 +253,7 @@ def metrics_page() -> str:
         "# Metrics reference",
         "",
         "Every series the HTTP front door serves at `GET /metrics` (Prometheus text), from the exporter's one",
-        "table (`control_plane/metrics_series.py`). Counters carry Prometheus's `_total` suffix. The same series",
+        "table (`observability/metrics_series.py`). Counters carry Prometheus's `_total` suffix. The same series",
         "reach the Ray dashboard as `ray_tetriserve_<name>` ([Metrics](../observability/metrics.md)).",
         "",
         "| metric | type | labels | meaning |",
@@ -282,7 +282,7 @@ def _fields_table(model: type[BaseModel], skip: tuple[str, ...] = ()) -> list[st
 
 
 def openai_page() -> str:
-    from tetriserve.control_plane import openai_protocol as op
+    from tetriserve.frontdoor import openai_protocol as op
 
     shared = set(op._GenerateBody.model_fields)
     lines = [
@@ -291,7 +291,7 @@ def openai_page() -> str:
         "# OpenAI request fields",
         "",
         "Every field the OpenAI-compatible front door takes, from its request models",
-        "(`control_plane/openai_protocol.py`), and every field it refuses. A field not listed is ignored, as",
+        "(`frontdoor/openai_protocol.py`), and every field it refuses. A field not listed is ignored, as",
         "vLLM's server ignores it; a refused field is a 400 naming it, never silently dropped.",
         "[The OpenAI API](../using/openai-api.md) shows the routes, the error shapes and the status codes.",
         "",

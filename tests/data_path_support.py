@@ -15,7 +15,7 @@ from tetriserve.common.outbox import StreamHub
 from tetriserve.common.request import Request, SamplingSpec
 from tetriserve.common.stream import FinishReason, Heartbeat, StreamChunk
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
-from tetriserve.control_plane.ray_backend import RayBackend
+from tetriserve.frontdoor.ray_backend import RayBackend
 
 
 class FakeWorker:

@@ -31,13 +31,13 @@ from tests.elastic_support import SimulatedCluster
 from tetriserve.common.config import DecodeConfig
 from tetriserve.common.request import Request
 from tetriserve.common.stream import StreamChunk, TokenLogprobs
-from tetriserve.control_plane.admission import Overloaded
-from tetriserve.control_plane.backend import ClusterStatus, WorkerPolicy, WorkerStatus, lifecycle_fields
 from tetriserve.control_plane.elastic import parse_role, role_counts
-from tetriserve.control_plane.policy_admin import apply_changes, parse_changes, resolve_targets
 from tetriserve.decode_worker.policy import decode_policies, decode_policy_settings, updated_decode_config
 from tetriserve.decode_worker.preemption.stats import PreemptionStats
 from tetriserve.decode_worker.slices import SliceMoves
+from tetriserve.frontdoor.admission import Overloaded
+from tetriserve.frontdoor.backend import ClusterStatus, WorkerPolicy, WorkerStatus, lifecycle_fields
+from tetriserve.frontdoor.policy_admin import apply_changes, parse_changes, resolve_targets
 
 _T = TypeVar("_T")
 

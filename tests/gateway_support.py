@@ -15,11 +15,11 @@ import pytest
 from tests.fakes import FakeBackend, LoopThread, tokenizer_dir
 from tetriserve.client import TetriServeClient
 from tetriserve.common.admission_config import AdmissionConfig
-from tetriserve.control_plane.frontdoor import FrontDoor
-from tetriserve.control_plane.gateway_grpc import start_grpc_server
-from tetriserve.control_plane.gateway_http import start_http_server
-from tetriserve.control_plane.http_limits import DEFAULT_MAX_BODY_BYTES
-from tetriserve.control_plane.security import FrontDoorSecurity
+from tetriserve.frontdoor.core import FrontDoor
+from tetriserve.frontdoor.gateway_grpc import start_grpc_server
+from tetriserve.frontdoor.gateway_http import start_http_server
+from tetriserve.frontdoor.http_limits import DEFAULT_MAX_BODY_BYTES
+from tetriserve.frontdoor.security import FrontDoorSecurity
 
 
 @dataclass

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tetriserve.common import tracing
+from tetriserve.observability import tracing
 from tetriserve.transport import kv_codec
 from tetriserve.transport.kv_counters import bump, set_pending_loads
 from tetriserve.transport.kv_packer import KVPacker, SaveSpec, Unpacked

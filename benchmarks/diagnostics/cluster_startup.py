@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 import ray  # noqa: E402
 
 from tests.integration.conftest import CONFIG_OVERRIDES  # noqa: E402
+from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir  # noqa: E402
 from tetriserve.common.config import ClusterConfig  # noqa: E402
 from tetriserve.control_plane import launcher  # noqa: E402
-from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir  # noqa: E402
 
 
 def stamp(what: str, started: float) -> None:

@@ -2,7 +2,7 @@
 
     python benchmarks/diagnostics/detokenizer_cost.py [--tokens 20000] [--repeats 5]
 
-The front door detokenizes every token of every stream (``control_plane/detokenizer.py``). This times both ways
+The front door detokenizes every token of every stream (``frontdoor/detokenizer.py``). This times both ways
 on the served tiny model's tokenizer, one token per call as a decode step delivers them: ShareGPT answers
 tokenized (the text the service streams) and uniformly random token ids (byte tokens that split characters,
 special tokens). Each figure is the median over ``--repeats`` of microseconds per token, and the texts of both
@@ -32,9 +32,9 @@ def main() -> int:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
+    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
     from tetriserve.common.sharegpt import iter_conversations
-    from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
-    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.frontdoor.detokenizer import IncrementalDetokenizer
 
     tok = AutoTokenizer.from_pretrained(str(build_tiny_model(default_tiny_model_dir())))
     answers: list[int] = []

@@ -120,7 +120,7 @@ def child(backend: str, batch: int, tokens: int, repeats: int, temperature: floa
     from vllm import SamplingParams
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
 
     engine = LLMEngine.from_engine_args(engine_args(backend, str(build_tiny_model(default_tiny_model_dir()))))
     params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=temperature, detokenize=False)

@@ -28,7 +28,7 @@ CHILD = """
 import time
 from tetriserve.common.config import EngineConfig
 from tetriserve.engine.settings import EngineRole, build_engine_args
-from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
 from vllm.v1.engine.llm_engine import LLMEngine
 args = build_engine_args(EngineConfig(kv_cache_gb=2), str(build_tiny_model(default_tiny_model_dir())),
                          EngineRole.COLOCATED)

@@ -39,7 +39,7 @@ def child(batch: int, work_us: float) -> None:
     from vllm import EngineArgs, SamplingParams
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
 
     args = EngineArgs(
         model=str(build_tiny_model(default_tiny_model_dir())), max_model_len=2048, block_size=32,

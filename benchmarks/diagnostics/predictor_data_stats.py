@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> int:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
     from tetriserve.common.sharegpt import iter_conversations
-    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
     from tetriserve.length_predictor.commands import DataOptions, load_pairs
     from tetriserve.length_predictor.data import by_split, label_stats
 

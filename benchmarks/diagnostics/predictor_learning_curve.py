@@ -29,7 +29,7 @@ def main() -> int:
     ap.add_argument("--granularity", type=int, default=200)
     args = ap.parse_args()
     logging.disable(logging.INFO)
-    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
     from tetriserve.length_predictor.commands import DataOptions, load_pairs, split_xy
     from tetriserve.length_predictor.data import by_split
     from tetriserve.length_predictor.train import TrainConfig, train_heads

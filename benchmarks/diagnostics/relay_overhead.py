@@ -40,9 +40,9 @@ def prompts(n: int, tag: str) -> dict[str, tuple[int, ...]]:
 
 def engine_side(eager: bool) -> dict[int, float]:
     """Run in a child process: vLLM reads its environment at import."""
+    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
     from tetriserve.common.config import EngineConfig
     from tetriserve.common.request import SamplingSpec
-    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
     from tetriserve.engine.colocated import ColocatedEngine
 
     eng = ColocatedEngine(
@@ -63,11 +63,11 @@ def engine_side(eager: bool) -> dict[int, float]:
 
 
 def cluster_side(eager: bool) -> dict[int, float]:
+    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
     from tetriserve.common.config import ClusterConfig
     from tetriserve.common.request import Request, SamplingSpec
     from tetriserve.control_plane.launcher import launch
-    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
-    from tetriserve.control_plane.ray_backend import RayBackend
+    from tetriserve.frontdoor.ray_backend import RayBackend
 
     cfg = ClusterConfig.load(
         overrides={"engine.kv_cache_gb": 1, "engine.enforce_eager": eager, "namespace": "relay-bench"}

@@ -55,7 +55,7 @@ def one(flags: list[str], pythonpath: str | None, timeout_s: float = 600) -> tup
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    cmd = [sys.executable, "-m", "tetriserve.control_plane.cli", "serve", *FLAGS, *flags]
+    cmd = [sys.executable, "-m", "tetriserve.cli.main", "serve", *FLAGS, *flags]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

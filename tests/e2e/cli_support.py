@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "tetriserve.control_plane.cli"]
+CLI = [sys.executable, "-m", "tetriserve.cli.main"]
 
 
 def start(args: list[str], until: str, timeout_s: float) -> tuple[subprocess.Popen[str], list[str]]:

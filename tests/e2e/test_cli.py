@@ -24,7 +24,7 @@ if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("ray") i
     pytest.skip("e2e tests need vllm and ray", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "tetriserve.control_plane.cli"]
+CLI = [sys.executable, "-m", "tetriserve.cli.main"]
 
 
 @dataclass
@@ -114,8 +114,8 @@ def test_official_openai_client(service: Service) -> None:
 
 
 def test_vllm_benchmark_client(service: Service, tmp_path: Path) -> None:
+    from tetriserve.cli.model_builder import default_tiny_model_dir
     from tetriserve.common.sharegpt import write_valid_json
-    from tetriserve.control_plane.model_builder import default_tiny_model_dir
 
     data = tmp_path / "sharegpt.json"
     write_valid_json(data, limit=400)

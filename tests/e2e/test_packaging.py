@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-GENERIC = ("client", "common", "control_plane", "decode_worker", "engine", "length_predictor", "prefill_worker",
-           "protos", "transport")  # fmt: skip
+GENERIC = ("cli", "client", "common", "control_plane", "decode_worker", "engine", "frontdoor", "length_predictor",
+           "observability", "prefill_worker", "protos", "transport", "worker")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_nothing_generic_is_installed_at_the_top_level(wheels: dict[str, Path]) 
         assert {t for t in tops if not t.endswith(".dist-info")} == {"tetriserve"}, (name, tops)
     with zipfile.ZipFile(wheels["tetriserve"]) as z:
         names = z.namelist()
-    assert "tetriserve/control_plane/cli.py" in names and "tetriserve/__init__.py" not in names  # a namespace
+    assert "tetriserve/cli/main.py" in names and "tetriserve/__init__.py" not in names  # a namespace
     assert not any(n.startswith(("tetriserve/client/", "tetriserve/protos/")) for n in names)  # the SDK's
     for top in set(GENERIC) - {"client", "protos"}:  # every subpackage (setuptools lists them by name)
         for init in (ROOT / top).rglob("__init__.py"):
@@ -56,14 +56,14 @@ def test_nothing_generic_is_installed_at_the_top_level(wheels: dict[str, Path]) 
     probe = f"import importlib.util as u; print([m for m in {GENERIC!r} if u.find_spec(m)])"
     found = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, cwd="/")
     assert found.stdout.strip() == "[]"
-    subprocess.run([sys.executable, "-I", "-c", "import tetriserve.control_plane.cli"], check=True, cwd="/")
+    subprocess.run([sys.executable, "-I", "-c", "import tetriserve.cli.main"], check=True, cwd="/")
 
 
 @pytest.fixture(scope="module")
 def grpc_target() -> Iterator[str]:
     from tests.fakes import FakeBackend, LoopThread, tokenizer_dir
-    from tetriserve.control_plane.frontdoor import FrontDoor
-    from tetriserve.control_plane.gateway_grpc import start_grpc_server
+    from tetriserve.frontdoor.core import FrontDoor
+    from tetriserve.frontdoor.gateway_grpc import start_grpc_server
 
     backend = FakeBackend(tokenizer_dir())
     loop = LoopThread()

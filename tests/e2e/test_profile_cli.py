@@ -14,7 +14,7 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("e2e profile test needs vllm", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "tetriserve.control_plane.cli"]
+CLI = [sys.executable, "-m", "tetriserve.cli.main"]
 
 
 def test_profile_writes_json_png_and_markdown(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def model_path() -> str:
 
 
 def _tiny_model() -> str:
-    from tetriserve.control_plane.model_builder import build_tiny_model, default_tiny_model_dir
+    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
 
     return str(build_tiny_model(default_tiny_model_dir()))
 
@@ -146,9 +146,9 @@ def cluster(model_path: str, trace_collector: Collector) -> Iterator[Any]:
 def frontend(cluster: Any) -> Iterator[Frontend]:
     import asyncio
 
-    from tetriserve.common import tracing
-    from tetriserve.control_plane.ray_backend import RayBackend
-    from tetriserve.control_plane.serve import Endpoints, run_front_doors
+    from tetriserve.cli.serve import Endpoints, run_front_doors
+    from tetriserve.frontdoor.ray_backend import RayBackend
+    from tetriserve.observability import tracing
 
     backend = RayBackend(cluster, "tiny-llama")
     loop = LoopThread()

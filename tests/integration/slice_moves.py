@@ -22,7 +22,7 @@ PROMPTS = {f"mv-{i}": tuple(range(10 + 7 * i, 10 + 7 * i + 40 + 13 * i)) for i i
 
 def _run(cluster: Any, tag: str, during: Any = None) -> dict[str, tuple[int, ...]]:
     """Every prompt at once, as ``<prompt>-<tag>`` (each run its own request ids); tokens by prompt."""
-    from tetriserve.control_plane.ray_backend import RayBackend
+    from tetriserve.frontdoor.ray_backend import RayBackend
 
     backend = RayBackend(cluster, "tiny-llama")
 

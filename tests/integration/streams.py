@@ -21,7 +21,7 @@ def run_streams(
 ) -> dict[str, tuple[int, ...]]:
     """Every prompt at once (request ids ``<prompt>-<tag>``); ``action(backend)`` runs once ``ready(progress)``
     (default: every stream has 8 tokens). Every stream must end with ``length``; returns each one's tokens."""
-    from tetriserve.control_plane.ray_backend import RayBackend
+    from tetriserve.frontdoor.ray_backend import RayBackend
 
     backend = RayBackend(cluster, "tiny-llama")
     progress: Progress = {}

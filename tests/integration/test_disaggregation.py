@@ -59,7 +59,7 @@ def colocated(cluster: Any, model_path: str) -> Any:
 
 
 def _disaggregated(cluster: Any, prompts: dict[str, tuple[int, ...]], sampling: SamplingSpec, tag: str) -> Any:
-    from tetriserve.control_plane.ray_backend import RayBackend
+    from tetriserve.frontdoor.ray_backend import RayBackend
 
     backend = RayBackend(cluster, "tiny-llama")
 

@@ -53,7 +53,7 @@ def _run(cluster: Any, tag: str, action: Callable[[Any], Awaitable[Any]] | None 
 
 
 def _status(cluster: Any) -> Any:
-    from tetriserve.control_plane.ray_backend import RayBackend
+    from tetriserve.frontdoor.ray_backend import RayBackend
 
     backend = RayBackend(cluster, "tiny-llama")
     try:
@@ -125,7 +125,7 @@ def test_scale_out_then_in_under_streams_loses_nothing(cluster: Any, undisturbed
 def test_the_tetriinfer_policy_flips_an_idle_worker_when_the_load_turns_prefill_only(cluster: Any) -> None:
     from tetriserve.common.flip_config import FlipConfig
     from tetriserve.control_plane.flip import policy_from_config
-    from tetriserve.control_plane.ray_backend import RayBackend
+    from tetriserve.frontdoor.ray_backend import RayBackend
 
     _until(cluster, lambda st: len(_serving(st)) == 3, 180, "three workers serving")
     before = {w.worker_id: w.role for w in _status(cluster).workers}

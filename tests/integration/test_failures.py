@@ -85,7 +85,7 @@ def _sigkill(name: str) -> Callable[[], None]:
 
 
 def _served_within(cluster: Any, seconds: float) -> None:
-    from tetriserve.control_plane.ray_backend import RayBackend
+    from tetriserve.frontdoor.ray_backend import RayBackend
 
     backend = RayBackend(cluster, "tiny-llama")
 

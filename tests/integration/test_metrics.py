@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes import wait_until
-from tetriserve.control_plane.cli import main
+from tetriserve.cli.main import main
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -93,8 +93,8 @@ def test_metrics_move_after_a_request(frontend: Any, capsys: pytest.CaptureFixtu
 
 def test_ray_publisher_takes_the_same_snapshot(frontend: Any) -> None:
     """The Ray side (``ray.util.metrics``) accepts every series and histogram of a real snapshot."""
-    from tetriserve.control_plane.metrics import MetricsExporter, RayPublisher
-    from tetriserve.control_plane.request_metrics import RequestMetrics
+    from tetriserve.observability.metrics import MetricsExporter, RayPublisher
+    from tetriserve.observability.request_metrics import RequestMetrics
 
     class _Front:
         metrics = RequestMetrics()

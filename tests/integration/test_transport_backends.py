@@ -46,7 +46,7 @@ def backend_cluster(request: pytest.FixtureRequest, model_path: str) -> Iterator
 
 
 def _served(cluster: Any, kind: str) -> Outputs:
-    from tetriserve.control_plane.ray_backend import RayBackend
+    from tetriserve.frontdoor.ray_backend import RayBackend
 
     backend = RayBackend(cluster, "tiny-llama")
 

@@ -14,9 +14,9 @@ import grpc
 
 from tests.fakes import FakeBackend, decode_policies_shown
 from tests.gateway_support import FakeFrontDoors, backend, client, env
+from tetriserve.cli.main import main
 from tetriserve.client import AsyncTetriServeClient, InvalidArgument, NotFound, TetriServeClient
 from tetriserve.common.config import DecodeConfig
-from tetriserve.control_plane.cli import main
 from tetriserve.protos import tetriserve_pb2 as pb
 from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tetriserve.common.admission_config import AdmissionConfig
-from tetriserve.control_plane.admission import AdmissionGate, Draining, Overloaded
+from tetriserve.frontdoor.admission import AdmissionGate, Draining, Overloaded
 
 
 def test_a_cold_gate_takes_min_queue_then_refuses_with_a_retry_after() -> None:

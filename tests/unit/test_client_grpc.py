@@ -23,8 +23,8 @@ from tetriserve.client import (
     TetriServeClient,
     Unavailable,
 )
-from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
-from tetriserve.control_plane.gateway_grpc import start_grpc_server
+from tetriserve.frontdoor.detokenizer import IncrementalDetokenizer
+from tetriserve.frontdoor.gateway_grpc import start_grpc_server
 
 __all__ = ["backend", "env"]  # fixtures
 

@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.fakes import _SENTENCES, tokenizer_dir
-from tetriserve.control_plane.detokenizer import IncrementalDetokenizer
+from tetriserve.frontdoor.detokenizer import IncrementalDetokenizer
 
 TEXT = "héllo wörld, naïve café — 日本語 🚀 ĳ and plain words too. <|im_start|>x<|im_end|>"
 

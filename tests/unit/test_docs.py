@@ -22,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TOP_FOLDERS = [
     "benchmarks",
+    "cli",
     "client",
     "common",
     "control_plane",
@@ -29,8 +30,10 @@ TOP_FOLDERS = [
     "docker",
     "docs",
     "engine",
+    "frontdoor",
     "helm",
     "length_predictor",
+    "observability",
     "operations",
     "prefill_worker",
     "protos",
@@ -38,6 +41,7 @@ TOP_FOLDERS = [
     "sdk",
     "tests",
     "transport",
+    "worker",
 ]
 TEXT_SUFFIXES = {
     ".py",

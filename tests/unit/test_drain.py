@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 
 from tests.fakes import FakeBackend, LoopThread, tokenizer_dir, wait_until
+from tetriserve.cli.serve import Endpoints, run_front_doors
 from tetriserve.client import TetriServeClient, Unavailable
 from tetriserve.client.retry import NO_RETRY
 from tetriserve.common.config import ClusterConfig
-from tetriserve.control_plane.serve import Endpoints, run_front_doors
 
 
 def test_a_drain_turns_away_new_requests_and_lets_admitted_ones_finish() -> None:

@@ -11,8 +11,8 @@ pytest.importorskip("grpc")
 
 from tests.fakes import FakeBackend
 from tests.gateway_support import FakeFrontDoors, backend, client, env
+from tetriserve.cli.main import main
 from tetriserve.client import AsyncTetriServeClient, FailedPrecondition, InvalidArgument, NotFound, TetriServeClient
-from tetriserve.control_plane.cli import main
 
 __all__ = ["backend", "client", "env"]  # fixtures
 

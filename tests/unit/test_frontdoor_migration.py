@@ -1,4 +1,4 @@
-"""A request's attempt lost and placed again, without Ray (control_plane/ray_backend.py, worker_streams.py):
+"""A request's attempt lost and placed again, without Ray (frontdoor/ray_backend.py, frontdoor/worker_streams.py):
 broken or silent worker streams, a worker Ray says died, a worker's new life, the migration limit, and where
 the next attempt goes. Fakes: ``tests/data_path_support.py``.
 """
@@ -10,7 +10,7 @@ from typing import Any
 
 from tests.actor_fakes import FakeHandle
 from tests.data_path_support import FakeWorker, collect, fake_cluster, make_request, wait_until
-from tetriserve.control_plane.ray_backend import RayBackend
+from tetriserve.frontdoor.ray_backend import RayBackend
 
 
 def test_a_broken_worker_stream_re_places_only_the_requests_on_that_worker_elsewhere() -> None:

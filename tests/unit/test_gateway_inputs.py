@@ -18,7 +18,7 @@ from tetriserve.client import InvalidArgument, TetriServeClient
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.common.request import Request
 from tetriserve.common.stream import StreamChunk
-from tetriserve.control_plane.field_checks import (
+from tetriserve.frontdoor.field_checks import (
     HEAD_MARGIN_TOKENS,
     PRIORITY_RANGE,
     SEED_RANGE,

@@ -175,7 +175,7 @@ def test_http_connections_get_tcp_nodelay() -> None:
     import asyncio
     import socket
 
-    from tetriserve.control_plane.gateway_http import _listen
+    from tetriserve.frontdoor.gateway_http import _listen
 
     async def go() -> int:
         seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()

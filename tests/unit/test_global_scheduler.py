@@ -16,7 +16,7 @@ from tests.actor_fakes import FakeHandle
 from tests.data_path_support import collect, fake_cluster, make_request, wait_until
 from tetriserve.common.request import RequestState
 from tetriserve.common.stream import PlacementRequest, StateEvent
-from tetriserve.control_plane.ray_backend import RayBackend
+from tetriserve.frontdoor.ray_backend import RayBackend
 
 
 def test_tokens_come_straight_from_the_workers_in_order_across_handoff_and_a_slice_move() -> None:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tetriserve.control_plane.metrics import registry_of
-from tetriserve.control_plane.metrics_stats import MetricsSnapshot
-from tetriserve.control_plane.request_metrics import RequestMetrics
+from tetriserve.observability.metrics import registry_of
+from tetriserve.observability.metrics_stats import MetricsSnapshot
+from tetriserve.observability.request_metrics import RequestMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "operations" / "grafana" / "tetriserve-dashboard.json"

@@ -1,5 +1,5 @@
 """The front door's submits and aborts: over the worker's intake where it attached one, over Ray where not
-(control_plane/worker_streams.py, control_plane/ray_backend.py, common/intake.py)."""
+(frontdoor/worker_streams.py, frontdoor/ray_backend.py, common/intake.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 from tests.data_path_support import fake_cluster, make_request, wait_until
 from tetriserve.common.intake import Abort, Submit
-from tetriserve.control_plane.ray_backend import RayBackend
+from tetriserve.frontdoor.ray_backend import RayBackend
 
 
 def test_submits_and_aborts_take_the_intake_where_the_worker_attached_it() -> None:

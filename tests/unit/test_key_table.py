@@ -10,8 +10,8 @@ from pydantic import SecretStr, ValidationError
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.security_config import API_KEY_ENV, ApiKeySpec, SecurityConfig, parse_keys_file, parse_rate
-from tetriserve.control_plane.key_table import AuthOutcome, AuthStats, KeyEntry, KeyTable, TokenBucket, bearer_token
-from tetriserve.control_plane.security import FrontDoorSecurity, TlsFiles, is_loopback
+from tetriserve.frontdoor.key_table import AuthOutcome, AuthStats, KeyEntry, KeyTable, TokenBucket, bearer_token
+from tetriserve.frontdoor.security import FrontDoorSecurity, TlsFiles, is_loopback
 
 
 class Clock:
@@ -245,8 +245,8 @@ def test_tls_files_are_checked(tmp_path: Path) -> None:
 
 
 def test_serve_flags_become_the_security_section() -> None:
-    from tetriserve.control_plane.cli import _parser
-    from tetriserve.control_plane.cli_security import serve_security_overrides
+    from tetriserve.cli.main import _parser
+    from tetriserve.cli.security import serve_security_overrides
 
     args = _parser().parse_args(
         ["serve", "--api-key", "sk-a,sk-b", "--api-key", "sk-c", "--key-rate", "5", "--tls-cert", "c.pem",

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("grpc")
 
 from tests.fakes import FakeBackend, LoopThread, tokenizer_dir
-from tetriserve.control_plane.frontdoor import FrontDoor
-from tetriserve.control_plane.gateway_grpc import start_grpc_server
+from tetriserve.frontdoor.core import FrontDoor
+from tetriserve.frontdoor.gateway_grpc import start_grpc_server
 from tetriserve.length_predictor.data import Pair, read_pairs
 from tetriserve.length_predictor.labeling import LabelOptions, label_with_cluster
 

@@ -11,11 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.length_score import LengthScore, outcome
-from tetriserve.control_plane.backend import WorkerStatus
-from tetriserve.control_plane.metrics import RayPublisher, render
-from tetriserve.control_plane.metrics_stats import ClusterStats, Histogram, MetricsSnapshot, worker_stats
-from tetriserve.control_plane.request_metrics import RequestMetrics
 from tetriserve.engine.stats import EngineStats
+from tetriserve.frontdoor.backend import WorkerStatus
+from tetriserve.observability.metrics import RayPublisher, render
+from tetriserve.observability.metrics_stats import ClusterStats, Histogram, MetricsSnapshot, worker_stats
+from tetriserve.observability.request_metrics import RequestMetrics
 from tetriserve.transport.api import TransportStats
 
 
@@ -195,4 +195,4 @@ def test_ray_publisher_counts_increases_sets_gauges_and_replays_observations(mon
     assert made["tetriserve_generation_tokens"].calls == [("inc", 6.0, {})]
     assert [c[0] for c in made["tetriserve_kv_cache_usage_perc"].calls] == ["set"] * 4  # 2 workers answered x 2
     assert made["tetriserve_inter_token_latency_seconds"].calls == [("observe", 0.05, None)] * 4
-    assert "tetriserve_worker_role" not in made  # worker_gauges.py publishes it to Ray
+    assert "tetriserve_worker_role" not in made  # observability/worker_gauges.py publishes it to Ray

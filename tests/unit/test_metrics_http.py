@@ -10,9 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes import wait_until
 from tests.gateway_support import FakeFrontDoors, fake_front_doors
+from tetriserve.cli.main import main
+from tetriserve.cli.top import quantile
 from tetriserve.client import TetriServeClient
-from tetriserve.control_plane.cli import main
-from tetriserve.control_plane.cli_top import quantile
 
 TTFT, E2E = "tetriserve:time_to_first_token_seconds_count{}", "tetriserve:e2e_request_latency_seconds_count{}"
 

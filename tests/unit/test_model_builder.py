@@ -1,4 +1,4 @@
-"""Tests for control_plane.model_builder: a very small tiny model, built once per module.
+"""Tests for cli/model_builder.py: a very small tiny model, built once per module.
 
 Needs transformers/tokenizers/torch (they come with the engine extra) but no vLLM
 and no Ray. Uses the packaged ShareGPT file when installed, else a synthetic corpus.
@@ -17,13 +17,13 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from tetriserve.common.sharegpt import find_sharegpt_file  # noqa: E402
-from tetriserve.control_plane.model_builder import (  # noqa: E402
+from tetriserve.cli.model_builder import (  # noqa: E402
     MARKER_FILE,
     SPECIAL_TOKENS,
     build_tiny_model,
     default_tiny_model_dir,
 )
+from tetriserve.common.sharegpt import find_sharegpt_file  # noqa: E402
 
 SMALL: dict[str, Any] = {
     "vocab_size": 512,

@@ -1,5 +1,5 @@
 """``n`` choices, logprobs and ``stop_reason`` on the OpenAI gateway (FakeBackend; vLLM's shapes, see
-``control_plane/logprobs.py``), and the token strings of logprobs on a byte-level tokenizer."""
+``frontdoor/logprobs.py``), and the token strings of logprobs on a byte-level tokenizer."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from tests.fakes import FakeBackend, fake_logprobs, tokenizer_dir
 from tests.gateway_support import FakeFrontDoors, backend, env, http, sse_events
 from tetriserve.common.stream import TokenLogprobs
-from tetriserve.control_plane.frontdoor import load_tokenizer
-from tetriserve.control_plane.logprobs import LogprobNamer, TokenStrings
+from tetriserve.frontdoor.core import load_tokenizer
+from tetriserve.frontdoor.logprobs import LogprobNamer, TokenStrings
 
 __all__ = ["backend", "env", "http"]  # fixtures
 

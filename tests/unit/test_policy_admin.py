@@ -17,15 +17,6 @@ import pytest
 from tests.actor_fakes import FakeHandle
 from tetriserve.common.config import DecodeConfig
 from tetriserve.common.errors import InvalidRequestError
-from tetriserve.control_plane import policy_admin, ray_backend
-from tetriserve.control_plane.policy_admin import (
-    DECODE_KEYS,
-    PREFILL_KEYS,
-    UnknownWorkerError,
-    apply_changes,
-    parse_changes,
-    resolve_targets,
-)
 from tetriserve.decode_worker.moves import SliceMover
 from tetriserve.decode_worker.policy import decode_policies
 from tetriserve.decode_worker.preemption.stats import PreemptionStats
@@ -33,6 +24,15 @@ from tetriserve.decode_worker.preemption.strategy import PreemptionCosts, Recomp
 from tetriserve.decode_worker.slices import SliceMoves
 from tetriserve.decode_worker.views import DecodeSnapshot
 from tetriserve.decode_worker.worker import DecodeWorker
+from tetriserve.frontdoor import policy_admin, ray_backend
+from tetriserve.frontdoor.policy_admin import (
+    DECODE_KEYS,
+    PREFILL_KEYS,
+    UnknownWorkerError,
+    apply_changes,
+    parse_changes,
+    resolve_targets,
+)
 
 
 def test_prefill_keys_follow_the_worker_spec() -> None:

@@ -1,4 +1,4 @@
-"""A front door's view of a detached control plane (``remote_cluster.py``): handles of the same actor stay the
+"""A front door's view of a detached control plane (``frontdoor/remote_cluster.py``): handles of the same actor stay the
 same objects across refreshes (streams reopen only for a re-created worker), and the control plane's own
 exceptions reach the caller, not Ray's wrapper."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.control_plane.control_plane import ClusterInfo, ClusterView, ControlPlane, FrontDoorRoll
-from tetriserve.control_plane.remote_cluster import RemoteCluster
+from tetriserve.frontdoor.remote_cluster import RemoteCluster
 
 
 class Handle:

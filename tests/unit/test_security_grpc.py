@@ -12,11 +12,11 @@ import httpx
 import pytest
 
 from tests.gateway_support import FakeFrontDoors, fake_front_doors
+from tetriserve.cli.main import main as cli_main
 from tetriserve.client import NO_RETRY, AsyncTetriServeClient, ResourceExhausted, TetriServeClient, Unauthenticated
 from tetriserve.client.credentials import API_KEY_ENV
-from tetriserve.control_plane.cli import main as cli_main
-from tetriserve.control_plane.key_table import KeyEntry, KeyTable
-from tetriserve.control_plane.security import FrontDoorSecurity
+from tetriserve.frontdoor.key_table import KeyEntry, KeyTable
+from tetriserve.frontdoor.security import FrontDoorSecurity
 from tetriserve.protos import tetriserve_pb2 as pb
 from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 

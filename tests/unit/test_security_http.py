@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from tests.gateway_support import FakeFrontDoors, fake_front_doors
-from tetriserve.control_plane.key_table import KeyEntry, KeyTable
-from tetriserve.control_plane.security import FrontDoorSecurity
+from tetriserve.frontdoor.key_table import KeyEntry, KeyTable
+from tetriserve.frontdoor.security import FrontDoorSecurity
 
 GOOD = {"authorization": "Bearer sk-good"}
 COMPLETION = {"model": "tiny-test", "prompt": [5, 6, 7], "max_tokens": 3}

@@ -13,11 +13,11 @@ import pytest
 
 from tests.gateway_support import FakeFrontDoors, fake_front_doors
 from tests.tls_support import SelfSigned, self_signed
+from tetriserve.cli.main import main as cli_main
 from tetriserve.client import NO_RETRY, AsyncTetriServeClient, TetriServeClient, Unauthenticated, Unavailable
 from tetriserve.client.credentials import API_KEY_ENV
-from tetriserve.control_plane.cli import main as cli_main
-from tetriserve.control_plane.key_table import KeyEntry, KeyTable
-from tetriserve.control_plane.security import FrontDoorSecurity, TlsFiles
+from tetriserve.frontdoor.key_table import KeyEntry, KeyTable
+from tetriserve.frontdoor.security import FrontDoorSecurity, TlsFiles
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +127,8 @@ def test_serve_runs_both_doors_with_the_config_security(
     from concurrent.futures import Future
 
     from tests.fakes import FakeBackend, LoopThread, tokenizer_dir
+    from tetriserve.cli.serve import Endpoints, run_front_doors
     from tetriserve.common.config import ClusterConfig
-    from tetriserve.control_plane.serve import Endpoints, run_front_doors
 
     keys_file = tmp_path / "keys"
     keys_file.write_text("sk-file rate=1/h burst=1 name=file\n")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tetriserve.control_plane.stop_strings import StopMatcher
+from tetriserve.frontdoor.stop_strings import StopMatcher
 
 
 def test_a_stop_string_split_over_deltas_ends_the_text_before_it() -> None:

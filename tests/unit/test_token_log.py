@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tetriserve.common.stream import FinishReason, StreamChunk
-from tetriserve.control_plane.token_log import AT_ONCE, TokenLog
+from tetriserve.frontdoor.token_log import AT_ONCE, TokenLog
 
 
 def _c(tokens: tuple[int, ...], index: int, worker: str = "d0", **kw: object) -> StreamChunk:

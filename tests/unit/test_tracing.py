@@ -1,4 +1,4 @@
-"""``common/tracing.py`` without Ray or vLLM: off is a no-op, on records spans (in-memory exporter), and the
+"""``observability/tracing.py`` without Ray or vLLM: off is a no-op, on records spans (in-memory exporter), and the
 trace context crosses processes as a W3C traceparent in the typed fields (pickled as Ray pickles them)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import INVALID_SPAN, StatusCode
 
-from tetriserve.common import tracing
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.request import Request
 from tetriserve.common.stream import PlacementRequest
 from tetriserve.common.tracing_config import TracingConfig
+from tetriserve.observability import tracing
 
 ON = TracingConfig(enabled=True)
 
@@ -180,7 +180,7 @@ def test_otlp_exporters_from_the_config(protocol: str, endpoint: str, expected: 
 def test_the_config_section_and_the_serve_flags() -> None:
     import argparse
 
-    from tetriserve.control_plane.cli_tracing import add_tracing_flags, tracing_overrides
+    from tetriserve.cli.tracing import add_tracing_flags, tracing_overrides
 
     parser = argparse.ArgumentParser()
     add_tracing_flags(parser)

@@ -15,17 +15,18 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.actor_fakes import FakeHandle
 from tests.fakes import FakeBackend, tokenizer_dir
-from tetriserve.common import log_context, tracing
+from tetriserve.common import log_context
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.load import PrefillLoad
 from tetriserve.common.request import Request, SamplingSpec
 from tetriserve.common.stream import PlacementRequest
 from tetriserve.common.tracing_config import TracingConfig
-from tetriserve.control_plane.admission import Overloaded
-from tetriserve.control_plane.frontdoor import FrontDoor
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
-from tetriserve.control_plane.ray_backend import RayBackend
 from tetriserve.decode_worker.spans import NO_SPANS, DecodeSpans
+from tetriserve.frontdoor.admission import Overloaded
+from tetriserve.frontdoor.core import FrontDoor
+from tetriserve.frontdoor.ray_backend import RayBackend
+from tetriserve.observability import tracing
 from tetriserve.prefill_worker import spans as prefill_spans
 
 CLIENT = "00-" + "c" * 32 + "-" + "d" * 16 + "-01"

@@ -6,7 +6,7 @@ import pytest
 
 from tetriserve.common.lifecycle import FlipTiming, Lifecycle, LifecycleView
 from tetriserve.common.load import Role
-from tetriserve.control_plane.worker_gauges import gauge_values
+from tetriserve.observability.worker_gauges import gauge_values
 
 
 def _view(wid: str, role: Role, state: Lifecycle, flips: int = 0, last: FlipTiming | None = None) -> LifecycleView:

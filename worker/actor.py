@@ -1,0 +1,284 @@
+"""The worker actor: one engine for its whole life, either role, flipped in place (TetriInfer §3.5).
+
+    Worker "prefill-0" / "decode-1" (a named Ray actor)
+      ├─ the engine, its KV endpoint and output streams      built once (``build_worker_engine``)
+      └─ role: PrefillWorker | DecodeWorker                  what the calls below reach
+           flip(role): the role is idle (drained) ─▶ retire it ─▶ the other role takes the same engine,
+                       endpoint, streams and wiring ─▶ reports resume under the new role
+
+The paper's flip changes an internal role variable once the instance has
+drained, and never reloads the model. Here the engine's scheduler changes class
+on the engine thread (``assume`` in each role's ``vllm_scheduler.py``), the
+worker's role object is swapped, and the rest — loaded weights, KV cache,
+transport endpoint, the front doors' open streams — stays as it is. A flip
+whose drain timed out first ends what is still here with ``retry`` errors, so
+the front doors migrate those requests with the tokens they have.
+
+Calls meant for the other role (a placement or handoff decided from a view
+taken before the flip) are refused the way that role refuses: a prompt gets a
+``retry`` error on its stream, a handoff is declined.
+
+The Ray dashboard lists each worker as ``Worker(<role> <name>, ...)`` (``__repr__``)
+only as it was when the actor was created; ``status`` shows the current role,
+lifecycle, flips and the last flip's times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from tetriserve.common.config import ClusterConfig
+from tetriserve.common.gc_heap import freeze_heap
+from tetriserve.common.handoff_channel import (
+    Discard,
+    HandoffMessage,
+    HandoffServer,
+    KvFailed,
+    PullKV,
+    Refine,
+    Take,
+)
+from tetriserve.common.intake import IntakeMessage, Submit, serve_intake
+from tetriserve.common.length import LengthEstimate, LengthPredictor
+from tetriserve.common.load import DecodeLoad, PrefillLoad, Role
+from tetriserve.common.request import Request
+from tetriserve.common.stream import FinishReason, Heartbeat
+from tetriserve.decode_worker.slices import Order
+from tetriserve.decode_worker.worker import DecodeWorker
+from tetriserve.engine.worker_base import EngineWorker, serve_subscriber
+from tetriserve.observability import tracing
+from tetriserve.prefill_worker.worker import PrefillWorker
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.002
+
+
+@dataclass(frozen=True)
+class FlipResult:
+    """What a flip took: ``switch_ms`` from the role being idle to the new role taking the engine (the
+    paper's 5–7 ms), ``wait_ms`` waiting for it to be idle (after the drain, or after evicting)."""
+
+    role: str
+    switch_ms: float
+    wait_ms: float
+    evicted: int
+    load: PrefillLoad | DecodeLoad  # the first in the new role, for the monitor's registration
+
+
+class Worker:
+    def __init__(
+        self,
+        worker_id: str,
+        config: ClusterConfig,
+        model_path: str,
+        predictor: LengthPredictor,
+        role: str,
+        incarnation: int = 0,
+    ) -> None:
+        tracing.setup_process(config.tracing, worker_id)  # spans and request ids on log lines, per process
+        self.worker_id, self.config, self.model_path, self.predictor = worker_id, config, model_path, predictor
+        self.role: EngineWorker = self._make(Role(role), incarnation, None)
+        self.flips = 0
+        self._flipping = False
+        self._heap_frozen = False
+        self._intakes: dict[str, asyncio.Task[None] | None] = {}  # subscribed front door -> its intake's reader
+        self._handoff: tuple[HandoffServer, asyncio.Task[None]] | None = None  # prefill workers' calls over ZeroMQ
+
+    def __repr__(self) -> str:
+        return f"Worker({self.role_name} {self.worker_id}, flips={self.flips})"
+
+    @property
+    def role_name(self) -> str:
+        return "prefill" if isinstance(self.role, PrefillWorker) else "decode"
+
+    def _make(self, role: Role, incarnation: int, predecessor: EngineWorker | None) -> EngineWorker:
+        if role is Role.PREFILL:
+            return PrefillWorker(self.worker_id, self.config, self.model_path, self.predictor, incarnation, predecessor)
+        return DecodeWorker(self.worker_id, self.config, self.model_path, incarnation, predecessor)
+
+    # -- the flip ------------------------------------------------------------------------
+    async def flip(self, role: str, timeout_s: float = 30.0) -> FlipResult:
+        """Serve ``role`` with the engine this worker has. Called once the worker has drained; requests still
+        here (a drain that timed out) get ``retry`` errors first. A ValueError: already that role, or busy."""
+        target = Role(role)
+        if target.value == self.role_name:
+            raise ValueError(f"{self.worker_id} is a {role} worker already")
+        if self._flipping:
+            raise ValueError(f"{self.worker_id} is flipping already")
+        self._flipping = True
+        try:
+            return await self._flip(target, timeout_s)
+        finally:
+            self._flipping = False
+
+    async def _flip(self, target: Role, timeout_s: float) -> FlipResult:
+        old = self.role
+        t0 = time.perf_counter()
+        evicted = 0
+        if not old.idle():
+            evicted = old.evict(f"{self.worker_id} is changing role to {target.value}; the request goes on elsewhere")
+        deadline = time.monotonic() + timeout_s
+        while not old.idle():
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{self.worker_id}: still busy after {timeout_s:g} s; not flipped")
+            await asyncio.sleep(IDLE_POLL_S)
+        t1 = time.perf_counter()
+        old.retire()
+        new = self._make(target, old.incarnation, old)  # the engine is idle: its thread takes the role at once
+        self.role = new
+        self.flips += 1
+        t2 = time.perf_counter()
+        await new.resume()
+        result = FlipResult(target.value, (t2 - t1) * 1000, (t1 - t0) * 1000, evicted, new.load())
+        logger.info("worker %s: now %s (%s)", self.worker_id, target.value, result)
+        return result
+
+    # -- what every worker serves ------------------------------------------------------------
+    async def start(self, monitor: Any, scheduler: Any = None) -> str:
+        """Begin (or redirect) reports. The length predictor loads off this path, on a prefill role's prediction
+        thread (``prefill_worker/predictions.py``): a decode worker never loads it, a prefill worker serves while
+        it loads (handoffs take the instant estimate until then), and a flip to prefill never waits for it."""
+        if not self._heap_frozen:
+            freeze_heap(f"worker {self.worker_id}")  # its engine and role are built (common/gc_heap.py)
+            self._heap_frozen = True
+        return await self.role.start(monitor, scheduler)
+
+    async def sentinel(self) -> None:
+        await asyncio.Event().wait()
+
+    async def subscribe(self, subscriber: str, address: str) -> AsyncIterator[Heartbeat]:
+        """The front door's one stream from this worker: it outlives flips (the streams are the worker's). A
+        newer subscription of the same front door takes over from an open one, which then ends; the intake the
+        newer one attached stays."""
+        self._intakes.setdefault(subscriber, None)
+        try:
+            async for heartbeat in serve_subscriber(lambda: self.role, subscriber, address):
+                yield heartbeat
+        finally:
+            if not self.role.streams.attached(subscriber):
+                self._detach(subscriber)
+
+    def attach_intake(self, subscriber: str, address: str, route: bytes) -> bool:
+        """While its subscription lasts, the front door ``subscriber``'s submits and aborts come over ZeroMQ from
+        its intake at ``address`` (``common/intake.py``); False when it has no subscription open here."""
+        if subscriber not in self._intakes:
+            return False
+        self._detach(subscriber)
+
+        def deliver(message: IntakeMessage) -> None:
+            if isinstance(message, Submit):
+                self.submit(message.request, subscriber)
+            else:
+                self.abort(message.request_id, message.attempt)
+
+        self._intakes[subscriber] = asyncio.get_running_loop().create_task(serve_intake(address, route, deliver))
+        return True
+
+    def _detach(self, subscriber: str) -> None:
+        reader = self._intakes.pop(subscriber, None)
+        if reader is not None:
+            reader.cancel()
+
+    def handoff_address(self) -> tuple[str, str]:
+        """(address, token) of this worker's handoff server (``common/handoff_channel.py``), started on first
+        ask: a prefill worker's ``take``, ``pull_kv``, ``refine``, ``discard`` and ``kv_failed`` come over it."""
+        import ray
+
+        if self._handoff is None:
+            server = HandoffServer(ray.util.get_node_ip_address())
+            self._handoff = server, asyncio.get_running_loop().create_task(server.serve(self._handed))
+        return self._handoff[0].address, self._handoff[0].token.decode()
+
+    def _handed(self, message: HandoffMessage) -> Any:
+        if isinstance(message, Take):
+            return self.take(
+                message.request, message.generated, message.estimate, message.subscriber, message.pull_from,
+                message.prefill_here,
+            )  # fmt: skip
+        if isinstance(message, PullKV):
+            self.pull_kv(message.src, message.key)
+        elif isinstance(message, Refine):
+            return self.refine(message.request_id, message.attempt, message.estimate)
+        elif isinstance(message, Discard):
+            self.discard(message.key)
+        elif isinstance(message, KvFailed):
+            self.kv_failed(message.key, message.error)
+        return None
+
+    def ping(self) -> bool:
+        """For a caller waiting on this worker over another channel: raises (Ray's ``ActorDiedError``) once it
+        is dead."""
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.role.stats(), "role": self.role_name, "flips": self.flips}
+
+    def policies(self) -> dict[str, str]:
+        return self.role.policies()
+
+    async def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
+        return await self.role.set_policy(changes)
+
+    def abort(self, request_id: str, attempt: int | None = None) -> bool:
+        return self.role.abort(request_id, attempt)
+
+    def discard(self, key: str) -> None:
+        """Drop KV pushed for a request that will not decode here (finished at prefill, aborted)."""
+        self.role.endpoint.discard(key)
+
+    # -- prefill ---------------------------------------------------------------------------
+    def submit(self, req: Request, subscriber: str) -> None:
+        if isinstance(self.role, PrefillWorker):
+            self.role.submit(req, subscriber)
+        else:
+            error = f"{self.worker_id} serves decode now"
+            self.role.publish(subscriber, req, (), FinishReason.ERROR, error, index=len(req.resume), retry=True)
+
+    def update_decode_view(self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, Any]) -> None:
+        if isinstance(self.role, PrefillWorker):
+            self.role.update_decode_view(loads, addresses, handles)
+
+    def observe_many(self, lengths: list[tuple[int, int]]) -> None:
+        """Finished requests' (prompt, output) lengths, for the length predictor (whatever role the worker plays
+        now); the GlobalScheduler sends them many to a call."""
+        for prompt_len, output_len in lengths:
+            self.predictor.observe(prompt_len, output_len)
+
+    # -- decode ----------------------------------------------------------------------------
+    async def take(
+        self,
+        req: Request,
+        generated: tuple[int, ...],
+        estimate: LengthEstimate | None,
+        subscriber: str,
+        pull_from: str | None = None,
+        prefill_here: bool = False,
+    ) -> bool:
+        if not isinstance(self.role, DecodeWorker):
+            return False
+        return await self.role.take(req, generated, estimate, subscriber, pull_from, prefill_here)
+
+    async def adopt(
+        self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, key: str, subscriber: str
+    ) -> bool:
+        return isinstance(self.role, DecodeWorker) and await self.role.adopt(req, generated, estimate, key, subscriber)
+
+    async def refine(self, request_id: str, attempt: int, estimate: LengthEstimate) -> bool:
+        return isinstance(self.role, DecodeWorker) and await self.role.refine(request_id, attempt, estimate)
+
+    def pull_kv(self, src: str, key: str) -> None:
+        """A prefill worker on this host published ``key``'s KV: take it from there, one-sided, as it comes."""
+        self.role.pull_kv(src, key)
+
+    def kv_failed(self, key: str, error: str) -> None:
+        """The prefill worker's send of ``key`` failed: the engine's load of it fails now, not at its deadline."""
+        self.role.endpoint.fail(key, error)
+
+    async def rebalance(self, order: Order, address: str, handle: Any) -> list[str]:
+        return await self.role.rebalance(order, address, handle) if isinstance(self.role, DecodeWorker) else []
