@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tetriserve.common.admission_config import AdmissionConfig
+from tetriserve.common.config_keys import RENAMED, renamed_in, unknown_key_message
 from tetriserve.common.flip_config import FlipConfig, ScaleConfig
 from tetriserve.common.load import DEFAULT_REPORT_TOLERANCE
 from tetriserve.common.prefill_config import PrefillConfig
@@ -196,6 +197,10 @@ class DecodeConfig(BaseModel):
             "0 turns slicing off on this worker (its requests stay)."
         ),
     )
+    slice_lambda: float = Field(
+        0.5, gt=0, le=1, description="SCLS eq. 12 λ: slice rebalancing rounds come every max(λ·least load, Γ) s."
+    )
+    slice_min_interval_s: float = Field(1.0, gt=0, description="SCLS eq. 12 Γ: least seconds between those rounds.")
 
     def policy_kwargs(self) -> dict[str, int]:
         """Constructor parameters of the configured admission policy."""
@@ -208,6 +213,10 @@ class DecodeConfig(BaseModel):
         }
 
 
+# decode keys the cluster monitor reads, not the workers: SCLS's rebalancing period (eq. 12 λ, Γ), set at start
+# only; `tetriserve policy` neither shows nor sets them
+DECODE_MONITOR_KEYS = ("slice_lambda", "slice_min_interval_s")
+
 DEFAULT_MAX_REQUEST_BODY_MB = 32.0
 
 
@@ -218,9 +227,18 @@ class ClusterConfig(BaseModel):
 
     num_prefill: int = Field(1, ge=1, description="Number of prefill workers.")
     num_decode: int = Field(1, ge=1, description="Number of decode workers.")
-    engine: EngineConfig = Field(default_factory=EngineConfig)  # type: ignore[arg-type]
-    prefill: PrefillConfig = Field(default_factory=PrefillConfig)  # type: ignore[arg-type]
-    decode: DecodeConfig = Field(default_factory=DecodeConfig)  # type: ignore[arg-type]
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig,  # type: ignore[arg-type]
+        description="The model, its dtype and context, and each engine's KV cache, threads and cores.",
+    )
+    prefill: PrefillConfig = Field(
+        default_factory=PrefillConfig,  # type: ignore[arg-type]
+        description="The prefill workers' queue order, gate, chunking, dispatch and length predictor.",
+    )
+    decode: DecodeConfig = Field(
+        default_factory=DecodeConfig,  # type: ignore[arg-type]
+        description="The decode workers' admission, preemption, SCLS slices and prompts computed locally.",
+    )
     host: str = Field("127.0.0.1", description="Address the front doors bind to.")
     grpc_port: int = Field(50051, ge=0, le=65535, description="gRPC port (0 picks a free one).")
     http_port: int = Field(8000, ge=0, le=65535, description="OpenAI-compatible HTTP port (0 picks a free one).")
@@ -299,11 +317,6 @@ class ClusterConfig(BaseModel):
         default_factory=TransportConfig,  # type: ignore[arg-type]
         description="Which backend moves KV between workers (a bare backend name is accepted: `transport: shm`).",
     )
-    kv_transfer_timeout_s: float = Field(30.0, gt=0, description="Deadline for one request's KV transfer.")
-    slice_lambda: float = Field(
-        0.5, gt=0, le=1, description="SCLS eq. 12 λ: slice rebalancing rounds come every max(λ·least load, Γ) s."
-    )
-    slice_min_interval_s: float = Field(1.0, gt=0, description="SCLS eq. 12 Γ: least seconds between those rounds.")
     kv_load_failure_policy: Literal["recompute", "fail"] = Field(
         "recompute",
         description=(
@@ -353,9 +366,9 @@ class ClusterConfig(BaseModel):
             raise ValueError("heartbeat_interval_ms must be >= report_interval_ms")
         if 3 * self.heartbeat_interval_ms >= 1000 * self.dead_after_s:
             raise ValueError("heartbeat_interval_ms must be under a third of dead_after_s (a live worker is not stale)")
-        if self.transport.lease_s < self.placement_timeout_s + self.kv_transfer_timeout_s:
+        if self.transport.lease_s < self.placement_timeout_s + self.transport.timeout_s:
             raise ValueError(
-                "transport.lease_s must be at least placement_timeout_s + kv_transfer_timeout_s: parked KV waits "
+                "transport.lease_s must be at least placement_timeout_s + transport.timeout_s: parked KV waits "
                 "that long for a decode worker and its transfer"
             )
         return self
@@ -372,6 +385,8 @@ class ClusterConfig(BaseModel):
         for dotted, value in (overrides or {}).items():
             if value is None:
                 continue
+            if dotted in RENAMED:
+                raise ValueError(unknown_key_message(cls, dotted))
             node = data
             *parents, leaf = dotted.split(".")
             for part in parents:
@@ -379,4 +394,7 @@ class ClusterConfig(BaseModel):
                 if not isinstance(node, dict):
                     raise ValueError(f"override {dotted}: {part} is not a section")
             node[leaf] = value
+        renamed = renamed_in(data)
+        if renamed:
+            raise ValueError(f"{path or 'config'}: " + "; ".join(renamed))
         return cls.model_validate(data)

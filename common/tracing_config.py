@@ -29,7 +29,8 @@ class TracingConfig(BaseModel):
         description=(
             "OTLP collector to export to: host:port or a URL (grpc: http://host:4317; http: http://host:4318, the "
             "/v1/traces path is added). None: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / $OTEL_EXPORTER_OTLP_ENDPOINT, "
-            "else the SDK's default (localhost:4317 / :4318). A bare host:port is plain text; https:// uses TLS."
+            "else the SDK's default (localhost:4317 / :4318). A bare host:port is plain text; https:// uses TLS. "
+            "`serve --otlp-endpoint` turns tracing on too, unless --no-tracing is given."
         ),
     )
     protocol: Literal["grpc", "http"] = Field("grpc", description="OTLP transport: grpc (protobuf) or http (protobuf).")

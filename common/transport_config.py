@@ -67,6 +67,7 @@ class TransportConfig(BaseModel):
             "so that no step of the other requests waits for the copy. 0: always on the packer thread."
         ),
     )
+    timeout_s: float = Field(30.0, gt=0, description="Deadline for one request's KV transfer.")
     lease_s: float = Field(
         300.0,
         gt=0,

@@ -180,8 +180,8 @@ class ActorBuilder:
             .options(name="cluster-monitor", **self.opts)
             .remote(
                 c.report_interval_ms,
-                slice_lambda=c.slice_lambda,
-                slice_min_interval_s=c.slice_min_interval_s,
+                slice_lambda=c.decode.slice_lambda,
+                slice_min_interval_s=c.decode.slice_min_interval_s,
                 stuck_after_s=c.dead_after_s,
                 heartbeat_interval_ms=c.heartbeat_interval_ms,
                 report_tolerance=c.report_tolerance,

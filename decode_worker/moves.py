@@ -104,7 +104,7 @@ class SliceMover:
         from tetriserve.transport.api import TransferState
 
         w = self.worker
-        handle = w.endpoint.send(move.address, move.key, buffers, w.config.kv_transfer_timeout_s)
+        handle = w.endpoint.send(move.address, move.key, buffers, w.config.transport.timeout_s)
         while handle.state is TransferState.PENDING:
             await asyncio.sleep(0.001)
         if handle.state is TransferState.FAILED:

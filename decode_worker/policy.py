@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tetriserve.common.config import DecodeConfig
+from tetriserve.common.config import DECODE_MONITOR_KEYS, DecodeConfig
 from tetriserve.decode_worker.admission import AdmissionPolicy, make_admission_policy
 from tetriserve.decode_worker.preemption import (
     PreemptionCosts,
@@ -46,7 +46,7 @@ def updated_decode_config(cfg: DecodeConfig, changes: dict[str, Any]) -> DecodeC
 
 def decode_policy_settings(cfg: DecodeConfig) -> dict[str, str]:
     """The policy settings in force, as ``policy show`` lists them (cacheopt's knobs only under cacheopt)."""
-    shown = cfg.model_dump(exclude_none=True)
+    shown = cfg.model_dump(exclude_none=True, exclude=set(DECODE_MONITOR_KEYS))
     if cfg.admission_policy != "cacheopt":
         shown = {k: v for k, v in shown.items() if not k.startswith("cacheopt_")}
     return {k: str(v) for k, v in shown.items()}

@@ -229,7 +229,7 @@ class EngineWorker:
         """Take ``key``'s KV, every part as it is published, from the endpoint at ``src`` into this one, one-sided
         (``transport/shm_pull.py``); the engine loads it from here as it would KV sent to it. A pull that fails
         marks the key failed here, and the load fails at once."""
-        handle = self.endpoint.pull(src, key, self.config.kv_transfer_timeout_s)
+        handle = self.endpoint.pull(src, key, self.config.transport.timeout_s)
         if handle is None:  # the publisher thought we could; we cannot (never between matching endpoints)
             self.endpoint.fail(key, f"{self.worker_id} cannot pull from {src}")
             return
@@ -252,7 +252,7 @@ class EngineWorker:
     async def parked_kv(self, key: str, give_up: Callable[[], bool] = lambda: False) -> list[Received] | None:
         """The KV the engine parked in this endpoint under ``key`` (packed off the step that computed it), or
         None once ``give_up()``, its pack failed or the transfer deadline has passed."""
-        deadline = time.monotonic() + self.config.kv_transfer_timeout_s
+        deadline = time.monotonic() + self.config.transport.timeout_s
         while (buffers := self.endpoint.recv(key)) is None:
             if give_up() or self.endpoint.failed(key) is not None or time.monotonic() >= deadline:
                 return None
@@ -327,7 +327,7 @@ def build_worker_engine(config: ClusterConfig, model_path: str, worker_id: str) 
             chunk_size=config.prefill.batch_ceiling(config.engine.max_model_len),
             endpoint=worker_id,
             transport=config.transport.backend,
-            kv_deadline_s=config.kv_transfer_timeout_s,
+            kv_deadline_s=config.transport.timeout_s,
             sync_load_bytes=int(config.transport.sync_load_mib * (1 << 20)),
             kv_load_failure_policy=config.kv_load_failure_policy,
         )

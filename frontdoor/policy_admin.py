@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import fields
 from typing import Any, Literal, TypeVar
 
-from tetriserve.common.config import DecodeConfig
+from tetriserve.common.config import DECODE_MONITOR_KEYS, DecodeConfig
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.frontdoor.backend import WorkerPolicy
 from tetriserve.prefill_worker.policy import PrefillPolicySpec
@@ -41,7 +41,9 @@ Role = Literal["prefill", "decode"]
 _HINTS = typing.get_type_hints(PrefillPolicySpec)
 PREFILL_KEYS: dict[str, type] = {f.name: int if _HINTS[f.name] is int else str for f in fields(PrefillPolicySpec)}
 DECODE_KEYS: dict[str, type] = {
-    name: int if f.annotation is int else str for name, f in DecodeConfig.model_fields.items()
+    name: int if f.annotation is int else str
+    for name, f in DecodeConfig.model_fields.items()
+    if name not in DECODE_MONITOR_KEYS
 }
 KEYS: dict[Role, dict[str, type]] = {"prefill": PREFILL_KEYS, "decode": DECODE_KEYS}
 
@@ -113,6 +115,8 @@ def _not_a_key(role: Role, key: str) -> str:
             f"a {other} policy key, not a {role} one: send it to {other} workers "
             f"(worker_id {other!r} for all of them, or one {other} worker's id)"
         )
+    if role == "decode" and key in DECODE_MONITOR_KEYS:
+        return f"decode.{key} is the cluster monitor's, set at start only (serve --config or --set decode.{key}=...)"
     return f"unknown {role} policy key; known: {', '.join(KEYS[role])}"
 
 

@@ -237,7 +237,7 @@ class Handoff(_Base):
         a failure told to the decode worker)."""
         if not self.endpoint.lends_to(self.decode_addresses.get(decode_id, "")):
             return False
-        self.sent_kv(key, self.endpoint.lending(key, self.config.kv_transfer_timeout_s), decode_id)
+        self.sent_kv(key, self.endpoint.lending(key, self.config.transport.timeout_s), decode_id)
         return True
 
     async def _forward_kv(self, key: str, decode_id: str) -> str | None:
@@ -247,7 +247,7 @@ class Handoff(_Base):
         if buffers is None:
             return f"prefilled KV of {key} was not found on {self.worker_id}"
         address = self.decode_addresses[decode_id]
-        self.sent_kv(key, self.endpoint.send(address, key, buffers, self.config.kv_transfer_timeout_s), decode_id)
+        self.sent_kv(key, self.endpoint.send(address, key, buffers, self.config.transport.timeout_s), decode_id)
         return None
 
     def sent_kv(self, key: str, handle: Any, decode_id: str) -> None:

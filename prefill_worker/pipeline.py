@@ -79,7 +79,7 @@ class EarlyHandoff:
             worker.endpoint,
             self._key,
             worker.decode_addresses[decode_id],
-            worker.config.kv_transfer_timeout_s,
+            worker.config.transport.timeout_s,
             give_up=lambda: self._key in worker.aborted_keys,
             on_send=lambda part, handle: worker.sent_kv(part, handle, decode_id),
             hurry=self._prefilled,

@@ -19,7 +19,7 @@ import argparse
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,24 +90,9 @@ def _bounds(field: FieldInfo) -> str:
     return ", ".join(found)
 
 
-def _section_model(field: FieldInfo) -> type[BaseModel] | None:
-    candidates = [field.annotation, *typing.get_args(field.annotation)]
-    for c in candidates:
-        if isinstance(c, type) and issubclass(c, BaseModel):
-            return c
-    return None
-
-
-def _config_sections(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, type[BaseModel]]]:
-    yield prefix, model
-    for name, field in model.model_fields.items():
-        sub = _section_model(field)
-        if sub is not None:
-            yield from _config_sections(sub, f"{prefix}.{name}" if prefix else name)
-
-
 def configuration_page() -> str:
     from tetriserve.common.config import ClusterConfig
+    from tetriserve.common.config_keys import section_model, sections
 
     lines = [
         GENERATED,
@@ -122,7 +107,7 @@ def configuration_page() -> str:
         "file, the flags and the environment combine.",
         "",
     ]
-    for path, model in _config_sections(ClusterConfig, ""):
+    for path, model in sections(ClusterConfig):
         title = f"`{path}`" if path else "Top level"
         lines += [f"## {title}", ""]
         doc = (model.__doc__ or "").strip().split("\n\n")[0]
@@ -131,7 +116,7 @@ def configuration_page() -> str:
         lines += ["| key | type | default | bounds | description |", "| --- | --- | --- | --- | --- |"]
         for name, field in model.model_fields.items():
             key = f"{path}.{name}" if path else name
-            sub = _section_model(field)
+            sub = section_model(field)
             if sub is not None and typing.get_origin(field.annotation) is None:
                 description = f"Section: see [`{key}`](#{key.replace('.', '')})."
                 lines.append(f"| `{key}` | section | | | {description} |")
@@ -218,7 +203,9 @@ def cli_page() -> str:
     parser = cli._parser()
     parser.prog = "tetriserve"
     _fixed_width(parser)
-    config_keys = {flag: dotted for flag, (dotted, _, _) in cli._SERVE_FLAGS.items()}
+    from tetriserve.cli.config_flags import SERVE_FLAGS
+
+    config_keys = dict(SERVE_FLAGS)
     lines = [
         GENERATED,
         "",

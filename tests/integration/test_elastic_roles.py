@@ -41,7 +41,7 @@ def cluster(model_path: str) -> Iterator[Any]:
         "prefill.dispatch_policy": "round-robin",
         "flip.drain_timeout_s": 120,
         "decode.slice_iters": SLICE,  # the slice moves'; no request moves without an order, and they give them
-        "slice_min_interval_s": 3600.0,
+        "decode.slice_min_interval_s": 3600.0,
     }
     with own_cluster(model_path, overrides) as handle:
         yield handle

@@ -245,18 +245,18 @@ def test_tls_files_are_checked(tmp_path: Path) -> None:
 
 
 def test_serve_flags_become_the_security_section() -> None:
+    from tetriserve.cli.config_flags import config_overrides
     from tetriserve.cli.main import _parser
-    from tetriserve.cli.security import serve_security_overrides
 
     args = _parser().parse_args(
         ["serve", "--api-key", "sk-a,sk-b", "--api-key", "sk-c", "--key-rate", "5", "--tls-cert", "c.pem",
          "--tls-key", "k.pem", "--dashboard-host", "0.0.0.0", "--metrics-require-key"]
     )  # fmt: skip
-    sec = ClusterConfig.load(None, serve_security_overrides(args)).security
+    sec = ClusterConfig.load(None, config_overrides(args)).security
     assert [s.key.get_secret_value() for s in sec.api_keys] == ["sk-a", "sk-b", "sk-c"]
     assert (sec.rate_per_s, sec.tls_cert, sec.tls_key, sec.dashboard_host) == (5.0, "c.pem", "k.pem", "0.0.0.0")
     assert sec.metrics_require_key
-    bare = ClusterConfig.load(None, serve_security_overrides(_parser().parse_args(["serve"]))).security
+    bare = ClusterConfig.load(None, config_overrides(_parser().parse_args(["serve"]))).security
     assert bare == SecurityConfig()
     client = _parser().parse_args(["status", "--api-key", "k", "--tls-ca", "ca.pem"])
     assert (client.api_key, client.tls_ca, client.tls) == ("k", "ca.pem", False)

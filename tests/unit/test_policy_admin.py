@@ -336,3 +336,9 @@ def test_decode_mode_auto_with_a_profile(tmp_path: Path) -> None:
     PreemptionCosts(RecomputeLatency(1e-6, 1.0, 0.0, 0.0), SwapLatency(1e-7, 0.0), sweet_spot=256).save(profile)
     assert asyncio.run(worker.set_policy(changes))["preemption_mode"] == "auto"
     assert worker.engine.sched.strategy.threshold == 256
+
+
+def test_the_monitors_decode_keys_are_refused_at_run_time_saying_where_they_are_set() -> None:
+    with pytest.raises(InvalidRequestError, match="set at start only") as info:
+        parse_changes("decode", {"slice_lambda": "0.3"})
+    assert info.value.field == "slice_lambda"

@@ -180,14 +180,14 @@ def test_otlp_exporters_from_the_config(protocol: str, endpoint: str, expected: 
 def test_the_config_section_and_the_serve_flags() -> None:
     import argparse
 
-    from tetriserve.cli.tracing import add_tracing_flags, tracing_overrides
+    from tetriserve.cli.config_flags import add_config_flags, config_overrides
 
     parser = argparse.ArgumentParser()
-    add_tracing_flags(parser)
-    overrides = tracing_overrides(parser.parse_args(["--otlp-endpoint", "http://jaeger:4317"]))
+    add_config_flags(parser)
+    overrides = config_overrides(parser.parse_args(["--otlp-endpoint", "http://jaeger:4317"]))
     config = ClusterConfig.load(overrides=overrides)
     assert config.tracing == TracingConfig(enabled=True, endpoint="http://jaeger:4317")
-    off = tracing_overrides(
+    off = config_overrides(
         parser.parse_args(["--otlp-endpoint", "x:1", "--no-tracing", "--trace-sample-ratio", "0.5"])
     )
     assert ClusterConfig.load(overrides=off).tracing.enabled is False

@@ -1,0 +1,120 @@
+"""The keys of the cluster config as data: every field by its dotted path, and the keys that were renamed.
+
+The CLI makes `serve`'s flags from these fields (type, default, description), `--set` reaches any of them, and
+the configuration reference is generated from them, so a key is defined once, in its pydantic model.
+
+A key that moved keeps an entry in ``RENAMED``; a config file (or ``--set``) that still uses it is refused with
+a message naming the key to write instead, rather than the bare "extra inputs are not permitted".
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+# old dotted key -> the key that holds its value now
+RENAMED: dict[str, str] = {
+    "kv_transfer_timeout_s": "transport.timeout_s",
+    "slice_lambda": "decode.slice_lambda",
+    "slice_min_interval_s": "decode.slice_min_interval_s",
+}
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One leaf field of the config: ``path`` is its dotted key (``engine.max_model_len``)."""
+
+    path: str
+    field: FieldInfo
+
+    @property
+    def annotation(self) -> Any:
+        return self.field.annotation
+
+    @property
+    def default(self) -> Any:
+        """The field's default (None where it is required or made by a factory)."""
+        if self.field.default_factory is not None or self.field.default is PydanticUndefined:
+            return None
+        return self.field.default
+
+
+def section_model(field: FieldInfo) -> type[BaseModel] | None:
+    """The model a section field holds (``engine: EngineConfig``, ``emulate: LinkEmulation | None``), if any."""
+    for candidate in (field.annotation, *typing.get_args(field.annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def holds_section(field: FieldInfo) -> bool:
+    """A field whose value is a section of keys (``engine``, ``transport.emulate``), not a list of entries."""
+    return isinstance(value_type(field.annotation), type) and section_model(field) is not None
+
+
+def sections(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, type[BaseModel]]]:
+    """``(dotted path, model)`` of ``model`` and of every model below it, depth first ("" is the top); a list's
+    entries (``security.api_keys``) count as a model of their own."""
+    yield prefix, model
+    for name, field in model.model_fields.items():
+        sub = section_model(field)
+        if sub is not None:
+            yield from sections(sub, f"{prefix}.{name}" if prefix else name)
+
+
+def leaf_keys(model: type[BaseModel], prefix: str = "") -> Iterator[ConfigKey]:
+    """Every field below ``model`` that holds a value rather than a section."""
+    for name, field in model.model_fields.items():
+        path = f"{prefix}.{name}" if prefix else name
+        sub = section_model(field)
+        if sub is not None and holds_section(field):
+            yield from leaf_keys(sub, path)
+        else:
+            yield ConfigKey(path, field)
+
+
+def key_at(model: type[BaseModel], path: str) -> ConfigKey:
+    """The leaf field at ``path``; ``KeyError`` (naming a renamed key's new name, or the closest keys) if none."""
+    for key in leaf_keys(model):
+        if key.path == path:
+            return key
+    raise KeyError(unknown_key_message(model, path))
+
+
+def unknown_key_message(model: type[BaseModel], path: str) -> str:
+    if path in RENAMED:
+        return f"config key {path} is now {RENAMED[path]}: write that instead"
+    close = difflib.get_close_matches(path, [k.path for k in leaf_keys(model)], n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return f"unknown config key {path}{hint}"
+
+
+def renamed_in(data: dict[str, Any]) -> list[str]:
+    """The messages for every renamed key that ``data`` (a config file's mapping) still uses."""
+    found = []
+    for old, new in RENAMED.items():
+        node: Any = data
+        for part in old.split("."):
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            found.append(f"config key {old} is now {new}: write that instead")
+    return found
+
+
+def value_type(annotation: Any) -> Any:
+    """The annotation without ``| None`` (``float | None`` -> ``float``)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
