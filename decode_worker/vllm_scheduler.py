@@ -1,25 +1,24 @@
-"""The decode engine's vLLM scheduler subclass (``scheduler_cls``): admission, preemption order, swap.
+"""The decode engine's vLLM scheduler subclass (``scheduler_cls``): it translates, the planner decides.
 
 Each ``schedule()`` call:
 
-    1. views of the running batch (context, tokens generated, the predicted length range and the
-       TBT SLO from the ``EngineTags`` in ``SamplingParams.extra_args``)
-       and the KV that is free
-    2. every waiting request that would *start decoding* now is put to the admission policy,
-       in the policy's order (arrival unless it says otherwise), each admitted one folded into
-       the state before the next is asked; the first refusal stops admission for this step.
-       A request whose KV has yet to come through the connector is not asked (below): when its
-       KV has already landed and is small enough to load within the step
+    1. the step's start goes to the planner's step-time estimate (``DecodePlanner.observe_step``)
+    2. every waiting request that would *start decoding* now is viewed (context, tokens generated, the
+       predicted length range and the TBT SLO from the ``EngineTags`` in ``SamplingParams.extra_args``)
+       and put to ``DecodePlanner.admit`` with the free KV; the ones it holds are taken out of vLLM's
+       queues for this one call. A request whose KV has yet to come through the connector is not asked
+       (below): when its KV has already landed and is small enough to load within the step
        (``transport.sync_load_mib``), it starts decoding in that same step, unasked
-    3. refused requests are held aside for this one call
-    4. when the batch may run out of KV this step (fewer free blocks than running requests),
-       the running list is sorted so that vLLM, which preempts from its tail, preempts in the
-       preemption order's sequence (CacheOpt §3.4); then ``super().schedule()``
+    3. when the batch may run out of KV this step (``DecodePlanner.may_run_out``), the running list is
+       sorted so that vLLM, which preempts from its tail, preempts in the planner's victim sequence
+       (CacheOpt §3.4); a preemption swaps or recomputes as the planner chooses (CacheOpt §3.5)
+    4. SCLS slices (§7): a request the worker has marked to move (``mark_moving``) that the planner finds
+       at its slice boundary has its ``max_tokens`` cut to this step's token, and the connector parks its
+       KV, which the worker ships to the destination when the engine reports the request finished
+       (``length``); then ``super().schedule()``
 
-    5. SCLS slices (§7): a request the worker has marked to move (``mark_moving``) ends at its
-       next slice boundary, when it has generated a multiple of ``slice_iters`` tokens here: its
-       ``max_tokens`` is cut to this step's token and the connector parks its KV, which the
-       worker ships to the destination when the engine reports the request finished (``length``)
+Every decision is ``decode_worker/planner.py``'s, over views and the time this class reads; what is left
+here is vLLM's vocabulary — its queues, request objects, block pool and connector.
 
 Only the engine thread calls into this class (the engine has one owner:
 ``docs/design/ownership.md``): the worker changes policies and marks slice moves
@@ -43,13 +42,12 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from tetriserve.common.engine_tags import TAGS_KEY, EngineTags, tags_of
 from tetriserve.common.length import LengthEstimate
-from tetriserve.decode_worker.admission import AdmissionPolicy, make_admission_policy
-from tetriserve.decode_worker.preemption import PreemptionOrder, PreemptionStrategy, make_preemption_order
+from tetriserve.decode_worker.admission import AdmissionPolicy
+from tetriserve.decode_worker.planner import DecodePlanner, SliceProgress
+from tetriserve.decode_worker.preemption import PreemptionOrder, PreemptionStrategy
 from tetriserve.decode_worker.preemption.stats import PreemptionStats
 from tetriserve.decode_worker.views import DecodeReqView, DecodeSnapshot, DecodeState, predicted_remaining
 from tetriserve.transport.instructions import KVMode, instruction_of
-
-STEP_SMOOTHING = 0.2
 
 
 def _tags(req: Any) -> EngineTags:
@@ -81,14 +79,7 @@ class TetriDecodeScheduler(Scheduler):
         return scheduler
 
     def _take_role(self) -> None:
-        self.admission: AdmissionPolicy = make_admission_policy("greedy")
-        self.victim_order: PreemptionOrder = make_preemption_order("vllm")
-        self.strategy = PreemptionStrategy("recompute")
-        self.stats = PreemptionStats()
-        self._out: dict[str, tuple[float, int]] = {}  # preempted req_id -> (when, tokens it had computed)
-        self._last_call = 0.0
-        self.step_s = 0.0
-        self.slice_iters = 0
+        self.planner = DecodePlanner()
         self._moving: dict[str, str] = {}  # req_id -> key its KV is parked under at its next slice boundary
 
     def configure(
@@ -97,13 +88,33 @@ class TetriDecodeScheduler(Scheduler):
         order: PreemptionOrder | None = None,
         strategy: PreemptionStrategy | None = None,
     ) -> None:
-        self.admission = policy
-        self.victim_order = order or self.victim_order
-        self.strategy = strategy or self.strategy
+        self.planner.admission = policy
+        self.planner.victim_order = order or self.planner.victim_order
+        self.planner.strategy = strategy or self.planner.strategy
+
+    @property
+    def admission(self) -> AdmissionPolicy:
+        return self.planner.admission
+
+    @property
+    def slice_iters(self) -> int:
+        return self.planner.slice_iters
+
+    @slice_iters.setter
+    def slice_iters(self, value: int) -> None:
+        self.planner.slice_iters = value
+
+    @property
+    def step_s(self) -> float:
+        return self.planner.step_s
+
+    @property
+    def stats(self) -> PreemptionStats:
+        return self.planner.stats
 
     @property
     def preemptions(self) -> int:
-        return self.stats.count
+        return self.planner.stats.count
 
     def _view(self, req: Any, in_flight: set[str] | frozenset[str] = frozenset()) -> DecodeReqView:
         tags = _tags(req)
@@ -163,8 +174,8 @@ class TetriDecodeScheduler(Scheduler):
         self._moving[request_id] = key
 
     def _cut_slices(self) -> None:
-        """Cut every marked request that is at a slice boundary this step: it generates this step's token
-        and finishes (``length``), its KV parked by the connector. Not in a step that may preempt."""
+        """Cut every marked request the planner finds at a slice boundary this step: it generates this step's
+        token and finishes (``length``), its KV parked by the connector. Not in a step that may preempt."""
         if not self._moving or self.slice_iters <= 0 or not hasattr(self.connector, "park_running"):
             return
         live = {self._worker_id_of(r): r for r in self.requests.values() if not r.is_finished()}
@@ -172,15 +183,21 @@ class TetriDecodeScheduler(Scheduler):
             del self._moving[rid]
         if self._may_run_out():
             return
-        for rid, key in list(self._moving.items()):
+        progress = [
+            SliceProgress(
+                rid,
+                live[rid].num_output_tokens + 1,  # with this step's token
+                live[rid].num_computed_tokens == live[rid].num_tokens - 1 and live[rid] in self.running,
+                live[rid].max_tokens,
+            )
+            for rid in self._moving
+        ]
+        for rid in self.planner.slice_cuts(progress):
             req = live[rid]
-            produced = req.num_output_tokens + 1  # with this step's token
-            decoding = req.num_computed_tokens == req.num_tokens - 1 and req in self.running
-            if not decoding or produced % self.slice_iters or produced >= req.max_tokens:
-                continue
-            req.max_tokens = produced
-            self.connector.park_running(req, list(self.kv_cache_manager.get_block_ids(req.request_id)[0]), key)
-            del self._moving[rid]
+            req.max_tokens = req.num_output_tokens + 1
+            self.connector.park_running(
+                req, list(self.kv_cache_manager.get_block_ids(req.request_id)[0]), self._moving.pop(rid)
+            )
 
     def _get_local_prefix_cache_hit(self, request: Any) -> Any:
         """A request whose KV arrives through the connector loads all of it from there: the engine keeps prefix
@@ -203,10 +220,7 @@ class TetriDecodeScheduler(Scheduler):
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         now = time.time()
-        if self._last_call and self.running:
-            gap = now - self._last_call
-            self.step_s = gap if not self.step_s else (1 - STEP_SMOOTHING) * self.step_s + STEP_SMOOTHING * gap
-        self._last_call = now
+        self.planner.observe_step(now, bool(self.running))
         held = self._gate(now)
         self._order_victims()
         self._cut_slices()
@@ -215,12 +229,12 @@ class TetriDecodeScheduler(Scheduler):
         finally:
             for queue, req in held:
                 queue.add_request(req)
-        if self._out:
+        if self.planner.preempted_ids:
             self._note_resumed(time.time())
         return out
 
     def _gate(self, now: float) -> list[tuple[Any, Any]]:
-        """Put waiting requests to the admission policy; remove and return the ones held back this step."""
+        """Put waiting requests to the planner's admission; remove and return the ones held back this step."""
         candidates = {
             req.request_id: (queue, req)
             for queue in (self.kv_holding_waiting, self.waiting)
@@ -229,56 +243,41 @@ class TetriDecodeScheduler(Scheduler):
         }
         if not candidates:  # the common decode step: nobody waits to start, no views to build
             return []
-        policy = self.admission
-        state = self._state(now)
-        held: list[tuple[Any, Any]] = []  # (queue, request): refused, or behind a refusal
-        for view in policy.order([self._view(req) for _, req in candidates.values()], state):
-            if not held and policy.admit(view, state):
-                state = state.with_admitted(view)
-            else:
-                held.append(candidates[view.request_id])
+        decision = self.planner.admit([self._view(req) for _, req in candidates.values()], self._state(now))
+        held = [candidates[rid] for rid in decision.held]
         for queue, req in held:
             queue.remove_request(req)
         return held
 
     def _may_run_out(self) -> bool:
-        """Whether this step's allocations could exceed the free blocks: a decoding request needs at most one
-        new block, one still prefilling (e.g. recomputing after a preemption) at most its remaining tokens'."""
-        need = 0
-        for r in self.running:
-            left = r.num_tokens - r.num_computed_tokens
-            need += 1 if left <= 1 else math.ceil(left / self.block_size) + 1
-        return need > self.kv_cache_manager.block_pool.get_num_free_blocks()
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        return self.planner.may_run_out(
+            [r.num_tokens - r.num_computed_tokens for r in self.running], free, self.block_size
+        )
 
     def _order_victims(self) -> None:
-        """Sort the running list so vLLM's tail-first preemption follows ``victim_order`` (a no-op unless
-        this step can run out of KV)."""
-        if self.victim_order.name == "vllm" or len(self.running) < 2 or not self._may_run_out():
+        """Sort the running list so vLLM's tail-first preemption follows the planner's victim sequence (a no-op
+        unless this step can run out of KV)."""
+        if not self.planner.reorders(len(self.running)) or not self._may_run_out():
             return
         in_flight = self.connector.in_flight() if hasattr(self.connector, "in_flight") else set()
+        victims = self.planner.victims([self._view(r, in_flight) for r in self.running])
         by_id = {r.request_id: r for r in self.running}
-        victims = self.victim_order.victims([self._view(r, in_flight) for r in self.running])
-        self.running[:] = [by_id[v.request_id] for v in reversed(victims)]
+        self.running[:] = [by_id[rid] for rid in reversed(victims)]
 
     def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
-        self.stats.count += 1
         computed = min(request.num_computed_tokens, request.num_tokens - 1)
-        if self.strategy.choose(computed) == "swap" and computed > 0 and hasattr(self.connector, "swap_out"):
+        can_swap = hasattr(self.connector, "swap_out")
+        if self.planner.preempted(request.request_id, computed, time.time(), can_swap) == "swap":
             block_ids = list(self.kv_cache_manager.get_block_ids(request.request_id)[0])
             self.connector.swap_out(request, block_ids, computed)
-            self.stats.swapped += 1
-        else:
-            self.stats.recomputed += 1
-        self._out[request.request_id] = (time.time(), computed)
         super()._preempt_request(request, *args, **kwargs)
 
     def _note_resumed(self, now: float) -> None:
         """A preempted request is back once it is running with its KV restored (computed this step)."""
-        durations = self.stats.durations_s
-        for rid, (since, tokens) in list(self._out.items()):
+        computed: dict[str, int | None] = {}
+        for rid in self.planner.preempted_ids:
             req = self.requests.get(rid)
-            if req is None:  # finished or aborted while out
-                del self._out[rid]
-            elif req in self.running and req.num_computed_tokens >= tokens:
-                durations.append(now - since)
-                del self._out[rid]
+            if req is not None:
+                computed[rid] = req.num_computed_tokens if req in self.running else None
+        self.planner.resumed(computed, now)

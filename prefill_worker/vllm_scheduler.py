@@ -1,10 +1,11 @@
-"""The prefill engine's vLLM scheduler subclass (``scheduler_cls``): policies decide, vLLM executes.
+"""The prefill engine's vLLM scheduler subclass (``scheduler_cls``): the planner decides, vLLM executes.
 
 Each ``schedule()`` call:
 
     1. build a ReqView per prompt still to prefill (vLLM's running + waiting queues;
        arrival and SLOs come as ``EngineTags`` in ``SamplingParams.extra_args``)
-    2. queue policy orders them; chunking policy sets the token budget and the chunks
+    2. ``PrefillPlanner.plan`` orders them (the queue policy) and cuts the token budget into chunks
+       (the chunking policy), from the views, the KV pool and the time read here
     3. expose to vLLM exactly the planned requests, in plan order (the others are
        held aside for this call), with ``max_num_scheduled_tokens`` = the plan's tokens;
        vLLM serves running requests first, then waiting ones, each taking
@@ -16,9 +17,9 @@ of it in its cache it computes less, and the rest of the budget flows to the
 next planned request.
 
 ``update_from_output`` measures the iteration (end of ``schedule`` → start of
-``update_from_output``), feeds SOLA's online correction (eq. 5) and appends an
-``IterationRecord``. Requests that are already decoding (colocated use) are
-left to vLLM untouched.
+``update_from_output``), hands it to the planner (SOLA's online correction, eq. 5)
+and appends an ``IterationRecord``. Requests that are already decoding (colocated
+use) are left to vLLM untouched.
 """
 
 from __future__ import annotations
@@ -31,15 +32,15 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from tetriserve.common.engine_tags import tags_of
 from tetriserve.common.iteration_log import IterationLog, IterationRecord
-from tetriserve.prefill_worker.policy import PrefillPolicy, PrefillPolicySpec, build_prefill_policy
-from tetriserve.prefill_worker.views import Chunk, PrefillState, ReqView
+from tetriserve.prefill_worker.planner import KVPool, PrefillPlanner
+from tetriserve.prefill_worker.policy import PrefillPolicy
+from tetriserve.prefill_worker.views import ReqView
 
 
 @dataclass(frozen=True)
 class _Pending:
     """An iteration scheduled but not yet finished."""
 
-    policy: PrefillPolicy
     started: float
     overhead_s: float
     budget: int
@@ -65,16 +66,20 @@ class TetriPrefillScheduler(Scheduler):
 
     def _take_role(self, ceiling: int) -> None:
         self.ceiling = self.max_num_scheduled_tokens = ceiling
-        self.policy: PrefillPolicy = build_prefill_policy(PrefillPolicySpec(chunk_size=self.ceiling), None)
+        self.planner = PrefillPlanner.fixed(self.ceiling)
         self.log = IterationLog()
-        self._queued_since: dict[str, float] = {}
         self._pending: _Pending | None = None
         self._ext: dict[str, str] = {}  # vLLM's request id -> ours
         self._views: dict[str, ReqView] = {}
 
     def configure(self, policy: PrefillPolicy) -> None:
         """Swap the policy; takes effect at the next iteration (called on the engine thread, between steps)."""
-        self.policy = policy
+        self.planner.policy = policy
+
+    @property
+    def prefill_policy(self) -> PrefillPolicy:
+        """The role's policy (vLLM's own ``policy`` attribute, its queue discipline, is left as it is)."""
+        return self.planner.policy
 
     # -- views ---------------------------------------------------------------------------
     def _view(self, req: Any) -> ReqView:
@@ -101,38 +106,23 @@ class TetriPrefillScheduler(Scheduler):
             computed_tokens=req.num_computed_tokens,
             ttft_slo_s=tags.ttft_slo_s,
             jct_slo_s=tags.jct_slo_s,
-            queued_since=self._queued_since.get(req.request_id, arrival),
+            queued_since=self.planner.queued_since(req.request_id, arrival),
             batch_seq=tags.batch_seq,
         )
-
-    def _plan(self, policy: PrefillPolicy, views: list[ReqView], now: float) -> tuple[list[Chunk], int, int]:
-        """(chunks, their tokens, the policy's token budget) for this iteration."""
-        ordered = tuple(policy.queue.order(views, now))
-        state = PrefillState(
-            ordered=ordered,
-            max_budget=self.ceiling,
-            block_size=self.block_size,
-            free_kv_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
-            remaining_time=policy.queue.remaining_times(ordered, now),
-            urgent_s=policy.cost.iteration_seconds() if policy.cost is not None else 0.0,
-        )
-        chunks = policy.chunking.plan(state)
-        planned = {c.request_id for c in chunks}
-        policy.queue.on_scheduled([v for v in ordered if v.request_id in planned], now)
-        return chunks, sum(c.tokens for c in chunks), policy.chunking.token_budget(state)
 
     # -- vLLM hooks ------------------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         started = time.time()
-        policy = self.policy
         decoding = [r for r in self.running if r.num_computed_tokens >= r.num_prompt_tokens]
         prefilling = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
         waiting = list(self.waiting)
         by_id = {r.request_id: r for r in (*prefilling, *waiting)}
-        chunks, tokens, budget = self._plan(policy, [self._view(r) for r in by_id.values()], started)
-        planned = [by_id[c.request_id] for c in chunks]
-        planned_ids = {c.request_id for c in chunks}
+        pool = KVPool(self.ceiling, self.block_size, self.kv_cache_manager.block_pool.get_num_free_blocks())
+        plan = self.planner.plan([self._view(r) for r in by_id.values()], pool, started)
+        tokens = plan.tokens
+        planned = [by_id[c.request_id] for c in plan.chunks]
+        planned_ids = {c.request_id for c in plan.chunks}
         running_ids = {r.request_id for r in prefilling}
         held_running = [r for r in prefilling if r.request_id not in planned_ids]
         held_waiting = [r for r in waiting if r.request_id not in planned_ids]
@@ -153,27 +143,23 @@ class TetriPrefillScheduler(Scheduler):
                 self.waiting.add_request(r)
             self.max_num_scheduled_tokens = self.ceiling
         comp = tuple((self._ext.get(rid, rid), computed.get(rid, 0), n) for rid, n in out.num_scheduled_tokens.items())
-        predicted = policy.cost.prefill_time([(h, n) for _, h, n in comp]) if policy.cost is not None else None
+        predicted = self.planner.predicted_s([(h, n) for _, h, n in comp])
         overhead += time.perf_counter() - t1
-        self._pending = _Pending(policy, started, overhead, budget, comp, predicted, time.perf_counter())
+        self._pending = _Pending(started, overhead, plan.budget, comp, predicted, time.perf_counter())
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         p, self._pending = self._pending, None
         if p is not None and scheduler_output.total_num_scheduled_tokens > 0:
             exec_s = time.perf_counter() - p.exec_start
-            if p.policy.cost is not None:
-                p.policy.cost.observe_prefill([(h, n) for _, h, n in p.chunks], exec_s)
-                self.log.gamma = p.policy.cost.prefill_gamma.gamma
+            chunks = [(h, n) for _, h, n in p.chunks]
+            self.planner.observe(chunks, exec_s, scheduler_output.num_scheduled_tokens, time.time())
+            if self.prefill_policy.cost is not None:
+                self.log.gamma = self.prefill_policy.cost.prefill_gamma.gamma
             self.log.add(IterationRecord(p.started, p.budget, p.chunks, p.overhead_s, exec_s, p.predicted_s))
-            now = time.time()
-            for rid in scheduler_output.num_scheduled_tokens:
-                self._queued_since[rid] = now
         result = super().update_from_output(scheduler_output, model_runner_output)
-        if max(len(self._queued_since), len(self._views)) > 2 * len(self.requests) + 64:  # drop finished ones
-            for rid in [r for r in self._queued_since if r not in self.requests]:
-                del self._queued_since[rid]
-                self.policy.queue.forget(rid)
+        if max(self.planner.remembered, len(self._views)) > 2 * len(self.requests) + 64:  # drop finished ones
+            self.planner.forget(set(self.requests))
             self._ext = {k: v for k, v in self._ext.items() if k in self.requests}
             self._views = {k: v for k, v in self._views.items() if k in self.requests}
         return result

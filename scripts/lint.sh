@@ -20,7 +20,8 @@ done
     tetriserve/common tetriserve/observability tetriserve/prefill_worker/queue tetriserve/prefill_worker/chunking tetriserve/prefill_worker/dispatch \
     tetriserve/prefill_worker/views.py tetriserve/prefill_worker/policy.py tetriserve/decode_worker/views.py \
     tetriserve/decode_worker/admission tetriserve/decode_worker/preemption tetriserve/decode_worker/policy.py \
-    tetriserve/decode_worker/slices.py tetriserve/length_predictor/baseline.py tetriserve/length_predictor/buckets.py \
+    tetriserve/decode_worker/slices.py tetriserve/decode_worker/planner.py tetriserve/prefill_worker/planner.py \
+    tetriserve/length_predictor/baseline.py tetriserve/length_predictor/buckets.py \
     tetriserve/length_predictor/padding.py tetriserve/length_predictor/batcher.py tetriserve/length_predictor/oracle.py \
     tetriserve/length_predictor/process.py \
     tetriserve/engine/cores.py tetriserve/control_plane/supervisor.py tetriserve/frontdoor/token_log.py \

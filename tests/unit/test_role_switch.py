@@ -30,7 +30,7 @@ def test_the_scheduler_flips_between_roles_and_keeps_vllm_s_state() -> None:
     prefill = TetriPrefillScheduler.assume(scheduler, ceiling=512)
     assert prefill is scheduler and type(scheduler) is TetriPrefillScheduler
     assert (scheduler.ceiling, scheduler.max_num_scheduled_tokens) == (512, 512)  # the chunk cap
-    assert scheduler.policy.spec.chunk_size == 512
+    assert scheduler.prefill_policy.spec.chunk_size == 512
     scheduler.log.gamma = 3.0  # role state that must not survive a flip
 
     decode = TetriDecodeScheduler.assume(scheduler)
