@@ -119,11 +119,30 @@ def add_flag(parser: argparse.ArgumentParser, flag: str, path: str) -> None:
         parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
     elif typing.get_origin(typ) is typing.Literal:
         choices = typing.get_args(typ)
-        parser.add_argument(flag, dest=dest, type=type(choices[0]), choices=choices, default=None, help=help_text)
+        parser.add_argument(
+            flag, dest=dest, type=_one_of(path, choices), choices=choices, default=None, help=help_text
+        )
     elif typ in (int, float, str):
         parser.add_argument(flag, dest=dest, type=typ, default=None, metavar=metavar, help=help_text)
     else:
         raise TypeError(f"{flag}: config key {path} of type {typ} has no flag form; reach it with --set")
+
+
+def _one_of(path: str, choices: tuple[Any, ...]) -> Any:
+    """A flag's ``type`` that refuses a value outside ``choices`` naming the config key it sets."""
+    kind = type(choices[0])
+
+    def convert(raw: str) -> Any:
+        try:
+            value = kind(raw)
+        except ValueError:
+            value = raw
+        if value not in choices:
+            raise argparse.ArgumentTypeError(f"{path} is one of {', '.join(map(str, choices))}; got {raw!r}")
+        return value
+
+    convert.__name__ = kind.__name__
+    return convert
 
 
 def flag_dest(flag: str) -> str:
