@@ -19,15 +19,14 @@ number; while it waits, the link asks Ray every ``LIVENESS_S`` whether the decod
 (``probe``), so a worker killed with a ``take`` outstanding fails it with Ray's own ``ActorDiedError`` about as
 soon as a Ray call would have; one that lives and has not answered in ``ANSWER_TIMEOUT_S`` (its server gone, or
 a message it could not read) fails it with ``HandoffError``, and the request's attempt ends with a ``retry``
-error, as for any handoff that fails. Messages are msgpack, ``[HANDOFF_VERSION, kind, ...]``, and decode into the
-typed messages below; a malformed one, or one of another version, or of other than one frame, is logged and
-dropped by the server.
+error, as for any handoff that fails. Messages are the typed messages below in the wire codec
+(``common/wire.py``); a malformed one, one of another version or channel, or of other than one frame, is logged
+and dropped by the server.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import itertools
 import logging
 import secrets
@@ -35,28 +34,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
-
-from tetriserve.common.intake import request_from_row, request_row
+from tetriserve.common import wire
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.request import Request
 
 logger = logging.getLogger(__name__)
 
-HANDOFF_VERSION = 1
 LIVENESS_S = 0.5  # an unanswered take asks Ray this often whether the decode worker still lives
 ANSWER_TIMEOUT_S = 30.0  # a take its living decode worker has not answered in this long fails
 
 
-class HandoffKind(enum.IntEnum):
-    TAKE = 1
-    PULL_KV = 2
-    REFINE = 3
-    DISCARD = 4
-    KV_FAILED = 5
-    REPLY = 6
-
-
+@wire.wire_message(11)
 @dataclass(frozen=True)
 class Take:
     """``DecodeWorker.take``; answered by a ``Reply`` with the same ``call``."""
@@ -70,12 +58,14 @@ class Take:
     prefill_here: bool = False
 
 
+@wire.wire_message(12)
 @dataclass(frozen=True)
 class PullKV:
     src: str
     key: str
 
 
+@wire.wire_message(13)
 @dataclass(frozen=True)
 class Refine:
     request_id: str
@@ -83,17 +73,20 @@ class Refine:
     estimate: LengthEstimate
 
 
+@wire.wire_message(14)
 @dataclass(frozen=True)
 class Discard:
     key: str
 
 
+@wire.wire_message(15)
 @dataclass(frozen=True)
 class KvFailed:
     key: str
     error: str
 
 
+@wire.wire_message(16)
 @dataclass(frozen=True)
 class Reply:
     """The answer to ``Take`` number ``call``: taken, or the error the decode worker's ``take`` raised."""
@@ -104,81 +97,17 @@ class Reply:
 
 
 HandoffMessage = Take | PullKV | Refine | Discard | KvFailed | Reply
-
-
-def _estimate(data: dict[str, Any] | None) -> LengthEstimate | None:
-    return None if data is None else LengthEstimate.from_dict(data)
+HANDOFF_MESSAGES = (Take, PullKV, Refine, Discard, KvFailed, Reply)
 
 
 def encode(message: HandoffMessage) -> bytes:
-    body: list[Any]
-    if isinstance(message, Take):
-        estimate = None if message.estimate is None else message.estimate.to_dict()
-        row = request_row(message.request)
-        body = [HandoffKind.TAKE, message.call, row, message.generated, estimate, message.subscriber]
-        body += [message.pull_from, message.prefill_here]
-    elif isinstance(message, PullKV):
-        body = [HandoffKind.PULL_KV, message.src, message.key]
-    elif isinstance(message, Refine):
-        body = [HandoffKind.REFINE, message.request_id, message.attempt, message.estimate.to_dict()]
-    elif isinstance(message, Discard):
-        body = [HandoffKind.DISCARD, message.key]
-    elif isinstance(message, KvFailed):
-        body = [HandoffKind.KV_FAILED, message.key, message.error]
-    else:
-        body = [HandoffKind.REPLY, message.call, message.taken, message.error]
-    data: bytes = msgpack.packb([HANDOFF_VERSION, *body])
-    return data
+    return wire.encode(message)
 
 
 def decode(data: bytes) -> HandoffMessage:
     """The message in ``data``; ValueError when it is not one this side speaks."""
-    try:
-        version, kind, *body = msgpack.unpackb(data)
-        if version != HANDOFF_VERSION:
-            raise ValueError(f"handoff message of version {version}; this side speaks {HANDOFF_VERSION}")
-        message: HandoffMessage
-        if kind == HandoffKind.TAKE:
-            call, row, generated, estimate, subscriber, pull_from, prefill_here = body
-            message = Take(
-                int(call), request_from_row(row), tuple(generated), _estimate(estimate), subscriber, pull_from,
-                bool(prefill_here),
-            )  # fmt: skip
-        elif kind == HandoffKind.PULL_KV:
-            message = PullKV(*body)
-        elif kind == HandoffKind.REFINE:
-            request_id, attempt, estimate = body
-            message = Refine(request_id, int(attempt), LengthEstimate.from_dict(estimate))
-        elif kind == HandoffKind.DISCARD:
-            message = Discard(*body)
-        elif kind == HandoffKind.KV_FAILED:
-            message = KvFailed(*body)
-        elif kind == HandoffKind.REPLY:
-            call, taken, error = body
-            message = Reply(int(call), bool(taken), error)
-        else:
-            raise ValueError(f"unknown handoff message kind {kind!r}")
-        if not all(isinstance(v, str) for v in _strings(message)):
-            raise ValueError("a handoff message's ids, keys and addresses are strings")
-        return message
-    except ValueError:
-        raise
-    except Exception as exc:  # msgpack's errors, a wrong shape, a field of the wrong type
-        raise ValueError(f"malformed handoff message: {type(exc).__name__}: {exc}") from None
-
-
-def _strings(message: HandoffMessage) -> tuple[Any, ...]:
-    if isinstance(message, Take):
-        return (message.subscriber,) + (() if message.pull_from is None else (message.pull_from,))
-    if isinstance(message, PullKV):
-        return message.src, message.key
-    if isinstance(message, Refine):
-        return (message.request_id,)
-    if isinstance(message, Discard):
-        return (message.key,)
-    if isinstance(message, KvFailed):
-        return message.key, message.error
-    return () if message.error is None else (message.error,)
+    message: HandoffMessage = wire.decode(data, HANDOFF_MESSAGES)
+    return message
 
 
 class HandoffServer:

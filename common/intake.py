@@ -19,33 +19,23 @@ subscription ended) fails at once, and the front door makes that call over Ray i
 worker that dies before it reads it is lost with the worker's other requests: its subscription fails and the
 front door places them again (``frontdoor/worker_streams.py``).
 
-Messages are msgpack, ``[INTAKE_VERSION, kind, ...]``, and decode into typed ``Submit`` / ``Abort``; a message
-that is malformed or of another version is a ``ValueError``, which the worker logs and drops.
+Messages are ``Submit`` and ``Abort`` in the wire codec (``common/wire.py``); a message that is malformed, of
+another version or of another channel is a ``ValueError``, which the worker logs and drops.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
-import msgpack
-
-from tetriserve.common.length import LengthEstimate
-from tetriserve.common.request import SLO, Request, RequestEvent, RequestState, SamplingSpec
+from tetriserve.common import wire
+from tetriserve.common.request import Request
 
 logger = logging.getLogger(__name__)
 
-INTAKE_VERSION = 1
 
-
-class IntakeKind(enum.IntEnum):
-    SUBMIT = 1
-    ABORT = 2
-
-
+@wire.wire_message(1)
 @dataclass(frozen=True)
 class Submit:
     """Take ``request``; its chunks go to the subscription's front door."""
@@ -53,6 +43,7 @@ class Submit:
     request: Request
 
 
+@wire.wire_message(2)
 @dataclass(frozen=True)
 class Abort:
     """Abort ``request_id`` (``attempt``: only that attempt; None: whichever is here)."""
@@ -62,102 +53,17 @@ class Abort:
 
 
 IntakeMessage = Submit | Abort
-_SAMPLING = tuple(f.name for f in fields(SamplingSpec))
+INTAKE_MESSAGES = (Submit, Abort)
 
 
 def encode(message: IntakeMessage) -> bytes:
-    if isinstance(message, Submit):
-        body: list[Any] = [IntakeKind.SUBMIT, request_row(message.request)]
-    else:
-        body = [IntakeKind.ABORT, message.request_id, message.attempt]
-    data: bytes = msgpack.packb([INTAKE_VERSION, *body])
-    return data
+    return wire.encode(message)
 
 
 def decode(data: bytes) -> IntakeMessage:
     """The message in ``data``; ValueError when it is not one this side speaks."""
-    try:
-        version, kind, *body = msgpack.unpackb(data)
-        if version != INTAKE_VERSION:
-            raise ValueError(f"intake message of version {version}; this side speaks {INTAKE_VERSION}")
-        if kind == IntakeKind.SUBMIT:
-            (row,) = body
-            return Submit(request_from_row(row))
-        if kind == IntakeKind.ABORT:
-            request_id, attempt = body
-            if not isinstance(request_id, str) or not (attempt is None or isinstance(attempt, int)):
-                raise ValueError("an abort names a request id and an attempt")
-            return Abort(request_id, attempt)
-        raise ValueError(f"unknown intake message kind {kind!r}")
-    except ValueError:
-        raise
-    except Exception as exc:  # msgpack's errors, a wrong shape, a field of the wrong type
-        raise ValueError(f"malformed intake message: {type(exc).__name__}: {exc}") from None
-
-
-def request_row(req: Request) -> list[Any]:
-    """``req`` as msgpack's plain values (``request_from_row`` reads it back); the handoff channel's too."""
-    return [
-        req.request_id,
-        req.prompt_token_ids,
-        {name: getattr(req.sampling, name) for name in _SAMPLING},
-        astuple(req.slo),
-        req.priority,
-        req.arrival_time,
-        None if req.length_estimate is None else req.length_estimate.to_dict(),
-        req.prefill_worker,
-        req.decode_worker,
-        req.finish_reason,
-        [[int(ev.state), ev.at, ev.detail] for ev in req.events],
-        req.attempt,
-        req.resume,
-        req.trace,
-    ]
-
-
-def request_from_row(row: list[Any]) -> Request:
-    """The request ``request_row`` wrote; an exception of msgpack's values of a wrong shape or type."""
-    return _request(*row)
-
-
-def _request(
-    request_id: str,
-    prompt: list[int],
-    sampling: dict[str, Any],
-    slo: list[float | None],
-    priority: int,
-    arrival_time: float,
-    estimate: dict[str, Any] | None,
-    prefill_worker: str | None,
-    decode_worker: str | None,
-    finish_reason: str | None,
-    events: list[list[Any]],
-    attempt: int,
-    resume: list[int],
-    trace: str | None,
-) -> Request:
-    spec = {k: _tuples(v) for k, v in sampling.items() if k in _SAMPLING}
-    return Request(
-        request_id,
-        tuple(prompt),
-        SamplingSpec(**spec),
-        SLO(*slo),
-        priority,
-        arrival_time,
-        None if estimate is None else LengthEstimate.from_dict(estimate),
-        prefill_worker,
-        decode_worker,
-        finish_reason,
-        [RequestEvent(RequestState(state), at, detail) for state, at, detail in events],
-        attempt,
-        tuple(resume),
-        trace,
-    )
-
-
-def _tuples(value: Any) -> Any:
-    """msgpack's lists back as the tuples the dataclasses hold (``logit_bias``: pairs in a tuple)."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+    message: IntakeMessage = wire.decode(data, INTAKE_MESSAGES)
+    return message
 
 
 async def serve_intake(address: str, routing_id: bytes, deliver: Callable[[IntakeMessage], None]) -> None:

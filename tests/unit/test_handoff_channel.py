@@ -12,10 +12,8 @@ import pytest
 
 from tests.waiting import until
 from tetriserve.common.handoff_channel import (
-    HANDOFF_VERSION,
     Discard,
     HandoffError,
-    HandoffKind,
     HandoffLink,
     HandoffMessage,
     HandoffServer,
@@ -27,8 +25,11 @@ from tetriserve.common.handoff_channel import (
     decode,
     encode,
 )
+from tetriserve.common.intake import Abort
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.request import Request, SamplingSpec
+from tetriserve.common.wire import WIRE_VERSION, kind_of
+from tetriserve.common.wire import encode as encode_other
 from tetriserve.prefill_worker.decode_peers import DecodePeer
 
 REQ = Request("r1", (5, 6, 7), SamplingSpec(max_tokens=9, temperature=0.5, stop=("x",)), attempt=2, resume=(4,))
@@ -56,12 +57,14 @@ def test_every_message_comes_back_as_it_was_sent(message: HandoffMessage) -> Non
     "data",
     [
         b"\x00not msgpack",
-        msgpack.packb([HANDOFF_VERSION + 1, HandoffKind.DISCARD, "k"]),  # another release
-        msgpack.packb([HANDOFF_VERSION, 99, "k"]),  # an unknown kind
-        msgpack.packb([HANDOFF_VERSION, HandoffKind.DISCARD]),  # a field missing
-        msgpack.packb([HANDOFF_VERSION, HandoffKind.DISCARD, 7]),  # a key that is not a string
-        msgpack.packb([HANDOFF_VERSION, HandoffKind.TAKE, 1, ["r"], [], None, "s", None, False]),  # a bad request
+        msgpack.packb([WIRE_VERSION + 1, kind_of(Discard), "k"]),  # another release
+        msgpack.packb([WIRE_VERSION, 99, "k"]),  # an unknown kind
+        msgpack.packb([WIRE_VERSION, kind_of(Discard)]),  # a field missing
+        msgpack.packb([WIRE_VERSION, kind_of(Discard), 7]),  # a key that is not a string
+        msgpack.packb([WIRE_VERSION, kind_of(Take), 1, ["r"], [], None, "s", None, False]),  # a bad request
         msgpack.packb(7),
+        msgpack.packb([WIRE_VERSION, kind_of(Reply), 1, 1, None]),  # an int where a bool goes
+        encode_other(Abort("r")),  # the intake's message
     ],
 )
 def test_a_malformed_message_is_a_value_error(data: bytes) -> None:

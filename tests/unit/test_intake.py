@@ -8,10 +8,9 @@ import msgpack
 import pytest
 
 from tests.waiting import until
+from tetriserve.common.handoff_channel import Discard
 from tetriserve.common.intake import (
-    INTAKE_VERSION,
     Abort,
-    IntakeKind,
     IntakeMessage,
     IntakeRouter,
     Submit,
@@ -21,6 +20,9 @@ from tetriserve.common.intake import (
 )
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.request import SLO, Request, RequestState, SamplingSpec
+from tetriserve.common.wire import WIRE_VERSION, kind_of
+
+ABORT, SUBMIT = kind_of(Abort), kind_of(Submit)
 
 
 def _full_request() -> Request:
@@ -80,25 +82,26 @@ def test_a_plain_request_and_an_abort_round_trip() -> None:
     "data",
     [
         b"\x00garbage",
-        msgpack.packb([INTAKE_VERSION + 1, IntakeKind.ABORT, "r", 0]),  # another version
-        msgpack.packb([INTAKE_VERSION, 99, "r", 0]),  # an unknown kind
-        msgpack.packb([INTAKE_VERSION, IntakeKind.ABORT, 5, 0]),  # a request id that is not a string
-        msgpack.packb([INTAKE_VERSION, IntakeKind.SUBMIT, ["r"]]),  # a request without its fields
+        msgpack.packb([WIRE_VERSION + 1, ABORT, "r", 0]),  # another version
+        msgpack.packb([WIRE_VERSION, 99, "r", 0]),  # an unknown kind
+        msgpack.packb([WIRE_VERSION, ABORT, 5, 0]),  # a request id that is not a string
+        msgpack.packb([WIRE_VERSION, SUBMIT, ["r"]]),  # a request without its fields
         msgpack.packb(
             [
-                INTAKE_VERSION,
-                IntakeKind.SUBMIT,
+                WIRE_VERSION,
+                SUBMIT,
                 ["r", [], {}, [None, None, None], 0, 0.0, None, None, None, None, [], 0, [], None],
             ]
         ),  # an empty prompt
         msgpack.packb(
             [
-                INTAKE_VERSION,
-                IntakeKind.SUBMIT,
+                WIRE_VERSION,
+                SUBMIT,
                 ["r", [1], {"max_tokens": 0}, [None, None, None], 0, 0.0, None, None, None, None, [], 0, [], None],
             ]
         ),  # max_tokens 0
         msgpack.packb(7),
+        encode(Discard("k")),  # the handoff channel's message
     ],
 )
 def test_a_malformed_message_is_a_value_error(data: bytes) -> None:

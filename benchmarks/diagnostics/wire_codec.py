@@ -1,0 +1,53 @@
+"""What one message costs the wire codec (``common/wire.py``): encode plus decode, per message type.
+
+    python benchmarks/diagnostics/wire_codec.py [--prompt-tokens 300] [--calls 20000]
+
+Times ``encode`` then ``decode`` of the intake's and the handoff's messages, with a request of
+``--prompt-tokens`` prompt tokens where a message carries one; each figure is the best of three runs of
+``--calls``, in microseconds per message. Prints a table; writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from tetriserve.common import handoff_channel as handoff
+from tetriserve.common import intake
+from tetriserve.common.length import LengthEstimate
+from tetriserve.common.request import Request, SamplingSpec
+
+
+def _per_call_us(module: Any, message: Any, calls: int) -> float:
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            module.decode(module.encode(message))
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompt-tokens", type=int, default=300)
+    ap.add_argument("--calls", type=int, default=20000)
+    args = ap.parse_args()
+    req = Request("r-1", tuple(range(args.prompt_tokens)), SamplingSpec(max_tokens=128, temperature=0.7))
+    est = LengthEstimate(10, 20, 30, bucket=1, confidence=0.5, source="trained")
+    cases = [
+        ("intake", "Submit", intake, intake.Submit(req)),
+        ("intake", "Abort", intake, intake.Abort("r-1", 1)),
+        ("handoff", "Take", handoff, handoff.Take(3, req, (8,), est, "frontdoor-1")),
+        ("handoff", "Refine", handoff, handoff.Refine("r-1", 2, est)),
+        ("handoff", "Reply", handoff, handoff.Reply(3, True)),
+    ]
+    print("| channel | message | encode + decode, µs |\n| --- | --- | --- |")
+    for channel, name, module, message in cases:
+        print(f"| {channel} | {name} | {_per_call_us(module, message, args.calls):.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
