@@ -201,24 +201,25 @@ def serve(config: ClusterConfig) -> None:
 
 def settle_service(config: ClusterConfig, layout: CoreLayout) -> None:
     """The service is up: every thread but the engines' to the rest's cores (front doors too), unless the decode
-    engines share theirs (``engine.share_decode_cores``), which needs them to go first there (CAP_SYS_NICE)."""
+    engines share theirs (``engine.cpu.share_decode_cores``), which needs them to go first there (CAP_SYS_NICE)."""
     from tetriserve.engine.core_layout import settle_on_rest
     from tetriserve.engine.cores import may_raise_priority
 
-    if config.engine.share_decode_cores != "none":
+    shared = config.engine.placement().share_decode_cores
+    if shared != "none":
         if may_raise_priority():
-            print(f"tetriserve: the decode engines' cores are shared ({config.engine.share_decode_cores})", flush=True)
+            print(f"tetriserve: the decode engines' cores are shared ({shared})", flush=True)
             return
         logger.warning(
-            "engine.share_decode_cores needs CAP_SYS_NICE: the decode engines keep their cores to themselves"
+            "engine.cpu.share_decode_cores needs CAP_SYS_NICE: the decode engines keep their cores to themselves"
         )
     settle_on_rest(layout)
 
 
 def reserve_cores(config: ClusterConfig) -> CoreLayout | None:
     """Before a Ray cluster of the service's own starts on a CPU machine: the decode engines' cores
-    (``engine.reserve_decode_cores``, ``engine/core_layout.py``), or None."""
-    if config.ray_address is not None or not config.engine.reserve_decode_cores or _on_ray():
+    (``engine.cpu.reserve_decode_cores``, ``engine/core_layout.py``), or None."""
+    if config.ray_address is not None or not config.engine.placement().reserve_decode_cores or _on_ray():
         return None
     from tetriserve.engine.core_layout import cpu_list, reserve_decode_cores
 

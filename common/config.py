@@ -24,34 +24,11 @@ from tetriserve.common.transport_config import TransportConfig
 EngineDtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
-class EngineConfig(BaseModel):
-    """Settings shared by every vLLM engine of the cluster."""
+class CpuConfig(BaseModel):
+    """How CPU engines share the machine's cores under ``engine.cpu_placement: auto``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str | None = Field(
-        None, description="Hugging Face model directory; None builds/uses the tiny random-weight model."
-    )
-    served_model_name: str | None = Field(
-        None, description="Name clients pass as `model`; default: the directory name."
-    )
-    dtype: EngineDtype = Field(
-        "auto",
-        description=(
-            "Weights/activations dtype. auto: vLLM's choice, except float32 on a CPU without bfloat16 matrix "
-            "instructions (AMX, AVX512-BF16), where bfloat16 is emulated and slow."
-        ),
-    )
-    max_model_len: int = Field(2048, ge=16, description="Context length (prompt + output tokens).")
-    block_size: int = Field(
-        32, ge=1, description="KV cache block size in tokens (vLLM CPU attention needs a multiple of 32)."
-    )
-    kv_cache_gb: float = Field(1.0, gt=0, description="KV cache memory per engine in GiB (CPU engines).")
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="Fraction of GPU memory per engine (CUDA).")
-    max_num_seqs: int = Field(
-        128, ge=1, description="Most sequences an engine runs in one step (vLLM's OpenAI server default on CPU)."
-    )
-    threads_per_engine: int = Field(1, ge=1, description="OMP/torch threads per engine (CPU).")
     reserve_decode_cores: bool = Field(
         True,
         description=(
@@ -124,6 +101,61 @@ class EngineConfig(BaseModel):
             "idle beyond the engine's own threads, over the last 200 ms (borrow_idle_cores)."
         ),
     )
+
+
+# engine.cpu_placement: shared — every thread on every core at an equal share, nothing reserved or borrowed
+SHARED_CPU = CpuConfig.model_validate(
+    {
+        "reserve_decode_cores": False,
+        "share_decode_cores": "none",
+        "decode_niceness": 0,
+        "prefill_niceness": 0,
+        "borrow_idle_cores": False,
+    }
+)
+
+
+class EngineConfig(BaseModel):
+    """Settings shared by every vLLM engine of the cluster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = Field(
+        None, description="Hugging Face model directory; None builds/uses the tiny random-weight model."
+    )
+    served_model_name: str | None = Field(
+        None, description="Name clients pass as `model`; default: the directory name."
+    )
+    dtype: EngineDtype = Field(
+        "auto",
+        description=(
+            "Weights/activations dtype. auto: vLLM's choice, except float32 on a CPU without bfloat16 matrix "
+            "instructions (AMX, AVX512-BF16), where bfloat16 is emulated and slow."
+        ),
+    )
+    max_model_len: int = Field(2048, ge=16, description="Context length (prompt + output tokens).")
+    block_size: int = Field(
+        32, ge=1, description="KV cache block size in tokens (vLLM CPU attention needs a multiple of 32)."
+    )
+    kv_cache_gb: float = Field(1.0, gt=0, description="KV cache memory per engine in GiB (CPU engines).")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="Fraction of GPU memory per engine (CUDA).")
+    max_num_seqs: int = Field(
+        128, ge=1, description="Most sequences an engine runs in one step (vLLM's OpenAI server default on CPU)."
+    )
+    threads_per_engine: int = Field(1, ge=1, description="OMP/torch threads per engine (CPU).")
+    cpu_placement: Literal["auto", "shared"] = Field(
+        "auto",
+        description=(
+            "Where CPU engines' threads run and at what priority. auto: the engine.cpu settings (decode engines on "
+            "cores of their own where the machine has one to spare, prefill engines ahead of the rest, decode "
+            "engines borrowing idle cores at large batches; each falls back by itself where it does not apply). "
+            "shared: every thread on every core at an equal share, as plain vLLM runs (engine.cpu is ignored)."
+        ),
+    )
+    cpu: CpuConfig = Field(
+        default_factory=CpuConfig,  # type: ignore[arg-type]
+        description="The CPU placement's settings under cpu_placement auto.",
+    )
     stream_interval_ms: float = Field(
         0.0,
         ge=0,
@@ -139,6 +171,10 @@ class EngineConfig(BaseModel):
     enforce_eager: bool = Field(
         False, description="Skip torch.compile / CUDA graphs: faster start, slower steps (vLLM's default is False)."
     )
+
+    def placement(self) -> CpuConfig:
+        """The CPU placement in force: ``cpu`` under auto, ``SHARED_CPU`` under shared."""
+        return self.cpu if self.cpu_placement == "auto" else SHARED_CPU
 
 
 class DecodeConfig(BaseModel):

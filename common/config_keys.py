@@ -25,6 +25,13 @@ RENAMED: dict[str, str] = {
     "kv_transfer_timeout_s": "transport.timeout_s",
     "slice_lambda": "decode.slice_lambda",
     "slice_min_interval_s": "decode.slice_min_interval_s",
+    "engine.reserve_decode_cores": "engine.cpu.reserve_decode_cores",
+    "engine.share_decode_cores": "engine.cpu.share_decode_cores",
+    "engine.decode_niceness": "engine.cpu.decode_niceness",
+    "engine.prefill_niceness": "engine.cpu.prefill_niceness",
+    "engine.borrow_idle_cores": "engine.cpu.borrow_idle_cores",
+    "engine.borrow_min_batch": "engine.cpu.borrow_min_batch",
+    "engine.borrow_min_idle_cores": "engine.cpu.borrow_min_idle_cores",
 }
 
 

@@ -94,14 +94,15 @@ class DecodeWorker(EngineWorker):
         engine = config.engine
         layout = CoreLayout.from_env()
         self.core_claim = None if layout is None else claim_decode_cores(layout, engine.threads_per_engine)
-        cpu = RoleCpu.decode(engine, layout, self.core_claim)
+        placement = engine.placement()
+        cpu = RoleCpu.decode(placement, layout, self.core_claim)
         self.engine.take_role(
             self._installer(config.decode, assume=True),
             lambda s: s.snapshot(),
             niceness=cpu.niceness,
             borrows=cpu.borrows,
-            borrow_min_batch=engine.borrow_min_batch,
-            borrow_min_idle=engine.borrow_min_idle_cores,
+            borrow_min_batch=placement.borrow_min_batch,
+            borrow_min_idle=placement.borrow_min_idle_cores,
             cores=cpu.cores,
         )
         self.accepting = True

@@ -1,4 +1,4 @@
-"""A one-machine service on CPU gives its decode engines cores of their own (``engine.reserve_decode_cores``).
+"""A one-machine service on CPU gives its decode engines cores of their own (``engine.cpu.reserve_decode_cores``).
 
 On a CPU machine every thread of the service competes for the same few cores: the decode engine, whose
 step sets every running stream's pace, the prefill engine, the front door (tokenizing, detokenizing,
@@ -54,13 +54,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tetriserve.common.config import EngineConfig
+from tetriserve.common.config import CpuConfig
 from tetriserve.engine.cores import default_board_path, usable_cpus
 
 logger = logging.getLogger(__name__)
 
 LAYOUT_ENV = "TETRISERVE_CORE_LAYOUT"
-SHARED_DECODE_NICENESS = -20  # a decode engine on its own cores that others may use (engine.share_decode_cores)
+SHARED_DECODE_NICENESS = -20  # a decode engine on its own cores that others may use (engine.cpu.share_decode_cores)
 ENGINE_THREAD_PREFIX = "eng-"  # an engine thread's OS name (/proc/<pid>/task/<tid>/comm), and its helpers'
 
 
@@ -107,7 +107,7 @@ class RoleCpu:
     cores: frozenset[int] | None  # None: where the process put it
 
     @classmethod
-    def decode(cls, cfg: EngineConfig, layout: CoreLayout | None, claim: CoreClaim | None) -> RoleCpu:
+    def decode(cls, cfg: CpuConfig, layout: CoreLayout | None, claim: CoreClaim | None) -> RoleCpu:
         """With a claim, its own cores, where it has nothing to yield to and nothing to borrow; sharing cores
         (no layout, or no group left to claim), the configured niceness and borrowing."""
         if claim is not None:
@@ -115,7 +115,7 @@ class RoleCpu:
         return cls(cfg.decode_niceness, cfg.borrow_idle_cores, None if layout is None else layout.every)
 
     @classmethod
-    def prefill(cls, cfg: EngineConfig, layout: CoreLayout | None) -> RoleCpu:
+    def prefill(cls, cfg: CpuConfig, layout: CoreLayout | None) -> RoleCpu:
         """The rest's cores, at the configured niceness: a prompt never takes a step's time from a decode
         engine's own core."""
         if layout is None:

@@ -5,7 +5,7 @@ Disaggregation splits one machine's cores between engines: each CPU engine runs
 prompts, and a lone vLLM server would use its cores for decoding then; with a
 static split they sit unused (with one stream, and in the tail of a burst once
 the prompts are done). So every engine posts on a machine-wide board whether it
-is stepping, and a *borrowing* engine (decode engines, ``engine.borrow_idle_cores``)
+is stepping, and a *borrowing* engine (decode engines, ``engine.cpu.borrow_idle_cores``)
 steps with its own threads plus the spare ones:
 
     spare = usable cores − Σ threads of the engines stepping now (itself included)
@@ -20,7 +20,7 @@ An OMP step runs at the pace of its slowest thread, so a borrowed thread that
 the front door or a prompt preempts slows the whole step. So a borrower also
 meters the rest of the machine (``CpuMeter``: ``/proc/stat`` busy time less its
 own process's, over 200 ms) and borrows only while that has left at least
-``engine.borrow_min_idle_cores`` (default ``MIN_IDLE_CORES``) idle beyond its own
+``engine.cpu.borrow_min_idle_cores`` (default ``MIN_IDLE_CORES``) idle beyond its own
 threads: the front door, Ray and the length predictor post nothing on the board
 but use cores all the same. Less is worse at saturation: a borrowed thread that
 another process preempts holds the step back (on 2 cores, 1992 output tokens/s at
@@ -30,7 +30,7 @@ default= --variant 'idle0=--borrow-min-idle 0' --variant 'idle25=--borrow-min-id
 0.25'``).
 
 A borrower borrows only for steps of at least ``min_batch`` running requests
-(``engine.borrow_min_batch``, default 4): offline, a second thread cuts a decode
+(``engine.cpu.borrow_min_batch``, default 4): offline, a second thread cuts a decode
 step by 29-57% from a batch of 4 on and buys nothing at a batch of one (``python
 benchmarks/diagnostics/engine_executor.py --executors uni --threads 1 2 --batches
 1 4 16 64 --tokens 128 --repeats 3``). A borrower below that batch shows on the

@@ -22,9 +22,9 @@ the voluntary and involuntary switches tell which (``python benchmarks/diagnosti
 saturation`` reports them per step in service; ``benchmarks/diagnostics/engine_thread_contention.py`` times a step
 beside a second thread offline).
 
-A decode engine's thread may run at a lower CPU priority (``niceness``, the config's ``engine.decode_niceness``,
+A decode engine's thread may run at a lower CPU priority (``niceness``, the config's ``engine.cpu.decode_niceness``,
 default 5; 0: equal shares), so that where it shares cores with a prefill engine and the front door the prompts
-go first; a prefill engine's thread runs at a higher one (``engine.prefill_niceness``, default -10, where the
+go first; a prefill engine's thread runs at a higher one (``engine.cpu.prefill_niceness``, default -10, where the
 process may raise its priority), ahead of the front door, Ray and the predictor on the cores it shares with them.
 The thread carries an OS name, ``eng-<worker id>`` (``top -H``, ``/proc/<pid>/task/*/comm``). On CPUs each engine
 posts on the machine's core board whether it is stepping (``cores``, engine/cores.py), and a borrowing engine sets

@@ -85,7 +85,7 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "engine_borrowed_steps",
         COUNTER,
-        "Engine steps taken with cores borrowed from idle engines (CPU; engine.borrow_idle_cores).",
+        "Engine steps taken with cores borrowed from idle engines (CPU; engine.cpu.borrow_idle_cores).",
         W,
     ),
     MetricSpec(

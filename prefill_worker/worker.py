@@ -81,7 +81,7 @@ class PrefillWorker(Handoff, EngineWorker):
             self.engine = build_worker_engine(config, model_path, worker_id)
         ceiling, policy = self.ceiling, self.policy
         install = lambda s: TetriPrefillScheduler.assume(s, ceiling).configure(policy)  # noqa: E731
-        cpu = RoleCpu.prefill(config.engine, CoreLayout.from_env())
+        cpu = RoleCpu.prefill(config.engine.placement(), CoreLayout.from_env())
         self.engine.take_role(install, lambda s: s.log.stats(), cpu.niceness, cpu.borrows, cores=cpu.cores)
         self.gate = SchedBatchGate(self.policy.queue, self.policy.spec.sched_batch)
         self.predictor = predictor

@@ -57,7 +57,7 @@ def test_the_layout_travels_in_the_environment_and_a_bad_one_is_ignored() -> Non
 def test_with_its_own_cores_a_decode_engine_neither_yields_nor_borrows_and_prefill_runs_on_the_rest(
     tmp_path: Path,
 ) -> None:
-    cfg = ClusterConfig().engine
+    cfg = ClusterConfig().engine.cpu
     layout = CoreLayout(frozenset({0}), frozenset({0, 1}))
     shared = RoleCpu(cfg.decode_niceness, cfg.borrow_idle_cores, None)
     assert RoleCpu.decode(cfg, None, None) == shared
@@ -75,20 +75,38 @@ def test_sharing_its_cores_a_decode_engine_goes_first_there_and_only_all_brings_
 ) -> None:
     layout = CoreLayout(frozenset({0}), frozenset({0, 1}))
     claim = claim_decode_cores(layout, 1, tmp_path)
-    base = ClusterConfig().engine
+    base = ClusterConfig().engine.cpu
     assert base.share_decode_cores == "none"
     for shared, decode_niceness, prefill_cores in (("none", 0, {1}), ("rest", -20, {1}), ("all", -20, {0, 1})):
         cfg = base.model_copy(update={"share_decode_cores": shared})
         assert RoleCpu.decode(cfg, layout, claim) == RoleCpu(decode_niceness, False, frozenset({0})), shared
         assert RoleCpu.prefill(cfg, layout) == RoleCpu(cfg.prefill_niceness, False, frozenset(prefill_cores)), shared
         assert RoleCpu.prefill(cfg, None) == RoleCpu(cfg.prefill_niceness, False, None)
-    loaded = ClusterConfig.load(overrides={"engine.share_decode_cores": "rest"})
-    assert loaded.engine.share_decode_cores == "rest"
+    loaded = ClusterConfig.load(overrides={"engine.cpu.share_decode_cores": "rest"})
+    assert loaded.engine.cpu.share_decode_cores == "rest"
 
 
 def test_the_reservation_is_on_by_default_and_a_setting() -> None:
-    assert ClusterConfig().engine.reserve_decode_cores is True
-    assert ClusterConfig.load(overrides={"engine.reserve_decode_cores": False}).engine.reserve_decode_cores is False
+    assert ClusterConfig().engine.cpu.reserve_decode_cores is True
+    loaded = ClusterConfig.load(overrides={"engine.cpu.reserve_decode_cores": False})
+    assert loaded.engine.cpu.reserve_decode_cores is False
+
+
+def test_shared_placement_turns_every_cpu_setting_off_whatever_they_say() -> None:
+    shared = ClusterConfig.load(overrides={"engine.cpu_placement": "shared", "engine.cpu.prefill_niceness": -15})
+    placement = shared.engine.placement()
+    assert (placement.reserve_decode_cores, placement.borrow_idle_cores, placement.share_decode_cores) == (
+        False,
+        False,
+        "none",
+    )
+    assert (placement.decode_niceness, placement.prefill_niceness) == (0, 0)
+    assert ClusterConfig().engine.placement() == ClusterConfig().engine.cpu  # auto: the settings as they are
+
+
+def test_a_cpu_setting_at_its_old_place_is_refused_naming_the_new_one() -> None:
+    with pytest.raises(ValueError, match=r"engine\.reserve_decode_cores is now engine\.cpu\.reserve_decode_cores"):
+        ClusterConfig.load(overrides={"engine.reserve_decode_cores": False})
 
 
 @linux_affinity

@@ -1,5 +1,5 @@
-"""A decode engine's thread can yield the CPU to prompts (``engine.decode_niceness``), and only that thread; a
-prefill engine's goes first (``engine.prefill_niceness``); engine threads carry OS names."""
+"""A decode engine's thread can yield the CPU to prompts (``engine.cpu.decode_niceness``), and only that thread; a
+prefill engine's goes first (``engine.cpu.prefill_niceness``); engine threads carry OS names."""
 
 from __future__ import annotations
 
@@ -31,18 +31,18 @@ def test_lowering_an_engine_threads_priority_leaves_the_rest_of_the_process_alon
 
 
 def test_prefill_engines_go_first_by_default_and_the_setting_is_checked() -> None:
-    assert ClusterConfig().engine.prefill_niceness == -10
-    assert ClusterConfig.load(overrides={"engine": {"prefill_niceness": 0}}).engine.prefill_niceness == 0
+    assert ClusterConfig().engine.cpu.prefill_niceness == -10
+    assert ClusterConfig.load(overrides={"engine": {"cpu": {"prefill_niceness": 0}}}).engine.cpu.prefill_niceness == 0
     for bad in (-21, 20):
         with pytest.raises(ValueError, match="prefill_niceness"):
-            ClusterConfig.load(overrides={"engine": {"prefill_niceness": bad}})
+            ClusterConfig.load(overrides={"engine": {"cpu": {"prefill_niceness": bad}}})
 
 
 def test_decode_engines_yield_by_default_and_the_setting_is_checked() -> None:
-    assert ClusterConfig().engine.decode_niceness == 5
-    assert ClusterConfig.load(overrides={"engine": {"decode_niceness": 0}}).engine.decode_niceness == 0
+    assert ClusterConfig().engine.cpu.decode_niceness == 5
+    assert ClusterConfig.load(overrides={"engine": {"cpu": {"decode_niceness": 0}}}).engine.cpu.decode_niceness == 0
     with pytest.raises(ValueError, match="decode_niceness"):
-        ClusterConfig.load(overrides={"engine": {"decode_niceness": 20}})
+        ClusterConfig.load(overrides={"engine": {"cpu": {"decode_niceness": 20}}})
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names in /proc are Linux behaviour")
