@@ -6,9 +6,10 @@
 
 Only the flag's name is written here. A flag overrides the config file; a flag not given leaves the file's
 value (or the default) alone. ``--set`` of an unknown key is refused naming the closest keys, and of a renamed
-key naming its new name. Two flags read more than one value: ``--api-key`` is repeatable and takes comma lists
-(it replaces ``security.api_keys``; the keys file and ``$TETRISERVE_API_KEY`` are added to them), and
-``--otlp-endpoint`` turns tracing on unless ``--no-tracing`` is given.
+key naming its new name; a string key takes the text after ``=`` as it is. Two flags read more than one value:
+``--api-key`` is repeatable and takes comma lists (it replaces ``security.api_keys``; the keys file and
+``$TETRISERVE_API_KEY`` are added to them), and a tracing endpoint (``--otlp-endpoint`` or ``--set
+tracing.endpoint=...``) turns tracing on unless ``--no-tracing`` is given.
 """
 
 from __future__ import annotations
@@ -97,13 +98,20 @@ SERVE_FLAGS: dict[str, str] = {
 }
 
 # the ones a front door joining a running service takes (`tetriserve frontdoor`)
-SECURITY_FLAGS = {flag: path for flag, path in SERVE_FLAGS.items() if path.startswith("security.")}
+# (the dashboard is the Ray cluster's, which a joining front door does not start)
+SECURITY_FLAGS = {
+    flag: path
+    for flag, path in SERVE_FLAGS.items()
+    if path.startswith("security.") and path != "security.dashboard_host"
+}
 
 
 def flag_help(key: ConfigKey) -> str:
     """The field's description, then its default where it has one (``%`` escaped for argparse)."""
     text = " ".join((key.field.description or "").split())
     default = key.default
+    if "default" in text.lower():  # the description says it already
+        return text.replace("%", "%%")
     if default is not None and not isinstance(default, bool) and default != "":
         text += f" (default: {default})"
     elif isinstance(default, bool):
@@ -120,9 +128,7 @@ def add_flag(parser: argparse.ArgumentParser, flag: str, path: str) -> None:
         parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
     elif typing.get_origin(typ) is typing.Literal:
         choices = typing.get_args(typ)
-        parser.add_argument(
-            flag, dest=dest, type=_one_of(path, choices), choices=choices, default=None, help=help_text
-        )
+        parser.add_argument(flag, dest=dest, type=_one_of(path, choices), choices=choices, default=None, help=help_text)
     elif typ in (int, float, str):
         parser.add_argument(flag, dest=dest, type=typ, default=None, metavar=metavar, help=help_text)
     else:
@@ -183,9 +189,11 @@ def parse_set(item: str) -> tuple[str, Any]:
     if not sep or not path:
         raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set engine.max_model_len=4096")
     try:
-        key_at(ClusterConfig, path)
+        key = key_at(ClusterConfig, path)
     except KeyError as exc:
         raise ValueError(f"--set {item!r}: {exc.args[0]}") from None
+    if value_type(key.annotation) is str:  # a name, a path, an address: the text as written, not YAML's reading
+        return path, raw.strip()
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
@@ -202,9 +210,9 @@ def config_overrides(args: argparse.Namespace, flags: dict[str, str] = SERVE_FLA
             overrides[path] = value
     if getattr(args, "cfg_api_key", None):
         overrides["security.api_keys"] = [k.strip() for arg in args.cfg_api_key for k in arg.split(",") if k.strip()]
-    if "tracing.endpoint" in overrides:
-        overrides.setdefault("tracing.enabled", True)
     for item in getattr(args, "cfg_set", None) or []:
         path, value = parse_set(item)
         overrides[path] = value
+    if overrides.get("tracing.endpoint") is not None:
+        overrides.setdefault("tracing.enabled", True)
     return overrides

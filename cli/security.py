@@ -17,6 +17,7 @@ from tetriserve.client.credentials import API_KEY_ENV
 if TYPE_CHECKING:
     from tetriserve.client import TetriServeClient
 
+
 def add_client_flags(parser: argparse.ArgumentParser) -> None:
     """`--api-key`, `--tls` and `--tls-ca` of a command that calls a running service."""
     parser.add_argument("--api-key", default=None, help=f"API key to send (default: ${API_KEY_ENV})")

@@ -172,6 +172,13 @@ class EngineConfig(BaseModel):
         False, description="Skip torch.compile / CUDA graphs: faster start, slower steps (vLLM's default is False)."
     )
 
+    @model_validator(mode="after")
+    def _cpu_settings_apply(self) -> EngineConfig:
+        if self.cpu_placement == "shared" and self.cpu.model_fields_set:
+            given = ", ".join(f"engine.cpu.{k}" for k in sorted(self.cpu.model_fields_set))
+            raise ValueError(f"{given}: engine.cpu applies under cpu_placement auto, not shared")
+        return self
+
     def placement(self) -> CpuConfig:
         """The CPU placement in force: ``cpu`` under auto, ``SHARED_CPU`` under shared."""
         return self.cpu if self.cpu_placement == "auto" else SHARED_CPU

@@ -25,7 +25,7 @@ import msgpack
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.request import SLO, Request, RequestEvent, RequestState, SamplingSpec
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 
 T = TypeVar("T")
 
@@ -114,6 +114,12 @@ def _checked(kind: type | tuple[type, ...]) -> _FieldCodec:
     return _FieldCodec(lambda v: v, unpack)
 
 
+def _as_float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
 def _optional(inner: _FieldCodec) -> _FieldCodec:
     return _FieldCodec(lambda v: None if v is None else inner.pack(v), lambda v: None if v is None else inner.unpack(v))
 
@@ -141,7 +147,7 @@ def _codec(annotation: Any) -> _FieldCodec:
     if annotation is LengthEstimate:
         return _FieldCodec(lambda e: e.to_dict(), LengthEstimate.from_dict)
     if annotation is float:
-        return _checked((int, float))
+        return _FieldCodec(float, _as_float)
     if annotation in (str, int, bool):
         return _checked(annotation)
     raise TypeError(f"no wire codec for {annotation!r}")

@@ -17,8 +17,10 @@ Each ``schedule()`` call:
        KV, which the worker ships to the destination when the engine reports the request finished
        (``length``); then ``super().schedule()``
 
-Every decision is ``decode_worker/planner.py``'s, over views and the time this class reads; what is left
-here is vLLM's vocabulary — its queues, request objects, block pool and connector.
+Every policy decision is ``decode_worker/planner.py``'s, over views and the time this class reads; what is
+left here is vLLM's vocabulary — its queues, request objects, block pool and connector — and the two engine
+facts the planner is not asked about: which waiting requests vLLM must pass unasked (KV still to land, a
+blocked status), and that no slice is cut in a step that may run out of KV.
 
 Only the engine thread calls into this class (the engine has one owner:
 ``docs/design/ownership.md``): the worker changes policies and marks slice moves

@@ -1,7 +1,8 @@
 """The prefill engine's per-iteration decisions, with no engine in sight: which prompts get how many tokens.
 
     views of the prompts still to prefill ─▶ plan(views, pool, now) ─▶ PrefillPlan(chunks, tokens, budget)
-    the iteration's chunks and its time   ─▶ observe(chunks, exec_s)  (SOLA eq. 5's online correction)
+    the iteration's chunks and its time   ─▶ observe(chunks, exec_s, scheduled, now)
+                                             (SOLA eq. 5's online correction; when each was last served)
 
 A ``PrefillPlanner`` holds the configured ``PrefillPolicy``: the queue policy orders the prompts (FCFS, SJF,
 LJF, AccelGen's and SOLA's orders; TetriInfer §3.3.1's PrefillSchedBatch), the chunking policy sets the

@@ -224,7 +224,8 @@ def cli_page() -> str:
     lines += ["| option | value | default | config key | description |", "| --- | --- | --- | --- | --- |", *top, ""]
     helps = _sub_help(parser)
     for name, sub in _subparsers(parser).items():
-        lines += _command(sub, f"tetriserve {name}", helps.get(name, ""), config_keys)
+        keys = config_keys if name in ("serve", "frontdoor") else {}  # only their flags set config keys
+        lines += _command(sub, f"tetriserve {name}", helps.get(name, ""), keys)
     return "\n".join(lines)
 
 

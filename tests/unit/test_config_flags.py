@@ -127,3 +127,23 @@ def test_serve_help_is_generated_from_the_models(capsys: pytest.CaptureFixture[s
 def test_serve_refuses_an_unknown_set_key_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["serve", "--set", "decode.admision_policy=greedy"]) == 2
     assert "did you mean decode.admission_policy" in capsys.readouterr().err
+
+
+def test_set_gives_a_string_key_its_text_as_written() -> None:
+    # YAML would read 2024 as a number and `no` as false; a name or a path is the text itself
+    assert parse_set("engine.served_model_name=2024") == ("engine.served_model_name", "2024")
+    assert parse_set("security.api_keys_file=no") == ("security.api_keys_file", "no")
+    assert parse_set("engine.max_model_len=2024") == ("engine.max_model_len", 2024)
+
+
+def test_a_tracing_endpoint_turns_tracing_on_by_flag_or_by_set_unless_told_not_to() -> None:
+    parser = _serve_parser()
+    assert config_overrides(parser.parse_args(["--set", "tracing.endpoint=http://c:4317"]))["tracing.enabled"]
+    off = config_overrides(parser.parse_args(["--otlp-endpoint", "http://c:4317", "--no-tracing"]))
+    assert off["tracing.enabled"] is False
+
+
+def test_a_default_the_description_states_is_not_repeated() -> None:
+    key = key_at(ClusterConfig, "engine.enforce_eager")  # its description names vLLM's default
+    assert "(default:" not in flag_help(key)
+    assert flag_help(key_at(ClusterConfig, "engine.max_model_len")).endswith("(default: 2048)")

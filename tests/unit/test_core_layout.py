@@ -92,8 +92,8 @@ def test_the_reservation_is_on_by_default_and_a_setting() -> None:
     assert loaded.engine.cpu.reserve_decode_cores is False
 
 
-def test_shared_placement_turns_every_cpu_setting_off_whatever_they_say() -> None:
-    shared = ClusterConfig.load(overrides={"engine.cpu_placement": "shared", "engine.cpu.prefill_niceness": -15})
+def test_shared_placement_turns_every_cpu_placement_trick_off() -> None:
+    shared = ClusterConfig.load(overrides={"engine.cpu_placement": "shared"})
     placement = shared.engine.placement()
     assert (placement.reserve_decode_cores, placement.borrow_idle_cores, placement.share_decode_cores) == (
         False,
@@ -232,3 +232,8 @@ def test_a_dead_decode_engines_cores_are_claimed_again(tmp_path: Path) -> None:
     assert out.stdout.strip() == "True", out.stderr
     claim = claim_decode_cores(layout, 1, tmp_path)  # the OS dropped the dead process's lock
     assert claim is not None and claim.cores == {0}
+
+
+def test_a_cpu_setting_under_shared_placement_is_refused_rather_than_ignored() -> None:
+    with pytest.raises(ValueError, match=r"engine\.cpu\.decode_niceness: engine\.cpu applies under cpu_placement auto"):
+        ClusterConfig.load(overrides={"engine.cpu_placement": "shared", "engine.cpu.decode_niceness": 7})
