@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     fd.add_argument("--grpc-port", type=int, default=50051, help="gRPC port (0: any free one)")
     fd.add_argument("--http-port", type=int, default=8000, help="OpenAI-compatible HTTP port (0: any free one)")
     fd.add_argument("--model", default=None, help="model directory here, for the tokenizer (default: the service's)")
-    # given, they replace the service's security settings for this front door
+    # given, they override the service's security settings of the same names for this front door
     add_config_flags(fd, SECURITY_FLAGS, set_any=False)
 
     sp = sub.add_parser("stop", help="stop a running service: its workers and control plane (all front doors)")
@@ -87,8 +87,9 @@ def _frontdoor(args: argparse.Namespace) -> int:
 
     own = {"ray_address": args.address, "host": args.host, "grpc_port": args.grpc_port, "http_port": args.http_port}
     security = config_overrides(args, SECURITY_FLAGS)
-    config = ClusterConfig.load(overrides={**own, **security})
-    frontdoor(config, args.namespace, args.model, own_security=bool(security))
+    config = ClusterConfig.load(overrides={**own, **security})  # checks the flags' values before joining
+    changes = {dotted.removeprefix("security."): value for dotted, value in security.items()}
+    frontdoor(config, args.namespace, args.model, security_changes=changes)
     return 0
 
 

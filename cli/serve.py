@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.gc_heap import freeze_heap
@@ -255,10 +255,13 @@ def join_hint(namespace: str) -> str:
     return f"Ray cluster {gcs}; more front doors: tetriserve frontdoor --address {gcs} --namespace {namespace}"
 
 
-def frontdoor(config: ClusterConfig, namespace: str, model: str | None = None, own_security: bool = False) -> None:
+def frontdoor(
+    config: ClusterConfig, namespace: str, model: str | None = None, security_changes: dict[str, Any] | None = None
+) -> None:
     """Join a running service's Ray cluster (``config.ray_address``) as one more pair of front doors, bound to
     ``config.host`` / ports; on a signal, drain this front door's requests and leave (the cluster stays). It
-    enforces the service's keys, quotas and TLS, or ``config.security`` when ``own_security``."""
+    enforces the service's keys, quotas and TLS, with ``security_changes`` (``{"rate_per_s": 5.0}``) over them:
+    a setting not given stays the service's, so a quota given here does not open the doors."""
     from tetriserve.control_plane.launcher import use_ray_token_if_present
 
     use_ray_token_if_present()
@@ -275,8 +278,8 @@ def frontdoor(config: ClusterConfig, namespace: str, model: str | None = None, o
         served = cluster.config
         # the cluster's settings (admission, timeouts, ...), with this front door's own address
         own = {"host": config.host, "grpc_port": config.grpc_port, "http_port": config.http_port}
-        if own_security:
-            own["security"] = config.security
+        if security_changes:
+            own["security"] = served.security.updated(security_changes)
         config = served.model_copy(update=own)
         cluster.model_path = _local_model(cluster, model)
         print(f"tetriserve: front door joining the service in namespace {namespace!r}", flush=True)

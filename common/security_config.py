@@ -91,6 +91,11 @@ class SecurityConfig(BaseModel):
         description="Address the Ray dashboard of a local cluster binds to (0.0.0.0 opens it to the network).",
     )
 
+    def updated(self, changes: dict[str, Any]) -> SecurityConfig:
+        """These settings with ``changes`` (``{"rate_per_s": 5.0}``) over them, validated as a whole; the rest
+        kept (a front door joining a service overrides what it is given, no more)."""
+        return SecurityConfig.model_validate({**self.model_dump(), **changes})
+
     @model_validator(mode="after")
     def _check_tls(self) -> SecurityConfig:
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -260,3 +260,16 @@ def test_serve_flags_become_the_security_section() -> None:
     assert bare == SecurityConfig()
     client = _parser().parse_args(["status", "--api-key", "k", "--tls-ca", "ca.pem"])
     assert (client.api_key, client.tls_ca, client.tls) == ("k", "ca.pem", False)
+
+
+def test_a_joining_front_doors_security_flags_override_only_what_they_name() -> None:
+    """`tetriserve frontdoor --key-rate 5` keeps the service's keys (and TLS): a quota given there does not open
+    the doors; `--api-key` replaces the keys, as on `serve`."""
+    served = SecurityConfig(api_keys=["sk-service-0123456789"], rate_per_s=1.0, metrics_require_key=True)
+    quota = served.updated({"rate_per_s": 5.0})
+    assert [s.key.get_secret_value() for s in quota.api_keys] == ["sk-service-0123456789"]
+    assert (quota.rate_per_s, quota.metrics_require_key) == (5.0, True)
+    replaced = served.updated({"api_keys": ["sk-door-0123456789ab"]})
+    assert [s.key.get_secret_value() for s in replaced.api_keys] == ["sk-door-0123456789ab"]
+    with pytest.raises(ValueError, match=r"tls_cert and security\.tls_key"):
+        served.updated({"tls_cert": "c.pem"})  # the whole is checked: a certificate without its key
