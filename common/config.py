@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tetriserve.common.admission_config import AdmissionConfig
-from tetriserve.common.config_keys import RENAMED, renamed_in, unknown_key_message
+from tetriserve.common.config_keys import renamed_in
 from tetriserve.common.flip_config import FlipConfig, ScaleConfig
 from tetriserve.common.load import DEFAULT_REPORT_TOLERANCE
 from tetriserve.common.prefill_config import PrefillConfig
@@ -428,8 +428,6 @@ class ClusterConfig(BaseModel):
         for dotted, value in (overrides or {}).items():
             if value is None:
                 continue
-            if dotted in RENAMED:
-                raise ValueError(unknown_key_message(cls, dotted))
             node = data
             *parents, leaf = dotted.split(".")
             for part in parents:

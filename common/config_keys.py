@@ -98,7 +98,7 @@ def key_at(model: type[BaseModel], path: str) -> ConfigKey:
 
 def unknown_key_message(model: type[BaseModel], path: str) -> str:
     if path in RENAMED:
-        return f"config key {path} is now {RENAMED[path]}: write that instead"
+        return _renamed(path)
     close = difflib.get_close_matches(path, [k.path for k in leaf_keys(model)], n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
     return f"unknown config key {path}{hint}"
@@ -107,15 +107,19 @@ def unknown_key_message(model: type[BaseModel], path: str) -> str:
 def renamed_in(data: dict[str, Any]) -> list[str]:
     """The messages for every renamed key that ``data`` (a config file's mapping) still uses."""
     found = []
-    for old, new in RENAMED.items():
+    for old in RENAMED:
         node: Any = data
         for part in old.split("."):
             if not isinstance(node, dict) or part not in node:
                 break
             node = node[part]
         else:
-            found.append(f"config key {old} is now {new}: write that instead")
+            found.append(_renamed(old))
     return found
+
+
+def _renamed(old: str) -> str:
+    return f"config key {old} is now {RENAMED[old]}: write that instead"
 
 
 def value_type(annotation: Any) -> Any:

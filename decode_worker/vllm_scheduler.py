@@ -188,11 +188,11 @@ class TetriDecodeScheduler(Scheduler):
         progress = [
             SliceProgress(
                 rid,
-                live[rid].num_output_tokens + 1,  # with this step's token
-                live[rid].num_computed_tokens == live[rid].num_tokens - 1 and live[rid] in self.running,
-                live[rid].max_tokens,
+                req.num_output_tokens + 1,  # with this step's token
+                req.num_computed_tokens == req.num_tokens - 1 and req in self.running,
+                req.max_tokens,
             )
-            for rid in self._moving
+            for rid, req in ((rid, live[rid]) for rid in self._moving)
         ]
         for rid in self.planner.slice_cuts(progress):
             req = live[rid]

@@ -47,6 +47,7 @@ class _Pending:
     chunks: tuple[tuple[str, int, int], ...]
     predicted_s: float | None
     exec_start: float
+    work: tuple[tuple[int, int], ...]  # (computed, tokens) of each chunk: what the cost model prices
 
 
 class TetriPrefillScheduler(Scheduler):
@@ -143,17 +144,17 @@ class TetriPrefillScheduler(Scheduler):
                 self.waiting.add_request(r)
             self.max_num_scheduled_tokens = self.ceiling
         comp = tuple((self._ext.get(rid, rid), computed.get(rid, 0), n) for rid, n in out.num_scheduled_tokens.items())
-        predicted = self.planner.predicted_s([(h, n) for _, h, n in comp])
+        work = tuple((h, n) for _, h, n in comp)
+        predicted = self.planner.predicted_s(work)
         overhead += time.perf_counter() - t1
-        self._pending = _Pending(started, overhead, plan.budget, comp, predicted, time.perf_counter())
+        self._pending = _Pending(started, overhead, plan.budget, comp, predicted, time.perf_counter(), work)
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         p, self._pending = self._pending, None
         if p is not None and scheduler_output.total_num_scheduled_tokens > 0:
             exec_s = time.perf_counter() - p.exec_start
-            chunks = [(h, n) for _, h, n in p.chunks]
-            self.planner.observe(chunks, exec_s, scheduler_output.num_scheduled_tokens, time.time())
+            self.planner.observe(p.work, exec_s, scheduler_output.num_scheduled_tokens, time.time())
             if self.prefill_policy.cost is not None:
                 self.log.gamma = self.prefill_policy.cost.prefill_gamma.gamma
             self.log.add(IterationRecord(p.started, p.budget, p.chunks, p.overhead_s, exec_s, p.predicted_s))
