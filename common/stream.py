@@ -10,7 +10,8 @@ their states from events::
     decode worker j ══StreamChunk (every other token, finish)══════════▶ front door
     workers, front door ──StateEvent batches──▶ GlobalScheduler (request table)
 
-Every message that crosses processes carries ``version``. A chunk says where
+Every message that crosses processes through Ray carries ``version``; the token streams' chunks travel in the
+channel's frames (``channel/core.py``), which carry its wire version. A chunk says where
 its tokens sit in the request's output (``index``), which placement attempt
 produced them (``attempt``) and which life of its worker sent it
 (``incarnation``), so the front door drops duplicates, stale attempts and
@@ -24,8 +25,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import msgpack
+from typing import Any
 
 from tetriserve.common.request import RequestState
 
@@ -103,62 +103,45 @@ class StreamChunk:
         return self.index + len(self.token_ids)
 
 
-def encode_chunks(chunks: list[StreamChunk]) -> bytes:
-    """One wire message (msgpack) for a batch of chunks: ``[version, [fields of each chunk]]``."""
-    data: bytes = msgpack.packb(
-        [
-            PROTOCOL_VERSION,
-            [
-                [
-                    c.request_id,
-                    c.token_ids,
-                    c.finish_reason,  # a StrEnum: packs as its string
-                    c.error,
-                    c.prompt_tokens,
-                    c.worker,
-                    dict(c.metrics) if c.metrics else None,
-                    c.moved_to,
-                    c.index,
-                    c.attempt,
-                    c.incarnation,
-                    c.retry,
-                    None if c.logprobs is None else [[p.token_ids, p.logprobs] for p in c.logprobs],
-                ]
-                for c in chunks
-            ],
-        ]
+def chunk_row(c: StreamChunk) -> list[object]:
+    """``c`` as msgpack's plain values (the token streams' codec, ``channel/core.py``)."""
+    return [
+        c.request_id,
+        c.token_ids,
+        c.finish_reason,  # a StrEnum: packs as its string
+        c.error,
+        c.prompt_tokens,
+        c.worker,
+        dict(c.metrics) if c.metrics else None,
+        c.moved_to,
+        c.index,
+        c.attempt,
+        c.incarnation,
+        c.retry,
+        None if c.logprobs is None else [[p.token_ids, p.logprobs] for p in c.logprobs],
+    ]
+
+
+def chunk_from_row(row: list[Any]) -> StreamChunk:
+    """The chunk of a ``chunk_row``; TypeError or ValueError for a row of another shape."""
+    rid, tokens, reason, error, prompt_tokens, worker, metrics, moved_to, index, attempt, incarnation, retry, lps = row
+    if not isinstance(rid, str) or not isinstance(index, int) or not isinstance(attempt, int):
+        raise TypeError("a chunk row's request id is a string, its index and attempt numbers")
+    return StreamChunk(
+        rid,
+        tuple(tokens),
+        None if reason is None else FinishReason(reason),
+        error,
+        prompt_tokens,
+        worker,
+        metrics,
+        moved_to,
+        index,
+        attempt,
+        incarnation,
+        retry,
+        None if lps is None else tuple(TokenLogprobs(tuple(ids), tuple(lp)) for ids, lp in lps),
     )
-    return data
-
-
-def decode_chunks(data: bytes) -> list[StreamChunk]:
-    """The chunks of one ``encode_chunks`` message; ValueError for a message of another protocol version."""
-    version, rows = msgpack.unpackb(data)
-    if version != PROTOCOL_VERSION:
-        raise ValueError(f"stream message of protocol version {version}; this side speaks {PROTOCOL_VERSION}")
-    chunks = []
-    for row in rows:
-        rid, tokens, reason, error, prompt_tokens, worker, metrics, moved_to, index, attempt, incarnation = row[:11]
-        retry, lps = row[11:]
-        chunks.append(
-            StreamChunk(
-                rid,
-                tuple(tokens),
-                None if reason is None else FinishReason(reason),
-                error,
-                prompt_tokens,
-                worker,
-                metrics,
-                moved_to,
-                index,
-                attempt,
-                incarnation,
-                retry,
-                None if lps is None else tuple(TokenLogprobs(tuple(ids), tuple(lp)) for ids, lp in lps),
-                version,
-            )
-        )
-    return chunks
 
 
 @dataclass(frozen=True)

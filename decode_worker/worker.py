@@ -9,7 +9,7 @@
 
 ``take`` returns at once. Each request's tokens go straight to the front door
 that owns it, through that front door's one multiplexed stream from this worker
-(``common.outbox``): one message per engine step for all its requests. The
+(``channel/streams.py``): one message per engine step for all its requests. The
 engine is stepped by its own loop (``engine.loop``); this actor sends it
 commands and reads the snapshot it publishes. A step's tokens leave from the
 engine thread itself (``_tokens_now``), so that the actor's event loop, which

@@ -28,10 +28,10 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from tetriserve.channel.streams import StreamHub
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.length_score import LengthScore
 from tetriserve.common.load import DecodeLoad, PrefillLoad, same_load
-from tetriserve.common.outbox import StreamHub
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, Heartbeat, StateEvent, StreamChunk, TokenLogprobs
 from tetriserve.transport.api import Received, TransferState

@@ -11,7 +11,7 @@
 Streams are opened per worker, not per request, and stay open (``worker_streams.py``): a worker's message
 carries every chunk of this process's requests that was ready, so the message rate follows the engine's steps.
 An abort goes to the worker the request is on now (the log knows, from ``moved_to`` markers); a worker it has
-left forwards it. Submits and aborts take the intake (``common/intake.py``) where the worker is attached.
+left forwards it. Submits and aborts take the intake (``channel/intake.py``) where the worker is attached.
 
 A stream that fails with Ray's ``ActorDiedError`` tells the monitor at once (``mark_dead``): its next broadcast
 leaves that life out of placement and dispatch before the supervisor has noticed, so the requests migrated off
@@ -50,8 +50,8 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+from tetriserve.channel.intake import Abort, Submit
 from tetriserve.common.errors import actor_died
-from tetriserve.common.intake import Abort, Submit
 from tetriserve.common.lifecycle import Lifecycle
 from tetriserve.common.request import Request
 from tetriserve.common.stream import (

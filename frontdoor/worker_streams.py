@@ -1,19 +1,19 @@
 """A front door's streams from every worker, and how it tells that a request's attempt is lost.
 
-One ZeroMQ PULL socket per front-door process takes every worker's chunks for
+One channel endpoint per front-door process (``channel/core.py``) takes every worker's chunks for
 this process's requests and routes them to their queues; per worker, the Ray
 ``subscribe`` call that attached it carries the worker's ``Heartbeat`` (its
 incarnation, the (request, attempt) pairs it holds for this process) and fails
-when the worker is gone (``common/outbox.py``). ``tend`` runs every ``TEND_S``::
+when the worker is gone (``channel/streams.py``). ``tend`` runs every ``TEND_S``::
 
     stream ended / failed / silent for BEAT_TIMEOUT_S ─▶ every request on that worker: Lost
     worker handle replaced (the supervisor re-created it) ─▶ reopen
     request without a token or a heartbeat listing it for idle_timeout_s ─▶ Lost
 
 With each subscription the worker is also asked to attach to this process's intake (``attach_intake``,
-``common/intake.py``) under a routing id drawn for it: submits and aborts then go to it over ZeroMQ while the
-subscription lasts. ``send`` says False when the worker is not attached (not yet, not any more, or a release
-without the intake), and the caller makes the Ray call instead.
+``channel/intake.py``) under a routing id drawn for it: submits and aborts then go to it over the same endpoint
+while the subscription lasts. ``send`` says False when the worker is not attached (not yet, or not any more), and
+the caller makes the Ray call instead.
 
 Chunks of a worker's previous life are dropped; a ``moved_to`` naming a worker
 whose stream is down loses the request at once. ``RayBackend.generate`` turns a
@@ -31,10 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tetriserve.channel import core
+from tetriserve.channel.intake import IntakeMessage
+from tetriserve.channel.streams import HEARTBEAT_S, STREAM_MESSAGES, Chunks
 from tetriserve.common.errors import actor_died
-from tetriserve.common.intake import IntakeMessage, IntakeRouter
-from tetriserve.common.outbox import HEARTBEAT_S
-from tetriserve.common.stream import Heartbeat, StreamChunk, decode_chunks
+from tetriserve.common.stream import Heartbeat, StreamChunk
 from tetriserve.frontdoor.token_log import TokenLog
 
 logger = logging.getLogger(__name__)
@@ -68,9 +69,9 @@ class OpenRequest:
 
 
 class WorkerStreams:
-    """This process's streams from every worker: one ZeroMQ PULL socket that every worker pushes this process's
+    """This process's streams from every worker: one channel endpoint that every worker sends this process's
     chunks to (routed to the requests' queues), and per worker the Ray ``subscribe`` call that attached it, which
-    carries heartbeats and fails when the worker is gone (``common/outbox.py``)."""
+    carries heartbeats and fails when the worker is gone (``channel/streams.py``)."""
 
     def __init__(
         self,
@@ -81,9 +82,6 @@ class WorkerStreams:
     ) -> None:
         """``died(worker, incarnation)``: Ray says that life of the worker is dead (its stream failed with
         ``ActorDiedError``), the first anyone hears of it."""
-        import zmq
-        import zmq.asyncio
-
         self.id = f"frontdoor-{uuid.uuid4().hex[:12]}"
         self.loop = asyncio.get_running_loop()
         self.requests: dict[str, OpenRequest] = {}
@@ -91,11 +89,8 @@ class WorkerStreams:
         self._workers = workers
         self._died = died
         self._idle_timeout_s = idle_timeout_s
-        self._socket = zmq.asyncio.Context.instance().socket(zmq.PULL)
-        self._socket.setsockopt(zmq.RCVHWM, 0)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self.address = f"tcp://{host}:{self._socket.bind_to_random_port(f'tcp://{host}')}"
-        self._intake = IntakeRouter(host)
+        self._endpoint = core.Endpoint(host, f"streams of {self.id}", accepts=STREAM_MESSAGES)
+        self.address = self._endpoint.address
         self._routes: dict[str, bytes] = {}  # worker -> the routing id its current subscription attaches under
         self._settling: set[asyncio.Task[None]] = set()
         self._unattached: set[str] = set()  # workers whose attach came before their subscription: ask again
@@ -107,7 +102,7 @@ class WorkerStreams:
         self._incarnations: dict[str, int] = {}
         for worker_id in workers():
             self.open(worker_id)
-        self._reader = self.loop.create_task(self._read())
+        self._reader = self.loop.create_task(self._endpoint.serve(self._route))
         self._tender = self.loop.create_task(self._tend())
 
     def open(self, worker_id: str) -> None:
@@ -132,10 +127,7 @@ class WorkerStreams:
         """Ask the worker to attach to this process's intake under its current route (``attach_intake``)."""
         route = self._routes[worker_id]
         self._unattached.discard(worker_id)
-        try:
-            call = handle.attach_intake.remote(self.id, self._intake.address, route)
-        except AttributeError:  # a worker of a release without the intake: its calls go over Ray
-            return
+        call = handle.attach_intake.remote(self.id, self.address, route)
         settling = self.loop.create_task(self._settle(call, worker_id, route))
         self._settling.add(settling)
         settling.add_done_callback(self._settling.discard)
@@ -153,29 +145,19 @@ class WorkerStreams:
     def send(self, worker_id: str, message: IntakeMessage) -> bool:
         """Send ``message`` to ``worker_id`` over the intake; False when its subscription has not attached it."""
         route = self._routes.get(worker_id)
-        return route is not None and worker_id not in self.down and self._intake.send(route, message)
+        return route is not None and worker_id not in self.down and self._endpoint.send(route, message)
 
-    async def _read(self) -> None:
-        while True:
-            try:
-                data = await self._socket.recv()
-                chunks = decode_chunks(data)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # one bad message (or a socket hiccup) must not end every stream of this process
-                logger.exception("stream %s: a message was dropped", self.id)
-                await asyncio.sleep(0.01)
-                continue
-            now = time.monotonic()
-            for chunk in chunks:
-                req = self.requests.get(chunk.request_id)
-                if req is None or chunk.incarnation < self._incarnations.get(chunk.worker, 0):
-                    continue  # not ours any more, or a previous life's last words
-                req.queue.put_nowait(chunk)
-                if chunk.attempt == req.log.attempt:
-                    req.seen = now
-                    if chunk.moved_to in self.down:
-                        req.lose(chunk.moved_to, f"{chunk.moved_to} is down")
+    def _route(self, batch: Chunks) -> None:
+        now = time.monotonic()
+        for chunk in batch.chunks:
+            req = self.requests.get(chunk.request_id)
+            if req is None or chunk.incarnation < self._incarnations.get(chunk.worker, 0):
+                continue  # not ours any more, or a previous life's last words
+            req.queue.put_nowait(chunk)
+            if chunk.attempt == req.log.attempt:
+                req.seen = now
+                if chunk.moved_to in self.down:
+                    req.lose(chunk.moved_to, f"{chunk.moved_to} is down")
 
     async def _watch(self, worker_id: str, stream: Any) -> None:
         try:
@@ -245,8 +227,7 @@ class WorkerStreams:
                 ray.cancel(self._refs[worker_id])
             except Exception:
                 logger.debug("cancel of stream %s from %s failed", self.id, worker_id, exc_info=True)
-        self._socket.close()
-        self._intake.close()
+        self._endpoint.close()
 
 
 def stream_host(config: Any) -> str:

@@ -1,26 +1,25 @@
-"""A decode worker as a prefill worker calls it during the handoff: over ZeroMQ
-(``common/handoff_channel.py``) once its link is connected, over Ray before that, and for what the link does not
-carry (``handle``: aborts forwarded, liveness).
+"""A decode worker as a prefill worker calls it during the handoff, over the channel (``channel/handoff.py``).
 
 A peer is made for each decode worker's life the ClusterMonitor's broadcast introduces (``update_decode_view``).
-On its first call it asks that actor for its handoff server's address in one Ray call and connects; until the
-answer is in, and for a decode worker of a release without the server, its calls go over Ray. A
-request whose ``pull_kv`` went over Ray just before the link came up may reach the decode worker after its
-``take`` did: the ``take`` then does not wait for the pull to settle, and the engine loads the KV once the pull
-has landed it, as for a pushed KV.
+On its first use it asks that actor for its handoff endpoint's address and token in one Ray call and connects a
+link; a ``take`` waits for that, and one-way messages sent meanwhile go, in order, once the link is up. A decode
+worker that is dead by then fails the ``take`` with Ray's ``ActorDiedError``, as a Ray call on it would, and its
+one-way messages are dropped with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from typing import Any
 
-from tetriserve.common.handoff_channel import Discard, HandoffLink, KvFailed, PullKV, Refine
-from tetriserve.common.length import LengthEstimate
-from tetriserve.common.request import Request
+from tetriserve.channel import core
+from tetriserve.channel.handoff import Discard, KvFailed, PullKV, Refine, Take
 
 logger = logging.getLogger(__name__)
+
+OneWay = PullKV | Refine | Discard | KvFailed
 
 
 class DecodePeer:
@@ -28,72 +27,53 @@ class DecodePeer:
 
     def __init__(self, decode_id: str, handle: Any, caller: str) -> None:
         self.decode_id, self.handle, self.caller = decode_id, handle, caller
-        self.link: HandoffLink | None = None
+        self._pending: list[OneWay] = []  # sent before the link was up
         self._closed = False
-        self._connecting: asyncio.Task[None] | None = None
+        self._connecting: asyncio.Task[core.Link] | None = None
 
-    def _link(self) -> HandoffLink | None:
-        """The link, once up and until closed (then Ray, whose call on a dead actor raises ``ActorDiedError`` as the
-        handoff expects); the first call starts connecting it (on the caller's event loop)."""
+    async def take(self, message: Take) -> bool:
+        """The decode worker's answer to ``message``; raises as a Ray call on it would (``ActorDiedError`` once it
+        is dead), or ``core.PeerError`` (its ``take`` raised, or it did not answer)."""
+        link = await asyncio.shield(self._connect())
+        return bool(await link.call(message))
+
+    def send(self, message: OneWay) -> None:
+        """Send a one-way message (after every one sent before it); dropped once this life is over."""
         if self._closed:
-            return None
-        if self._connecting is None:
-            self._connecting = asyncio.get_running_loop().create_task(self._connect())
-        return self.link
-
-    async def _connect(self) -> None:
-        try:
-            address, token = await self.handle.handoff_address.remote()
-        except Exception as exc:  # dead already, or a release without the server: Ray it is
-            logger.info("decode worker %s: no handoff link (%s); its calls go over Ray", self.decode_id, exc)
             return
-        if not self._closed:
-            self.link = HandoffLink(address, token.encode(), self.caller, self.handle.ping.remote)
+        connecting = self._connect()
+        if not connecting.done():
+            self._pending.append(message)
+        elif not connecting.cancelled() and connecting.exception() is None:
+            connecting.result().send(message)
 
-    async def take(
-        self,
-        req: Request,
-        generated: tuple[int, ...],
-        estimate: LengthEstimate | None,
-        subscriber: str,
-        pull_from: str | None = None,
-        prefill_here: bool = False,
-    ) -> bool:
-        """The decode worker's ``take``; raises as a Ray call on it would (``ActorDiedError`` once it is dead)."""
-        link = self._link()
-        if link is not None:
-            return await link.take(req, generated, estimate, subscriber, pull_from, prefill_here)
-        return bool(await self.handle.take.remote(req, generated, estimate, subscriber, pull_from, prefill_here))
+    def _connect(self) -> asyncio.Task[core.Link]:
+        if self._connecting is None:
+            self._connecting = asyncio.get_running_loop().create_task(self._open())
+            self._connecting.add_done_callback(self._opened)
+        return self._connecting
 
-    def pull_kv(self, src: str, key: str) -> None:
-        if not self._sent(PullKV(src, key)):
-            self.handle.pull_kv.remote(src, key)
+    async def _open(self) -> core.Link:
+        address, token = await self.handle.handoff_address.remote()
+        route = b":".join((token.encode(), self.caller.encode(), secrets.token_hex(4).encode()))
+        link = core.Link(address, route, f"handoff to {self.decode_id}", probe=self.handle.ping.remote)
+        if self._closed:
+            link.close()
+        for message in self._pending:
+            link.send(message)
+        self._pending.clear()
+        return link
 
-    def refine(self, request_id: str, attempt: int, estimate: LengthEstimate) -> None:
-        if not self._sent(Refine(request_id, attempt, estimate)):
-            self.handle.refine.remote(request_id, attempt, estimate)
-
-    def discard(self, key: str) -> None:
-        if not self._sent(Discard(key)):
-            self.handle.discard.remote(key)
-
-    def kv_failed(self, key: str, error: str) -> None:
-        if not self._sent(KvFailed(key, error)):
-            self.handle.kv_failed.remote(key, error)
-
-    def _sent(self, message: PullKV | Refine | Discard | KvFailed) -> bool:
-        """Sent over the link; False: there is no link, the caller uses Ray."""
-        link = self._link()
-        if link is None:
-            return False
-        link.send(message)
-        return True
+    def _opened(self, connecting: asyncio.Task[core.Link]) -> None:
+        if not connecting.cancelled() and connecting.exception() is not None:
+            logger.info("decode worker %s: no handoff link (%s)", self.decode_id, connecting.exception())
+            self._pending.clear()
 
     def close(self) -> None:
-        """This life of the decode worker is over (a later one gets a peer of its own): later calls go over Ray,
-        and a ``take`` still waiting on the link finds the actor dead on its next liveness probe."""
+        """This life of the decode worker is over (a later one gets a peer of its own); a ``take`` still waiting on
+        the link finds the actor dead on its next liveness probe."""
         self._closed = True
-        if self._connecting is not None:
-            self._connecting.cancel()
-        if self.link is not None:
-            self.link.close()
+        self._pending.clear()
+        connecting = self._connecting
+        if connecting is not None and connecting.done() and not connecting.cancelled() and not connecting.exception():
+            connecting.result().close()  # one still connecting closes its link when it is up

@@ -21,6 +21,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from tetriserve.channel.handoff import Discard, PullKV, Refine, Take
 from tetriserve.common.errors import actor_died
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.request import Request, RequestState
@@ -51,7 +52,7 @@ class Handoff(_Base):
         """Give the decode worker ``req`` went to the prediction that was late for its handoff."""
         estimate = await self.predictions.later(refinement)
         if estimate is not None:
-            decode.refine(req.request_id, req.attempt, estimate)
+            decode.send(Refine(req.request_id, req.attempt, estimate))
 
     async def _hand_off(
         self,
@@ -79,7 +80,7 @@ class Handoff(_Base):
             del self._aborted[key]
             self.endpoint.discard(key)
             if chosen is not None and decode_id is not None:  # parts of its KV went there already
-                self._decode_peers[decode_id].discard(key)
+                self._decode_peers[decode_id].send(Discard(key))
             self.publish(subscriber, req, (), FinishReason.ABORT, index=index)
             return None
         if error is None and decode_id is not None:
@@ -96,9 +97,9 @@ class Handoff(_Base):
                 return decode
             if error is None:  # alive but not accepting: its copy of the KV goes
                 error = f"decode worker {decode_id} refused the request"
-                decode.discard(key)
+                decode.send(Discard(key))
         elif chosen is not None and decode_id is not None:  # a pipelined send broke off: the parts there go
-            self._decode_peers[decode_id].discard(key)
+            self._decode_peers[decode_id].send(Discard(key))
             self.decode_loads.pop(decode_id, None)  # until the next broadcast says otherwise
         self.endpoint.discard(key)
         self.publish(subscriber, req, (), FinishReason.ERROR, error, index=index, retry=True)
@@ -166,7 +167,7 @@ class Handoff(_Base):
         taken = False
         try:
             if peer is not None:
-                taken = await peer.take(req, req.resume, estimate, subscriber, None, True)
+                taken = await peer.take(Take(req, req.resume, estimate, subscriber, prefill_here=True))
         except Exception as exc:  # died since the broadcast
             if actor_died(exc):
                 self.decode_died(decode_id)
@@ -204,7 +205,9 @@ class Handoff(_Base):
         key = req.kv_key
         while True:
             try:
-                taken = await self._decode_peers[decode_id].take(req, generated, view.estimate, subscriber, pull_from)
+                taken = await self._decode_peers[decode_id].take(
+                    Take(req, generated, view.estimate, subscriber, pull_from)
+                )
                 return decode_id, taken, None
             except Exception as exc:  # the decode worker died between the broadcast and now
                 error = f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
@@ -229,7 +232,7 @@ class Handoff(_Base):
         can (an shm endpoint of this host: ``transport/shm_pull.py``); False: it must be sent."""
         if not self._lent_to(key, decode_id):
             return False
-        self._decode_peers[decode_id].pull_kv(self.endpoint.address, key)
+        self._decode_peers[decode_id].send(PullKV(self.endpoint.address, key))
         return True
 
     def _lent_to(self, key: str, decode_id: str) -> bool:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tetriserve.channel.handoff import KvFailed
 from tetriserve.observability import tracing
 from tetriserve.transport import parts
 from tetriserve.transport.api import TransferState
@@ -45,7 +46,7 @@ async def watch_sends(
                 logger.warning("prefill %s: KV send of %s failed: %s", worker_id, key, handle.error)
                 decode = decode_peers.get(decode_id)
                 if decode is not None:
-                    decode.kv_failed(key, handle.error or "send failed")
+                    decode.send(KvFailed(key, handle.error or "send failed"))
 
 
 async def forward_parts(

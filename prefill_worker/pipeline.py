@@ -39,6 +39,7 @@ import asyncio
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from tetriserve.channel.handoff import Discard
 from tetriserve.prefill_worker.dispatch.base import accepting
 from tetriserve.prefill_worker.kv_sends import forward_parts
 from tetriserve.prefill_worker.policy import chunk_tokens
@@ -107,4 +108,4 @@ class EarlyHandoff:
             self._dropped = True
             peer = self._worker.decode_peer(self.decode_id)
             if peer is not None:
-                peer.discard(self._key)
+                peer.send(Discard(self._key))

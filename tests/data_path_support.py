@@ -1,5 +1,5 @@
 """Fake workers and a fake cluster for the front door's data path without Ray (``RayBackend`` over real
-``StreamHub``s and ZeroMQ sockets, fake actor calls): what the data-path, migration and intake tests share."""
+``StreamHub``s and the channel's sockets, fake actor calls): what the data-path, migration and intake tests share."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.actor_fakes import FakeHandle
-from tetriserve.common.intake import IntakeMessage, Submit, serve_intake
+from tetriserve.channel import core
+from tetriserve.channel.intake import INTAKE_MESSAGES, IntakeMessage, Submit
+from tetriserve.channel.streams import StreamHub
 from tetriserve.common.load import PrefillLoad
-from tetriserve.common.outbox import StreamHub
 from tetriserve.common.request import Request, SamplingSpec
 from tetriserve.common.stream import FinishReason, Heartbeat, StreamChunk
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
@@ -29,10 +30,9 @@ class FakeWorker:
         self.aborts: list[tuple[str, int | None]] = []
         self.broken: bool | Exception = False  # set: its control stream fails at the next heartbeat (with this)
         self.forgot: set[str] = set()  # requests its heartbeats leave out (lost without a word)
-        self.attaches = True  # unset: it leaves the front door's intake unattached (an older worker): Ray carries all
         self.routes: list[tuple[str, bytes]] = []  # the intake each subscription attached to
         self.early_attaches = 0  # attach calls to answer "no subscription here yet"
-        self.reader: asyncio.Future[None] | None = None
+        self.reader: core.Link | None = None
         self.intake: list[IntakeMessage] = []  # what came over the intake
 
     def _beat(self, subscriber: str) -> Heartbeat:
@@ -49,17 +49,18 @@ class FakeWorker:
                 yield beat
         finally:
             if self.reader is not None:
-                self.reader.cancel()
+                self.reader.close()
 
     def attach_intake(self, subscriber: str, address: str, route: bytes) -> bool:
-        """The front door's submits and aborts over ZeroMQ, as a worker's (``WorkerActor.attach_intake``)."""
-        if not self.attaches:  # Ray's handle of a worker without the method raises at once, as this does
-            raise AttributeError("attach_intake")
+        """The front door's submits and aborts over the intake, as a worker's (``Worker.attach_intake``)."""
         if self.early_attaches > 0:  # the call overtook the subscription: not subscribed yet, as a worker says
             self.early_attaches -= 1
             return False
         self.routes.append((address, route))
-        self.reader = asyncio.ensure_future(serve_intake(address, route, lambda m: self._deliver(m, subscriber)))
+        self.reader = core.Link(
+            address, route, f"intake of {self.worker_id}", accepts=INTAKE_MESSAGES,
+            on_message=lambda m: self._deliver(m, subscriber),
+        )  # fmt: skip
         return True
 
     def _deliver(self, message: IntakeMessage, subscriber: str) -> None:

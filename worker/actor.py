@@ -27,23 +27,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from tetriserve.channel import core
+from tetriserve.channel.handoff import HANDOFF_MESSAGES, HandoffMessage
+from tetriserve.channel.intake import INTAKE_MESSAGES, IntakeMessage, Submit
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.gc_heap import freeze_heap
-from tetriserve.common.handoff_channel import (
-    Discard,
-    HandoffMessage,
-    HandoffServer,
-    KvFailed,
-    PullKV,
-    Refine,
-    Take,
-)
-from tetriserve.common.intake import IntakeMessage, Submit, serve_intake
 from tetriserve.common.length import LengthEstimate, LengthPredictor
 from tetriserve.common.load import DecodeLoad, PrefillLoad, Role
 from tetriserve.common.request import Request
@@ -87,8 +81,8 @@ class Worker:
         self.flips = 0
         self._flipping = False
         self._heap_frozen = False
-        self._intakes: dict[str, asyncio.Task[None] | None] = {}  # subscribed front door -> its intake's reader
-        self._handoff: tuple[HandoffServer, asyncio.Task[None]] | None = None  # prefill workers' calls over ZeroMQ
+        self._intakes: dict[str, core.Link | None] = {}  # subscribed front door -> the link of its intake
+        self._handoff: tuple[core.Endpoint, asyncio.Task[None]] | None = None  # prefill workers' handoff calls
 
     def __repr__(self) -> str:
         return f"Worker({self.role_name} {self.worker_id}, flips={self.flips})"
@@ -166,7 +160,7 @@ class Worker:
 
     def attach_intake(self, subscriber: str, address: str, route: bytes) -> bool:
         """While its subscription lasts, the front door ``subscriber``'s submits and aborts come over ZeroMQ from
-        its intake at ``address`` (``common/intake.py``); False when it has no subscription open here."""
+        its intake at ``address`` (``channel/intake.py``); False when it has no subscription open here."""
         if subscriber not in self._intakes:
             return False
         self._detach(subscriber)
@@ -177,39 +171,34 @@ class Worker:
             else:
                 self.abort(message.request_id, message.attempt)
 
-        self._intakes[subscriber] = asyncio.get_running_loop().create_task(serve_intake(address, route, deliver))
+        self._intakes[subscriber] = core.Link(
+            address, route, f"intake from {subscriber}", accepts=INTAKE_MESSAGES, on_message=deliver
+        )
         return True
 
     def _detach(self, subscriber: str) -> None:
-        reader = self._intakes.pop(subscriber, None)
-        if reader is not None:
-            reader.cancel()
+        link = self._intakes.pop(subscriber, None)
+        if link is not None:
+            link.close()
 
     def handoff_address(self) -> tuple[str, str]:
-        """(address, token) of this worker's handoff server (``common/handoff_channel.py``), started on first
-        ask: a prefill worker's ``take``, ``pull_kv``, ``refine``, ``discard`` and ``kv_failed`` come over it."""
+        """(address, token) of this worker's handoff endpoint (``channel/handoff.py``), bound on first ask: a
+        prefill worker's ``take``, ``pull_kv``, ``refine``, ``discard`` and ``kv_failed`` come over it, each
+        calling this actor's method of that name."""
         import ray
 
         if self._handoff is None:
-            server = HandoffServer(ray.util.get_node_ip_address())
-            self._handoff = server, asyncio.get_running_loop().create_task(server.serve(self._handed))
-        return self._handoff[0].address, self._handoff[0].token.decode()
+            endpoint = core.Endpoint(
+                ray.util.get_node_ip_address(), f"handoff to {self.worker_id}", HANDOFF_MESSAGES,
+                secrets.token_hex(16).encode(),
+            )  # fmt: skip
+            self._handoff = endpoint, asyncio.get_running_loop().create_task(endpoint.serve(self._handed))
+        endpoint = self._handoff[0]
+        assert endpoint.token is not None
+        return endpoint.address, endpoint.token.decode()
 
     def _handed(self, message: HandoffMessage) -> Any:
-        if isinstance(message, Take):
-            return self.take(
-                message.request, message.generated, message.estimate, message.subscriber, message.pull_from,
-                message.prefill_here,
-            )  # fmt: skip
-        if isinstance(message, PullKV):
-            self.pull_kv(message.src, message.key)
-        elif isinstance(message, Refine):
-            return self.refine(message.request_id, message.attempt, message.estimate)
-        elif isinstance(message, Discard):
-            self.discard(message.key)
-        elif isinstance(message, KvFailed):
-            self.kv_failed(message.key, message.error)
-        return None
+        return core.invoke(self, message)
 
     def ping(self) -> bool:
         """For a caller waiting on this worker over another channel: raises (Ray's ``ActorDiedError``) once it
@@ -253,7 +242,7 @@ class Worker:
     # -- decode ----------------------------------------------------------------------------
     async def take(
         self,
-        req: Request,
+        request: Request,
         generated: tuple[int, ...],
         estimate: LengthEstimate | None,
         subscriber: str,
@@ -262,7 +251,7 @@ class Worker:
     ) -> bool:
         if not isinstance(self.role, DecodeWorker):
             return False
-        return await self.role.take(req, generated, estimate, subscriber, pull_from, prefill_here)
+        return await self.role.take(request, generated, estimate, subscriber, pull_from, prefill_here)
 
     async def adopt(
         self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, key: str, subscriber: str

@@ -1,12 +1,12 @@
-"""What the prefill→decode handoff's ``take`` costs as a Ray actor call, against the ZeroMQ link that carries it
-(``common/handoff_channel.py``).
+"""What the prefill→decode handoff's ``take`` costs as a Ray actor call, against the channel's link that carries
+it (``channel/handoff.py``).
 
 This times and meters ``take`` alone, between two async actors otherwise idle, with a request whose prompt has
 ``--prompt-tokens`` ids, over each channel in turn:
 
     ray     ``await decode.take.remote(req, ...)``: the call and its reply
-    link    ``HandoffLink.take``: a DEALER on the caller's event loop to the callee's ``HandoffServer`` (a
-            ROUTER), msgpack both ways, as the handoff runs
+    link    ``Link.call(Take(...))``: a DEALER on the caller's event loop to the callee's ``Endpoint`` (a
+            ROUTER), msgpack both ways, as the handoff runs (``channel/core.py``)
 
 Each channel runs twice: one call every 10 ms (``spaced``: each finds both sides idle; the round trip and
 its one-way arrival, the callee's receipt by the machine's monotonic clock after the caller's send), and
@@ -55,7 +55,7 @@ def make_actors() -> tuple[Any, Any]:
 
     @ray.remote(num_cpus=0)
     class Decode:
-        """The callee: answers ``take`` over Ray, and the same over its handoff server."""
+        """The callee: answers ``take`` over Ray, and the same over its handoff endpoint."""
 
         def __init__(self) -> None:
             self.arrivals: list[float] = []
@@ -65,12 +65,12 @@ def make_actors() -> tuple[Any, Any]:
             return True
 
         async def bind(self) -> tuple[str, bytes]:
-            from tetriserve.common.handoff_channel import HandoffServer, Take
+            from tetriserve.channel import core
+            from tetriserve.channel.handoff import HANDOFF_MESSAGES
 
-            server = HandoffServer("127.0.0.1")
-            handle = lambda m: self.take() if isinstance(m, Take) else None  # noqa: E731
-            self._task = asyncio.get_running_loop().create_task(server.serve(handle))
-            return server.address, server.token
+            endpoint = core.Endpoint("127.0.0.1", "handoff bench", HANDOFF_MESSAGES, b"bench")
+            self._task = asyncio.get_running_loop().create_task(endpoint.serve(lambda m: core.invoke(self, m)))
+            return endpoint.address, b"bench"
 
         def ping(self) -> bool:
             return True
@@ -90,19 +90,20 @@ def make_actors() -> tuple[Any, Any]:
         """The caller: ``n`` calls over one channel; (round trips in ms, send times, its CPU seconds)."""
 
         async def calls(self, channel: str, target: Any, n: int, prompt: int, burst: bool) -> dict[str, Any]:
-            from tetriserve.common.handoff_channel import HandoffLink
+            from tetriserve.channel import core
+            from tetriserve.channel.handoff import Take
             from tetriserve.common.request import Request, SamplingSpec
 
             req = Request("bench-0", tuple(range(100, 100 + prompt)), SamplingSpec(max_tokens=256))
             link = None
             if channel == "link":
                 address, token = target[1]
-                link = HandoffLink(address, token, "prefill-bench", target[0].ping.remote)
+                link = core.Link(address, token + b":prefill-bench", "handoff bench", target[0].ping.remote)
 
             async def one() -> tuple[float, float]:
                 sent = time.monotonic()
                 if link is not None:
-                    await link.take(req, (7,), None, "frontdoor-bench")
+                    await link.call(Take(req, (7,), None, "frontdoor-bench"))
                 else:
                     await target[0].take.remote(req, (7,), None, "frontdoor-bench", None, False)
                 return sent, (time.monotonic() - sent) * 1e3

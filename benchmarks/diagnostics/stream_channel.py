@@ -1,12 +1,12 @@
-"""CPU cost of one token message, worker → front door: Ray streaming generator vs ZeroMQ (common/outbox.py).
+"""CPU cost of one token message, worker → front door: Ray streaming generator vs ZeroMQ (channel/streams.py).
 
 A Ray actor publishes one single-token chunk every ``--interval-ms`` (an engine
 step of a one-stream decode) for ``--messages`` steps, over each channel in turn:
 
     ray     the actor's async generator yields each batch; the driver iterates the ObjectRefGenerator
             (``subscribe`` streams the batches)
-    zmq     ``StreamHub.publish`` → one msgpack message on the actor's PUSH socket → the driver's PULL
-            socket (``StreamHub.serve`` attaches it, as the workers do)
+    zmq     ``StreamHub.publish`` → one ``Chunks`` message from the actor's ``Sender`` → the driver's
+            ``Endpoint`` (``channel/core.py``; ``StreamHub.serve`` attaches it, as the workers do)
 
 and reports the CPU time (user + system, from ``getrusage``) each side spent per
 message, the timer loop that paces the steps included on both channels.
@@ -43,7 +43,7 @@ def make_actor() -> Any:
     @ray.remote
     class Publisher:
         def __init__(self) -> None:
-            from tetriserve.common.outbox import StreamHub
+            from tetriserve.channel.streams import StreamHub
 
             self.hub = StreamHub()
 
@@ -77,10 +77,8 @@ def make_actor() -> Any:
 
 async def one_round(actor: Any, channel: str, n: int, interval_s: float) -> tuple[float, float]:
     """(actor CPU µs per message, driver CPU µs per message)."""
-    import zmq
-    import zmq.asyncio
-
-    from tetriserve.common.stream import decode_chunks
+    from tetriserve.channel import core
+    from tetriserve.channel.streams import STREAM_MESSAGES
 
     a0, d0 = await actor.cpu.remote(), cpu_s()
     if channel == "ray":
@@ -88,14 +86,19 @@ async def one_round(actor: Any, channel: str, n: int, interval_s: float) -> tupl
         async for ref in actor.by_ray.remote(n, interval_s):
             got += len(await ref)
     else:
-        sock = zmq.asyncio.Context.instance().socket(zmq.PULL)
-        port = sock.bind_to_random_port("tcp://127.0.0.1")
-        done = actor.by_zmq.remote(n, interval_s, f"tcp://127.0.0.1:{port}")
-        got = 0
-        while got < n:
-            got += sum(len(c.token_ids) for c in decode_chunks(await sock.recv()))
-        await done
-        sock.close(0)
+        endpoint = core.Endpoint("127.0.0.1", "stream bench", STREAM_MESSAGES)
+        counted = [0]
+
+        def count(batch: Any) -> None:
+            counted[0] += sum(len(c.token_ids) for c in batch.chunks)
+
+        serving = asyncio.ensure_future(endpoint.serve(count))
+        await actor.by_zmq.remote(n, interval_s, endpoint.address)
+        while counted[0] < n:
+            await asyncio.sleep(0.01)
+        got = counted[0]
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
     a1, d1 = await actor.cpu.remote(), cpu_s()
     assert got == n, (channel, got)
     return 1e6 * (a1 - a0) / n, 1e6 * (d1 - d0) / n

@@ -1,12 +1,12 @@
 """The front door's submits and aborts: over the worker's intake where it attached one, over Ray where not
-(frontdoor/worker_streams.py, frontdoor/ray_backend.py, common/intake.py)."""
+(frontdoor/worker_streams.py, frontdoor/ray_backend.py, channel/intake.py)."""
 
 from __future__ import annotations
 
 import asyncio
 
 from tests.data_path_support import fake_cluster, make_request, wait_until
-from tetriserve.common.intake import Abort, Submit
+from tetriserve.channel.intake import Abort, Submit
 from tetriserve.frontdoor.ray_backend import RayBackend
 
 
@@ -26,7 +26,7 @@ def test_submits_and_aborts_take_the_intake_where_the_worker_attached_it() -> No
         stream = backend.generate(make_request("a"))
         first = asyncio.ensure_future(anext(stream))
         await wait_until(lambda: "a" in w["prefill-0"].submitted)
-        assert not cluster.prefill["prefill-0"].called("submit")  # the request went over ZeroMQ, not Ray
+        assert not cluster.prefill["prefill-0"].called("submit")  # the request went over the intake, not Ray
         assert isinstance(w["prefill-0"].intake[-1], Submit) and w["prefill-0"].intake[-1].request.request_id == "a"
         w["prefill-0"].emit("a", (10,), 0)
         await asyncio.wait_for(first, 5)
@@ -34,24 +34,25 @@ def test_submits_and_aborts_take_the_intake_where_the_worker_attached_it() -> No
         await wait_until(lambda: w["prefill-0"].aborted == ["probe", "a"])
         assert not cluster.prefill["prefill-0"].called("abort")
         routes = w["prefill-0"].routes
-        assert routes and routes[0][1].startswith(b"prefill-0/") and routes[0][0] == streams._intake.address
+        assert routes and routes[0][1].startswith(b"prefill-0/") and routes[0][0] == streams.address
 
     asyncio.run(main())
 
 
-def test_a_worker_that_leaves_the_intake_unattached_gets_the_submit_and_its_abort_over_ray() -> None:
+def test_a_worker_whose_intake_is_not_attached_yet_gets_the_submit_and_its_abort_over_ray() -> None:
     async def main() -> None:
         cluster, gs = fake_cluster(decode=1)
         w = cluster.workers
-        w["prefill-0"].attaches = False  # one of a release before the intake
+        w["prefill-0"].early_attaches = 10**9  # every attach call comes before its subscription
         backend = RayBackend(cluster, "m")  # type: ignore[arg-type]
         stream = backend.generate(make_request("b"))
         first = asyncio.ensure_future(anext(stream))
         await wait_until(lambda: "b" in w["prefill-0"].submitted)
         assert [args[0].request_id for args in cluster.prefill["prefill-0"].called("submit")] == ["b"]
+        assert not w["prefill-0"].routes
         w["prefill-0"].emit("b", (10,), 0)
         await asyncio.wait_for(first, 5)
-        await stream.aclose()  # the abort follows its submit over Ray: over ZeroMQ it could overtake it
+        await stream.aclose()  # the abort follows its submit over Ray: over the intake it could overtake it
         await wait_until(lambda: cluster.prefill["prefill-0"].called("abort") == [("b", 0)])
         assert not w["prefill-0"].intake
         await wait_until(lambda: not gs.table)

@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 from tests.actor_fakes import FakeHandle
+from tetriserve.channel.handoff import Take
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.load import DecodeLoad
 from tetriserve.common.request import Request
@@ -60,21 +61,22 @@ def test_a_decode_worker_found_dead_leaves_dispatch_at_once_and_the_monitor_hear
 
 
 class _Decode:
-    """A decode worker actor's ``take``: Ray's ActorDiedError once it is dead."""
+    """A decode worker as the handoff calls it (its ``DecodePeer``): Ray's ActorDiedError once it is dead."""
 
     def __init__(self, dead: bool = False) -> None:
         self.dead = dead
         self.taken: list[tuple[str, str | None]] = []
 
-    def take(
-        self, req: Request, generated: Any, estimate: Any, subscriber: str, pull_from: str | None, here: bool = False
-    ) -> bool:
+    async def take(self, message: Take) -> bool:
         if self.dead:
             from ray.exceptions import ActorDiedError
 
             raise ActorDiedError()
-        self.taken.append((req.request_id, pull_from))
+        self.taken.append((message.request.request_id, message.pull_from))
         return True
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class _Endpoint:
@@ -96,6 +98,7 @@ def _handing_off(decodes: dict[str, _Decode], lent_bytes: int) -> tuple[PrefillW
         {d: f"shm://host/{d}" for d in decodes},
         {d: FakeHandle(x) for d, x in decodes.items()},
     )
+    worker._decode_peers = dict(decodes)  # type: ignore[arg-type]
     req = Request("r", (1, 2, 3))
     lending = TransferHandle(req.kv_key, 0)
     lending.nbytes = lent_bytes  # what of the lent KV has left for the reader so far

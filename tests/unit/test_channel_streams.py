@@ -1,4 +1,4 @@
-"""A worker's multiplexed output streams (common/outbox.py) and their wire format (common/stream.py)."""
+"""A worker's multiplexed output streams (channel/streams.py) and their wire format (common/stream.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import asyncio
 import msgpack
 import pytest
 
-from tetriserve.common.outbox import StreamHub, coalesce
-from tetriserve.common.stream import PROTOCOL_VERSION, FinishReason, StreamChunk, decode_chunks, encode_chunks
+from tetriserve.channel import core
+from tetriserve.channel.streams import STREAM_MESSAGES, Chunks, StreamHub, coalesce
+from tetriserve.common.stream import FinishReason, StreamChunk, TokenLogprobs
 
 
-def test_outbox_coalesces_each_requests_contiguous_deltas_and_keeps_the_rest_apart() -> None:
+def test_a_hub_coalesces_each_requests_contiguous_deltas_and_keeps_the_rest_apart() -> None:
     chunks = [
         StreamChunk("x", (1,), worker="d0", index=0),
         StreamChunk("y", (5,), worker="d0", index=3),
@@ -29,16 +30,17 @@ def test_outbox_coalesces_each_requests_contiguous_deltas_and_keeps_the_rest_apa
     ]
 
 
-def test_chunks_cross_the_wire_unchanged_and_a_foreign_protocol_version_is_refused() -> None:
-    chunks = [
-        StreamChunk("a", (1, 2), FinishReason.STOP, None, 3, "decode-0", {"queue_s": 0.5}, None, 4, 1),
+def test_chunks_cross_the_wire_unchanged_and_a_malformed_batch_is_refused() -> None:
+    lps = (TokenLogprobs((1, 7), (-0.5, -1.5)), TokenLogprobs((2,), (-0.1,)))
+    chunks = (
+        StreamChunk("a", (1, 2), FinishReason.STOP, None, 3, "decode-0", {"queue_s": 0.5}, None, 4, 1, 2, True, lps),
         StreamChunk("b", (), None, "why", 0, "prefill-0", None, "decode-1", 0, 0),
-    ]
-    assert decode_chunks(encode_chunks(chunks)) == chunks
-    assert decode_chunks(encode_chunks(chunks))[0].finish_reason is FinishReason.STOP
-    foreign = msgpack.packb([PROTOCOL_VERSION + 1, []])
-    with pytest.raises(ValueError, match="protocol version"):
-        decode_chunks(foreign)
+    )
+    got = core.decode(core.encode(Chunks(chunks)), STREAM_MESSAGES)
+    assert got == Chunks(chunks) and got.chunks[0].finish_reason is FinishReason.STOP
+    for rows in ([["a", [1]]], [[7, [], None, None, 0, "w", None, None, 0, 0, 0, False, None]], "rows"):
+        with pytest.raises(ValueError, match=r"Chunks\.chunks"):
+            core.decode(msgpack.packb([core.WIRE_VERSION, core.kind_of(Chunks), 0, rows]), STREAM_MESSAGES)
 
 
 def test_a_hub_sends_one_coalesced_message_per_loop_turn_and_holds_chunks_until_a_sink_attaches() -> None:

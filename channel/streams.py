@@ -10,8 +10,8 @@ message rate follows the engine's step rate whatever the batch size, and a slow
 subscriber gets a longer queue rather than holding up the worker or the other
 subscribers (there is no blocking bound shared by the requests of a stream).
 
-The wire is a ZeroMQ PUSH socket from the worker to the front door's one PULL
-socket, each message one ``encode_chunks`` batch (msgpack); one connection per
+The wire is the channel (``channel/core.py``): a ``Sender`` from the worker to the
+front door's one ``Endpoint``, each message one ``Chunks`` batch; one connection per
 worker keeps a worker's chunks in order. Ray carries the control side: the
 front door's long-lived ``subscribe`` call (``serve`` here) attaches the socket
 and then yields only a heartbeat every ``HEARTBEAT_S``; that call ending tells
@@ -37,10 +37,11 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from tetriserve.common.stream import StreamChunk, encode_chunks
+from tetriserve.channel import core
+from tetriserve.common.stream import StreamChunk
 
 logger = logging.getLogger(__name__)
 
@@ -77,24 +78,28 @@ def coalesce(chunks: list[StreamChunk]) -> list[StreamChunk]:
     return out
 
 
-class ZmqSink:
-    """Sends batches to one front door's PULL socket at ``address`` (``tcp://host:port``), never blocking:
-    ZeroMQ queues what the front door has not read yet."""
+@core.message(21)
+@dataclass(frozen=True)
+class Chunks:
+    """One batch of a worker's chunks for one front door."""
+
+    chunks: tuple[StreamChunk, ...]
+
+
+STREAM_MESSAGES = (Chunks,)
+
+
+class ChannelSink:
+    """Sends batches to one front door's endpoint at ``address`` (``tcp://host:port``), never blocking."""
 
     def __init__(self, address: str) -> None:
-        import zmq
-
-        self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
-        self._socket.setsockopt(zmq.SNDHWM, 0)  # no bound: a slow reader must not stall the worker's loop
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.connect(address)
-        self._noblock = zmq.NOBLOCK
+        self._sender = core.Sender(address)
 
     def __call__(self, chunks: list[StreamChunk]) -> None:
-        self._socket.send(encode_chunks(chunks), self._noblock)
+        self._sender.send(Chunks(tuple(chunks)))
 
     def close(self) -> None:
-        self._socket.close()
+        self._sender.close()
 
 
 class StreamHub:
@@ -203,7 +208,7 @@ class StreamHub:
         """The worker's side of a front door's ``subscribe``: chunks go to the front door's socket at
         ``address``; this stream yields ``beat()`` at once and every ``heartbeat_s`` until the caller drops it,
         or until a newer stream of the same subscriber takes its chunks over (then it ends)."""
-        sink = ZmqSink(address)
+        sink = ChannelSink(address)
         try:
             with self.attach(subscriber, sink, threadsafe=True):
                 while self.current(subscriber, sink):
