@@ -51,7 +51,7 @@ import types
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import astuple, dataclass, fields
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgpack
 import zmq
@@ -69,6 +69,7 @@ LIVENESS_S = 0.5  # a call waiting for its answer asks ``probe`` this often whet
 ANSWER_TIMEOUT_S = 30.0  # a call its living peer has not answered in this long fails
 
 T = TypeVar("T")
+M = TypeVar("M")  # the messages a socket takes
 
 
 @dataclass(frozen=True)
@@ -112,12 +113,13 @@ def kind_of(cls: type) -> int:
     return _BY_CLASS[cls].kind
 
 
-def invoke(target: object, msg: object) -> Any:
+def invoke(target: object, msg: object) -> object:
     """Call the method ``msg``'s type names on ``target`` with its fields; what it returns."""
     plan = _BY_CLASS[type(msg)]
     if plan.call is None:
         raise ValueError(f"a {plan.cls.__name__} calls nothing")
-    return getattr(target, plan.call)(*(getattr(msg, n) for n in plan.names))
+    result: object = getattr(target, plan.call)(*(getattr(msg, n) for n in plan.names))
+    return result
 
 
 def encode(msg: object, call: int = 0) -> bytes:
@@ -127,7 +129,7 @@ def encode(msg: object, call: int = 0) -> bytes:
     return data
 
 
-def decode(data: bytes, expect: tuple[type, ...]) -> Any:
+def decode(data: bytes, expect: tuple[type[M], ...]) -> M:
     """The message in ``data``, one of the types ``expect``; ValueError when it is not one this side takes."""
     _, msg = _read(data, expect)
     if isinstance(msg, _Reply):
@@ -137,16 +139,16 @@ def decode(data: bytes, expect: tuple[type, ...]) -> Any:
 
 @dataclass(frozen=True)
 class _Reply:
-    value: Any
+    value: object
     error: str | None
 
 
-def _encode_reply(call: int, value: Any, error: str | None) -> bytes:
+def _encode_reply(call: int, value: object, error: str | None) -> bytes:
     data: bytes = msgpack.packb([WIRE_VERSION, REPLY, call, value, error])
     return data
 
 
-def _read(data: bytes, expect: tuple[type, ...]) -> tuple[int, Any]:
+def _read(data: bytes, expect: tuple[type[M], ...]) -> tuple[int, M | _Reply]:
     """(call id, message or ``_Reply``); ValueError for a frame this side does not take."""
     try:
         frame = msgpack.unpackb(data)
@@ -175,9 +177,12 @@ def _read(data: bytes, expect: tuple[type, ...]) -> tuple[int, Any]:
         except Exception as exc:  # msgpack's values of a wrong shape or type, a request its own checks refuse
             raise ValueError(f"{plan.cls.__name__}.{name}: {type(exc).__name__}: {exc}") from None
     try:
-        return call, plan.cls(**values)
+        msg = plan.cls(**values)
     except Exception as exc:
         raise ValueError(f"{plan.cls.__name__}: {type(exc).__name__}: {exc}") from None
+    if not isinstance(msg, expect):  # a subclass registered on its own: not one this side takes
+        raise ValueError(f"unknown message kind {kind!r} on this channel")
+    return call, msg
 
 
 # -- sockets ----------------------------------------------------------------------------------------------
@@ -199,17 +204,16 @@ def _send_now(socket: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
     return sent.exception() is None  # asking for the exception also marks it seen
 
 
-Handler = Callable[[Any], Any]  # a message -> None, a value, or an awaitable of one (a request's answer)
 
 
 class PeerError(RuntimeError):
     """The peer's method raised (its message, as a Ray call would re-raise it); or it did not answer a call."""
 
 
-class Endpoint:
+class Endpoint(Generic[M]):
     """A bound ROUTER that peers' links connect to (see the module's docstring)."""
 
-    def __init__(self, host: str, name: str, accepts: tuple[type, ...] = (), token: bytes | None = None) -> None:
+    def __init__(self, host: str, name: str, accepts: tuple[type[M], ...] = (), token: bytes | None = None) -> None:
         self.name, self.token, self._accepts = name, token, accepts
         self._socket = _socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to no connection fails instead of vanishing
@@ -220,9 +224,10 @@ class Endpoint:
         """Send ``msg`` to the peer connected under ``route``; False when none is."""
         return _send_now(self._socket, [route, encode(msg)])
 
-    async def serve(self, handle: Handler) -> None:
-        """Until cancelled: every message from a peer that knows the token goes to ``handle`` on this event loop;
-        an awaitable it returns is awaited off the receive loop, and a request is answered with the result."""
+    async def serve(self, handle: Callable[[M], object]) -> None:
+        """Until cancelled: every message from a peer that knows the token goes to ``handle`` on this event loop
+        (it returns None, a value, or an awaitable of one); an awaitable is awaited off the receive loop, and a
+        request is answered with the result."""
         try:
             while True:
                 frames = await self._socket.recv_multipart()
@@ -257,7 +262,7 @@ class Endpoint:
                 task.cancel()
             self._socket.close()
 
-    async def _answer(self, route: bytes, call: int, msg: object, answer: Awaitable[Any]) -> None:
+    async def _answer(self, route: bytes, call: int, msg: object, answer: Awaitable[object]) -> None:
         try:
             value, error = await answer, None
         except Exception as exc:  # the receiver's own error, raised in the caller as a Ray call's would be
@@ -265,7 +270,7 @@ class Endpoint:
             value, error = None, exc
         self._reply(route, call, value, error)
 
-    def _reply(self, route: bytes, call: int, value: Any, error: BaseException | None) -> None:
+    def _reply(self, route: bytes, call: int, value: object, error: BaseException | None) -> None:
         if call:
             text = None if error is None else f"{type(error).__name__}: {error}"
             if not _send_now(self._socket, [route, _encode_reply(call, value, text)]):  # the caller has gone
@@ -275,7 +280,7 @@ class Endpoint:
         self._socket.close()
 
 
-class Link:
+class Link(Generic[M]):
     """A DEALER connected to the endpoint at ``address`` under ``route`` (see the module's docstring).
     ``probe()``: raises once the peer is dead (a Ray call on its actor); ``on_message``: what the endpoint sends
     this side, of the types ``accepts``."""
@@ -285,9 +290,9 @@ class Link:
         address: str,
         route: bytes,
         name: str,
-        probe: Callable[[], Awaitable[Any]] | None = None,
-        accepts: tuple[type, ...] = (),
-        on_message: Handler | None = None,
+        probe: Callable[[], Awaitable[object]] | None = None,
+        accepts: tuple[type[M], ...] = (),
+        on_message: Callable[[M], object] | None = None,
     ) -> None:
         self.address, self.name = address, name
         self._probe, self._accepts, self._on_message = probe, accepts, on_message
@@ -309,7 +314,7 @@ class Link:
         if not self._closed:
             _send_now(self._socket, [encode(msg)])
 
-    async def call(self, msg: object) -> Any:
+    async def call(self, msg: object) -> object:
         """The peer's answer to ``msg``: the value its method returned; its error, or no answer in
         ``ANSWER_TIMEOUT_S``, as ``PeerError``; the probe's error once the probe finds the peer dead (the link is
         failed then: every other waiting call gets it too, and so does every later one)."""

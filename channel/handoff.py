@@ -83,4 +83,4 @@ class KvFailed:
 
 
 HandoffMessage = Take | PullKV | Refine | Discard | KvFailed
-HANDOFF_MESSAGES = (Take, PullKV, Refine, Discard, KvFailed)
+HANDOFF_MESSAGES: tuple[type[HandoffMessage], ...] = (Take, PullKV, Refine, Discard, KvFailed)

@@ -42,4 +42,4 @@ class Abort:
 
 
 IntakeMessage = Submit | Abort
-INTAKE_MESSAGES = (Submit, Abort)
+INTAKE_MESSAGES: tuple[type[IntakeMessage], ...] = (Submit, Abort)

@@ -86,7 +86,7 @@ class Chunks:
     chunks: tuple[StreamChunk, ...]
 
 
-STREAM_MESSAGES = (Chunks,)
+STREAM_MESSAGES: tuple[type[Chunks], ...] = (Chunks,)
 
 
 class ChannelSink:

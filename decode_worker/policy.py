@@ -5,8 +5,8 @@ Each is a pure object over frozen views (``docs/design/policy-seam.md``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -35,7 +35,7 @@ def decode_policies(cfg: DecodeConfig) -> tuple[AdmissionPolicy, PreemptionOrder
     )
 
 
-def updated_decode_config(cfg: DecodeConfig, changes: dict[str, Any]) -> DecodeConfig:
+def updated_decode_config(cfg: DecodeConfig, changes: Mapping[str, object]) -> DecodeConfig:
     """``cfg`` with ``changes`` applied and validated; a ValueError names every bad ``decode.<field>``."""
     try:
         return DecodeConfig.model_validate({**cfg.model_dump(), **changes})

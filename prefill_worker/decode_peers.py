@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import Any
+from typing import Any, Never
 
 from tetriserve.channel import core
 from tetriserve.channel.handoff import Discard, KvFailed, PullKV, Refine, Take
@@ -29,7 +29,7 @@ class DecodePeer:
         self.decode_id, self.handle, self.caller = decode_id, handle, caller
         self._pending: list[OneWay] = []  # sent before the link was up
         self._closed = False
-        self._connecting: asyncio.Task[core.Link] | None = None
+        self._connecting: asyncio.Task[core.Link[Never]] | None = None
 
     async def take(self, message: Take) -> bool:
         """The decode worker's answer to ``message``; raises as a Ray call on it would (``ActorDiedError`` once it
@@ -47,16 +47,16 @@ class DecodePeer:
         elif not connecting.cancelled() and connecting.exception() is None:
             connecting.result().send(message)
 
-    def _connect(self) -> asyncio.Task[core.Link]:
+    def _connect(self) -> asyncio.Task[core.Link[Never]]:
         if self._connecting is None:
             self._connecting = asyncio.get_running_loop().create_task(self._open())
             self._connecting.add_done_callback(self._opened)
         return self._connecting
 
-    async def _open(self) -> core.Link:
+    async def _open(self) -> core.Link[Never]:
         address, token = await self.handle.handoff_address.remote()
         route = b":".join((token.encode(), self.caller.encode(), secrets.token_hex(4).encode()))
-        link = core.Link(address, route, f"handoff to {self.decode_id}", probe=self.handle.ping.remote)
+        link: core.Link[Never] = core.Link(address, route, f"handoff to {self.decode_id}", self.handle.ping.remote)
         if self._closed:
             link.close()
         for message in self._pending:
@@ -64,7 +64,7 @@ class DecodePeer:
         self._pending.clear()
         return link
 
-    def _opened(self, connecting: asyncio.Task[core.Link]) -> None:
+    def _opened(self, connecting: asyncio.Task[core.Link[Never]]) -> None:
         if not connecting.cancelled() and connecting.exception() is not None:
             logger.info("decode worker %s: no handoff link (%s)", self.decode_id, connecting.exception())
             self._pending.clear()

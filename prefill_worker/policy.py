@@ -8,9 +8,9 @@ gate (raw → scheduled queue) and the vLLM scheduler subclass consult.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from tetriserve.common.cost_estimator import CostEstimator
 from tetriserve.common.cost_profile import CostProfile, default_profile_path
@@ -31,11 +31,12 @@ class PrefillPolicySpec:
     sched_batch: int = 16
     offload_max_tokens: int = 512  # prompts this short go to a decode worker with room (``Handoff.offer_short``)
 
-    def updated(self, changes: dict[str, Any]) -> PrefillPolicySpec:
+    def updated(self, changes: Mapping[str, object]) -> PrefillPolicySpec:
         unknown = set(changes) - set(self.__dataclass_fields__)
         if unknown:
             raise ValueError(f"prefill policy: unknown field(s) {sorted(unknown)}")
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        build: Callable[..., PrefillPolicySpec] = PrefillPolicySpec  # the changes' values are checked upstream
+        return build(**{**asdict(self), **{k: v for k, v in changes.items() if v is not None}})
 
     def describe(self) -> dict[str, str]:
         out = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from tetriserve.common.flip_config import FlipConfig
 from tetriserve.control_plane.flip.base import (
@@ -22,7 +22,7 @@ from tetriserve.control_plane.flip.tetriinfer import TetriInferFlip, TetriInferP
 FLIP_POLICY_NAMES = ("off", "tetriinfer", "slo")
 
 
-def make_flip_policy(name: str, **params: Any) -> FlipPolicy:
+def make_flip_policy(name: str, **params: object) -> FlipPolicy:
     """``params`` go to the policy's parameter dataclass; a ValueError names what is wrong."""
     try:
         if name == "off":
@@ -30,9 +30,11 @@ def make_flip_policy(name: str, **params: Any) -> FlipPolicy:
                 raise TypeError(f"takes no parameters, got {sorted(params)}")
             return NoFlip()
         if name == "tetriinfer":
-            return TetriInferFlip(TetriInferParams(**params))
+            tetriinfer: Callable[..., TetriInferParams] = TetriInferParams
+            return TetriInferFlip(tetriinfer(**params))
         if name == "slo":
-            return SloFlip(SloParams(**params))
+            slo: Callable[..., SloParams] = SloParams
+            return SloFlip(slo(**params))
     except TypeError as exc:
         raise ValueError(f"flip policy {name!r}: {exc}") from None
     raise ValueError(f"flip.policy: unknown policy {name!r}; known: {list(FLIP_POLICY_NAMES)}")

@@ -3,7 +3,7 @@ cacheopt (CacheOpt §3.3), sola (SOLA §4.4.2, §5.1)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from tetriserve.decode_worker.admission.base import AdmissionPolicy
 from tetriserve.decode_worker.admission.cacheopt import CacheOptAdmission
@@ -15,15 +15,15 @@ from tetriserve.decode_worker.admission.sola import SolaDecode
 ADMISSION_NAMES = ("greedy", "reserve-static", "reserve-dynamic", "cacheopt", "sola")
 
 
-def make_admission_policy(name: str, **params: Any) -> AdmissionPolicy:
+def make_admission_policy(name: str, **params: object) -> AdmissionPolicy:
     """``params`` go to the policy's constructor (e.g. cacheopt's ``reserve_blocks``)."""
-    classes: dict[str, Any] = {
+    classes: dict[str, Callable[..., AdmissionPolicy]] = {
         c.name: c for c in (Greedy, ReserveStatic, ReserveDynamic, CacheOptAdmission, SolaDecode)
     }
     if name not in classes:
         raise ValueError(f"decode.admission_policy: unknown policy {name!r}; known: {list(ADMISSION_NAMES)}")
     try:
-        policy: AdmissionPolicy = classes[name](**params)
+        policy = classes[name](**params)
     except TypeError as exc:
         raise ValueError(f"decode admission policy {name!r}: {exc}") from None
     return policy

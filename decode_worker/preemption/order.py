@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from tetriserve.decode_worker.views import DecodeReqView
 
@@ -32,7 +32,7 @@ class PreemptionOrder:
 
     name: ClassVar[str] = ""
 
-    def key(self, r: DecodeReqView) -> tuple[Any, ...]:
+    def key(self, r: DecodeReqView) -> tuple[float, ...]:
         raise NotImplementedError
 
     def victims(self, running: Sequence[DecodeReqView]) -> list[DecodeReqView]:
@@ -42,21 +42,21 @@ class PreemptionOrder:
 class VllmOrder(PreemptionOrder):
     name: ClassVar[str] = "vllm"
 
-    def key(self, r: DecodeReqView) -> tuple[Any, ...]:
+    def key(self, r: DecodeReqView) -> tuple[float, ...]:
         return (-r.arrival_time,)
 
 
 class SrtfOrder(PreemptionOrder):
     name: ClassVar[str] = "srtf"
 
-    def key(self, r: DecodeReqView) -> tuple[Any, ...]:
+    def key(self, r: DecodeReqView) -> tuple[float, ...]:
         return (-r.predicted_remaining("estimate"), -r.arrival_time)
 
 
 class LkvoOrder(PreemptionOrder):
     name: ClassVar[str] = "lkvo"
 
-    def key(self, r: DecodeReqView) -> tuple[Any, ...]:
+    def key(self, r: DecodeReqView) -> tuple[float, ...]:
         return (r.context, -r.arrival_time)
 
 
@@ -68,7 +68,7 @@ def tbt_bucket(slo_s: float | None) -> int:
 class CacheOptOrder(PreemptionOrder):
     name: ClassVar[str] = "cacheopt"
 
-    def key(self, r: DecodeReqView) -> tuple[Any, ...]:
+    def key(self, r: DecodeReqView) -> tuple[float, ...]:
         return (
             -tbt_bucket(r.tbt_slo_s),
             -(r.predicted_remaining("estimate") // TOKEN_BUCKET),

@@ -1,0 +1,59 @@
+"""Where production code steps outside the type checker: every ``Any``, ``cast(`` and ``type: ignore`` is counted,
+per package. The policies and the planners hold none (they are what a simulator or another engine drives, so
+their types are their contract); every other package is held at its count, so a new escape costs removing one.
+The target for the whole service is fewer than 100, and none in the channel (its field codecs still take
+msgpack's values as ``Any``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ESCAPE = re.compile(r"\bAny\b|\bcast\(|type:\s*ignore")
+
+NONE_ALLOWED = (
+    "prefill_worker/queue",
+    "prefill_worker/chunking",
+    "prefill_worker/dispatch",
+    "prefill_worker/planner.py",
+    "prefill_worker/policy.py",
+    "decode_worker/admission",
+    "decode_worker/preemption",
+    "decode_worker/planner.py",
+    "decode_worker/policy.py",
+    "decode_worker/slices.py",
+    "control_plane/flip",
+)
+
+# the count each package is held at (lower it when you remove escapes; never raise it)
+BUDGET = {
+    "channel": 18,
+    "cli": 38,
+    "common": 60,
+    "control_plane": 57,
+    "decode_worker": 27,
+    "engine": 84,
+    "frontdoor": 81,
+    "length_predictor": 47,
+    "observability": 15,
+    "prefill_worker": 28,
+    "transport": 95,
+    "worker": 8,
+}
+
+
+def _count(path: Path) -> int:
+    files = [path] if path.is_file() else sorted(path.rglob("*.py"))
+    return sum(len(ESCAPE.findall(f.read_text(encoding="utf-8"))) for f in files)
+
+
+def test_policies_and_planners_hold_no_escape_from_the_types() -> None:
+    found = {p: n for p in NONE_ALLOWED if (n := _count(ROOT / p))}
+    assert not found, f"Any / cast / type: ignore in policy or planner code: {found}"
+
+
+def test_no_package_holds_more_escapes_than_its_budget() -> None:
+    counts = {pkg: _count(ROOT / pkg) for pkg in BUDGET}
+    over = {pkg: (n, BUDGET[pkg]) for pkg, n in counts.items() if n > BUDGET[pkg]}
+    assert not over, f"(count, budget) of packages over their budget: {over}"
