@@ -204,8 +204,6 @@ def _send_now(socket: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
     return sent.exception() is None  # asking for the exception also marks it seen
 
 
-
-
 class PeerError(RuntimeError):
     """The peer's method raised (its message, as a Ray call would re-raise it); or it did not answer a call."""
 
