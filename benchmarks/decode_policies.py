@@ -8,7 +8,7 @@
    prefilling S tokens, less a 1-token step's fixed cost; swap: packing S tokens' blocks out of the KV
    cache into the connector's host buffer and back), the fitted curves and their sweet spot, saved as
    results/decode_policies_preemption_profile.json (``<out>_preemption_profile.json``), the profile
-   ``decode.preemption_mode=auto`` reads (``decode.preemption_profile``).
+   ``decode.preemption.mode=auto`` reads (``decode.preemption.profile``).
 3. Fig. 7: number of preemptions and tail preemption time (preempted → decoding again) under greedy
    admission for vLLM's victim order, SRTF, LKVO and CacheOpt's, each preempting by recompute; then
    CacheOpt's order with swap, and CacheOpt's admission with its order and the sweet-spot choice.

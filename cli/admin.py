@@ -5,15 +5,16 @@
     tetriserve policy set  [--target HOST:PORT] [--worker ID] [--json] KEY=VALUE ...
         e.g. `tetriserve policy set queue=sjf sched_batch=128 chunking=dynamic`: every prefill worker
         (or --worker ID) switches at once; prints the policies as they now are.
-        `tetriserve policy set --worker decode admission_policy=cacheopt preemption_order=srtf`:
+        `tetriserve policy set --worker decode admission.policy=cacheopt preemption.order=srtf`:
         every decode worker (or --worker decode-0) switches its admission and preemption policies.
 
 --worker is a worker's id or a role: "prefill" / "decode" means every worker of that role.
 Keys belong to one role, a key of the other role is rejected naming it (INVALID_ARGUMENT):
     prefill  queue chunking chunk_size selection sched_batch offload_max_tokens
-    decode   admission_policy cacheopt_reserve_blocks cacheopt_proactive_tokens cacheopt_buffer_tokens
-             preemption_order preemption_mode preemption_profile max_local_prompts slice_iters
-             (the ``decode`` config section)
+    decode   admission.policy, its parameters admission.length_end admission.horizons
+             admission.reserve_blocks admission.proactive_tokens admission.buffer_tokens,
+             preemption.order preemption.mode preemption.profile max_local_prompts slice_iters
+             (the ``decode`` config section's keys below ``decode.``)
 
 A malformed KEY=VALUE (or a key given twice) is a usage error: exit code 2
 before any call. A key or value the service rejects comes back as
@@ -34,9 +35,10 @@ DEFAULT_TARGET = "localhost:50051"
 SET_KEYS_HELP = (
     "prefill: queue=fcfs|sjf|ljf|accelgen|sola  chunking=fixed|none|dynamic  chunk_size=N  "
     "selection=in-order|multi-resource  sched_batch=N  offload_max_tokens=N;  "
-    "decode (--worker decode or decode-N): admission_policy=greedy|reserve-static|reserve-dynamic|cacheopt|sola  "
-    "cacheopt_reserve_blocks=N  cacheopt_proactive_tokens=N  cacheopt_buffer_tokens=N  "
-    "preemption_order=vllm|srtf|lkvo|cacheopt  preemption_mode=recompute|swap|auto  preemption_profile=PATH  "
+    "decode (--worker decode or decode-N): admission.policy=greedy|reserve-static|reserve-dynamic|cacheopt|sola  "
+    "admission.length_end=lower|estimate|upper (reserve-*)  admission.horizons=all|shortest (reserve-dynamic)  "
+    "admission.reserve_blocks=N  admission.proactive_tokens=N  admission.buffer_tokens=N (cacheopt)  "
+    "preemption.order=vllm|srtf|lkvo|cacheopt  preemption.mode=recompute|swap|auto  preemption.profile=PATH  "
     "max_local_prompts=N  slice_iters=N"
 )
 _PREFILL_ORDER = (
@@ -51,13 +53,15 @@ _PREFILL_ORDER = (
     "predictor_state",
 )
 _DECODE_ORDER = (
-    "admission_policy",
-    "cacheopt_reserve_blocks",
-    "cacheopt_proactive_tokens",
-    "cacheopt_buffer_tokens",
-    "preemption_order",
-    "preemption_mode",
-    "preemption_profile",
+    "admission.policy",
+    "admission.length_end",
+    "admission.horizons",
+    "admission.reserve_blocks",
+    "admission.proactive_tokens",
+    "admission.buffer_tokens",
+    "preemption.order",
+    "preemption.mode",
+    "preemption.profile",
     "max_local_prompts",
     "slice_iters",
     "preemptions",

@@ -58,10 +58,10 @@ SERVE_FLAGS: dict[str, str] = {
     "--predictor-artifact": "prefill.predictor_artifact",
     "--predictor-dtype": "prefill.predictor_dtype",
     "--predictor-workload": "prefill.predictor_workload",
-    "--admission-policy": "decode.admission_policy",
-    "--preemption-order": "decode.preemption_order",
-    "--preemption-mode": "decode.preemption_mode",
-    "--preemption-profile": "decode.preemption_profile",
+    "--admission-policy": "decode.admission.policy",
+    "--preemption-order": "decode.preemption.order",
+    "--preemption-mode": "decode.preemption.mode",
+    "--preemption-profile": "decode.preemption.profile",
     "--slice-iters": "decode.slice_iters",
     "--slice-lambda": "decode.slice_lambda",
     "--slice-min-interval": "decode.slice_min_interval_s",
@@ -177,7 +177,7 @@ def add_config_flags(
             action="append",
             default=[],
             metavar="KEY=VALUE",
-            help="any config key, e.g. --set decode.cacheopt_reserve_blocks=8 (repeatable; the value is read as "
+            help="any config key, e.g. --set decode.admission.reserve_blocks=8 (repeatable; the value is read as "
             "YAML; docs/reference/configuration.md lists the keys)",
         )
 

@@ -184,9 +184,9 @@ class TetriServeClient:
 
         ``changes`` maps policy keys to values, e.g. ``{"queue": "sjf", "sched_batch": 128}``
         (prefill keys: queue, chunking, chunk_size, selection, sched_batch; decode keys:
-        admission_policy, preemption_order, preemption_mode, preemption_profile and the
-        cacheopt_* integers). ``worker_id`` is one worker's id, ``"decode"`` for every decode
-        worker, or ``None`` for every prefill worker. Raises ``NotFound`` for an unknown worker
+        admission.policy and its parameters, preemption.order, preemption.mode, preemption.profile).
+        ``worker_id`` is one worker's id, ``"decode"`` for every decode worker, or ``None`` for every
+        prefill worker. Raises ``NotFound`` for an unknown worker
         and ``InvalidArgument`` (``field`` = the key) for a bad key or value, or a key of the
         other role.
         """

@@ -153,7 +153,7 @@ class EngineConfig(BaseModel):
         ),
     )
     cpu: CpuConfig = Field(
-        default_factory=CpuConfig,  # type: ignore[arg-type]
+        default_factory=CpuConfig,
         description="The CPU placement's settings under cpu_placement auto.",
     )
     stream_interval_ms: float = Field(
@@ -184,10 +184,22 @@ class EngineConfig(BaseModel):
         return self.cpu if self.cpu_placement == "auto" else SHARED_CPU
 
 
-class DecodeConfig(BaseModel):
+ADMISSION_PARAMS: dict[str, tuple[str, ...]] = {
+    "greedy": (),
+    "reserve-static": ("length_end",),
+    "reserve-dynamic": ("length_end", "horizons"),
+    "cacheopt": ("reserve_blocks", "proactive_tokens", "buffer_tokens"),
+    "sola": (),
+}
+
+
+class DecodeAdmission(BaseModel):
+    """The decode admission policy and its parameters: each parameter belongs to the policies its description
+    names, and one set under another policy is refused."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    admission_policy: Literal["greedy", "reserve-static", "reserve-dynamic", "cacheopt", "sola"] = Field(
+    policy: Literal["greedy", "reserve-static", "reserve-dynamic", "cacheopt", "sola"] = Field(
         "greedy",
         description=(
             "Decode admission: greedy (vLLM's own), reserve-static (each request reserves its predicted KV), "
@@ -196,12 +208,47 @@ class DecodeConfig(BaseModel):
             "CacheOpt §3.3), sola (predicted-TPOT order, peak-memory check; SOLA §4.4.2, §5.1)."
         ),
     )
-    cacheopt_reserve_blocks: int = Field(4, ge=0, description="cacheopt: KV blocks kept out of admission grants.")
-    cacheopt_proactive_tokens: int = Field(
+    length_end: Literal["lower", "estimate", "upper"] = Field(
+        "lower",
+        description=(
+            "reserve-static, reserve-dynamic: which end of a request's predicted length range its remaining "
+            "tokens are read from (TetriInfer §3.4 uses the lower end)."
+        ),
+    )
+    horizons: Literal["all", "shortest"] = Field(
+        "all",
+        description=(
+            "reserve-dynamic: the moments the batch's KV is checked at: all (every predicted finish in the batch "
+            "and the new request's own, so exact predictions never preempt) or shortest (the shortest remaining "
+            "job's only, TetriInfer §3.4 taken literally)."
+        ),
+    )
+    reserve_blocks: int = Field(4, ge=0, description="cacheopt: KV blocks kept out of admission grants.")
+    proactive_tokens: int = Field(
         8, ge=0, description="cacheopt: tokens granted ahead of need to a request that outlived its estimate."
     )
-    cacheopt_buffer_tokens: int = Field(8, ge=0, description="cacheopt: slack tokens per request (the paper's b).")
-    preemption_order: Literal["vllm", "srtf", "lkvo", "cacheopt"] = Field(
+    buffer_tokens: int = Field(8, ge=0, description="cacheopt: slack tokens per request (the paper's b).")
+
+    @model_validator(mode="after")
+    def _params_of_the_policy(self) -> DecodeAdmission:
+        foreign = sorted(self.model_fields_set - {"policy", *ADMISSION_PARAMS[self.policy]})
+        if foreign:
+            owners = {name: [p for p, names in ADMISSION_PARAMS.items() if name in names] for name in foreign}
+            given = "; ".join(f"decode.admission.{n}: a parameter of {' and '.join(owners[n])}" for n in foreign)
+            raise ValueError(f"{given}, not of decode.admission.policy {self.policy}")
+        return self
+
+    def policy_kwargs(self) -> dict[str, object]:
+        """Constructor parameters of the configured policy (``length_end`` is their ``end``)."""
+        return {"end" if n == "length_end" else n: getattr(self, n) for n in ADMISSION_PARAMS[self.policy]}
+
+
+class DecodePreemption(BaseModel):
+    """``decode.preemption``: which running request gives up its KV first, and how."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    order: Literal["vllm", "srtf", "lkvo", "cacheopt"] = Field(
         "vllm",
         description=(
             "Which running request is preempted first when KV runs out (CacheOpt §3.4): vllm (latest arrival), "
@@ -209,17 +256,29 @@ class DecodeConfig(BaseModel):
             "remaining, then smallest KV, bucketed)."
         ),
     )
-    preemption_mode: Literal["recompute", "swap", "auto"] = Field(
+    mode: Literal["recompute", "swap", "auto"] = Field(
         "recompute",
         description=(
             "How a victim gives up its KV (CacheOpt §3.5): recompute (vLLM's), swap (to a host buffer through "
             "the KV connector and back), auto (swap from the profiled sweet-spot length on)."
         ),
     )
-    preemption_profile: str | None = Field(
+    profile: str | None = Field(
         None,
-        description="Swap/recompute latency profile JSON for preemption_mode=auto (benchmarks/decode_policies.py "
-        "writes one).",
+        description="Swap/recompute latency profile JSON for mode auto (benchmarks/decode_policies.py writes one).",
+    )
+
+
+class DecodeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    admission: DecodeAdmission = Field(
+        default_factory=DecodeAdmission,
+        description="Which waiting requests a decode worker admits, and the chosen policy's parameters.",
+    )
+    preemption: DecodePreemption = Field(
+        default_factory=DecodePreemption,
+        description="Which running request gives up its KV first when KV runs out, and how.",
     )
 
     max_local_prompts: int = Field(
@@ -245,16 +304,6 @@ class DecodeConfig(BaseModel):
     )
     slice_min_interval_s: float = Field(1.0, gt=0, description="SCLS eq. 12 Γ: least seconds between those rounds.")
 
-    def policy_kwargs(self) -> dict[str, int]:
-        """Constructor parameters of the configured admission policy."""
-        if self.admission_policy != "cacheopt":
-            return {}
-        return {
-            "reserve_blocks": self.cacheopt_reserve_blocks,
-            "proactive_tokens": self.cacheopt_proactive_tokens,
-            "buffer_tokens": self.cacheopt_buffer_tokens,
-        }
-
 
 # decode keys the cluster monitor reads, not the workers: SCLS's rebalancing period (eq. 12 λ, Γ), set at start
 # only; `tetriserve policy` neither shows nor sets them
@@ -271,15 +320,15 @@ class ClusterConfig(BaseModel):
     num_prefill: int = Field(1, ge=1, description="Number of prefill workers.")
     num_decode: int = Field(1, ge=1, description="Number of decode workers.")
     engine: EngineConfig = Field(
-        default_factory=EngineConfig,  # type: ignore[arg-type]
+        default_factory=EngineConfig,
         description="The model, its dtype and context, and each engine's KV cache, threads and cores.",
     )
     prefill: PrefillConfig = Field(
-        default_factory=PrefillConfig,  # type: ignore[arg-type]
+        default_factory=PrefillConfig,
         description="The prefill workers' queue order, gate, chunking, dispatch and length predictor.",
     )
     decode: DecodeConfig = Field(
-        default_factory=DecodeConfig,  # type: ignore[arg-type]
+        default_factory=DecodeConfig,
         description="The decode workers' admission, preemption, SCLS slices and prompts computed locally.",
     )
     host: str = Field("127.0.0.1", description="Address the front doors bind to.")
@@ -295,23 +344,23 @@ class ClusterConfig(BaseModel):
         ),
     )
     flip: FlipConfig = Field(
-        default_factory=FlipConfig,  # type: ignore[arg-type]
+        default_factory=FlipConfig,
         description="When workers change role by themselves (flip policies) and what bounds flips and scaling.",
     )
     scale: ScaleConfig = Field(
-        default_factory=ScaleConfig,  # type: ignore[arg-type]
+        default_factory=ScaleConfig,
         description="How far the slo flip policy may add workers.",
     )
     admission: AdmissionConfig = Field(
-        default_factory=AdmissionConfig,  # type: ignore[arg-type]
+        default_factory=AdmissionConfig,
         description="Backpressure at each front door: what is admitted and what is refused with 429.",
     )
     security: SecurityConfig = Field(
-        default_factory=SecurityConfig,  # type: ignore[arg-type]
+        default_factory=SecurityConfig,
         description="API keys, per-key quotas and TLS of both front doors; the Ray dashboard's bind address.",
     )
     tracing: TracingConfig = Field(
-        default_factory=TracingConfig,  # type: ignore[arg-type]
+        default_factory=TracingConfig,
         description="OpenTelemetry spans of each request across front door, placement, prefill, transfer, decode.",
     )
     drain_grace_s: float = Field(
@@ -357,7 +406,7 @@ class ClusterConfig(BaseModel):
         ),
     )
     transport: TransportConfig = Field(
-        default_factory=TransportConfig,  # type: ignore[arg-type]
+        default_factory=TransportConfig,
         description="Which backend moves KV between workers (a bare backend name is accepted: `transport: shm`).",
     )
     kv_load_failure_policy: Literal["recompute", "fail"] = Field(

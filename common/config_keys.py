@@ -32,6 +32,13 @@ RENAMED: dict[str, str] = {
     "engine.borrow_idle_cores": "engine.cpu.borrow_idle_cores",
     "engine.borrow_min_batch": "engine.cpu.borrow_min_batch",
     "engine.borrow_min_idle_cores": "engine.cpu.borrow_min_idle_cores",
+    "decode.admission_policy": "decode.admission.policy",
+    "decode.cacheopt_reserve_blocks": "decode.admission.reserve_blocks",
+    "decode.cacheopt_proactive_tokens": "decode.admission.proactive_tokens",
+    "decode.cacheopt_buffer_tokens": "decode.admission.buffer_tokens",
+    "decode.preemption_order": "decode.preemption.order",
+    "decode.preemption_mode": "decode.preemption.mode",
+    "decode.preemption_profile": "decode.preemption.profile",
 }
 
 

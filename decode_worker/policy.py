@@ -10,7 +10,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from tetriserve.common.config import DECODE_MONITOR_KEYS, DecodeConfig
+from tetriserve.common.config import ADMISSION_PARAMS, DECODE_MONITOR_KEYS, DecodeConfig
+from tetriserve.common.config_keys import leaf_keys
 from tetriserve.decode_worker.admission import AdmissionPolicy, make_admission_policy
 from tetriserve.decode_worker.preemption import (
     PreemptionCosts,
@@ -23,30 +24,56 @@ from tetriserve.decode_worker.preemption import (
 def decode_policies(cfg: DecodeConfig) -> tuple[AdmissionPolicy, PreemptionOrder, PreemptionStrategy]:
     """Build the configured policies; a ValueError names the setting that is wrong."""
     costs = None
-    if cfg.preemption_profile:
+    if cfg.preemption.profile:
         try:
-            costs = PreemptionCosts.load(Path(cfg.preemption_profile))
+            costs = PreemptionCosts.load(Path(cfg.preemption.profile))
         except ValueError as exc:
-            raise ValueError(f"decode.preemption_profile: {exc}") from None
+            raise ValueError(f"decode.preemption.profile: {exc}") from None
     return (
-        make_admission_policy(cfg.admission_policy, **cfg.policy_kwargs()),
-        make_preemption_order(cfg.preemption_order),
-        PreemptionStrategy(cfg.preemption_mode, costs),
+        make_admission_policy(cfg.admission.policy, **cfg.admission.policy_kwargs()),
+        make_preemption_order(cfg.preemption.order),
+        PreemptionStrategy(cfg.preemption.mode, costs),
     )
 
 
 def updated_decode_config(cfg: DecodeConfig, changes: Mapping[str, object]) -> DecodeConfig:
-    """``cfg`` with ``changes`` applied and validated; a ValueError names every bad ``decode.<field>``."""
+    """``cfg`` with ``changes`` (dotted keys below ``decode``: ``admission.policy``, ``slice_iters``) applied and
+    validated; a ValueError names every bad ``decode.<key>``. A change of admission policy drops the parameters
+    set for the one before it that the new one does not take."""
+    data: dict[str, object] = cfg.model_dump(exclude_unset=True)
+    policy = changes.get("admission.policy", cfg.admission.policy)
+    admission = data.get("admission")
+    if policy != cfg.admission.policy and isinstance(admission, dict):
+        keep = ADMISSION_PARAMS.get(str(policy), ())
+        data["admission"] = {k: v for k, v in admission.items() if k in keep}
+    for key, value in changes.items():
+        *parents, leaf = key.split(".")
+        node = data
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"decode.{key}: decode.{part} is not a section")
+            node = child
+        node[leaf] = value
     try:
-        return DecodeConfig.model_validate({**cfg.model_dump(), **changes})
+        return DecodeConfig.model_validate(data)
     except ValidationError as exc:
         bad = "; ".join(f"decode.{'.'.join(map(str, e['loc'])) or 'changes'}: {e['msg']}" for e in exc.errors())
         raise ValueError(bad) from None
 
 
 def decode_policy_settings(cfg: DecodeConfig) -> dict[str, str]:
-    """The policy settings in force, as ``policy show`` lists them (cacheopt's knobs only under cacheopt)."""
-    shown = cfg.model_dump(exclude_none=True, exclude=set(DECODE_MONITOR_KEYS))
-    if cfg.admission_policy != "cacheopt":
-        shown = {k: v for k, v in shown.items() if not k.startswith("cacheopt_")}
-    return {k: str(v) for k, v in shown.items()}
+    """The policy settings in force by their dotted keys below ``decode``, as ``policy show`` lists them: the
+    admission policy's own parameters only, no unset profile, not the cluster monitor's keys."""
+    own = {f"admission.{n}" for n in ADMISSION_PARAMS[cfg.admission.policy]}
+    shown = {}
+    for key in leaf_keys(DecodeConfig):
+        if key.path in DECODE_MONITOR_KEYS or (key.path.startswith("admission.") and key.path != "admission.policy"
+                                               and key.path not in own):  # fmt: skip
+            continue
+        value: object = cfg
+        for part in key.path.split("."):
+            value = getattr(value, part)
+        if value is not None:
+            shown[key.path] = str(value)
+    return shown

@@ -15,8 +15,8 @@ commands and reads the snapshot it publishes. A step's tokens leave from the
 engine thread itself (``_tokens_now``), so that the actor's event loop, which
 shares the engine's interpreter lock, does not run once per step; it takes a
 request's first token (a state event), its finish and its slice end. Admission
-(``decode.admission_policy``), the preemption victim order and swap-or-recompute
-(``decode.preemption_order`` / ``_mode``) are decided in the engine's scheduler
+(``decode.admission``), the preemption victim order and swap-or-recompute
+(``decode.preemption``) are decided in the engine's scheduler
 subclass (``vllm_scheduler.py``); SCLS slice moves are ``moves.py``.
 
 A request is known by its id and placement ``attempt``: a later attempt of a

@@ -68,7 +68,7 @@ class Ticket:
 
 @dataclass
 class AdmissionGate:
-    limits: AdmissionConfig = field(default_factory=AdmissionConfig)  # type: ignore[arg-type]
+    limits: AdmissionConfig = field(default_factory=AdmissionConfig)
     queued: int = 0  # admitted, not started
     inflight: int = 0  # admitted, not released
     refused: int = 0

@@ -6,7 +6,8 @@
         │                  a worker's id         ─▶ that worker (its role picks the key table)
         │                  unknown id            ─▶ UnknownWorkerError                (gRPC NOT_FOUND)
         │ parse_changes    key must be in the role's table: PREFILL_KEYS (``PrefillPolicySpec``) or
-        │                  DECODE_KEYS (``DecodeConfig``); a key of the other role ─▶ InvalidRequestError(key)
+        │                  DECODE_KEYS (``DecodeConfig``'s dotted keys, ``admission.policy``); a key of the
+        │                  other role ─▶ InvalidRequestError(key)
         │                  saying whose it is; int fields parsed here, so a worker never sees "128"
         ▼
     apply_changes  the first target first: a value the workers reject then changes nothing anywhere;
@@ -28,6 +29,7 @@ from dataclasses import fields
 from typing import Any, Literal, TypeVar
 
 from tetriserve.common.config import DECODE_MONITOR_KEYS, DecodeConfig
+from tetriserve.common.config_keys import leaf_keys
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.frontdoor.backend import WorkerPolicy
 from tetriserve.prefill_worker.policy import PrefillPolicySpec
@@ -41,9 +43,9 @@ Role = Literal["prefill", "decode"]
 _HINTS = typing.get_type_hints(PrefillPolicySpec)
 PREFILL_KEYS: dict[str, type] = {f.name: int if _HINTS[f.name] is int else str for f in fields(PrefillPolicySpec)}
 DECODE_KEYS: dict[str, type] = {
-    name: int if f.annotation is int else str
-    for name, f in DecodeConfig.model_fields.items()
-    if name not in DECODE_MONITOR_KEYS
+    key.path: int if key.annotation is int else str
+    for key in leaf_keys(DecodeConfig)
+    if key.path not in DECODE_MONITOR_KEYS
 }
 KEYS: dict[Role, dict[str, type]] = {"prefill": PREFILL_KEYS, "decode": DECODE_KEYS}
 

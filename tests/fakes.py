@@ -130,7 +130,7 @@ class FakeBackend:
     generate_calls: int = 0
     policies: dict[str, dict[str, str]] = field(default_factory=default_policies)
     policy_changes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # what each worker received
-    decode_config: DecodeConfig = field(default_factory=DecodeConfig)  # type: ignore[arg-type]  # decode-0's
+    decode_config: DecodeConfig = field(default_factory=DecodeConfig)  # decode-0's
     _abort_events: dict[str, asyncio.Event] = field(default_factory=dict)
     cluster: SimulatedCluster = field(default_factory=lambda: _simulated())
 

@@ -21,7 +21,7 @@ def make_admission_policy(name: str, **params: object) -> AdmissionPolicy:
         c.name: c for c in (Greedy, ReserveStatic, ReserveDynamic, CacheOptAdmission, SolaDecode)
     }
     if name not in classes:
-        raise ValueError(f"decode.admission_policy: unknown policy {name!r}; known: {list(ADMISSION_NAMES)}")
+        raise ValueError(f"decode.admission.policy: unknown policy {name!r}; known: {list(ADMISSION_NAMES)}")
     try:
         policy = classes[name](**params)
     except TypeError as exc:

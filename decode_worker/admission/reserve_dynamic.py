@@ -36,7 +36,7 @@ class ReserveDynamic(ArrivalOrder):
 
     def __init__(self, end: LengthEnd = "lower", horizons: Horizons = "all") -> None:
         if horizons not in ("all", "shortest"):
-            raise ValueError(f"ReserveDynamic: unknown reserve_horizons {horizons!r}; known: all, shortest")
+            raise ValueError(f"decode.admission.horizons: unknown {horizons!r}; known: all, shortest")
         self.end: LengthEnd = end
         self.horizons: Horizons = horizons
 

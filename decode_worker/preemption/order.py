@@ -83,5 +83,5 @@ ORDER_NAMES = tuple(ORDERS)
 
 def make_preemption_order(name: str) -> PreemptionOrder:
     if name not in ORDERS:
-        raise ValueError(f"decode.preemption_order: unknown order {name!r}; known: {list(ORDER_NAMES)}")
+        raise ValueError(f"decode.preemption.order: unknown order {name!r}; known: {list(ORDER_NAMES)}")
     return ORDERS[name]()

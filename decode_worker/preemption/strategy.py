@@ -1,7 +1,7 @@
 """Swap or recompute a preempted request, by the sweet-spot length (CacheOpt §2.5, §3.5).
 
 Both latencies are profiled on the real engine and fitted (``benchmarks/decode_policies.py``
-does both and saves the pair, the file ``decode.preemption_profile`` names):
+does both and saves the pair, the file ``decode.preemption.profile`` names):
 
     recompute   L_r(S) = α_r·S^β_r + κ_r·S + ε_r     (polynomial: attention is quadratic in S)
     swap        L_s(S) = γ_s·S + δ_s                  (linear in the bytes moved, out and back in)
@@ -123,9 +123,9 @@ class PreemptionStrategy:
 
     def __init__(self, mode: Mode = "recompute", costs: PreemptionCosts | None = None) -> None:
         if mode not in MODES:
-            raise ValueError(f"decode.preemption_mode: unknown {mode!r}; known: {list(MODES)}")
+            raise ValueError(f"decode.preemption.mode: unknown {mode!r}; known: {list(MODES)}")
         if mode == "auto" and costs is None:
-            raise ValueError("decode.preemption_mode=auto needs a swap/recompute profile (decode.preemption_profile)")
+            raise ValueError("decode.preemption.mode=auto needs a swap/recompute profile (decode.preemption.profile)")
         self.mode: Mode = mode
         self.threshold = math.inf
         if mode == "swap":

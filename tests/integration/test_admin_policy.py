@@ -37,20 +37,20 @@ def test_set_policy_on_the_real_decode_worker_shows_in_status(frontend: Any) -> 
         before = {w.worker_id: w for w in client.cluster_status().workers}
         (decode_id,) = [wid for wid, w in before.items() if w.role == "decode"]
         shown = before[decode_id].policy
-        original = {"admission_policy": shown["admission_policy"], "preemption_order": shown["preemption_order"]}
+        original = {"admission.policy": shown["admission.policy"], "preemption.order": shown["preemption.order"]}
         try:
-            update = client.set_policy({"admission_policy": "cacheopt", "preemption_order": "srtf"}, worker_id="decode")
+            update = client.set_policy({"admission.policy": "cacheopt", "preemption.order": "srtf"}, worker_id="decode")
             policy = update.policy_of(decode_id)
-            assert (policy["admission_policy"], policy["preemption_order"]) == ("cacheopt", "srtf")
+            assert (policy["admission.policy"], policy["preemption.order"]) == ("cacheopt", "srtf")
             after = {w.worker_id: w for w in client.cluster_status().workers}[decode_id].policy
-            assert (after["admission_policy"], after["preemption_order"]) == ("cacheopt", "srtf")
+            assert (after["admission.policy"], after["preemption.order"]) == ("cacheopt", "srtf")
             with pytest.raises(InvalidArgument) as info:  # the worker's own check, mapped to the key
-                client.set_policy({"admission_policy": "lifo"}, worker_id=decode_id)
-            assert info.value.field == "admission_policy"
+                client.set_policy({"admission.policy": "lifo"}, worker_id=decode_id)
+            assert info.value.field == "admission.policy"
             with pytest.raises(InvalidArgument) as info:  # a prefill key never reaches a decode worker
                 client.set_policy({"queue": "sjf"}, worker_id="decode")
             assert info.value.field == "queue"
         finally:
             client.set_policy(original, worker_id="decode")
         restored = {w.worker_id: w for w in client.cluster_status().workers}[decode_id].policy
-        assert (restored["admission_policy"], restored["preemption_order"]) == tuple(original.values())
+        assert (restored["admission.policy"], restored["preemption.order"]) == tuple(original.values())

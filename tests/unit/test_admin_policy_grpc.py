@@ -17,6 +17,7 @@ from tests.gateway_support import FakeFrontDoors, backend, client, env
 from tetriserve.cli.main import main
 from tetriserve.client import AsyncTetriServeClient, InvalidArgument, NotFound, TetriServeClient
 from tetriserve.common.config import DecodeConfig
+from tetriserve.decode_worker.policy import updated_decode_config
 from tetriserve.protos import tetriserve_pb2 as pb
 from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 
@@ -51,16 +52,16 @@ def test_set_policy_on_one_named_worker(backend: FakeBackend, client: TetriServe
 
 @pytest.mark.parametrize("worker_id", ["decode", "decode-0"])
 def test_set_policy_on_decode_workers(backend: FakeBackend, client: TetriServeClient, worker_id: str) -> None:
-    changes = {"admission_policy": "cacheopt", "preemption_order": "srtf", "cacheopt_reserve_blocks": "2"}
+    changes = {"admission.policy": "cacheopt", "preemption.order": "srtf", "admission.reserve_blocks": "2"}
     update = client.set_policy(changes, worker_id=worker_id)
     assert [(w.worker_id, w.role) for w in update.workers] == [("decode-0", "decode")]
-    expected = {"admission_policy": "cacheopt", "preemption_order": "srtf", "cacheopt_reserve_blocks": 2}
+    expected = {"admission.policy": "cacheopt", "preemption.order": "srtf", "admission.reserve_blocks": 2}
     # under cacheopt its knobs are listed too, by the names set_policy takes
-    assert dict(update.policy_of("decode-0")) == decode_policies_shown(DecodeConfig(**expected))  # type: ignore[arg-type]
+    assert dict(update.policy_of("decode-0")) == decode_policies_shown(updated_decode_config(DecodeConfig(), expected))
     assert backend.policy_changes == [("decode-0", expected)]  # ints converted, as for prefill
-    assert backend.decode_config.cacheopt_reserve_blocks == 2
+    assert backend.decode_config.admission.reserve_blocks == 2
     by_id = {w.worker_id: w for w in client.cluster_status().workers}
-    assert by_id["decode-0"].policy["admission_policy"] == "cacheopt"
+    assert by_id["decode-0"].policy["admission.policy"] == "cacheopt"
     assert by_id["prefill-0"].policy["queue"] == "fcfs"  # the prefill side is untouched
 
 
@@ -74,20 +75,20 @@ def test_unknown_worker_is_not_found(backend: FakeBackend, client: TetriServeCli
 BAD_CHANGES: list[tuple[str, dict[str, str], str | None, str, str]] = [
     # id, changes, worker_id, field, text in the message
     ("unknown key", {"bogus": "1"}, None, "bogus", "unknown prefill policy key"),
-    ("decode key to prefill", {"admission_policy": "cacheopt"}, None, "admission_policy", "a decode policy key"),
+    ("decode key to prefill", {"admission.policy": "cacheopt"}, None, "admission.policy", "a decode policy key"),
     ("prefill key to decode", {"queue": "sjf"}, "decode-0", "queue", "a prefill policy key, not a decode one"),
-    ("mixed roles", {"preemption_order": "srtf", "queue": "sjf"}, "decode", "queue", "a prefill policy key"),
+    ("mixed roles", {"preemption.order": "srtf", "queue": "sjf"}, "decode", "queue", "a prefill policy key"),
     ("unknown decode key", {"admission": "greedy"}, "decode", "admission", "unknown decode policy key"),
-    ("decode not an int", {"cacheopt_buffer_tokens": "8.5"}, "decode", "cacheopt_buffer_tokens", "must be an integer"),
-    ("decode rejects name", {"admission_policy": "lifo"}, "decode", "admission_policy", "Input should be 'greedy'"),
+    ("decode not an int", {"admission.buffer_tokens": "8.5"}, "decode", "admission.buffer_tokens", "an integer"),
+    ("decode rejects name", {"admission.policy": "lifo"}, "decode", "admission.policy", "Input should be 'greedy'"),
     (
         "decode rejects bound",
-        {"cacheopt_reserve_blocks": "-1"},
+        {"admission.reserve_blocks": "-1"},
         "decode-0",
-        "cacheopt_reserve_blocks",
+        "admission.reserve_blocks",
         "greater than or equal to 0",
     ),
-    ("decode needs profile", {"preemption_mode": "auto"}, "decode", "preemption_mode", "swap/recompute profile"),
+    ("decode needs profile", {"preemption.mode": "auto"}, "decode", "preemption.mode", "swap/recompute profile"),
     ("not settable", {"dispatch": "random"}, None, "dispatch", "unknown prefill policy key"),
     ("not an int", {"sched_batch": "lots"}, None, "sched_batch", "must be an integer, got 'lots'"),
     ("float for int", {"chunk_size": "1.5"}, None, "chunk_size", "must be an integer"),
@@ -135,13 +136,13 @@ def test_async_client_set_policy(env: FakeFrontDoors, backend: FakeBackend) -> N
 
 
 def test_bad_decode_value_is_invalid_argument_with_field_metadata(env: FakeFrontDoors, backend: FakeBackend) -> None:
-    request = pb.SetPolicyRequest(worker_id="decode", changes={"admission_policy": "lifo"})
+    request = pb.SetPolicyRequest(worker_id="decode", changes={"admission.policy": "lifo"})
     with grpc.insecure_channel(env.target) as channel, pytest.raises(grpc.RpcError) as info:
         pb_grpc.TetriServeStub(channel).SetPolicy(request, timeout=10)
     err: Any = info.value
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert ("tetriserve-field", "admission_policy") in tuple(err.trailing_metadata())
-    assert err.details().startswith("admission_policy: decode-0 rejected the change: decode.admission_policy:")
+    assert ("tetriserve-field", "admission.policy") in tuple(err.trailing_metadata())
+    assert err.details().startswith("admission.policy: decode-0 rejected the change: decode.admission.policy:")
 
 
 def test_sdk_rejects_non_mapping_changes(client: TetriServeClient) -> None:
@@ -187,7 +188,7 @@ def test_cli_policy_set_and_show(backend: FakeBackend, env: FakeFrontDoors, caps
 
     assert main(["policy", "show", "--target", env.target, "--worker", "decode-0"]) == 0
     out = capsys.readouterr().out
-    assert "admission_policy=greedy" in out and "prefill-0" not in out
+    assert "admission.policy=greedy" in out and "prefill-0" not in out
     assert main(["policy", "show", "--target", env.target, "--worker", "nobody"]) == 1
     assert "no worker 'nobody'" in capsys.readouterr().err
 
@@ -195,7 +196,7 @@ def test_cli_policy_set_and_show(backend: FakeBackend, env: FakeFrontDoors, caps
 def test_cli_policy_set_and_show_decode(
     backend: FakeBackend, env: FakeFrontDoors, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = ["--target", env.target, "--worker", "decode", "admission_policy=cacheopt", "preemption_order=srtf"]
+    args = ["--target", env.target, "--worker", "decode", "admission.policy=cacheopt", "preemption.order=srtf"]
     assert main(["policy", "set", *args]) == 0
     out = capsys.readouterr().out
     assert "prefill-0" not in out
@@ -203,12 +204,12 @@ def test_cli_policy_set_and_show_decode(
     # decode keys in their order: admission (with cacheopt's knobs under cacheopt), preemption policy, counters
     assert line.split()[1:] == [
         "decode",
-        "admission_policy=cacheopt",
-        "cacheopt_reserve_blocks=4",
-        "cacheopt_proactive_tokens=8",
-        "cacheopt_buffer_tokens=8",
-        "preemption_order=srtf",
-        "preemption_mode=recompute",
+        "admission.policy=cacheopt",
+        "admission.reserve_blocks=4",
+        "admission.proactive_tokens=8",
+        "admission.buffer_tokens=8",
+        "preemption.order=srtf",
+        "preemption.mode=recompute",
         "max_local_prompts=2",
         "slice_iters=0",
         "preemptions=0",
@@ -222,15 +223,15 @@ def test_cli_policy_set_and_show_decode(
     ]
     assert main(["policy", "show", "--target", env.target, "--worker", "decode"]) == 0
     out = capsys.readouterr().out
-    assert "decode-0" in out and "admission_policy=cacheopt" in out and "prefill-0" not in out
+    assert "decode-0" in out and "admission.policy=cacheopt" in out and "prefill-0" not in out
     assert main(["policy", "show", "--target", env.target, "--worker", "prefill"]) == 0
     assert "decode-0" not in capsys.readouterr().out
 
-    assert main(["policy", "set", "--target", env.target, "admission_policy=sola"]) == 1  # no --worker: prefill
-    assert "admission_policy: a decode policy key, not a prefill one" in capsys.readouterr().err
-    assert main(["policy", "set", "--target", env.target, "--worker", "decode-0", "preemption_mode=later"]) == 1
+    assert main(["policy", "set", "--target", env.target, "admission.policy=sola"]) == 1  # no --worker: prefill
+    assert "admission.policy: a decode policy key, not a prefill one" in capsys.readouterr().err
+    assert main(["policy", "set", "--target", env.target, "--worker", "decode-0", "preemption.mode=later"]) == 1
     assert "INVALID_ARGUMENT" in capsys.readouterr().err
-    assert backend.decode_config.admission_policy == "cacheopt"
+    assert backend.decode_config.admission.policy == "cacheopt"
 
 
 def test_cli_policy_set_errors_exit_1(
@@ -253,7 +254,7 @@ def test_cli_status_shows_policy_column_and_json(
     prefill = next(line for line in lines if line.startswith("prefill-0"))
     assert "queue=fcfs" in prefill and "queued=1" in prefill
     decode = next(line for line in lines if line.startswith("decode-0"))
-    assert decode.index("admission_policy=greedy") == lines[1].index("policy")  # the column lines up
+    assert decode.index("admission.policy=greedy") == lines[1].index("policy")  # the column lines up
 
     assert main(["status", "--target", env.target, "--json"]) == 0
     workers = {w["worker_id"]: w for w in json.loads(capsys.readouterr().out)["workers"]}

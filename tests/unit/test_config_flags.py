@@ -65,7 +65,7 @@ def test_set_reads_yaml_values_and_wins_over_a_flag() -> None:
             "--set",
             "engine.max_model_len=4096",
             "--set",
-            "decode.cacheopt_reserve_blocks=8",
+            "decode.admission.reserve_blocks=8",
             "--set",
             "transport.pull=false",
             "--set",
@@ -76,7 +76,7 @@ def test_set_reads_yaml_values_and_wins_over_a_flag() -> None:
     )
     assert config_overrides(args) == {
         "engine.max_model_len": 4096,
-        "decode.cacheopt_reserve_blocks": 8,
+        "decode.admission.reserve_blocks": 8,
         "transport.pull": False,
         "security.api_keys": ["a", "b"],
         "flip.ttft_slo_ms": 2.5,
@@ -126,7 +126,7 @@ def test_serve_help_is_generated_from_the_models(capsys: pytest.CaptureFixture[s
 
 def test_serve_refuses_an_unknown_set_key_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["serve", "--set", "decode.admision_policy=greedy"]) == 2
-    assert "did you mean decode.admission_policy" in capsys.readouterr().err
+    assert "did you mean decode.admission.policy" in capsys.readouterr().err
 
 
 def test_set_gives_a_string_key_its_text_as_written() -> None:

@@ -48,13 +48,15 @@ def test_prefill_keys_follow_the_worker_spec() -> None:
 
 def test_decode_keys_follow_the_decode_config() -> None:
     assert dict(DECODE_KEYS) == {
-        "admission_policy": str,
-        "cacheopt_reserve_blocks": int,
-        "cacheopt_proactive_tokens": int,
-        "cacheopt_buffer_tokens": int,
-        "preemption_order": str,
-        "preemption_mode": str,
-        "preemption_profile": str,
+        "admission.policy": str,
+        "admission.length_end": str,
+        "admission.horizons": str,
+        "admission.reserve_blocks": int,
+        "admission.proactive_tokens": int,
+        "admission.buffer_tokens": int,
+        "preemption.order": str,
+        "preemption.mode": str,
+        "preemption.profile": str,
         "max_local_prompts": int,
         "slice_iters": int,
     }
@@ -66,18 +68,18 @@ def test_parse_converts_ints_and_strips() -> None:
     with pytest.raises(InvalidRequestError) as info:
         parse_changes("prefill", {"queue": "sjf", "chunk_size": "big"})
     assert info.value.field == "chunk_size" and "must be an integer, got 'big'" in str(info.value)
-    decode = parse_changes("decode", {"admission_policy": "cacheopt", "cacheopt_reserve_blocks": "2"})
-    assert decode == {"admission_policy": "cacheopt", "cacheopt_reserve_blocks": 2}
-    with pytest.raises(InvalidRequestError, match="cacheopt_buffer_tokens: must be an integer"):
-        parse_changes("decode", {"cacheopt_buffer_tokens": "lots"})
+    decode = parse_changes("decode", {"admission.policy": "cacheopt", "admission.reserve_blocks": "2"})
+    assert decode == {"admission.policy": "cacheopt", "admission.reserve_blocks": 2}
+    with pytest.raises(InvalidRequestError, match=r"admission\.buffer_tokens: must be an integer"):
+        parse_changes("decode", {"admission.buffer_tokens": "lots"})
 
 
 @pytest.mark.parametrize(
     ("role", "key", "text"),
     [
-        ("prefill", "admission_policy", "a decode policy key, not a prefill one: send it to decode workers"),
+        ("prefill", "admission.policy", "a decode policy key, not a prefill one: send it to decode workers"),
         ("decode", "queue", "a prefill policy key, not a decode one: send it to prefill workers"),
-        ("decode", "admission", "unknown decode policy key; known: admission_policy, cacheopt_reserve_blocks"),
+        ("decode", "admission", "unknown decode policy key; known: admission.policy, admission.length_end"),
         ("prefill", "bogus", "unknown prefill policy key; known: queue, chunking"),
     ],
 )
@@ -277,41 +279,41 @@ def _configured(workers: dict[str, DecodeWorker]) -> list[int]:
 def test_set_policy_on_every_decode_worker() -> None:
     decode = {f"decode-{i}": _decode_worker(f"decode-{i}") for i in range(2)}
     backend = _backend({"prefill-0": _Worker()}, decode)
-    changes = {"admission_policy": "cacheopt", "preemption_order": "srtf", "cacheopt_reserve_blocks": "2"}
+    changes = {"admission.policy": "cacheopt", "preemption.order": "srtf", "admission.reserve_blocks": "2"}
     result = asyncio.run(backend.set_policy("decode", changes))
     assert [(w.worker_id, w.role) for w in result] == [("decode-0", "decode"), ("decode-1", "decode")]
     for w in result:
         assert w.policy == {
-            "admission_policy": "cacheopt",
-            "cacheopt_reserve_blocks": "2",
-            "cacheopt_proactive_tokens": "8",
-            "cacheopt_buffer_tokens": "8",
-            "preemption_order": "srtf",
-            "preemption_mode": "recompute",
+            "admission.policy": "cacheopt",
+            "admission.reserve_blocks": "2",
+            "admission.proactive_tokens": "8",
+            "admission.buffer_tokens": "8",
+            "preemption.order": "srtf",
+            "preemption.mode": "recompute",
             "max_local_prompts": "2",
             "slice_iters": "0",
             **PreemptionStats().summary(),
             **SliceMoves().summary(),
         }
     assert all(w.engine.sched.admission.reserve_blocks == 2 for w in decode.values())
-    assert decode["decode-1"]._decode_cfg.cacheopt_reserve_blocks == 2
+    assert decode["decode-1"]._decode_cfg.admission.reserve_blocks == 2
     # one worker by id; the others keep what they had
-    (one,) = asyncio.run(backend.set_policy("decode-1", {"preemption_mode": "swap"}))
-    assert one.policy["preemption_mode"] == "swap" and one.policy["admission_policy"] == "cacheopt"
-    assert decode["decode-0"].policies()["preemption_mode"] == "recompute"
+    (one,) = asyncio.run(backend.set_policy("decode-1", {"preemption.mode": "swap"}))
+    assert one.policy["preemption.mode"] == "swap" and one.policy["admission.policy"] == "cacheopt"
+    assert decode["decode-0"].policies()["preemption.mode"] == "recompute"
     assert _configured(decode) == [1, 2]
 
 
 BAD_DECODE: list[tuple[dict[str, str], str, str]] = [
     # changes, field, text in the message
     (
-        {"preemption_order": "srtf", "admission_policy": "lifo"},
-        "admission_policy",
-        "decode-0 rejected the change: decode.admission_policy: Input should be 'greedy',",
+        {"preemption.order": "srtf", "admission.policy": "lifo"},
+        "admission.policy",
+        "decode-0 rejected the change: decode.admission.policy: Input should be 'greedy',",
     ),
-    ({"cacheopt_reserve_blocks": "-1"}, "cacheopt_reserve_blocks", "greater than or equal to 0"),
-    ({"preemption_mode": "auto"}, "preemption_mode", "needs a swap/recompute profile (decode.preemption_profile)"),
-    ({"preemption_profile": "/no/such/profile.json"}, "preemption_profile", "decode.preemption_profile: preemption"),
+    ({"admission.reserve_blocks": "-1"}, "admission.reserve_blocks", "greater than or equal to 0"),
+    ({"preemption.mode": "auto"}, "preemption.mode", "needs a swap/recompute profile (decode.preemption.profile)"),
+    ({"preemption.profile": "/no/such/profile.json"}, "preemption.profile", "decode.preemption.profile: preemption"),
 ]
 
 
@@ -324,17 +326,17 @@ def test_a_bad_decode_value_changes_no_worker(changes: dict[str, str], field: st
     assert info.value.field == field and text in str(info.value)
     assert _configured(decode) == [0, 0]
     assert all(w._decode_cfg == DecodeConfig() for w in decode.values())
-    assert decode["decode-0"].policies()["admission_policy"] == "greedy"
+    assert decode["decode-0"].policies()["admission.policy"] == "greedy"
 
 
 def test_decode_mode_auto_with_a_profile(tmp_path: Path) -> None:
     profile = tmp_path / "profile.json"
     worker = _decode_worker("decode-0")
-    changes = {"preemption_mode": "auto", "preemption_profile": str(profile)}
-    with pytest.raises(ValueError, match=r"^decode\.preemption_profile: preemption cost profile"):
+    changes = {"preemption.mode": "auto", "preemption.profile": str(profile)}
+    with pytest.raises(ValueError, match=r"^decode\.preemption.profile: preemption cost profile"):
         asyncio.run(worker.set_policy(changes))  # not written yet
     PreemptionCosts(RecomputeLatency(1e-6, 1.0, 0.0, 0.0), SwapLatency(1e-7, 0.0), sweet_spot=256).save(profile)
-    assert asyncio.run(worker.set_policy(changes))["preemption_mode"] == "auto"
+    assert asyncio.run(worker.set_policy(changes))["preemption.mode"] == "auto"
     assert worker.engine.sched.strategy.threshold == 256
 
 

@@ -298,7 +298,7 @@ def test_config_from_yaml_with_dotted_overrides(tmp_path: Path) -> None:
         {
             "engine.max_model_len": 1024,
             "prefill.sched_batch": 4,
-            "decode.admission_policy": None,  # None means "flag not given": ignored
+            "decode.admission.policy": None,  # None means "flag not given": ignored
             "num_decode": 3,
             "transport.timeout_s": 2.5,
         },
@@ -306,7 +306,7 @@ def test_config_from_yaml_with_dotted_overrides(tmp_path: Path) -> None:
     assert (cfg.num_prefill, cfg.num_decode) == (2, 3)
     assert cfg.engine.max_model_len == 1024 and cfg.engine.block_size == 16
     assert cfg.prefill.chunk_size == 256 and cfg.prefill.sched_batch == 4 and cfg.prefill.dispatch_policy == "random"
-    assert cfg.decode.admission_policy == "greedy"
+    assert cfg.decode.admission.policy == "greedy"
     assert cfg.transport.timeout_s == 2.5
     with pytest.raises(ValidationError):
         cfg.num_prefill = 5  # type: ignore[misc]

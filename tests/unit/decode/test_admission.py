@@ -91,7 +91,7 @@ def test_reserve_dynamic_with_an_empty_batch_admits_what_fits_now() -> None:
     for policy in (ReserveDynamic(), ReserveDynamic(horizons="shortest")):
         assert policy.admit(req("n", 48, lower=1000), state)  # larger than the cache in the end: runs alone
         assert not policy.admit(req("n", 49, lower=1000), state)
-    with pytest.raises(ValueError, match="reserve_horizons"):
+    with pytest.raises(ValueError, match=r"decode\.admission\.horizons: unknown"):
         ReserveDynamic(horizons="some")  # type: ignore[arg-type]
 
 
@@ -122,5 +122,5 @@ def test_admitting_folds_into_the_state_for_the_next_decision() -> None:
 def test_registry() -> None:
     for name in ADMISSION_NAMES:
         assert make_admission_policy(name).name == name
-    with pytest.raises(ValueError, match=r"decode\.admission_policy: unknown policy 'lifo'"):
+    with pytest.raises(ValueError, match=r"decode\.admission.policy: unknown policy 'lifo'"):
         make_admission_policy("lifo")

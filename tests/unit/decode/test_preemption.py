@@ -79,7 +79,7 @@ def test_a_victim_mid_transfer_is_preempted_last(name: str) -> None:
 
 
 def test_unknown_order_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"decode\.preemption_order: unknown order 'lifo'"):
+    with pytest.raises(ValueError, match=r"decode\.preemption.order: unknown order 'lifo'"):
         make_preemption_order("lifo")
 
 

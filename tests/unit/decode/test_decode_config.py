@@ -1,0 +1,60 @@
+"""The decode section's policy settings (common/config.py, decode_worker/policy.py): each policy's parameters
+live with it under ``decode.admission``, one of another policy is refused, and the old flat keys are refused
+naming the new ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tetriserve.common.config import ClusterConfig, DecodeConfig
+from tetriserve.decode_worker.admission.cacheopt import CacheOptAdmission
+from tetriserve.decode_worker.admission.reserve_dynamic import ReserveDynamic
+from tetriserve.decode_worker.policy import decode_policies, decode_policy_settings, updated_decode_config
+
+
+def test_the_policy_is_built_with_its_own_parameters() -> None:
+    cfg = DecodeConfig.model_validate({"admission": {"policy": "reserve-dynamic", "horizons": "shortest"}})
+    admission, _, _ = decode_policies(cfg)
+    assert isinstance(admission, ReserveDynamic) and admission.horizons == "shortest" and admission.end == "lower"
+    cfg = DecodeConfig.model_validate({"admission": {"policy": "cacheopt", "reserve_blocks": 8}})
+    admission, _, _ = decode_policies(cfg)
+    assert isinstance(admission, CacheOptAdmission)
+    assert decode_policy_settings(cfg)["admission.reserve_blocks"] == "8"
+    assert "admission.horizons" not in decode_policy_settings(cfg)  # only the policy in force's parameters
+
+
+def test_a_parameter_of_another_policy_is_refused_naming_its_policy() -> None:
+    with pytest.raises(ValueError, match=r"decode\.admission\.horizons: a parameter of reserve-dynamic, not of "):
+        DecodeConfig.model_validate({"admission": {"policy": "greedy", "horizons": "shortest"}})
+    with pytest.raises(ValueError, match="a parameter of reserve-static and reserve-dynamic"):
+        DecodeConfig.model_validate({"admission": {"policy": "cacheopt", "length_end": "upper"}})
+
+
+def test_a_run_time_switch_drops_the_parameters_the_new_policy_does_not_take() -> None:
+    cfg = DecodeConfig.model_validate({"admission": {"policy": "cacheopt", "reserve_blocks": 8}})
+    greedy = updated_decode_config(cfg, {"admission.policy": "greedy"})
+    assert greedy.admission.policy == "greedy" and greedy.admission.reserve_blocks == 4
+    literal = updated_decode_config(greedy, {"admission.policy": "reserve-dynamic", "admission.horizons": "shortest"})
+    assert literal.admission.horizons == "shortest"
+    with pytest.raises(ValueError, match=r"decode\.admission\.horizons: a parameter of reserve-dynamic"):
+        updated_decode_config(greedy, {"admission.horizons": "shortest"})
+    with pytest.raises(ValueError, match=r"decode\.admission\.policy: Input should be"):
+        updated_decode_config(greedy, {"admission.policy": "lifo"})
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("admission_policy", "decode.admission.policy"),
+        ("cacheopt_reserve_blocks", "decode.admission.reserve_blocks"),
+        ("preemption_order", "decode.preemption.order"),
+        ("preemption_profile", "decode.preemption.profile"),
+    ],
+)
+def test_a_file_with_an_old_flat_key_is_refused_naming_the_new_one(tmp_path: Path, old: str, new: str) -> None:
+    path = tmp_path / "old.yaml"
+    path.write_text(f"decode:\n  {old}: x\n")
+    with pytest.raises(ValueError, match=f"config key decode.{old} is now {new}"):
+        ClusterConfig.load(path)
