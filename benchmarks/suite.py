@@ -127,6 +127,14 @@ REGISTRY: tuple[Entry, ...] = (
         _files("failure_kills", ".md", ".json"),
     ),
     Entry(
+        "soak",
+        _bench("soak", "--duration-s 3600 --window-s 600 --rate 1.0 --seed 0"),
+        "an hour of steady load, a prefill worker, a decode worker or the GlobalScheduler killed every 10 minutes: "
+        "requests lost, and the service's memory, descriptors, /dev/shm, object store and KV after each drain",
+        62,
+        _files("soak", ".md", ".json"),
+    ),
+    Entry(
         "failure_signals",
         _bench("failure_signals", "--streams 12 --max-tokens 1000"),
         "workers stopped or killed by signals under streaming load: does every stream end whole and unchanged",
