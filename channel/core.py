@@ -50,8 +50,8 @@ import logging
 import types
 import typing
 from collections.abc import Awaitable, Callable
-from dataclasses import astuple, dataclass, fields
-from typing import Any, Generic, TypeVar
+from dataclasses import astuple, dataclass, fields, is_dataclass
+from typing import Generic, TypeVar
 
 import msgpack
 import zmq
@@ -74,8 +74,8 @@ M = TypeVar("M")  # the messages a socket takes
 
 @dataclass(frozen=True)
 class _FieldCodec:
-    pack: Callable[[Any], Any]
-    unpack: Callable[[Any], Any]  # raises (TypeError, ValueError, ...) for a value of the wrong shape
+    pack: Callable[[object], object]
+    unpack: Callable[[object], object]  # raises (TypeError, ValueError, ...) for a value of the wrong shape
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,10 @@ def message(kind: int, call: str | None = None) -> Callable[[type[T]], type[T]]:
             raise ValueError(f"wire kind {kind} is taken by {_BY_KIND[kind].cls.__name__}")
         if kind <= REPLY:
             raise ValueError(f"wire kind {kind} is not a message kind (> {REPLY})")
+        if not is_dataclass(cls):
+            raise TypeError(f"a wire message is a dataclass; {cls.__name__} is not")
         hints = typing.get_type_hints(cls)
-        names = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+        names = tuple(f.name for f in fields(cls))
         plan = _Plan(kind, cls, call, names, tuple(_codec(hints[n]) for n in names))
         _BY_KIND[kind] = _BY_CLASS[cls] = plan
         return cls
@@ -402,18 +404,21 @@ class Sender:
 
 
 # -- field codecs -----------------------------------------------------------------------------------------
+# Each packs a field's value into msgpack's plain values and checks what it unpacks: a value of the wrong shape
+# or type raises (TypeError, ValueError, ...), which ``_read`` reports as the field's.
 
 
-def _checked(kind: type | tuple[type, ...]) -> _FieldCodec:
-    def unpack(value: Any) -> Any:
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise TypeError(f"expected {getattr(kind, '__name__', kind)}, got {type(value).__name__}")
-        return value
-
-    return _FieldCodec(lambda v: v, unpack)
+def _expect(value: object, kind: type[T]) -> T:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+    return value
 
 
-def _as_float(value: Any) -> float:
+def _checked(kind: type) -> _FieldCodec:
+    return _FieldCodec(lambda v: v, lambda v: _expect(v, kind))
+
+
+def _as_float(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"expected a number, got {type(value).__name__}")
     return float(value)
@@ -423,27 +428,25 @@ def _optional(inner: _FieldCodec) -> _FieldCodec:
     return _FieldCodec(lambda v: None if v is None else inner.pack(v), lambda v: None if v is None else inner.unpack(v))
 
 
+def _ints(value: object) -> tuple[int, ...]:
+    items = tuple(_expect(value, list))
+    if not all(type(v) is int for v in items):  # not isinstance: a bool is no token id
+        raise TypeError("expected a list of integers")
+    return items
+
+
 def _int_tuple() -> _FieldCodec:
-    check = _checked(int)
-
-    def unpack(value: Any) -> tuple[int, ...]:
-        if not isinstance(value, list | tuple):
-            raise TypeError(f"expected a list, got {type(value).__name__}")
-        return tuple(check.unpack(v) for v in value)
-
-    return _FieldCodec(list, unpack)
+    return _FieldCodec(lambda v: list(_expect(v, tuple)), _ints)
 
 
 def _chunks() -> _FieldCodec:
-    def unpack(rows: Any) -> tuple[StreamChunk, ...]:
-        if not isinstance(rows, list):
-            raise TypeError(f"expected a list, got {type(rows).__name__}")
-        return tuple(chunk_from_row(row) for row in rows)
+    def unpack(rows: object) -> tuple[StreamChunk, ...]:
+        return tuple(chunk_from_row(_expect(row, list)) for row in _expect(rows, list))
 
-    return _FieldCodec(lambda chunks: [chunk_row(c) for c in chunks], unpack)
+    return _FieldCodec(lambda chunks: [chunk_row(c) for c in _expect(chunks, tuple)], unpack)
 
 
-def _codec(annotation: Any) -> _FieldCodec:
+def _codec(annotation: object) -> _FieldCodec:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is tuple and args == (StreamChunk, ...):
         return _chunks()
@@ -453,12 +456,15 @@ def _codec(annotation: Any) -> _FieldCodec:
     if origin is tuple and args == (int, ...):
         return _int_tuple()
     if annotation is Request:
-        return _FieldCodec(request_row, lambda row: _request(*row))
+        return _FieldCodec(lambda r: request_row(_expect(r, Request)), _request)
     if annotation is LengthEstimate:
-        return _FieldCodec(lambda e: e.to_dict(), LengthEstimate.from_dict)
+        return _FieldCodec(
+            lambda e: _expect(e, LengthEstimate).to_dict(), lambda d: LengthEstimate.from_dict(_expect(d, dict))
+        )
     if annotation is float:
-        return _FieldCodec(float, _as_float)
+        return _FieldCodec(_as_float, _as_float)
     if annotation in (str, int, bool):
+        assert isinstance(annotation, type)
         return _checked(annotation)
     raise TypeError(f"no wire codec for {annotation!r}")
 
@@ -466,9 +472,11 @@ def _codec(annotation: Any) -> _FieldCodec:
 # -- the request ------------------------------------------------------------------------------------------
 
 _SAMPLING = tuple(f.name for f in fields(SamplingSpec))
+_ROW = 14  # a request row's fields
+_sampling_spec: Callable[..., SamplingSpec] = SamplingSpec  # built from a row's checked mapping
 
 
-def request_row(req: Request) -> list[Any]:
+def request_row(req: Request) -> list[object]:
     """``req`` as msgpack's plain values."""
     return [
         req.request_id,
@@ -488,43 +496,42 @@ def request_row(req: Request) -> list[Any]:
     ]
 
 
-def _request(
-    request_id: str,
-    prompt: list[int],
-    sampling: dict[str, Any],
-    slo: list[float | None],
-    priority: int,
-    arrival_time: float,
-    estimate: dict[str, Any] | None,
-    prefill_worker: str | None,
-    decode_worker: str | None,
-    finish_reason: str | None,
-    events: list[list[Any]],
-    attempt: int,
-    resume: list[int],
-    trace: str | None,
-) -> Request:
-    if not isinstance(request_id, str):
-        raise TypeError("a request id is a string")
-    spec = {k: _tuples(v) for k, v in sampling.items() if k in _SAMPLING}
+def _request(row: object) -> Request:
+    """The request of a ``request_row``; each field checked (the request's own checks run as it is built)."""
+    values = _expect(row, list)
+    if len(values) != _ROW:
+        raise ValueError(f"a request row has {_ROW} fields, this one {len(values)}")
+    rid, prompt, sampling, slo, priority, arrival, estimate, prefill, decode_, finish, events, attempt = values[:12]
+    resume, trace = values[12:]
+    spec = {k: _tuples(v) for k, v in _expect(sampling, dict).items() if k in _SAMPLING}
+    slo_fields = [None if v is None else _as_float(v) for v in _expect(slo, list)]
     return Request(
-        request_id,
-        tuple(prompt),
-        SamplingSpec(**spec),
-        SLO(*slo),
-        priority,
-        arrival_time,
-        None if estimate is None else LengthEstimate.from_dict(estimate),
-        prefill_worker,
-        decode_worker,
-        finish_reason,
-        [RequestEvent(RequestState(state), at, detail) for state, at, detail in events],
-        attempt,
-        tuple(resume),
-        trace,
+        _expect(rid, str),
+        _ints(prompt),
+        _sampling_spec(**spec),
+        SLO(*slo_fields),
+        _expect(priority, int),
+        _as_float(arrival),
+        None if estimate is None else LengthEstimate.from_dict(_expect(estimate, dict)),
+        _optional_str(prefill),
+        _optional_str(decode_),
+        _optional_str(finish),
+        [_event(_expect(ev, list)) for ev in _expect(events, list)],
+        _expect(attempt, int),
+        _ints(resume),
+        _optional_str(trace),
     )
 
 
-def _tuples(value: Any) -> Any:
+def _event(values: list[object]) -> RequestEvent:
+    state, at, detail = values
+    return RequestEvent(RequestState(_expect(state, int)), _as_float(at), _expect(detail, str))
+
+
+def _optional_str(value: object) -> str | None:
+    return None if value is None else _expect(value, str)
+
+
+def _tuples(value: object) -> object:
     """msgpack's lists back as the tuples the dataclasses hold (``logit_bias``: pairs in a tuple)."""
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

@@ -30,6 +30,7 @@ from tetriserve.common.gc_heap import freeze_heap
 
 if TYPE_CHECKING:
     from tetriserve.engine.core_layout import CoreLayout
+    from tetriserve.frontdoor.backend import AdminClient, RequestRouter
     from tetriserve.frontdoor.core import FrontDoor
     from tetriserve.frontdoor.remote_cluster import RemoteCluster
 
@@ -94,13 +95,15 @@ async def drain(front: FrontDoor, grace_s: float, hurry: asyncio.Event | None = 
 
 async def run_front_doors(
     config: ClusterConfig,
-    backend: object,
+    backend: RequestRouter,
+    admin: AdminClient,
     stop: asyncio.Event,
     ready: asyncio.Future[Endpoints] | None = None,
     dashboard: str = "",
     hurry: asyncio.Event | None = None,
 ) -> None:
-    """Serve both front doors until ``stop``; then drain (``config.drain_grace_s``, cut short by ``hurry``)."""
+    """Serve both front doors over ``backend`` (requests) and ``admin`` (administration, health, metrics) until
+    ``stop``; then drain (``config.drain_grace_s``, cut short by ``hurry``)."""
     from tetriserve.frontdoor.core import FrontDoor
     from tetriserve.frontdoor.gateway_grpc import start_grpc_server
     from tetriserve.frontdoor.gateway_http import start_http_server
@@ -112,13 +115,13 @@ async def run_front_doors(
     tracing.setup(config.tracing, "frontdoor")  # this process's spans (each front door is a process of its own)
     security = FrontDoorSecurity.from_config(config.security)
     security.warn_if_exposed(config.host)
-    front = await asyncio.to_thread(FrontDoor, backend, None, config.admission)  # type: ignore[arg-type]
-    metrics = MetricsExporter(front, backend)  # GET /metrics, and the Ray dashboard's metrics when on Ray
+    front = await asyncio.to_thread(FrontDoor, backend, None, config.admission, admin)
+    metrics = MetricsExporter(front, admin)  # GET /metrics, and the Ray dashboard's metrics when on Ray
     body_limit = megabytes(config.max_request_body_mb)
-    grpc_server, grpc_port = await start_grpc_server(  # type: ignore[arg-type]
+    grpc_server, grpc_port = await start_grpc_server(
         backend, config.host, config.grpc_port, front=front, max_message_bytes=body_limit, security=security
     )
-    http = await start_http_server(  # type: ignore[arg-type]
+    http = await start_http_server(
         backend,
         config.host,
         config.http_port,
@@ -159,6 +162,7 @@ def serve(config: ClusterConfig) -> None:
     front doors; on a signal, drain and stop the whole service."""
     from tetriserve.control_plane.control_plane import start_control_plane, stop_control_plane
     from tetriserve.control_plane.launcher import init_ray
+    from tetriserve.frontdoor.ray_admin import RayAdmin
     from tetriserve.frontdoor.ray_backend import RayBackend
     from tetriserve.frontdoor.remote_cluster import RemoteCluster
 
@@ -178,7 +182,7 @@ def serve(config: ClusterConfig) -> None:
             settle_service(config, layout)
         print(f"tetriserve: {join_hint(config.namespace)}", flush=True)
         what = "the service" if owns_ray else "the service (only this front door while others are attached)"
-        run_until_signal(config, RayBackend(cluster, name), t0, dashboard, what, cluster.gone)
+        run_until_signal(config, RayBackend(cluster, name), RayAdmin(cluster, name), t0, dashboard, what, cluster.gone)
     finally:
         # on a Ray instance of its own the service ends with this process (Ray's processes share its fate)
         others = cluster.others() if cluster is not None and not owns_ray else []
@@ -268,6 +272,7 @@ def frontdoor(
     import ray
 
     from tetriserve.control_plane.control_plane import find_control_plane
+    from tetriserve.frontdoor.ray_admin import RayAdmin
     from tetriserve.frontdoor.ray_backend import RayBackend
     from tetriserve.frontdoor.remote_cluster import RemoteCluster
 
@@ -283,8 +288,8 @@ def frontdoor(
         config = served.model_copy(update=own)
         cluster.model_path = _local_model(cluster, model)
         print(f"tetriserve: front door joining the service in namespace {namespace!r}", flush=True)
-        backend = RayBackend(cluster, cluster.served_name)
-        run_until_signal(config, backend, t0, cluster.dashboard_url, "this front door", cluster.gone)
+        backend, admin = RayBackend(cluster, cluster.served_name), RayAdmin(cluster, cluster.served_name)
+        run_until_signal(config, backend, admin, t0, cluster.dashboard_url, "this front door", cluster.gone)
     finally:
         print("tetriserve: front door leaving (the service keeps running)", flush=True)
         cluster.close()
@@ -304,7 +309,13 @@ def _local_model(cluster: RemoteCluster, model: str | None) -> str:
 
 
 def run_until_signal(
-    config: ClusterConfig, backend: object, t0: float, dashboard: str, what: str, gone: threading.Event
+    config: ClusterConfig,
+    backend: RequestRouter,
+    admin: AdminClient,
+    t0: float,
+    dashboard: str,
+    what: str,
+    gone: threading.Event,
 ) -> None:
     """Serve both front doors until SIGINT / SIGTERM (the first drains, a second cuts the drain short), or until
     the control plane is ``gone`` (the service was stopped)."""
@@ -328,13 +339,13 @@ def run_until_signal(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
         ready: asyncio.Future[Endpoints] = loop.create_future()
-        task = asyncio.create_task(run_front_doors(config, backend, stop, ready, dashboard, hurry))
+        task = asyncio.create_task(run_front_doors(config, backend, admin, stop, ready, dashboard, hurry))
         await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
         if not ready.done():
             task.result()  # the front doors failed to start: raise why
         ep = ready.result()
         freeze_heap("front doors")  # no full collection of the start-up heap stalls a burst (common/gc_heap.py)
-        name = getattr(backend, "model_name", "")
+        name = backend.model_name
         print(f"tetriserve: ready in {time.monotonic() - t0:.1f} s", flush=True)
         print(f"  gRPC            {ep.grpc}{'  (TLS)' if ep.tls else ''}", flush=True)
         print(f"  OpenAI HTTP     {ep.http}/v1  (model '{name}')", flush=True)

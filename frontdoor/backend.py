@@ -1,18 +1,18 @@
-"""The seam between the front doors (gRPC, HTTP) and whatever serves requests.
+"""The seam between the front doors (gRPC, HTTP) and whatever serves requests, in two parts.
 
-The real backend talks to the Ray ``GlobalScheduler``; tests use an in-process
-fake. Front doors tokenize and validate, then hand a ``common.request.Request``
-to ``generate`` and detokenize the ``StreamChunk`` stream that comes back.
-The admin call ``set_policy`` changes workers' scheduling policies at run time
-(``frontdoor/policy_admin.py`` holds the checks both backends share); ``flip``
-and ``scale`` change workers' roles and counts (``control_plane.elastic``).
+``RequestRouter``: the request path. Front doors tokenize and validate, then hand a ``common.request.Request``
+to ``generate`` and detokenize the ``StreamChunk`` stream that comes back (over Ray: ``ray_backend.py``).
+``AdminClient``: health, status, the workers' statistics, and the admin calls: ``set_policy`` changes workers'
+scheduling policies at run time (``frontdoor/policy_admin.py`` holds the checks both backends share); ``flip``
+and ``scale`` change workers' roles and counts (``control_plane.elastic``) (over Ray: ``ray_admin.py``).
+Tests use an in-process fake that is both (``ServingBackend``).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from tetriserve.common.lifecycle import LifecycleView
 from tetriserve.common.request import Request
@@ -68,8 +68,8 @@ class ClusterStatus:
     dashboard_url: str = ""
 
 
-class ServingBackend(Protocol):
-    """What a front door needs from the cluster."""
+class RequestRouter(Protocol):
+    """What a front door needs from the cluster per request: the model, and each request's stream."""
 
     @property
     def model_name(self) -> str: ...
@@ -94,6 +94,12 @@ class ServingBackend(Protocol):
         """End a request's stream now (its last chunk has ``reason``) and abort it on the workers; ``False`` if
         it was not in flight. The front door passes ``"stop"`` when it matched a stop string."""
         ...
+
+
+@runtime_checkable
+class AdminClient(Protocol):
+    """What the gateways' administration and health checks need from the cluster (the metrics exporter also
+    reads ``worker_stats()`` and ``scheduler_counts()`` where an admin client has them: ``RayAdmin``)."""
 
     async def healthy(self) -> bool: ...
 
@@ -122,3 +128,7 @@ class ServingBackend(Protocol):
         bad key or value, or a key of the other role.
         """
         ...
+
+
+class ServingBackend(RequestRouter, AdminClient, Protocol):
+    """Both sides of one cluster in one object (the tests' fake backends)."""

@@ -36,7 +36,8 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tetriserve.common import log_context
@@ -44,8 +45,8 @@ from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.errors import InvalidRequestError, UnknownModelError
 from tetriserve.common.request import SLO, Request, SamplingSpec
 from tetriserve.common.stream import FinishReason, StreamChunk
-from tetriserve.frontdoor.admission import AdmissionGate, Overloaded, Ticket
-from tetriserve.frontdoor.backend import ServingBackend
+from tetriserve.frontdoor.admission import AdmissionGate, Ticket
+from tetriserve.frontdoor.backend import AdminClient, RequestRouter
 from tetriserve.frontdoor.deltas import TextDelta, stop_token, take_output
 from tetriserve.frontdoor.detokenizer import IncrementalDetokenizer
 from tetriserve.frontdoor.field_checks import (
@@ -66,6 +67,7 @@ from tetriserve.frontdoor.field_checks import (
 )
 from tetriserve.frontdoor.logprobs import LogprobNamer, TokenStrings
 from tetriserve.frontdoor.stop_strings import StopMatcher, stop_strings
+from tetriserve.frontdoor.stream_observers import EndKind, MetricsObserver, SpanObserver, StreamEnd, StreamObserver
 from tetriserve.observability.request_metrics import RequestMetrics
 from tetriserve.observability.request_span import RequestSpan
 
@@ -86,15 +88,21 @@ def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
 
 
 class FrontDoor:
-    """Tokenizer + request validation + detokenized streaming over a ``ServingBackend``."""
+    """Tokenizer + request validation + detokenized streaming over a ``RequestRouter``; the gateways'
+    administration goes to ``admin`` (the backend itself when it is an ``AdminClient`` too: the tests' fakes)."""
 
     def __init__(
         self,
-        backend: ServingBackend,
+        backend: RequestRouter,
         tokenizer: PreTrainedTokenizerBase | None = None,
         limits: AdmissionConfig | None = None,
+        admin: AdminClient | None = None,
     ) -> None:
-        self.backend = backend
+        if admin is None:
+            if not isinstance(backend, AdminClient):
+                raise TypeError(f"FrontDoor: {type(backend).__name__} is no admin client; pass admin=")
+            admin = backend
+        self.backend, self.admin = backend, admin
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(backend.model_path)
         self.vocab_size = len(self.tokenizer)
         self.max_token_chars = max(1, max(map(len, self.tokenizer.get_vocab()), default=1))  # for ``check_head``
@@ -248,7 +256,8 @@ class FrontDoor:
         request; TTFT and end-to-end latency are measured from it. Exceptions
         raised by the backend (e.g. ``ConnectionError``) propagate. ``ticket``
         (``admitted_stream``) starts at the second token and is released at the end. ``route`` names the
-        gateway's route on the request's root span (``observability/request_span.py``).
+        gateway's route on the request's root span (``observability/request_span.py``). The request's metrics
+        and span watch the stream as observers (``frontdoor/stream_observers.py``).
         """
         rid = request.request_id
         if rid in self.live_ids:  # refused before it touches anything of the one in flight
@@ -256,107 +265,62 @@ class FrontDoor:
         self.live_ids.add(rid)
         t0 = time.monotonic() if started_at is None else started_at
         span = RequestSpan(request, self.model_name, route, t0)  # sets request.trace: the workers continue it
-        failure: BaseException | None = None
-        sampling = request.sampling
-        detok = IncrementalDetokenizer(
-            self.tokenizer, request.prompt_token_ids, skip_special_tokens=sampling.skip_special_tokens
-        )
-        stops = StopMatcher(sampling.stop, include=sampling.include_stop_str_in_output)
-        namer = LogprobNamer(self.token_strings) if sampling.logprobs is not None else None
+        out = _Output(self, request, t0, (MetricsObserver(self.metrics), SpanObserver(span)))
         source = self.backend.generate(request)
-        prompt_tokens, generated, done = len(request.prompt_token_ids), 0, False
-        ttft_ms: float | None = None
-        last_at, counted = t0, False  # when the latest tokens went out; whether the metrics have the outcome
-
-        def delta(chunk: StreamChunk, tokens: tuple[int, ...], text: str, **kw: Any) -> TextDelta:
-            nonlocal ttft_ms, last_at
-            first = None
-            if tokens:
-                now = time.monotonic()
-                if ttft_ms is None:
-                    ttft_ms = first = (now - t0) * 1e3
-                    self.metrics.first_token(now - t0)
-                else:
-                    self.metrics.tokens(now - last_at, len(tokens))
-                last_at = now
-            if kw.get("finish_reason") is not None:
-                kind = "unavailable" if kw.get("unavailable") else "backend"
-                e2e_s = kw["e2e_ms"] / 1e3
-                ttft_s = None if ttft_ms is None else ttft_ms / 1e3
-                self.metrics.finished(kw["finish_reason"], prompt_tokens, generated, e2e_s, ttft_s, kind)
-            lps = namer.name(tokens, chunk.logprobs) if namer is not None else None
-            if kw.get("finish_reason"):
-                span.finished(kw["finish_reason"], kw.get("error"), ttft_ms)
-            return TextDelta(rid, tokens, text, prompt_tokens, generated, ttft_ms=first, logprobs=lps, **kw)
-
+        failure: BaseException | None = None
         try:
             async for chunk in source:
-                tokens, text = take_output(chunk, detok, stops)
-                generated += len(tokens)
-                if ticket is not None and (generated >= 2 or chunk.finished):
+                tokens, text = take_output(chunk, out.detok, out.stops)
+                out.generated += len(tokens)
+                if ticket is not None and (out.generated >= 2 or chunk.finished):
                     ticket.start(time.monotonic())
-                if not chunk.finished and stops.stopped is None:
-                    yield delta(chunk, tokens, text)
+                if not chunk.finished and out.stops.stopped is None:
+                    yield out.delta(chunk, tokens, text)
                     continue
-                done = True
-                if stops.stopped is not None and not chunk.finished:  # ours: the workers are still generating
+                out.done = True
+                if out.stops.stopped is not None and not chunk.finished:  # ours: the workers are still generating
                     await self.backend.abort(rid, FinishReason.STOP)
                     await self._drain(source, rid, until_finished=True)
-                    e2e_ms = (time.monotonic() - t0) * 1e3
-                    yield delta(chunk, tokens, text, finish_reason="stop", e2e_ms=e2e_ms, stop_reason=stops.stopped)
+                    yield out.last(chunk, tokens, text, "stop", None, stop_reason=out.stops.stopped)
                     return
                 await self._drain(source, rid)
-                if stops.stopped is None:
-                    text += stops.flush()
-                reason = "stop" if stops.stopped is not None else chunk.finish_reason
+                if out.stops.stopped is None:
+                    text += out.stops.flush()
+                reason = "stop" if out.stops.stopped is not None else (chunk.finish_reason or "error")
                 error = (chunk.error or "unknown backend error") if reason == "error" else None
-                yield delta(
+                yield out.last(
                     chunk,
                     tokens,
                     text,
-                    finish_reason=reason,
-                    error=error,
-                    unavailable=error is not None and chunk.retry,
-                    e2e_ms=(time.monotonic() - t0) * 1e3,
+                    reason,
+                    error,
+                    "unavailable" if error is not None and chunk.retry else "backend",
                     metrics=dict(chunk.metrics or {}),
-                    stop_reason=stops.stopped or stop_token(request, tokens, reason),
+                    stop_reason=out.stops.stopped or stop_token(request, tokens, reason),
                 )
                 return
-            done = True
+            out.done = True
             logger.error("request %s: backend stream ended without a finish reason", rid)
-            self.metrics.errored("no_finish")
-            span.finished("error", "backend stream ended without a finish reason", ttft_ms)
-            yield TextDelta(
-                rid,
-                (),
-                stops.flush(),
-                prompt_tokens,
-                generated,
-                finish_reason="error",
-                error="backend stream ended without a finish reason",
-                e2e_ms=(time.monotonic() - t0) * 1e3,
-            )
-        except Overloaded as exc:
-            counted, failure = True, exc
-            self.metrics.refused("placement")
-            raise
+            yield out.last(None, (), out.stops.flush(), "error", "backend stream ended without a finish reason",
+                           "no_finish")  # fmt: skip
         except Exception as exc:
-            counted, failure = True, exc
-            if not done:
-                self.metrics.errored("backend_unavailable" if isinstance(exc, ConnectionError) else "internal")
+            failure = exc
+            if not out.done:
+                for observer in out.observers:
+                    observer.failed(exc)
             raise
         finally:
             self.live_ids.discard(rid)
-            span.close(generated, failure)
             if ticket is not None:
                 ticket.release(time.monotonic())
-            if not done:
-                if not counted:  # the consumer left early: the client is gone
-                    self.metrics.aborted("disconnect", prompt_tokens, generated)
+            if not out.done:
+                if failure is None:  # the consumer left early: the client is gone
+                    out.notify(lambda o: o.abandoned(out.prompt_tokens, out.generated))
                 self._abort_in_background(source, rid)
+            out.notify(lambda o: o.closed(out.generated, failure))
 
     @staticmethod
-    async def _drain(source: AsyncIterator[Any], request_id: str, *, until_finished: bool = False) -> None:
+    async def _drain(source: AsyncIterator[StreamChunk], request_id: str, *, until_finished: bool = False) -> None:
         """Let the backend generator finish normally after its last chunk (``until_finished``: skip what comes
         before the finish of a request we aborted)."""
         while (extra := await anext(source, None)) is not None:
@@ -367,7 +331,7 @@ class FrontDoor:
             await _aclose(source)
             return
 
-    def _abort_in_background(self, source: AsyncIterator[Any], request_id: str) -> None:
+    def _abort_in_background(self, source: AsyncIterator[StreamChunk], request_id: str) -> None:
         async def cleanup() -> None:
             try:
                 await _aclose(source)
@@ -388,7 +352,71 @@ class FrontDoor:
         task.add_done_callback(self._background.discard)
 
 
-async def _aclose(source: AsyncIterator[Any]) -> None:
+class _Output:
+    """One request's output as ``FrontDoor.stream`` makes it: its text state (detokenizer, stop strings,
+    logprob names), its counts and times, and the observers it tells."""
+
+    def __init__(self, front: FrontDoor, request: Request, t0: float, observers: tuple[StreamObserver, ...]) -> None:
+        sampling = request.sampling
+        self.request_id, self.t0, self.observers = request.request_id, t0, observers
+        self.detok = IncrementalDetokenizer(
+            front.tokenizer, request.prompt_token_ids, skip_special_tokens=sampling.skip_special_tokens
+        )
+        self.stops = StopMatcher(sampling.stop, include=sampling.include_stop_str_in_output)
+        self.namer = LogprobNamer(front.token_strings) if sampling.logprobs is not None else None
+        self.prompt_tokens, self.generated, self.done = len(request.prompt_token_ids), 0, False
+        self.ttft_ms: float | None = None
+        self.last_at = t0  # when the latest tokens went out
+
+    def notify(self, event: Callable[[StreamObserver], None]) -> None:
+        for observer in self.observers:
+            event(observer)
+
+    def delta(self, chunk: StreamChunk | None, tokens: tuple[int, ...], text: str) -> TextDelta:
+        """The delta of ``tokens`` and ``text``; the observers hear of the tokens."""
+        first = None
+        if tokens:
+            now = time.monotonic()
+            if self.ttft_ms is None:
+                self.ttft_ms = first = (now - self.t0) * 1e3
+                ttft_s = now - self.t0
+                self.notify(lambda o: o.first_token(ttft_s))
+            else:
+                gap_s, n = now - self.last_at, len(tokens)
+                self.notify(lambda o: o.tokens(gap_s, n))
+            self.last_at = now
+        lps = self.namer.name(tokens, chunk.logprobs) if self.namer is not None and chunk is not None else None
+        return TextDelta(self.request_id, tokens, text, self.prompt_tokens, self.generated, ttft_ms=first, logprobs=lps)
+
+    def last(
+        self,
+        chunk: StreamChunk | None,
+        tokens: tuple[int, ...],
+        text: str,
+        reason: str,
+        error: str | None,
+        kind: EndKind = "backend",
+        metrics: Mapping[str, float] | None = None,
+        stop_reason: str | int | None = None,
+    ) -> TextDelta:
+        """The finished delta; the observers hear how the stream ended."""
+        e2e_s = time.monotonic() - self.t0
+        out = replace(
+            self.delta(chunk, tokens, text),
+            finish_reason=reason,
+            error=error,
+            unavailable=kind == "unavailable",
+            e2e_ms=e2e_s * 1e3,
+            metrics=dict(metrics or {}),
+            stop_reason=stop_reason,
+        )
+        ttft_s = None if self.ttft_ms is None else self.ttft_ms / 1e3
+        end = StreamEnd(reason, error, self.prompt_tokens, self.generated, e2e_s, ttft_s, kind)
+        self.notify(lambda o: o.finished(end))
+        return out
+
+
+async def _aclose(source: AsyncIterator[StreamChunk]) -> None:
     aclose = getattr(source, "aclose", None)
     if aclose is not None:
         await aclose()

@@ -85,10 +85,12 @@ class IncrementalDetokenizer:
         return ""
 
     def _step(self, token_ids: Sequence[int]) -> str:
-        parts = []
+        parts: list[str] = []
+        stream = self._stream
+        assert stream is not None  # ``add`` steps only while the stream lives
         for i, token in enumerate(token_ids):
             try:
-                piece = self._stream.step(self._rust, token)
+                piece = stream.step(self._rust, token)
             except Exception as exc:  # the stream's state broke (a tokenizer with non-monotonic output)
                 logger.warning("detokenizer stream failed (%s); this request goes on with the window", exc)
                 self._stream = None

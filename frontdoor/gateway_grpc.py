@@ -1,4 +1,4 @@
-"""gRPC front door: the ``tetriserve.v1.TetriServe`` service over a ``ServingBackend``.
+"""gRPC front door: the ``tetriserve.v1.TetriServe`` service over a ``RequestRouter`` and an ``AdminClient``.
 
 Generate's life::
 
@@ -18,8 +18,8 @@ request is a failed call — every gRPC client, interceptor and metric sees the
 status, and our SDK raises ``InternalError`` after the tokens already yielded.
 "abort" (the request was aborted via ``Abort``) is a normal finish, status OK.
 
-Flip, Scale (admin) ─▶ backend.flip / backend.scale (control_plane/elastic.py)
-SetPolicy (admin) ─▶ backend.set_policy (worker_id: an id, "decode" = every decode worker, empty = every
+Flip, Scale (admin) ─▶ admin.flip / admin.scale (control_plane/elastic.py)
+SetPolicy (admin) ─▶ admin.set_policy (worker_id: an id, "decode" = every decode worker, empty = every
 prefill worker): unknown worker ─▶ NOT_FOUND; bad key or value, or a key of the other role ─▶
 INVALID_ARGUMENT "key: message" (+ tetriserve-field=key); a worker that did not answer ─▶ DEADLINE_EXCEEDED.
 
@@ -43,7 +43,7 @@ from tetriserve.client.errors import FIELD_METADATA_KEY, RETRY_AFTER_METADATA_KE
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.common.request import Request
 from tetriserve.frontdoor.admission import Draining, Overloaded
-from tetriserve.frontdoor.backend import ServingBackend
+from tetriserve.frontdoor.backend import AdminClient, RequestRouter
 from tetriserve.frontdoor.core import FrontDoor
 from tetriserve.frontdoor.deltas import TextDelta
 from tetriserve.frontdoor.grpc_auth import ApiKeyInterceptor
@@ -177,13 +177,13 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
         return pb.AbortResponse(aborted=aborted)
 
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
-        serving = not self._front.gate.closed and await self._front.backend.healthy()
+        serving = not self._front.gate.closed and await self._front.admin.healthy()
         return pb.HealthResponse(serving=serving, model=self._front.model_name)
 
     async def ClusterStatus(
         self, request: pb.ClusterStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.ClusterStatusResponse:
-        status = await self._front.backend.status()
+        status = await self._front.admin.status()
         reply = pb.ClusterStatusResponse(
             model=status.model, requests_in_flight=status.requests_in_flight, dashboard_url=status.dashboard_url
         )
@@ -208,7 +208,7 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
 
     async def Flip(self, request: pb.FlipRequest, context: grpc.aio.ServicerContext) -> pb.FlipResponse:
         try:
-            said = await self._front.backend.flip(request.worker_id, request.role)
+            said = await self._front.admin.flip(request.worker_id, request.role)
         except Exception as exc:
             await _abort_admin(context, exc, "worker_id")
         logger.info("flip %s %s: %s", request.worker_id, request.role, said)
@@ -218,7 +218,7 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
         prefill = request.prefill if request.HasField("prefill") else None
         decode = request.decode if request.HasField("decode") else None
         try:
-            said = await self._front.backend.scale(prefill, decode)
+            said = await self._front.admin.scale(prefill, decode)
         except Exception as exc:
             await _abort_admin(context, exc, "")
         logger.info("scale prefill=%s decode=%s: %s", prefill, decode, "; ".join(said))
@@ -227,7 +227,7 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
     async def SetPolicy(self, request: pb.SetPolicyRequest, context: grpc.aio.ServicerContext) -> pb.SetPolicyResponse:
         target = describe_target(request.worker_id)
         try:
-            workers = await self._front.backend.set_policy(request.worker_id or None, dict(request.changes))
+            workers = await self._front.admin.set_policy(request.worker_id or None, dict(request.changes))
         except UnknownWorkerError as exc:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, str(exc), trailing_metadata=((FIELD_METADATA_KEY, "worker_id"),)
@@ -286,10 +286,11 @@ def _to_response(delta: TextDelta) -> pb.GenerateResponse:
 
 
 async def start_grpc_server(
-    backend: ServingBackend,
+    backend: RequestRouter,
     host: str = "127.0.0.1",
     port: int = 0,
     *,
+    admin: AdminClient | None = None,
     front: FrontDoor | None = None,
     max_message_bytes: int = DEFAULT_MAX_BODY_BYTES,
     security: FrontDoorSecurity | None = None,
@@ -301,7 +302,7 @@ async def start_grpc_server(
     ``max_message_bytes`` is refused by gRPC itself with RESOURCE_EXHAUSTED.
     """
     if front is None:
-        front = await asyncio.to_thread(FrontDoor, backend)
+        front = await asyncio.to_thread(FrontDoor, backend, None, None, admin)
     options = [
         ("grpc.so_reuseport", 0),  # fail loudly if the port is taken
         ("grpc.max_receive_message_length", max_message_bytes),

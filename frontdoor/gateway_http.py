@@ -47,7 +47,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tetriserve.common.errors import InvalidRequestError, UnknownModelError, error_body
 from tetriserve.common.request import Request as ServingRequest
 from tetriserve.frontdoor.admission import Draining, Overloaded
-from tetriserve.frontdoor.backend import ServingBackend
+from tetriserve.frontdoor.backend import AdminClient, RequestRouter
 from tetriserve.frontdoor.core import FrontDoor
 from tetriserve.frontdoor.field_checks import check_ids, unicode_text
 from tetriserve.frontdoor.http_auth import ApiKeyGuard
@@ -149,16 +149,18 @@ async def _cancel_on_disconnect(raw: Request, work: Awaitable[_T]) -> _T | None:
 
 
 def build_app(
-    backend: ServingBackend,
+    backend: RequestRouter,
     *,
+    admin: AdminClient | None = None,
     front: FrontDoor | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     security: FrontDoorSecurity | None = None,
     metrics: MetricsExporter | None = None,
 ) -> FastAPI:
-    """The OpenAI-compatible app over ``backend`` (``front`` shares a tokenizer with the gRPC gateway)."""
-    front = front if front is not None else FrontDoor(backend)
-    exporter = metrics if metrics is not None else MetricsExporter(front, backend)
+    """The OpenAI-compatible app over ``backend`` and ``admin`` (``front`` shares a tokenizer with the gRPC
+    gateway, and its admin client)."""
+    front = front if front is not None else FrontDoor(backend, admin=admin)
+    exporter = metrics if metrics is not None else MetricsExporter(front, front.admin)
     app = FastAPI(title="tetriserve", summary="OpenAI-compatible front door of tetriserve")
     app.state.security = security or FrontDoorSecurity()  # its keys.stats(): requests judged, by outcome
     app.add_middleware(ApiKeyGuard, security=app.state.security)  # inside the body limit
@@ -170,7 +172,7 @@ def build_app(
     @app.get("/health")
     async def health() -> Response:
         """Liveness: the front door answers and its backend serves (a drain does not fail it)."""
-        if await backend.healthy():
+        if await front.admin.healthy():
             return Response(status_code=200)
         return error_response(503, "backend is not serving", None, "unhealthy")
 
@@ -339,10 +341,11 @@ class HttpServerHandle:
 
 
 async def start_http_server(
-    backend: ServingBackend,
+    backend: RequestRouter,
     host: str = "127.0.0.1",
     port: int = 0,
     *,
+    admin: AdminClient | None = None,
     front: FrontDoor | None = None,
     graceful_shutdown_s: float = 5.0,
     keepalive_s: float = 75.0,
@@ -353,7 +356,7 @@ async def start_http_server(
 ) -> HttpServerHandle:
     """Serve ``build_app(backend)`` with uvicorn in the running event loop; ``port=0`` picks a free port."""
     if front is None:
-        front = await asyncio.to_thread(FrontDoor, backend)
+        front = await asyncio.to_thread(FrontDoor, backend, None, None, admin)
     security = security or FrontDoorSecurity()
     app = build_app(backend, front=front, max_body_bytes=max_body_bytes, security=security, metrics=metrics)
     tls = security.tls

@@ -64,7 +64,7 @@ class TokenStrings:
         if text is None:
             text = self.decode([token_id]) or ""
             if self._marker is not None:
-                raw = self._tokenizer.convert_ids_to_tokens(token_id) or ""
+                raw = str(self._tokenizer.convert_ids_to_tokens(token_id) or "")
                 missing = (len(raw) - len(raw.lstrip(self._marker))) - (len(text) - len(text.lstrip(" ")))
                 text = " " * max(0, missing) + text
             self._cache[token_id] = text

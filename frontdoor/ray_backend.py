@@ -1,4 +1,4 @@
-"""``ServingBackend`` over a launched Ray cluster: what the front doors call.
+"""The request router over a launched Ray cluster (``RequestRouter``): what the front doors call per request.
 
     generate(request):
         GlobalScheduler.place_many([PlacementRequest]) ─▶ [Placement(prefill worker)]   a decision, not a relay
@@ -34,25 +34,22 @@ ends with an ``error`` chunk marked ``retry`` (the gateways answer 503 /
 per-worker bound) ``generate`` raises ``Overloaded`` before its first chunk
 (429 / ``RESOURCE_EXHAUSTED``).
 
-``status`` asks every worker actor for its policies in parallel, each with a
-deadline, so a stuck worker shows an empty policy instead of hanging the call;
-``set_policy`` checks the change (``policy_admin``) before any actor sees it and
-calls the targeted workers' ``set_policy`` (prefill or decode, by the target's role).
+This is the request path only; the administration of the same cluster (health, status, flips, scaling,
+policies) is ``RayAdmin`` (``frontdoor/ray_admin.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import replace
 from typing import Any
 
 from tetriserve.channel.intake import Abort, Submit
-from tetriserve.common.errors import actor_died
-from tetriserve.common.lifecycle import Lifecycle
 from tetriserve.common.request import Request
 from tetriserve.common.stream import (
     FinishReason,
@@ -63,20 +60,17 @@ from tetriserve.common.stream import (
 )
 from tetriserve.control_plane.batched_calls import OneCallOut
 from tetriserve.frontdoor.admission import Overloaded
-from tetriserve.frontdoor.backend import ClusterStatus, WorkerPolicy, WorkerStatus, lifecycle_fields
-from tetriserve.frontdoor.policy_admin import actor_setter, apply_changes, parse_changes, resolve_targets
 from tetriserve.frontdoor.token_log import AT_ONCE, TokenLog
 from tetriserve.frontdoor.worker_streams import Lost, OpenRequest, WorkerStreams, stream_host
-from tetriserve.transport.registry import backend_of
 
 logger = logging.getLogger(__name__)
 
-POLICIES_TIMEOUT_S = 2.0  # status: a worker that does not answer by then shows no policy
-STATS_TIMEOUT_S = 4.0  # worker_stats (the metrics exporter's, which waits 5 s for the whole cluster)
 PLACE_TIMEOUT_S = 5.0  # one ``place`` call (the GlobalScheduler may be restarting)
 
 
 class RayBackend:
+    """``RequestRouter`` over a launched Ray cluster: placement, the workers' streams, migration."""
+
     def __init__(self, cluster: Any, model_name: str) -> None:
         # a launched ``Cluster`` of this process's own, or a ``RemoteCluster`` (the detached control plane's)
         self.cluster = cluster
@@ -104,17 +98,14 @@ class RayBackend:
     def max_model_len(self) -> int:
         return self.cluster.config.engine.max_model_len
 
-    def _workers(self) -> dict[str, Any]:
-        """Every worker's current handle (the supervisor replaces one it re-creates)."""
-        return {**self.cluster.prefill, **self.cluster.decode}
-
     def streams(self) -> WorkerStreams:
         """This event loop's streams from every worker (opened on first use, reopened if one ended)."""
         loop = asyncio.get_running_loop()
         if self._streams is None or self._streams.loop is not loop:
             died = None if getattr(self.cluster, "monitor", None) is None else self._worker_died
             host = stream_host(self.cluster.config)
-            self._streams = WorkerStreams(self._workers, host, self.idle_timeout_s, died)
+            workers = functools.partial(worker_handles, self.cluster)
+            self._streams = WorkerStreams(workers, host, self.idle_timeout_s, died)
         return self._streams
 
     def _worker_died(self, worker_id: str, incarnation: int) -> None:
@@ -144,7 +135,7 @@ class RayBackend:
                 req.over_ray = not streams.send(worker, Submit(attempt))  # else over Ray, watched for its failure
                 watch = None
                 if req.over_ray:
-                    submitted = self._workers()[worker].submit.remote(attempt, streams.id)
+                    submitted = worker_handles(self.cluster)[worker].submit.remote(attempt, streams.id)
                     watch = asyncio.ensure_future(_report_failure(submitted, req, worker))
                 try:
                     lost = None
@@ -203,7 +194,7 @@ class RayBackend:
         while True:
             try:
                 placement = await self._placements.ask(meta)
-                if placement.prefill_worker is not None and placement.prefill_worker in self._workers():
+                if placement.prefill_worker is not None and placement.prefill_worker in worker_handles(self.cluster):
                     return placement
                 if not placement.retry:
                     return placement
@@ -216,7 +207,7 @@ class RayBackend:
 
     def _abort_everywhere(self, request_id: str, attempt: int, req: OpenRequest) -> None:
         """Abort a lost attempt on every worker that may still hold it (it may have reached a decode worker)."""
-        for worker_id in self._workers():
+        for worker_id in worker_handles(self.cluster):
             self._abort(worker_id, request_id, attempt, req)
 
     def _abort(self, worker_id: str, request_id: str, attempt: int, req: OpenRequest) -> None:
@@ -224,7 +215,7 @@ class RayBackend:
         cannot overtake the submit)."""
         over_ray = req.over_ray and worker_id == req.log.worker
         if over_ray or self._streams is None or not self._streams.send(worker_id, Abort(request_id, attempt)):
-            handle = self._workers().get(worker_id)
+            handle = worker_handles(self.cluster).get(worker_id)
             if handle is not None:
                 _forget(handle.abort.remote(request_id, attempt))
 
@@ -240,7 +231,7 @@ class RayBackend:
 
     def _observe(self, request: Request, log: TokenLog, started: float, first_at: float | None) -> None:
         """A request that ended normally counts toward SLO attainment (the ``slo`` flip policy's input)."""
-        control = self._control()
+        control = control_of(self.cluster)
         finish = log.finish
         if control is None or first_at is None or finish is None or finish.finish_reason not in _NORMAL_ENDS:
             return
@@ -248,12 +239,6 @@ class RayBackend:
         n = len(log.tokens)
         tpot_ms = (now - first_at) * 1e3 / (n - 1) if n > 1 else None
         control.observe_slo((first_at - started) * 1e3, tpot_ms, request.slo.ttft_ms, request.slo.tbt_ms)
-
-    def _control(self) -> Any:
-        """The control plane's calls (a launched ``Cluster``'s own, or the ControlPlane actor's through a
-        ``RemoteCluster``); None for a cluster without them (tests' fakes)."""
-        control = getattr(self.cluster, "control", None)
-        return control() if callable(control) else None
 
     def close(self) -> None:
         """Drop the streams (call from the loop that used the backend)."""
@@ -270,103 +255,8 @@ class RayBackend:
         req.queue.put_nowait(chunk)
         return True
 
-    async def healthy(self) -> bool:
-        """Serving: the GlobalScheduler answers and at least one prefill and one decode worker serve."""
-        try:
-            await asyncio.wait_for(self.cluster.scheduler.status.remote(), timeout=5)
-            members = await asyncio.wait_for(self.cluster.monitor.snapshot.remote(), timeout=5)
-        except Exception:
-            return False
-        serving = {m["role"] for m in members if m["state"] == "serving"}
-        return serving >= {"prefill", "decode"}
 
-    async def status(self) -> ClusterStatus:
-        members, sched, policies = await asyncio.gather(
-            self.cluster.monitor.snapshot.remote(), self.cluster.scheduler.status.remote(), self._policies()
-        )
-        control = self._control()
-        state = await control.supervision_state() if control is not None else None
-        slots, lives = (state.slots, state.lives) if state is not None else ({}, {})
-        seen = {m["worker_id"] for m in members}
-        members += [  # added, and not registered with the monitor yet: their engines are loading
-            {"worker_id": w, "role": lc.role.value, "state": "starting", "load": {}}
-            for w, lc in lives.items()
-            if w not in seen and lc.state is Lifecycle.STARTING
-        ]
-        workers = []
-        for m in members:
-            wid = m["worker_id"]
-            slot = slots.get(wid)
-            workers.append(
-                WorkerStatus(
-                    wid,
-                    m["role"],
-                    slot.state.value if slot is not None else m["state"],
-                    m["load"],
-                    policies.get(wid, {}),
-                    incarnation=slot.incarnation if slot is not None else int(m.get("incarnation", 0)),
-                    restarts=slot.restarts if slot is not None else 0,
-                    health=m["state"],
-                    transport=backend_of(m["address"]) if m.get("address") else "",
-                    **lifecycle_fields(lives.get(wid)),
-                )
-            )
-        return ClusterStatus(self._model_name, tuple(workers), int(sched["in_flight"]), self.cluster.dashboard_url)
-
-    async def worker_stats(self) -> dict[str, dict[str, Any]]:
-        """Every worker's ``stats()`` (engine, transport, length scores), asked in parallel; one that fails or is
-        late is left out (the metrics exporter's per-worker figures)."""
-        handles = self._workers()
-
-        async def one(handle: Any) -> dict[str, Any] | None:
-            try:
-                return dict(await asyncio.wait_for(handle.stats.remote(), STATS_TIMEOUT_S))
-            except Exception:
-                return None
-
-        answers = await asyncio.gather(*(one(h) for h in handles.values()))
-        return {wid: a for wid, a in zip(handles, answers, strict=True) if a is not None}
-
-    async def scheduler_counts(self) -> dict[str, int]:
-        """The GlobalScheduler's request counts since it started (admitted, finished, aborted, errors, moved,
-        refused)."""
-        sched = await asyncio.wait_for(self.cluster.scheduler.status.remote(), POLICIES_TIMEOUT_S)
-        return {k: int(v) for k, v in sched["counts"].items()}
-
-    async def _policies(self) -> dict[str, dict[str, str]]:
-        """Every worker's ``policies()``, asked in parallel; ``{}`` for one that fails or is late."""
-        handles = self._workers()
-
-        async def one(worker_id: str, handle: Any) -> dict[str, str]:
-            try:
-                return dict(await asyncio.wait_for(handle.policies.remote(), POLICIES_TIMEOUT_S))
-            except Exception as exc:  # a dead one's death and restart are the supervisor's to report
-                log = logger.debug if actor_died(exc) else logger.warning
-                log("status: no policies from %s (%s: %s)", worker_id, type(exc).__name__, str(exc).split("\n")[0])
-                return {}
-
-        answers = await asyncio.gather(*(one(wid, h) for wid, h in handles.items()))
-        return dict(zip(handles, answers, strict=True))
-
-    async def flip(self, worker_id: str, role: str) -> str:
-        return str(await self._elastic().flip(worker_id, role))
-
-    async def scale(self, prefill: int | None, decode: int | None) -> list[str]:
-        return list(await self._elastic().scale(prefill, decode))
-
-    def _elastic(self) -> Any:
-        control = self._control()
-        if control is None:
-            raise ValueError("flips and scaling need the supervisor (config: supervise: true)")
-        return control
-
-    async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:
-        role, targets = resolve_targets(worker_id, self.cluster.prefill, self.cluster.decode)
-        parsed = parse_changes(role, changes)
-        return await apply_changes({wid: actor_setter(h) for wid, h in targets.items()}, parsed, role)
-
-
-async def _report_failure(submitted: Any, req: OpenRequest, worker_id: str) -> None:
+async def _report_failure(submitted: Awaitable[object], req: OpenRequest, worker_id: str) -> None:
     """The request's attempt is lost if its prefill worker could not take it (dead, or dying)."""
     try:
         await submitted
@@ -379,7 +269,7 @@ _NORMAL_ENDS = (FinishReason.STOP, FinishReason.LENGTH)
 _FORGOTTEN: set[asyncio.Task[None]] = set()  # fire-and-forget calls still in flight (tasks need a reference)
 
 
-def _forget(ref: Any) -> None:
+def _forget(ref: Awaitable[object]) -> None:
     """Fire and forget an actor call; its failure (the actor is gone) is logged at debug level, not raised."""
 
     async def wait() -> None:
@@ -394,3 +284,15 @@ def _forget(ref: Any) -> None:
         return
     _FORGOTTEN.add(task)
     task.add_done_callback(_FORGOTTEN.discard)
+
+
+def worker_handles(cluster: Any) -> dict[str, Any]:
+    """Every worker's current handle (the supervisor replaces one it re-creates)."""
+    return {**cluster.prefill, **cluster.decode}
+
+
+def control_of(cluster: Any) -> Any:
+    """The control plane's calls (a launched ``Cluster``'s own, or the ControlPlane actor's through a
+    ``RemoteCluster``); None for a cluster without them (tests' fakes)."""
+    control = getattr(cluster, "control", None)
+    return control() if callable(control) else None

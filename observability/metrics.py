@@ -1,9 +1,9 @@
 """The one metrics exporter: stats objects in, Prometheus text and Ray metrics out.
 
     FrontDoor.metrics (RequestMetrics) ─┐
-    backend.status()                    ├─▶ MetricsExporter.snapshot() ─▶ MetricsSnapshot
-    backend.worker_stats() (each actor) │     (cached CACHE_S while the front door's figures stay the same:
-    backend.scheduler_counts()         ─┘      scrapers and `tetriserve top` share a round)
+    admin.status()                      ├─▶ MetricsExporter.snapshot() ─▶ MetricsSnapshot
+    admin.worker_stats() (each actor)   │     (cached CACHE_S while the front door's figures stay the same:
+    admin.scheduler_counts()           ─┘      scrapers and `tetriserve top` share a round)
          │
          ├─▶ render(): a private prometheus_client registry, one collector over the snapshot
          │            ─▶ text exposition for ``GET /metrics``  (``tetriserve:<name>``)
@@ -102,8 +102,9 @@ def render(snapshot: MetricsSnapshot) -> bytes:
 class MetricsExporter:
     """Gathers a front door's and its cluster's stats and publishes them (``GET /metrics``, Ray)."""
 
-    def __init__(self, front: Any, backend: Any, cache_s: float = CACHE_S) -> None:
-        self.front, self.backend, self.cache_s = front, backend, cache_s
+    def __init__(self, front: Any, admin: Any, cache_s: float = CACHE_S) -> None:
+        """``admin``: the front door's admin client (``frontdoor/backend.py``'s ``AdminClient``)."""
+        self.front, self.admin, self.cache_s = front, admin, cache_s
         self._cached: tuple[float, MetricsSnapshot] | None = None
         self._lock = asyncio.Lock()
 
@@ -125,7 +126,7 @@ class MetricsExporter:
 
     async def _cluster(self) -> ClusterStats | None:
         """The cluster's side of a snapshot; None when it does not answer within ``CLUSTER_TIMEOUT_S``."""
-        b = self.backend
+        b = self.admin
         raw_fn, counts_fn = getattr(b, "worker_stats", None), getattr(b, "scheduler_counts", None)
 
         async def nothing() -> dict[str, Any]:
@@ -144,7 +145,8 @@ class MetricsExporter:
             logger.warning("metrics: the cluster did not answer (%s: %s)", type(exc).__name__, exc)
             return None
         workers = tuple(worker_stats(w, raw.get(w.worker_id)) for w in status.workers)
-        migrations = dict(getattr(b, "migrations", {}) or {})
+        router = getattr(self.front, "backend", None)  # this front door's lost attempts are its router's count
+        migrations = dict(getattr(router, "migrations", {}) or {})
         return ClusterStats(workers, int(status.requests_in_flight), counts, migrations)
 
     async def run_ray(self, interval_s: float = RAY_INTERVAL_S) -> None:

@@ -1,7 +1,7 @@
 """The stats objects the metrics exporter publishes: plain frozen values, no metrics library.
 
     FrontDoor ──RequestMetrics.snapshot()──▶ FrontDoorStats   latency histograms, tokens, outcomes (its own view)
-    backend.status() + worker_stats() ─────▶ ClusterStats     per worker: queues, KV, transfers, role, flips,
+    admin.status() + worker_stats()   ─────▶ ClusterStats     per worker: queues, KV, transfers, role, flips,
                                                               length-prediction scores; migrations; the table
     both ──▶ MetricsSnapshot ──▶ observability/metrics.py (Prometheus text, ray.util.metrics)
 

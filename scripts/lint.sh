@@ -27,6 +27,7 @@ done
     tetriserve/engine/cores.py tetriserve/control_plane/supervisor.py tetriserve/frontdoor/token_log.py \
     tetriserve/prefill_worker/predictions.py tetriserve/frontdoor/admission.py tetriserve/frontdoor/http_limits.py \
     tetriserve/frontdoor/field_checks.py tetriserve/prefill_worker/pace.py tetriserve/control_plane/flip \
-    tetriserve/control_plane/elastic.py tetriserve/frontdoor/key_table.py tetriserve/prefill_worker/decode_peers.py)
+    tetriserve/control_plane/elastic.py tetriserve/frontdoor/key_table.py tetriserve/prefill_worker/decode_peers.py \
+    tetriserve/frontdoor/core.py tetriserve/frontdoor/stream_observers.py tetriserve/frontdoor/backend.py)
 echo "==> docs (mkdocs build --strict)"
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir build/site

@@ -79,6 +79,7 @@ def wait_room_seen(prefill: list[Any], room: int, seconds: float = 10, since: fl
 class Frontend:
     cluster: Any
     backend: Any
+    admin: Any
     loop: LoopThread
     grpc_target: str
     http_url: str
@@ -147,17 +148,19 @@ def frontend(cluster: Any) -> Iterator[Frontend]:
     import asyncio
 
     from tetriserve.cli.serve import Endpoints, run_front_doors
+    from tetriserve.frontdoor.ray_admin import RayAdmin
     from tetriserve.frontdoor.ray_backend import RayBackend
     from tetriserve.observability import tracing
 
-    backend = RayBackend(cluster, "tiny-llama")
+    backend, admin = RayBackend(cluster, "tiny-llama"), RayAdmin(cluster, "tiny-llama")
     loop = LoopThread()
     stop: asyncio.Event = loop.run(_make_event())
     ready: asyncio.Future[Endpoints] = loop.run(_make_future())
-    task = asyncio.run_coroutine_threadsafe(run_front_doors(cluster.config, backend, stop, ready), loop.loop)
+    front_doors = run_front_doors(cluster.config, backend, admin, stop, ready)
+    task = asyncio.run_coroutine_threadsafe(front_doors, loop.loop)
     endpoints = loop.run(_await(ready), timeout=60)
     try:
-        yield Frontend(cluster, backend, loop, endpoints.grpc, endpoints.http)
+        yield Frontend(cluster, backend, admin, loop, endpoints.grpc, endpoints.http)
     finally:
         loop.loop.call_soon_threadsafe(stop.set)
         task.result(30)

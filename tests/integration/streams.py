@@ -19,11 +19,12 @@ def run_streams(
     action: Callable[[Any], Awaitable[Any]] | None = None,
     ready: Callable[[Progress], bool] | None = None,
 ) -> dict[str, tuple[int, ...]]:
-    """Every prompt at once (request ids ``<prompt>-<tag>``); ``action(backend)`` runs once ``ready(progress)``
+    """Every prompt at once (request ids ``<prompt>-<tag>``); ``action(admin)`` runs once ``ready(progress)``
     (default: every stream has 8 tokens). Every stream must end with ``length``; returns each one's tokens."""
+    from tetriserve.frontdoor.ray_admin import RayAdmin
     from tetriserve.frontdoor.ray_backend import RayBackend
 
-    backend = RayBackend(cluster, "tiny-llama")
+    backend, admin = RayBackend(cluster, "tiny-llama"), RayAdmin(cluster, "tiny-llama")
     progress: Progress = {}
     is_ready = ready or (lambda p: len(p) == len(prompts) and min(p.values()) >= 8)
 
@@ -40,7 +41,7 @@ def run_streams(
             return
         while not is_ready(progress):
             await asyncio.sleep(0.005)
-        await action(backend)
+        await action(admin)
 
     async def run_all() -> dict[str, tuple[int, ...]]:
         try:

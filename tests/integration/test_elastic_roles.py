@@ -48,18 +48,14 @@ def cluster(model_path: str) -> Iterator[Any]:
 
 
 def _run(cluster: Any, tag: str, action: Callable[[Any], Awaitable[Any]] | None = None) -> dict[str, tuple[int, ...]]:
-    """Every prompt at once; ``action(backend)`` once every stream has 8 tokens."""
+    """Every prompt at once; ``action(admin)`` once every stream has 8 tokens."""
     return run_streams(cluster, PROMPTS, SAMPLING, tag, action)
 
 
 def _status(cluster: Any) -> Any:
-    from tetriserve.frontdoor.ray_backend import RayBackend
+    from tetriserve.frontdoor.ray_admin import RayAdmin
 
-    backend = RayBackend(cluster, "tiny-llama")
-    try:
-        return asyncio.run(backend.status())
-    finally:
-        backend.close()
+    return asyncio.run(RayAdmin(cluster, "tiny-llama").status())
 
 
 def _until(cluster: Any, done: Callable[[Any], bool], seconds: float, what: str) -> Any:
@@ -84,8 +80,8 @@ def undisturbed(cluster: Any) -> dict[str, tuple[int, ...]]:
 def test_a_decode_worker_flipped_to_prefill_under_streams_loses_nothing(cluster: Any, undisturbed: Any) -> None:
     said: list[str] = []
 
-    async def flip(backend: Any) -> None:
-        said.append(await backend.flip("decode-1", "prefill"))
+    async def flip(admin: Any) -> None:
+        said.append(await admin.flip("decode-1", "prefill"))
 
     same_tokens(_run(cluster, "flip", flip), undisturbed)
     assert said == ["draining decode-1 to flip it to prefill"]
@@ -103,8 +99,8 @@ def test_scale_out_then_in_under_streams_loses_nothing(cluster: Any, undisturbed
     _until(cluster, lambda st: len(_serving(st)) == 3, 180, "three workers serving")
     said: list[list[str]] = []
 
-    async def scale_out(backend: Any) -> None:
-        said.append(await backend.scale(2, 2))
+    async def scale_out(admin: Any) -> None:
+        said.append(await admin.scale(2, 2))
 
     same_tokens(_run(cluster, "out", scale_out), undisturbed)
     assert said == [["adding decode-2"]]
@@ -112,8 +108,8 @@ def test_scale_out_then_in_under_streams_loses_nothing(cluster: Any, undisturbed
     assert sorted(_serving(st)) == ["decode-0", "decode-1", "decode-2", "prefill-0"]
     same_tokens(_run(cluster, "scaled"), undisturbed)
 
-    async def scale_in(backend: Any) -> None:
-        said.append(await backend.scale(None, 1))
+    async def scale_in(admin: Any) -> None:
+        said.append(await admin.scale(None, 1))
 
     same_tokens(_run(cluster, "in", scale_in), undisturbed)
     assert said[-1][0].startswith("draining decode-")

@@ -55,7 +55,7 @@ def _run(cluster: Any, tag: str, kill: Callable[[], None] | None = None, after: 
             return max(progress.values(), default=0) > 0
         return len(progress) == len(PROMPTS) and min(progress.values()) >= after
 
-    action = None if kill is None else (lambda _backend: asyncio.to_thread(kill))
+    action = None if kill is None else (lambda _admin: asyncio.to_thread(kill))
     return run_streams(cluster, PROMPTS, SAMPLING, tag, action, ready)
 
 

@@ -30,7 +30,7 @@ def _idle(frontend: Any) -> bool:
 def _idle_by_status(frontend: Any) -> bool:
     """What an operator sees in ``tetriserve status``: nothing in flight, no worker running or queueing, every
     decode worker's KV blocks free."""
-    status = frontend.loop.run(frontend.backend.status())
+    status = frontend.loop.run(frontend.admin.status())
     if status.requests_in_flight:
         return False
     for worker in status.workers:

@@ -102,7 +102,7 @@ def test_ray_publisher_takes_the_same_snapshot(frontend: Any) -> None:
 
     _Front.metrics.first_token(0.1)
     _Front.metrics.tokens(0.05, 2)
-    exporter = MetricsExporter(_Front(), frontend.backend)
+    exporter = MetricsExporter(_Front(), frontend.admin)
     snap = frontend.loop.run(exporter.snapshot())
     assert snap.cluster is not None and len(snap.cluster.workers) == 2
     publisher = RayPublisher()

@@ -28,7 +28,7 @@ def test_a_drain_turns_away_new_requests_and_lets_admitted_ones_finish() -> None
     async def serve() -> None:
         endpoints: asyncio.Future[Endpoints] = asyncio.get_running_loop().create_future()
         endpoints.add_done_callback(lambda f: ready.set_result(f.result()))
-        await run_front_doors(config, backend, stop, endpoints)
+        await run_front_doors(config, backend, backend, stop, endpoints)
 
     served = asyncio.run_coroutine_threadsafe(serve(), loop.loop)
     ep = ready.result(timeout=60)

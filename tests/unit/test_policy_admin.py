@@ -24,7 +24,7 @@ from tetriserve.decode_worker.preemption.strategy import PreemptionCosts, Recomp
 from tetriserve.decode_worker.slices import SliceMoves
 from tetriserve.decode_worker.views import DecodeSnapshot
 from tetriserve.decode_worker.worker import DecodeWorker
-from tetriserve.frontdoor import policy_admin, ray_backend
+from tetriserve.frontdoor import policy_admin, ray_admin
 from tetriserve.frontdoor.policy_admin import (
     DECODE_KEYS,
     PREFILL_KEYS,
@@ -185,7 +185,7 @@ class _Cluster:
     dashboard_url: str = ""
 
 
-def _backend(prefill: dict[str, Any], decode: dict[str, Any]) -> ray_backend.RayBackend:
+def _backend(prefill: dict[str, Any], decode: dict[str, Any]) -> ray_admin.RayAdmin:
     ids = [(w, "decode") for w in decode] + [(w, "prefill") for w in prefill]
     cluster = _Cluster(
         {w: FakeHandle(o) for w, o in prefill.items()},
@@ -193,11 +193,11 @@ def _backend(prefill: dict[str, Any], decode: dict[str, Any]) -> ray_backend.Ray
         FakeHandle(_Monitor(ids)),
         FakeHandle(_Scheduler()),
     )
-    return ray_backend.RayBackend(cluster, "m")  # type: ignore[arg-type]
+    return ray_admin.RayAdmin(cluster, "m")
 
 
-def test_ray_backend_status_does_not_wait_for_a_stuck_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ray_backend, "POLICIES_TIMEOUT_S", 0.2)
+def test_ray_admin_status_does_not_wait_for_a_stuck_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_admin, "POLICIES_TIMEOUT_S", 0.2)
     decode = _Worker(policy={"admission": "greedy"}, hang=True)
     backend = _backend({"prefill-0": _Worker()}, {"decode-0": decode})
     status = asyncio.run(asyncio.wait_for(backend.status(), 5))
@@ -206,17 +206,17 @@ def test_ray_backend_status_does_not_wait_for_a_stuck_worker(monkeypatch: pytest
     assert by_id["decode-0"].policy == {} and by_id["decode-0"].state == "serving"
 
 
-def test_ray_backend_status_of_a_dead_worker_shows_no_policy_and_leaves_the_log_to_the_supervisor(
+def test_ray_admin_status_of_a_dead_worker_shows_no_policy_and_leaves_the_log_to_the_supervisor(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     backend = _backend({"prefill-0": _Worker(dead=True)}, {"decode-0": _Worker(policy={"admission": "greedy"})})
-    with caplog.at_level("WARNING", logger=ray_backend.__name__):
+    with caplog.at_level("WARNING", logger=ray_admin.__name__):
         status = asyncio.run(asyncio.wait_for(backend.status(), 5))
     assert {w.worker_id: w.policy for w in status.workers} == {"prefill-0": {}, "decode-0": {"admission": "greedy"}}
     assert not caplog.records  # asked every 10 s while it restarts: its death is logged once, by the supervisor
 
 
-def test_ray_backend_set_policy_converts_and_unwraps_errors() -> None:
+def test_ray_admin_set_policy_converts_and_unwraps_errors() -> None:
     prefill = {"prefill-0": _Worker(max_batch=64)}
     backend = _backend(prefill, {"decode-0": _Worker(policy={"admission": "greedy"})})
     result = asyncio.run(backend.set_policy(None, {"queue": "sjf", "sched_batch": "32"}))

@@ -141,7 +141,8 @@ def test_serve_runs_both_doors_with_the_config_security(
     async def serve() -> None:
         endpoints: asyncio.Future[Endpoints] = asyncio.get_running_loop().create_future()
         endpoints.add_done_callback(lambda f: ready.set_result(f.result()))
-        await run_front_doors(config, FakeBackend(tokenizer_dir()), stop, endpoints)
+        backend = FakeBackend(tokenizer_dir())
+        await run_front_doors(config, backend, backend, stop, endpoints)
 
     served = asyncio.run_coroutine_threadsafe(serve(), loop.loop)
     try:

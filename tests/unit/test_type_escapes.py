@@ -1,8 +1,7 @@
-"""Where production code steps outside the type checker: every ``Any``, ``cast(`` and ``type: ignore`` is counted,
-per package. The policies and the planners hold none (they are what a simulator or another engine drives, so
-their types are their contract); every other package is held at its count, so a new escape costs removing one.
-The target for the whole service is fewer than 100, and none in the channel (its field codecs still take
-msgpack's values as ``Any``)."""
+"""Where production code steps outside the type checker: every ``Any``, ``cast(`` and ``type: ignore`` is
+counted, per package. The policies, the planners and the channel hold none (what a simulator or another engine
+drives, and what crosses processes: their types are their contract); every other package is held at its count,
+so a new escape costs removing one. The target for the whole service is fewer than 100."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ESCAPE = re.compile(r"\bAny\b|\bcast\(|type:\s*ignore")
 
 NONE_ALLOWED = (
+    "channel",
     "prefill_worker/queue",
     "prefill_worker/chunking",
     "prefill_worker/dispatch",
@@ -28,13 +28,12 @@ NONE_ALLOWED = (
 
 # the count each package is held at (lower it when you remove escapes; never raise it)
 BUDGET = {
-    "channel": 18,
     "cli": 38,
-    "common": 60,
+    "common": 50,
     "control_plane": 57,
     "decode_worker": 27,
     "engine": 84,
-    "frontdoor": 81,
+    "frontdoor": 78,
     "length_predictor": 47,
     "observability": 15,
     "prefill_worker": 28,
@@ -48,9 +47,9 @@ def _count(path: Path) -> int:
     return sum(len(ESCAPE.findall(f.read_text(encoding="utf-8"))) for f in files)
 
 
-def test_policies_and_planners_hold_no_escape_from_the_types() -> None:
+def test_policies_planners_and_the_channel_hold_no_escape_from_the_types() -> None:
     found = {p: n for p in NONE_ALLOWED if (n := _count(ROOT / p))}
-    assert not found, f"Any / cast / type: ignore in policy or planner code: {found}"
+    assert not found, f"Any / cast / type: ignore in policy, planner or channel code: {found}"
 
 
 def test_no_package_holds_more_escapes_than_its_budget() -> None:
