@@ -227,10 +227,18 @@ class Endpoint(Generic[M]):
     async def serve(self, handle: Callable[[M], object]) -> None:
         """Until cancelled: every message from a peer that knows the token goes to ``handle`` on this event loop
         (it returns None, a value, or an awaitable of one); an awaitable is awaited off the receive loop, and a
-        request is answered with the result."""
+        request is answered with the result. A receive that fails (a socket hiccup) is logged and the loop goes
+        on: one bad moment must not end every stream of a front door."""
         try:
             while True:
-                frames = await self._socket.recv_multipart()
+                try:
+                    frames = await self._socket.recv_multipart()
+                except zmq.ZMQError as exc:
+                    if self._socket.closed:
+                        return
+                    logger.exception("%s: a receive failed (%s); going on", self.name, exc)
+                    await asyncio.sleep(0.01)
+                    continue
                 if len(frames) != 2:
                     logger.warning("%s: a message of %d frames was dropped", self.name, len(frames) - 1)
                     continue

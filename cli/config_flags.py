@@ -177,7 +177,7 @@ def add_config_flags(
             action="append",
             default=[],
             metavar="KEY=VALUE",
-            help="any config key, e.g. --set decode.admission.reserve_blocks=8 (repeatable; the value is read as "
+            help="any config key, e.g. --set prefill.offload_wait_s=0.5 (repeatable; the value is read as "
             "YAML; docs/reference/configuration.md lists the keys)",
         )
 

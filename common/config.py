@@ -6,6 +6,7 @@ carries a description that the CLI turns into ``--help`` text.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -193,9 +194,18 @@ ADMISSION_PARAMS: dict[str, tuple[str, ...]] = {
 }
 
 
+def drop_foreign_params(admission: dict[str, object], given: Collection[str] = ()) -> None:
+    """A switch of admission policy (an override, ``policy set``) leaves behind the parameters set for the
+    policy before it: drop from ``admission`` (a ``decode.admission`` mapping) every parameter the policy it
+    names does not take, unless it is one of ``given`` (set with the switch, and so refused if foreign)."""
+    own = {"policy", *ADMISSION_PARAMS.get(str(admission.get("policy", "greedy")), ())}
+    for key in [k for k in admission if k not in own and k not in given]:
+        del admission[key]
+
+
 class DecodeAdmission(BaseModel):
     """The decode admission policy and its parameters: each parameter belongs to the policies its description
-    names, and one set under another policy is refused."""
+    names; one given a value other than its default under another policy is refused."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -231,11 +241,13 @@ class DecodeAdmission(BaseModel):
 
     @model_validator(mode="after")
     def _params_of_the_policy(self) -> DecodeAdmission:
-        foreign = sorted(self.model_fields_set - {"policy", *ADMISSION_PARAMS[self.policy]})
+        own = {"policy", *ADMISSION_PARAMS[self.policy]}
+        defaults = DecodeAdmission.model_fields
+        foreign = sorted(n for n in self.model_fields_set - own if getattr(self, n) != defaults[n].default)
         if foreign:
             owners = {name: [p for p, names in ADMISSION_PARAMS.items() if name in names] for name in foreign}
-            given = "; ".join(f"decode.admission.{n}: a parameter of {' and '.join(owners[n])}" for n in foreign)
-            raise ValueError(f"{given}, not of decode.admission.policy {self.policy}")
+            said = "; ".join(f"decode.admission.{n}: a parameter of {' and '.join(owners[n])}" for n in foreign)
+            raise ValueError(f"{said}; the admission policy is {self.policy}")
         return self
 
     def policy_kwargs(self) -> dict[str, object]:
@@ -487,4 +499,8 @@ class ClusterConfig(BaseModel):
         renamed = renamed_in(data)
         if renamed:
             raise ValueError(f"{path or 'config'}: " + "; ".join(renamed))
+        admission = data.get("decode", {}).get("admission") if isinstance(data.get("decode"), dict) else None
+        if (overrides or {}).get("decode.admission.policy") is not None and isinstance(admission, dict):
+            prefix = "decode.admission."
+            drop_foreign_params(admission, {k.removeprefix(prefix) for k in overrides or {} if k.startswith(prefix)})
         return cls.model_validate(data)

@@ -9,8 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
-from tetriserve.common.config import ADMISSION_PARAMS, DECODE_MONITOR_KEYS, DecodeConfig
+from tetriserve.common.config import ADMISSION_PARAMS, DECODE_MONITOR_KEYS, DecodeConfig, drop_foreign_params
 from tetriserve.common.config_keys import leaf_keys
 from tetriserve.decode_worker.admission import AdmissionPolicy, make_admission_policy
 from tetriserve.decode_worker.preemption import (
@@ -39,13 +40,8 @@ def decode_policies(cfg: DecodeConfig) -> tuple[AdmissionPolicy, PreemptionOrder
 def updated_decode_config(cfg: DecodeConfig, changes: Mapping[str, object]) -> DecodeConfig:
     """``cfg`` with ``changes`` (dotted keys below ``decode``: ``admission.policy``, ``slice_iters``) applied and
     validated; a ValueError names every bad ``decode.<key>``. A change of admission policy drops the parameters
-    set for the one before it that the new one does not take."""
+    set for the one before it that the new one does not take (``drop_foreign_params``)."""
     data: dict[str, object] = cfg.model_dump(exclude_unset=True)
-    policy = changes.get("admission.policy", cfg.admission.policy)
-    admission = data.get("admission")
-    if policy != cfg.admission.policy and isinstance(admission, dict):
-        keep = ADMISSION_PARAMS.get(str(policy), ())
-        data["admission"] = {k: v for k, v in admission.items() if k in keep}
     for key, value in changes.items():
         *parents, leaf = key.split(".")
         node = data
@@ -55,11 +51,21 @@ def updated_decode_config(cfg: DecodeConfig, changes: Mapping[str, object]) -> D
                 raise ValueError(f"decode.{key}: decode.{part} is not a section")
             node = child
         node[leaf] = value
+    admission = data.get("admission")
+    if "admission.policy" in changes and isinstance(admission, dict):
+        drop_foreign_params(admission, {k.removeprefix("admission.") for k in changes if k.startswith("admission.")})
     try:
         return DecodeConfig.model_validate(data)
     except ValidationError as exc:
-        bad = "; ".join(f"decode.{'.'.join(map(str, e['loc'])) or 'changes'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(bad) from None
+        raise ValueError("; ".join(map(_said, exc.errors()))) from None
+
+
+def _said(error: ErrorDetails) -> str:
+    """One validation error as ``decode.<key>: why`` (a model check's own message names its key already)."""
+    message = error["msg"].removeprefix("Value error, ")
+    if message.startswith("decode."):
+        return message
+    return f"decode.{'.'.join(map(str, error['loc'])) or 'changes'}: {message}"
 
 
 def decode_policy_settings(cfg: DecodeConfig) -> dict[str, str]:

@@ -305,7 +305,7 @@ class FrontDoor:
                            "no_finish")  # fmt: skip
         except Exception as exc:
             failure = exc
-            if not out.done:
+            if not out.ended:  # before its end was told (an abort or a drain after the last chunk may fail too)
                 for observer in out.observers:
                     observer.failed(exc)
             raise
@@ -313,9 +313,9 @@ class FrontDoor:
             self.live_ids.discard(rid)
             if ticket is not None:
                 ticket.release(time.monotonic())
+            if not out.ended and failure is None:  # the consumer left before the end: the client is gone
+                out.notify(lambda o: o.abandoned(out.prompt_tokens, out.generated))
             if not out.done:
-                if failure is None:  # the consumer left early: the client is gone
-                    out.notify(lambda o: o.abandoned(out.prompt_tokens, out.generated))
                 self._abort_in_background(source, rid)
             out.notify(lambda o: o.closed(out.generated, failure))
 
@@ -365,6 +365,7 @@ class _Output:
         self.stops = StopMatcher(sampling.stop, include=sampling.include_stop_str_in_output)
         self.namer = LogprobNamer(front.token_strings) if sampling.logprobs is not None else None
         self.prompt_tokens, self.generated, self.done = len(request.prompt_token_ids), 0, False
+        self.ended = False  # the observers have heard how it ended
         self.ttft_ms: float | None = None
         self.last_at = t0  # when the latest tokens went out
 
@@ -412,6 +413,7 @@ class _Output:
         )
         ttft_s = None if self.ttft_ms is None else self.ttft_ms / 1e3
         end = StreamEnd(reason, error, self.prompt_tokens, self.generated, e2e_s, ttft_s, kind)
+        self.ended = True
         self.notify(lambda o: o.finished(end))
         return out
 

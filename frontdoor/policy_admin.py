@@ -29,7 +29,7 @@ from dataclasses import fields
 from typing import Any, Literal, TypeVar
 
 from tetriserve.common.config import DECODE_MONITOR_KEYS, DecodeConfig
-from tetriserve.common.config_keys import leaf_keys
+from tetriserve.common.config_keys import RENAMED, leaf_keys
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.frontdoor.backend import WorkerPolicy
 from tetriserve.prefill_worker.policy import PrefillPolicySpec
@@ -117,6 +117,9 @@ def _not_a_key(role: Role, key: str) -> str:
             f"a {other} policy key, not a {role} one: send it to {other} workers "
             f"(worker_id {other!r} for all of them, or one {other} worker's id)"
         )
+    if role == "decode" and f"decode.{key}" in RENAMED:
+        new = RENAMED[f"decode.{key}"].removeprefix("decode.")
+        return f"decode.{key} is now decode.{new}: send {new}"
     if role == "decode" and key in DECODE_MONITOR_KEYS:
         return f"decode.{key} is the cluster monitor's, set at start only (serve --config or --set decode.{key}=...)"
     return f"unknown {role} policy key; known: {', '.join(KEYS[role])}"

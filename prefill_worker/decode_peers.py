@@ -4,7 +4,8 @@ A peer is made for each decode worker's life the ClusterMonitor's broadcast intr
 On its first use it asks that actor for its handoff endpoint's address and token in one Ray call and connects a
 link; a ``take`` waits for that, and one-way messages sent meanwhile go, in order, once the link is up. A decode
 worker that is dead by then fails the ``take`` with Ray's ``ActorDiedError``, as a Ray call on it would, and its
-one-way messages are dropped with it.
+one-way messages are dropped with it. Every other failure of that call (a timeout, a worker still starting) fails
+the ``take`` that waited for it, keeps the messages, and the next use asks again.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Never
 
 from tetriserve.channel import core
 from tetriserve.channel.handoff import Discard, KvFailed, PullKV, Refine, Take
+from tetriserve.common.errors import actor_died
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +67,15 @@ class DecodePeer:
         return link
 
     def _opened(self, connecting: asyncio.Task[core.Link[Never]]) -> None:
-        if not connecting.cancelled() and connecting.exception() is not None:
-            logger.info("decode worker %s: no handoff link (%s)", self.decode_id, connecting.exception())
+        exc = None if connecting.cancelled() else connecting.exception()
+        if exc is None:
+            return
+        if actor_died(exc):
+            logger.info("decode worker %s: no handoff link, it is dead (%s)", self.decode_id, type(exc).__name__)
             self._pending.clear()
+        else:  # the next use asks again
+            logger.warning("decode worker %s: no handoff link yet (%s: %s)", self.decode_id, type(exc).__name__, exc)
+            self._connecting = None
 
     def close(self) -> None:
         """This life of the decode worker is over (a later one gets a peer of its own); a ``take`` still waiting on

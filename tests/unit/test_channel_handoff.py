@@ -158,13 +158,37 @@ def test_a_decode_peer_connects_on_first_use_and_what_was_sent_meanwhile_goes_fi
 
 
 def test_a_decode_peer_dead_before_its_link_is_up_fails_a_take_as_ray_would_and_drops_its_messages() -> None:
+    from ray.exceptions import ActorDiedError
+
     async def main() -> None:
-        peer = DecodePeer("decode-0", _Handle(_Died("the actor is dead")), "prefill-0")
+        handle = _Handle(ActorDiedError())
+        peer = DecodePeer("decode-0", handle, "prefill-0")
         peer.send(Discard("k"))
-        with pytest.raises(_Died):
+        with pytest.raises(ActorDiedError):
             await peer.take(Take(REQ, (), None, "fd"))
         peer.send(Discard("k2"))  # dropped, no error
-        assert peer._pending == []
+        with pytest.raises(ActorDiedError):
+            await peer.take(Take(REQ, (), None, "fd"))
+        assert peer._pending == [] and handle.calls == ["handoff_address"]  # a dead life is not asked again
+
+    asyncio.run(main())
+
+
+def test_a_decode_peer_whose_address_call_failed_otherwise_asks_again_and_keeps_its_messages() -> None:
+    async def main() -> None:
+        endpoint, worker, serving = _serve()
+        handle = _Handle(RuntimeError("not yet"))
+        peer = DecodePeer("decode-1", handle, "prefill-0")
+        peer.send(Discard("k0"))
+        with pytest.raises(RuntimeError, match="not yet"):
+            await peer.take(Take(REQ, (), None, "fd"))
+        handle.handoff_address.result = (endpoint.address, "tok")  # it answers now
+        assert await peer.take(Take(REQ, (), None, "fd"))
+        await until(lambda: len(worker.got) == 2)
+        assert [type(m) for m in worker.got] == [Discard, Take] and handle.calls.count("handoff_address") == 2
+        peer.close()
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
 
     asyncio.run(main())
 

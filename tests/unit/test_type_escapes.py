@@ -28,7 +28,7 @@ NONE_ALLOWED = (
 
 # the count each package is held at (lower it when you remove escapes; never raise it)
 BUDGET = {
-    "cli": 38,
+    "cli": 35,
     "common": 50,
     "control_plane": 57,
     "decode_worker": 27,
