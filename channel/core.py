@@ -51,7 +51,7 @@ import types
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import astuple, dataclass, fields, is_dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import msgpack
 import zmq
@@ -182,7 +182,7 @@ def _read(data: bytes, expect: tuple[type[M], ...]) -> tuple[int, M | _Reply]:
         msg = plan.cls(**values)
     except Exception as exc:
         raise ValueError(f"{plan.cls.__name__}: {type(exc).__name__}: {exc}") from None
-    if not isinstance(msg, expect):  # a subclass registered on its own: not one this side takes
+    if not isinstance(msg, expect):  # it is (``plan.cls in expect``); this tells the type checker so
         raise ValueError(f"unknown message kind {kind!r} on this channel")
     return call, msg
 
@@ -190,11 +190,20 @@ def _read(data: bytes, expect: tuple[type[M], ...]) -> tuple[int, M | _Reply]:
 # -- sockets ----------------------------------------------------------------------------------------------
 
 
-def _socket(kind: int) -> zmq.asyncio.Socket:
-    socket = zmq.asyncio.Context.instance().socket(kind)
+class _Options(Protocol):
+    def setsockopt(self, option: int, optval: int, /) -> None: ...
+
+
+def _unbounded(socket: _Options) -> None:
+    """No high-water marks (a busy peer gets a longer queue, never a drop) and no lingering at close."""
     socket.setsockopt(zmq.SNDHWM, 0)
     socket.setsockopt(zmq.RCVHWM, 0)
     socket.setsockopt(zmq.LINGER, 0)
+
+
+def _socket(kind: int) -> zmq.asyncio.Socket:
+    socket = zmq.asyncio.Context.instance().socket(kind)
+    _unbounded(socket)
     return socket
 
 
@@ -313,10 +322,6 @@ class Link(Generic[M]):
         self._closed = False
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def send(self, msg: object) -> None:
         """Queue a one-way message (in order with every other of this link); dropped once the link is closed."""
         if not self._closed:
@@ -400,8 +405,7 @@ class Sender:
 
     def __init__(self, address: str) -> None:
         self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.SNDHWM, 0)  # no bound: a slow reader must not stall the sender
-        self._socket.setsockopt(zmq.LINGER, 0)
+        _unbounded(self._socket)
         self._socket.connect(address)
 
     def send(self, msg: object) -> None:

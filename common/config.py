@@ -6,7 +6,7 @@ carries a description that the CLI turns into ``--help`` text.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -194,13 +194,37 @@ ADMISSION_PARAMS: dict[str, tuple[str, ...]] = {
 }
 
 
-def drop_foreign_params(admission: dict[str, object], given: Collection[str] = ()) -> None:
-    """A switch of admission policy (an override, ``policy set``) leaves behind the parameters set for the
-    policy before it: drop from ``admission`` (a ``decode.admission`` mapping) every parameter the policy it
-    names does not take, unless it is one of ``given`` (set with the switch, and so refused if foreign)."""
-    own = {"policy", *ADMISSION_PARAMS.get(str(admission.get("policy", "greedy")), ())}
-    for key in [k for k in admission if k not in own and k not in given]:
-        del admission[key]
+def apply_dotted(data: dict[str, object], changes: Mapping[str, object], below: str = "") -> None:
+    """Set each of ``changes``, dotted keys (``engine.max_model_len``), in ``data``: the config's mapping, or with
+    ``below="decode"`` the decode section's (``admission.policy``); a None value is no change. A switch of the
+    decode admission policy among them leaves behind the parameters set for the policy before it: those the new
+    policy does not take are dropped, unless the switch sets them too (and so has them refused if foreign)."""
+    prefix = f"{below}." if below else ""
+    for dotted, value in changes.items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"{prefix}{dotted}: {prefix}{part} is not a section")
+            node = child
+        node[leaf] = value
+    section = "decode.admission".removeprefix(prefix)
+    if changes.get(f"{section}.policy") is None:
+        return
+    admission: object = data
+    for part in section.split("."):
+        admission = admission.get(part) if isinstance(admission, dict) else None
+    if isinstance(admission, dict):
+        own = {"policy", *ADMISSION_PARAMS.get(str(admission.get("policy")), ()), *_below(changes, section)}
+        for key in [k for k in admission if k not in own]:
+            del admission[key]
+
+
+def _below(changes: Mapping[str, object], section: str) -> set[str]:
+    return {k.removeprefix(f"{section}.") for k in changes if k.startswith(f"{section}.")}
 
 
 class DecodeAdmission(BaseModel):
@@ -486,21 +510,8 @@ class ClusterConfig(BaseModel):
             if not isinstance(loaded, dict):
                 raise ValueError(f"{path}: top level must be a mapping")
             data = loaded
-        for dotted, value in (overrides or {}).items():
-            if value is None:
-                continue
-            node = data
-            *parents, leaf = dotted.split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-                if not isinstance(node, dict):
-                    raise ValueError(f"override {dotted}: {part} is not a section")
-            node[leaf] = value
+        apply_dotted(data, overrides or {})
         renamed = renamed_in(data)
         if renamed:
             raise ValueError(f"{path or 'config'}: " + "; ".join(renamed))
-        admission = data.get("decode", {}).get("admission") if isinstance(data.get("decode"), dict) else None
-        if (overrides or {}).get("decode.admission.policy") is not None and isinstance(admission, dict):
-            prefix = "decode.admission."
-            drop_foreign_params(admission, {k.removeprefix(prefix) for k in overrides or {} if k.startswith(prefix)})
         return cls.model_validate(data)

@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from tetriserve.common.config import ADMISSION_PARAMS, DECODE_MONITOR_KEYS, DecodeConfig, drop_foreign_params
+from tetriserve.common.config import ADMISSION_PARAMS, DECODE_MONITOR_KEYS, DecodeConfig, apply_dotted
 from tetriserve.common.config_keys import leaf_keys
 from tetriserve.decode_worker.admission import AdmissionPolicy, make_admission_policy
 from tetriserve.decode_worker.preemption import (
@@ -40,20 +40,9 @@ def decode_policies(cfg: DecodeConfig) -> tuple[AdmissionPolicy, PreemptionOrder
 def updated_decode_config(cfg: DecodeConfig, changes: Mapping[str, object]) -> DecodeConfig:
     """``cfg`` with ``changes`` (dotted keys below ``decode``: ``admission.policy``, ``slice_iters``) applied and
     validated; a ValueError names every bad ``decode.<key>``. A change of admission policy drops the parameters
-    set for the one before it that the new one does not take (``drop_foreign_params``)."""
+    set for the one before it that the new one does not take (``apply_dotted``)."""
     data: dict[str, object] = cfg.model_dump(exclude_unset=True)
-    for key, value in changes.items():
-        *parents, leaf = key.split(".")
-        node = data
-        for part in parents:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ValueError(f"decode.{key}: decode.{part} is not a section")
-            node = child
-        node[leaf] = value
-    admission = data.get("admission")
-    if "admission.policy" in changes and isinstance(admission, dict):
-        drop_foreign_params(admission, {k.removeprefix("admission.") for k in changes if k.startswith("admission.")})
+    apply_dotted(data, changes, below="decode")
     try:
         return DecodeConfig.model_validate(data)
     except ValidationError as exc:

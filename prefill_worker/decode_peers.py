@@ -46,8 +46,8 @@ class DecodePeer:
         connecting = self._connect()
         if not connecting.done():
             self._pending.append(message)
-        elif not connecting.cancelled() and connecting.exception() is None:
-            connecting.result().send(message)
+        elif (link := self._link()) is not None:
+            link.send(message)
 
     def _connect(self) -> asyncio.Task[core.Link[Never]]:
         if self._connecting is None:
@@ -82,6 +82,13 @@ class DecodePeer:
         the link finds the actor dead on its next liveness probe."""
         self._closed = True
         self._pending.clear()
+        link = self._link()
+        if link is not None:  # one still connecting closes its link when it is up
+            link.close()
+
+    def _link(self) -> core.Link[Never] | None:
+        """The link, if it is up."""
         connecting = self._connecting
-        if connecting is not None and connecting.done() and not connecting.cancelled() and not connecting.exception():
-            connecting.result().close()  # one still connecting closes its link when it is up
+        if connecting is None or not connecting.done() or connecting.cancelled() or connecting.exception():
+            return None
+        return connecting.result()

@@ -26,6 +26,7 @@ lifecycle, flips and the last flip's times.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tetriserve.channel import core
-from tetriserve.channel.handoff import HANDOFF_MESSAGES, HandoffMessage
+from tetriserve.channel.handoff import HANDOFF_MESSAGES
 from tetriserve.channel.intake import INTAKE_MESSAGES, IntakeMessage, Submit
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.gc_heap import freeze_heap
@@ -82,7 +83,8 @@ class Worker:
         self._flipping = False
         self._heap_frozen = False
         self._intakes: dict[str, core.Link | None] = {}  # subscribed front door -> the link of its intake
-        self._handoff: tuple[core.Endpoint, asyncio.Task[None]] | None = None  # prefill workers' handoff calls
+        # prefill workers' handoff calls: (address, token) of the endpoint, and the task serving it
+        self._handoff: tuple[tuple[str, str], asyncio.Task[None]] | None = None
 
     def __repr__(self) -> str:
         return f"Worker({self.role_name} {self.worker_id}, flips={self.flips})"
@@ -188,17 +190,13 @@ class Worker:
         import ray
 
         if self._handoff is None:
+            token = secrets.token_hex(16)
             endpoint = core.Endpoint(
-                ray.util.get_node_ip_address(), f"handoff to {self.worker_id}", HANDOFF_MESSAGES,
-                secrets.token_hex(16).encode(),
-            )  # fmt: skip
-            self._handoff = endpoint, asyncio.get_running_loop().create_task(endpoint.serve(self._handed))
-        endpoint = self._handoff[0]
-        assert endpoint.token is not None
-        return endpoint.address, endpoint.token.decode()
-
-    def _handed(self, message: HandoffMessage) -> Any:
-        return core.invoke(self, message)
+                ray.util.get_node_ip_address(), f"handoff to {self.worker_id}", HANDOFF_MESSAGES, token.encode()
+            )
+            serving = asyncio.get_running_loop().create_task(endpoint.serve(functools.partial(core.invoke, self)))
+            self._handoff = (endpoint.address, token), serving
+        return self._handoff[0]
 
     def ping(self) -> bool:
         """For a caller waiting on this worker over another channel: raises (Ray's ``ActorDiedError``) once it

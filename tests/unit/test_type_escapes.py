@@ -38,7 +38,7 @@ BUDGET = {
     "observability": 15,
     "prefill_worker": 28,
     "transport": 95,
-    "worker": 8,
+    "worker": 7,
 }
 
 
