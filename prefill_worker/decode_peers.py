@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import Any, Never
+from collections.abc import Awaitable
+from typing import Never, Protocol, TypeVar
 
 from tetriserve.channel import core
 from tetriserve.channel.handoff import Discard, KvFailed, PullKV, Refine, Take
@@ -23,11 +24,29 @@ logger = logging.getLogger(__name__)
 
 OneWay = PullKV | Refine | Discard | KvFailed
 
+T_co = TypeVar("T_co", covariant=True)
+
+
+class RemoteCall(Protocol[T_co]):
+    """One method of a Ray actor handle, as called here (``handle.method.remote()``: an awaitable ObjectRef)."""
+
+    def remote(self) -> Awaitable[T_co]: ...
+
+
+class DecodeHandle(Protocol):
+    """The decode worker's actor handle, as a peer calls it: once for the handoff endpoint, then for liveness."""
+
+    @property
+    def handoff_address(self) -> RemoteCall[tuple[str, str]]: ...
+
+    @property
+    def ping(self) -> RemoteCall[object]: ...
+
 
 class DecodePeer:
     """One decode worker's life, as this prefill worker's handoff calls it."""
 
-    def __init__(self, decode_id: str, handle: Any, caller: str) -> None:
+    def __init__(self, decode_id: str, handle: DecodeHandle, caller: str) -> None:
         self.decode_id, self.handle, self.caller = decode_id, handle, caller
         self._pending: list[OneWay] = []  # sent before the link was up
         self._closed = False

@@ -12,7 +12,7 @@ queue it would wait behind for at most ``admission.max_wait_s``. The worker repo
                    those intervals hold ``MIN_MEASURED_S`` of stepping
     local_share = the share of a backlog's prompt tokens this worker prefills itself: prompt tokens that left its
                    queue for its own engine while it was backlogged, over those and the ones decode workers
-                   took (``offer_prompts`` in ``prefill_worker/worker.py``), each sum aged by prompt tokens
+                   took (``Offloader.offer_prompts``, ``prefill_worker/offload.py``), each sum aged by prompt tokens
                    (``SHARE_TOKENS``); 1 until a backlog has been seen, ``MIN_SHARE`` at least. The pace this
                    worker reports (``queue_seconds_per_token``, which the GlobalScheduler prices its new
                    placements with) is scaled by it too.

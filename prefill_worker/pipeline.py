@@ -36,25 +36,41 @@ first, nothing has been sent and the handoff is the unpipelined one
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from tetriserve.channel.handoff import Discard
-from tetriserve.prefill_worker.dispatch.base import accepting
-from tetriserve.prefill_worker.kv_sends import forward_parts
-from tetriserve.prefill_worker.policy import chunk_tokens
+from tetriserve.common.cost_estimator import CostEstimator
+from tetriserve.common.length import LengthEstimate, PredictInput
+from tetriserve.prefill_worker.directory import DecodeDirectory
+from tetriserve.prefill_worker.kv_sends import KVSender
+from tetriserve.prefill_worker.lifecycle import PrefillJob
+from tetriserve.prefill_worker.policy import PrefillPolicySpec, chunk_tokens
+from tetriserve.prefill_worker.predictions import Ticket
 
-if TYPE_CHECKING:
-    from tetriserve.prefill_worker.predictions import Ticket
-    from tetriserve.prefill_worker.views import ReqView
-    from tetriserve.prefill_worker.worker import PrefillWorker
+
+def leaves_in_parts(spec: PrefillPolicySpec, cost: CostEstimator | None, prompt_len: int) -> bool:
+    """Whether a prompt of ``prompt_len`` tokens is computed, so its KV parked and sent, in several parts."""
+    return spec.chunking != "none" and prompt_len > chunk_tokens(spec, cost)
 
 
 class EarlyHandoff:
-    """One request's chance at a pipelined handoff, started when its prompt enters the engine."""
+    """One request's chance at a pipelined handoff, started when its prompt enters the engine.
 
-    def __init__(self, worker: PrefillWorker, key: str, view: ReqView, ticket: Ticket) -> None:
-        self._worker, self._key, self._view, self._ticket = worker, key, view, ticket
+    ``several_parts``: its KV leaves in several parts (it is longer than one chunk); ``instant``: the predictor's
+    instant estimate, taken when the choice does not wait for the prediction."""
+
+    def __init__(
+        self,
+        job: PrefillJob,
+        ticket: Ticket,
+        directory: DecodeDirectory,
+        sender: KVSender,
+        instant: Callable[[PredictInput], LengthEstimate],
+        several_parts: bool,
+    ) -> None:
+        self._job, self._ticket, self._directory, self._sender = job, ticket, directory, sender
+        self._instant, self._several_parts = instant, several_parts
         self.decode_id: str | None = None  # chosen before the prefill ended
         self.on_instant = False  # chosen on the predictor's instant estimate, the prediction still pending
         self._prefilled = asyncio.Event()  # the first token is out: the last part is due any moment
@@ -62,35 +78,24 @@ class EarlyHandoff:
         self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> str | None:
-        worker, future = self._worker, self._ticket.future
-        if not future.done() and self._parts_without_choice():
-            estimate = worker.predictions.predictor.instant(self._ticket.item)
+        future, key = self._ticket.future, self._job.key
+        estimate: LengthEstimate | None
+        if not future.done() and self._several_parts and self._directory.accepting() == 1:
+            estimate = self._instant(self._ticket.item)  # one decode worker to choose from: the choice is made
             self.on_instant = True
         else:
             await asyncio.wait([future])
             if future.cancelled() or (estimate := future.result()) is None:
                 return None
-        decode_id = worker.pick_decode(replace(self._view, estimate=estimate))
+        decode_id = self._directory.pick(replace(self._job.view, estimate=estimate))
         if decode_id is None:
             return None
         self.decode_id = decode_id
-        if worker.pulled_by(decode_id, self._key):  # it takes each part as the packer publishes it
+        if self._sender.pull(decode_id, key):  # it takes each part as the packer publishes it
             return None
-        return await forward_parts(
-            worker.endpoint,
-            self._key,
-            worker.decode_addresses[decode_id],
-            worker.config.transport.timeout_s,
-            give_up=lambda: self._key in worker.aborted_keys,
-            on_send=lambda part, handle: worker.sent_kv(part, handle, decode_id),
-            hurry=self._prefilled,
+        return await self._sender.forward_parts(
+            key, decode_id, give_up=lambda: self._job.abort_requested, hurry=self._prefilled
         )
-
-    def _parts_without_choice(self) -> bool:
-        """The KV leaves in several parts and one accepting decode worker is all there is to choose from."""
-        policy = self._worker.policy
-        several = policy.spec.chunking != "none" and self._view.prompt_len > chunk_tokens(policy.spec, policy.cost)
-        return several and len(accepting(list(self._worker.decode_loads.values()))) == 1
 
     async def outcome(self) -> tuple[str, str | None] | None:
         """Once the prefill is done: (decode worker, error forwarding the KV or None) if one was chosen before
@@ -106,6 +111,6 @@ class EarlyHandoff:
         self._task.cancel()
         if self.decode_id is not None and not self._dropped:
             self._dropped = True
-            peer = self._worker.decode_peer(self.decode_id)
+            peer = self._directory.peer(self.decode_id)
             if peer is not None:
-                peer.send(Discard(self._key))
+                peer.send(Discard(self._job.key))

@@ -29,7 +29,7 @@ class PrefillPolicySpec:
     chunk_size: int = 512
     selection: Selection = "in-order"
     sched_batch: int = 16
-    offload_max_tokens: int = 512  # prompts this short go to a decode worker with room (``Handoff.offer_short``)
+    offload_max_tokens: int = 512  # prompts this short go to a decode worker with room (``Offloader.offer_short``)
 
     def updated(self, changes: Mapping[str, object]) -> PrefillPolicySpec:
         unknown = set(changes) - set(self.__dataclass_fields__)

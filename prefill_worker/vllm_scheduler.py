@@ -28,7 +28,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreOutputs
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
 
 from tetriserve.common.engine_tags import tags_of
 from tetriserve.common.iteration_log import IterationLog, IterationRecord
@@ -51,7 +55,7 @@ class _Pending:
 
 
 class TetriPrefillScheduler(Scheduler):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # vLLM's constructor, forwarded as it is
         super().__init__(*args, **kwargs)
         self._take_role(self.max_num_scheduled_tokens)
 
@@ -83,7 +87,7 @@ class TetriPrefillScheduler(Scheduler):
         return self.planner.policy
 
     # -- views ---------------------------------------------------------------------------
-    def _view(self, req: Any) -> ReqView:
+    def _view(self, req: Request) -> ReqView:
         """The request's view, rebuilt only when its progress changed since the last iteration."""
         cached = self._views.get(req.request_id)
         if cached is not None and cached.computed_tokens == req.num_computed_tokens:
@@ -92,7 +96,7 @@ class TetriPrefillScheduler(Scheduler):
         self._views[req.request_id] = view
         return view
 
-    def _build_view(self, req: Any) -> ReqView:
+    def _build_view(self, req: Request) -> ReqView:
         params = req.sampling_params
         tags = tags_of(params.extra_args if params is not None else None)
         arrival = tags.arrival if tags.arrival is not None else float(req.arrival_time)
@@ -112,7 +116,7 @@ class TetriPrefillScheduler(Scheduler):
         )
 
     # -- vLLM hooks ------------------------------------------------------------------------
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         t0 = time.perf_counter()
         started = time.time()
         decoding = [r for r in self.running if r.num_computed_tokens >= r.num_prompt_tokens]
@@ -136,7 +140,7 @@ class TetriPrefillScheduler(Scheduler):
         self.max_num_scheduled_tokens = max(1, min(self.ceiling, tokens + len(decoding)))
         overhead = time.perf_counter() - t0
         try:
-            out = super().schedule(*args, **kwargs)
+            out = super().schedule(throttle_prefills)
         finally:
             t1 = time.perf_counter()
             self.running.extend(held_running)
@@ -150,7 +154,9 @@ class TetriPrefillScheduler(Scheduler):
         self._pending = _Pending(started, overhead, plan.budget, comp, predicted, time.perf_counter(), work)
         return out
 
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, EngineCoreOutputs]:
         p, self._pending = self._pending, None
         if p is not None and scheduler_output.total_num_scheduled_tokens > 0:
             exec_s = time.perf_counter() - p.exec_start

@@ -3,7 +3,7 @@
 
     submit(req, front door) ─▶ raw queue ─policy, PrefillSchedBatch at a time─▶ scheduled
                      │ (a prompt of at most prefill.offload_max_tokens, before it queues, or the next in line of a
-                     │  backlog, may go to a decode worker with room instead, which computes it: ``handoff.py``)
+                     │  backlog, may go to a decode worker with room instead, which computes it: ``offload.py``)
                      │ length predictor (trained heads in a process of their own, or baseline; parallel mode)
                      │ dispatcher: decode worker from the broadcast loads (power-of-two)
                      ▼
@@ -13,6 +13,13 @@
                      ▼
                   KV sent to the chosen decode worker ─▶ decode.take(prompt + first token)
                      ─▶ a ``moved_to`` marker on the front door's stream: the rest comes from there
+
+Each request is a ``PrefillJob`` (``lifecycle.py``) that its own task drives through QUEUED → COMPUTING →
+PARKED → HANDED, or OFFLOADED, FINISHED, ABORTED, FAILED. The worker owns the request's stream and its state
+events; the parts it drives each own one concern: the gate (``admission.py``, PrefillSchedBatch), the length
+predictions (``predictions.py``), the decode directory (``directory.py``: loads, addresses, peers, dispatch),
+the KV sender (``kv_sends.py``), the pipelined handoff (``pipeline.py``), the handoff (``handoff.py``) and the
+offloader (``offload.py``).
 
 Tokens go straight to the front door that submitted the request, never through
 a central actor; the GlobalScheduler hears only state events. The actor is plain Python
@@ -27,13 +34,15 @@ import logging
 import random
 import time
 import zlib
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.iteration_log import IterationStats
-from tetriserve.common.length import LengthPredictor, PredictInput
+from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
 from tetriserve.common.load import DecodeLoad, PrefillLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, TokenLogprobs
@@ -43,21 +52,24 @@ from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.observability import tracing
 from tetriserve.prefill_worker import spans
 from tetriserve.prefill_worker.admission import Offloaded, RequestAborted, SchedBatchGate
-from tetriserve.prefill_worker.decode_peers import DecodePeer
+from tetriserve.prefill_worker.decode_peers import DecodeHandle, DecodePeer
+from tetriserve.prefill_worker.directory import DecodeDirectory
 from tetriserve.prefill_worker.dispatch import DispatchParams, make_dispatch_policy
-from tetriserve.prefill_worker.handoff import Handoff
-from tetriserve.prefill_worker.kv_sends import watch_sends
+from tetriserve.prefill_worker.handoff import Handoff, NotHanded
+from tetriserve.prefill_worker.kv_sends import KVSender
+from tetriserve.prefill_worker.lifecycle import Phase, PrefillJob, view_of
+from tetriserve.prefill_worker.offload import Offloader
 from tetriserve.prefill_worker.pace import PrefillPace
-from tetriserve.prefill_worker.pipeline import EarlyHandoff
+from tetriserve.prefill_worker.pipeline import EarlyHandoff, leaves_in_parts
 from tetriserve.prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
-from tetriserve.prefill_worker.predictions import PredictionQueue
+from tetriserve.prefill_worker.predictions import PredictionQueue, Ticket
 from tetriserve.prefill_worker.views import ReqView
 from tetriserve.transport.instructions import KVInstruction, KVMode
 
 logger = logging.getLogger(__name__)
 
 
-class PrefillWorker(Handoff, EngineWorker):
+class PrefillWorker(EngineWorker):
     def __init__(
         self,
         worker_id: str,
@@ -74,7 +86,6 @@ class PrefillWorker(Handoff, EngineWorker):
         super().__init__(worker_id, config, incarnation, predecessor)
         self.cost = load_cost(config.prefill, model_path, detect_hardware())
         self.pace = PrefillPace()
-        self._backlogged = False  # the engine's time for the queue, last priced, was over prefill.offload_wait_s
         self.policy = build_prefill_policy(spec_from_config(config.prefill), self.cost)
         self.ceiling = config.prefill.batch_ceiling(config.engine.max_model_len)
         if predecessor is None:
@@ -86,20 +97,19 @@ class PrefillWorker(Handoff, EngineWorker):
         self.gate = SchedBatchGate(self.policy.queue, self.policy.spec.sched_batch)
         self.predictor = predictor
         self.predictions = PredictionQueue(predictor, niceness=config.prefill.predictor_niceness)
-        self.dispatcher = make_dispatch_policy(
+        dispatcher = make_dispatch_policy(
             config.prefill.dispatch_policy, DispatchParams(config.prefill.heavy_threshold_tokens)
         )
-        self.rng = random.Random(zlib.crc32(worker_id.encode()))  # str hash() differs per process
-        self.decode_loads: dict[str, DecodeLoad] = {}
-        self._dead_decodes: dict[str, int] = {}  # decode id -> the incarnation a call of ours found dead
-        self.decode_addresses: dict[str, str] = {}
-        self._aborted: dict[str, None] = {}  # insertion-ordered set: ids aborted after leaving the engine
-        self._decode_peers: dict[str, DecodePeer] = {}  # the decode workers' current lives, as the handoff calls them
-        self._tasks: dict[str, tuple[Request, str, asyncio.Task[None]]] = {}  # id -> (request, subscriber, task)
-        self._sends: dict[str, tuple[Any, str]] = {}  # KV key -> (its send's handle, the decode worker)
-        self._send_spans: dict[str, tracing.Span] = {}  # KV key -> its send's span (tracing on only)
-        self._send_watch: asyncio.Task[None] | None = None
-        self._refining: set[asyncio.Task[None]] = set()  # late predictions on their way to decode workers
+        rng = random.Random(zlib.crc32(worker_id.encode()))  # str hash() differs per process
+        self.directory = DecodeDirectory(
+            worker_id, dispatcher, rng, config.prefill.heavy_threshold_tokens, self._tell_monitor_dead
+        )
+        self.sender = KVSender(worker_id, self.endpoint, self.directory, config.transport.timeout_s)
+        self.handoff = Handoff(config, self.endpoint, self.directory, self.sender, self.predictions, self.parked_kv)
+        self.offloader = Offloader(
+            worker_id, self.gate, self.pace, self.directory, self.cost, self.policy.spec, config.prefill.offload_wait_s
+        )
+        self._jobs: dict[str, PrefillJob] = {}  # request id -> its job on this worker, until its task ends
         # requests handed to decode workers, by how: KV pipelined (pipeline.py), whole, or none (offloaded prompts)
         self.handoffs = {"pipelined": 0, "whole": 0, "offloaded": 0}
         self._offload_task: asyncio.Task[None] | None = None
@@ -108,33 +118,21 @@ class PrefillWorker(Handoff, EngineWorker):
     async def start(self, monitor: Any, scheduler: Any = None) -> str:
         """Start load reports (the length predictor loads on its own thread meanwhile)."""
         if self._report_task is None:
-            self._send_watch = asyncio.create_task(
-                watch_sends(self.worker_id, self._sends, self._send_spans, self._decode_peers)
-            )
-            self._offload_task = asyncio.create_task(self._offload_loop())
+            self.sender.start()
+            self._offload_task = asyncio.create_task(self.offloader.run(self.config.report_interval_ms / 1000))
         return await super().start(monitor, scheduler)
 
-    def update_decode_view(self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, Any]) -> None:
+    def update_decode_view(
+        self, loads: list[DecodeLoad], addresses: Mapping[str, str], handles: Mapping[str, DecodeHandle]
+    ) -> None:
         """Called by the ClusterMonitor's broadcast (TetriInfer §3.2): the loads of the decode workers that serve
         now, and the addresses and handles of those this worker has not seen in their current life."""
-        self.decode_loads = {ld.worker_id: ld for ld in loads if not self._found_dead(ld)}
-        self.decode_addresses.update(addresses)
-        for decode_id, handle in handles.items():  # a new life: its calls go over a link of its own
-            old = self._decode_peers.get(decode_id)
-            if old is not None:
-                old.close()
-            self._decode_peers[decode_id] = DecodePeer(decode_id, handle, self.worker_id)
-        self.offer_prompts()
+        self.directory.update(loads, addresses, handles)
+        self.offloader.offer_prompts()
 
-    def _found_dead(self, load: DecodeLoad) -> bool:
-        """Whether ``load`` comes from a decode worker's life that a call of ours found dead. The monitor has been
-        told (``decode_died``), but broadcasts already on their way still list it, and every migrated request
-        dispatched there meanwhile would fail again and spend its migration limit. A later incarnation is new."""
-        dead = self._dead_decodes.get(load.worker_id)
-        if dead is not None and load.incarnation > dead:
-            del self._dead_decodes[load.worker_id]
-            return False
-        return dead is not None
+    def _tell_monitor_dead(self, decode_id: str, incarnation: int) -> None:
+        if self._monitor is not None:
+            self._monitor.mark_dead.remote(decode_id, incarnation)
 
     def load(self) -> PrefillLoad:
         lens = self.gate.queued_lens()
@@ -150,21 +148,14 @@ class PrefillWorker(Handoff, EngineWorker):
             self.incarnation,
             self.engine.steps,
             self.engine.in_flight > 0,
-            self.pace.wait_s(self._prefill_s(lens)),  # the queue priced once, its backlog noted
+            self.pace.wait_s(self.offloader.prefill_s(lens)),  # the queue priced once, its backlog noted
             self.pace.queue_seconds_per_token,
         )
-
-    def _prefill_s(self, lens: list[int]) -> float:
-        """The engine's time for the queued prompts of lengths ``lens``; whether it is over
-        ``prefill.offload_wait_s`` (decode workers take prompts) is noted for the local share (``pace.left_queue``)."""
-        prefill_s = self.pace.prefill_s(lens, self.cost, self.policy.spec.chunk_size)
-        self._backlogged = 0 < self.config.prefill.offload_wait_s < prefill_s
-        return prefill_s
 
     def policies(self) -> dict[str, str]:
         return {
             **self.policy.spec.describe(),
-            "dispatch": self.dispatcher.name,
+            "dispatch": self.directory.dispatcher.name,
             "predictor": self.predictor.name,
             "predictor_state": self.predictions.state.value,
         }
@@ -177,6 +168,7 @@ class PrefillWorker(Handoff, EngineWorker):
         policy = build_prefill_policy(spec, self.cost)
         await self.engine.call(lambda s: s.configure(policy))
         self.gate.set_policy(policy.queue, spec.sched_batch)
+        self.offloader.set_spec(spec)
         self.policy = policy
         logger.info("prefill %s: policy now %s", self.worker_id, self.policies())
         return self.policies()
@@ -187,6 +179,7 @@ class PrefillWorker(Handoff, EngineWorker):
             "scheduler": self.engine.snapshot.extra,
             "predictions": self.predictions.stats(),
             "handoffs": dict(self.handoffs),
+            "requests": dict(Counter(job.phase.value for job in self._jobs.values())),
         }
 
     # -- the request path -------------------------------------------------------------
@@ -194,115 +187,199 @@ class PrefillWorker(Handoff, EngineWorker):
         """Take ``req``; its tokens go to ``subscriber``'s stream from this worker (``subscribe``). A later attempt
         of a request still here replaces the earlier one (the front door has given up on it)."""
         rid = req.request_id
-        held = self._tasks.get(rid)
-        if held is not None and held[0].attempt >= req.attempt:
+        held = self._jobs.get(rid)
+        if held is not None and held.req.attempt >= req.attempt:
             self.publish(subscriber, req, (), FinishReason.ERROR, f"request id {rid} is already here")
             return
         if held is not None:
-            self.abort(rid, held[0].attempt)
-        task = asyncio.create_task(self._serve(req, subscriber))
-        self._tasks[rid] = (req, subscriber, task)
-        task.add_done_callback(lambda done: self._forget_task(rid, done))
+            self.abort(rid, held.req.attempt)
+        job = PrefillJob(req, subscriber, view_of(req))
+        self._jobs[rid] = job
+        job.task = asyncio.create_task(self._serve(job))
+        job.task.add_done_callback(lambda _: self._forget(job))
 
-    def _forget_task(self, rid: str, task: asyncio.Task[None]) -> None:
-        held = self._tasks.get(rid)
-        if held is not None and held[2] is task:
-            del self._tasks[rid]
+    def _forget(self, job: PrefillJob) -> None:
+        rid = job.req.request_id
+        if self._jobs.get(rid) is job:
+            del self._jobs[rid]
 
     def holding(self, subscriber: str) -> tuple[tuple[str, int], ...]:
-        return tuple((rid, req.attempt) for rid, (req, sub, _) in self._tasks.items() if sub == subscriber)
+        return tuple((rid, job.req.attempt) for rid, job in self._jobs.items() if job.subscriber == subscriber)
 
-    async def _serve(self, req: Request, subscriber: str) -> None:
-        span = spans.open_prefill(self.worker_id, req)  # this task's current span; its log lines name the request
+    async def _serve(self, job: PrefillJob) -> None:
+        span = spans.open_prefill(self.worker_id, job.req)  # this task's current span; its log lines name the request
         try:
-            await self._prefill(req, subscriber)
+            await self._drive(job)
         except Exception as exc:  # a bug in our adapter: finish the request, keep the worker
-            logger.exception("prefill %s: request %s failed", self.worker_id, req.request_id)
-            self.publish(subscriber, req, (), FinishReason.ERROR, f"prefill worker failed: {type(exc).__name__}")
+            logger.exception("prefill %s: request %s failed", self.worker_id, job.req.request_id)
+            job.end(Phase.FAILED)
+            self._end(job, FinishReason.ERROR, f"prefill worker failed: {type(exc).__name__}")
             tracing.end(span, error=f"prefill worker failed: {type(exc).__name__}")
         finally:
             tracing.end(span)
 
-    async def _prefill(self, req: Request, subscriber: str) -> None:
-        """Prefill ``req`` (its prompt and, for a migrated request, the tokens the client already has), stream
-        the next token, and hand the request to a decode worker."""
-        key, done = req.kv_key, len(req.resume)
-        decodes = req.sampling.max_tokens - done > 1
-        seeded = req.sampling.seed is not None and req.sampling.temperature > 0
-        view = ReqView(
-            key,
-            len(req.prompt_token_ids) + done,
-            req.sampling.max_tokens - done,
-            req.arrival_time,
-            priority=req.priority,
-            ttft_slo_s=req.slo.ttft_ms / 1000 if req.slo.ttft_ms else None,
-            jct_slo_s=req.slo.jct_ms / 1000 if req.slo.jct_ms else None,
-            offloadable=decodes and not seeded,
-        )
-        # TetriInfer's parallel mode: the predictor runs in its own thread while the engine prefills; the KV is
-        # parked in this worker's endpoint, so the decode worker is chosen once the first token is out, with the
-        # best estimate there is then (``predictions.py``); a prediction still being computed follows the request.
-        ticket = refinement = early = chosen = None
-        queued = tracing.now_ns()
-        if decodes:  # the estimate serves the dispatcher: a prefill-only request needs none
-            item = PredictInput(len(req.prompt_token_ids), req.sampling.max_tokens, tuple(req.prompt_token_ids))
-            ticket = self.predictions.submit(item)
+    async def _drive(self, job: PrefillJob) -> None:
+        """Take ``job`` from QUEUED to its end: prefill its prompt (and, for a migrated request, the tokens the
+        client already has), stream the next token, and hand it to a decode worker; or have a decode worker
+        compute it. TetriInfer's parallel mode: the predictor runs in its own thread while the engine prefills;
+        the KV is parked in this worker's endpoint, so the decode worker is chosen once the first token is out,
+        with the best estimate there is then (``predictions.py``); a prediction still being computed follows the
+        request."""
+        req = job.req
+        job.queued_ns = tracing.now_ns()
+        if job.decodes:  # the estimate serves the dispatcher: a prefill-only request needs none
+            job.ticket = self.predictions.submit(
+                PredictInput(len(req.prompt_token_ids), req.sampling.max_tokens, tuple(req.prompt_token_ids))
+            )
         try:
             # a short prompt may go to a decode worker before it queues here; refused, it queues
-            decode_id = self.offer_short(view) if ticket is not None else None
-            if ticket is not None and decode_id is not None and await self._offload(req, subscriber, ticket, decode_id):
-                ticket = None  # its estimate went with it, and its prediction follows it if late
+            decode_id = self.offloader.offer_short(job.view) if job.ticket is not None else None
+            if decode_id is not None and await self._offload(job, decode_id):
                 return
-            while True:
-                try:
-                    async with self.gate.turn(view) as batch_seq:
-                        if self._backlogged:
-                            self.pace.left_queue(view.prompt_len, offloaded=False)
-                        computing = spans.queued(queued, batch_seq)
-                        if ticket is not None and self.config.transport.pipeline:  # KV may leave as it computes
-                            early = EarlyHandoff(self, key, view, ticket)
-                        out = await self._run_engine(req, replace(view, batch_seq=batch_seq), park=decodes)
-                        spans.computed(computing, out.token_ids, out.finish_reason)
-                    break
-                except RequestAborted:
-                    self.publish(subscriber, req, (), FinishReason.ABORT, index=done)
-                    return
-                except Offloaded as offer:  # a decode worker computes the prompt; refused, back in line
-                    if ticket is not None and await self._offload(req, subscriber, ticket, offer.decode_id):
-                        self.pace.left_queue(view.prompt_len, offloaded=True)
-                        ticket = None  # its estimate went with it, and its prediction follows it if late
-                        return
-            tokens, lps = out.token_ids, out.logprobs
-            if out.finish_reason is not None or ticket is None:
-                # finished at prefill (the GlobalScheduler feeds the outcome back through ``observe``)
-                self._aborted.pop(key, None)
-                self.endpoint.discard(key)
-                reason = FinishReason(out.finish_reason or FinishReason.LENGTH)
-                self.publish(subscriber, req, tokens, reason, out.error, index=done, logprobs=lps)
+            out = await self._compute(job)
+            if out is None:  # aborted in the queue, or a decode worker computes it
                 return
-            self.publish(subscriber, req, tokens, index=done, logprobs=lps)  # TTFT waits for no prediction/dispatch
-            await asyncio.sleep(0)  # the stream's flush (queued by publish) sends it before the handoff's own work
-            self.event(req.request_id, RequestState.TRANSFERRING)
-            chosen = await early.outcome() if early is not None else None
-            # a choice made on the prediction hands off at once; otherwise the prediction may still be waited for
-            waits = chosen is None or (early is not None and early.on_instant)
-            wait_s = self.config.prefill.predictor_wait_ms / 1000 if waits else 0.0
-            estimate, refinement = await self.predictions.estimate(ticket, wait_s)
-            spans.predicted(queued, estimate, late=refinement is not None)
-            early = None  # goes on to the handoff below (with the KV it sent, if it chose a decode worker)
+            if out.finish_reason is not None or not job.decodes:
+                self._finish(job, out)  # the GlobalScheduler feeds the outcome back through ``observe``
+                return
+            chosen, refinement = await self._park(job, out)
         finally:
-            if early is not None:  # the request ends here (finished, aborted, failed): what it sent goes
-                early.drop()
-            if ticket is not None and refinement is None:
-                self.predictions.withdraw(ticket)  # a no-op once estimated
-        decode = await self._hand_off(req, (*req.resume, *tokens), replace(view, estimate=estimate), subscriber, chosen)
-        if refinement is not None:
-            if decode is None:
+            if job.early is not None:  # the request ends here (finished, aborted, failed): what it sent goes
+                job.early.drop()
+                job.early = None
+            if job.ticket is not None:
+                self.predictions.withdraw(job.ticket)
+                job.ticket = None
+        await self._hand_off(job, (*req.resume, *out.token_ids), chosen, refinement)
+
+    async def _compute(self, job: PrefillJob) -> Delta | None:
+        """QUEUED → COMPUTING: its PrefillSchedBatch turn, then the engine's chunked prefill. None where it left
+        the queue otherwise: aborted there, or offered to a decode worker that took it (refused, back in line)."""
+        while True:
+            try:
+                async with self.gate.turn(job.view) as batch_seq:
+                    job.advance(Phase.COMPUTING)
+                    if self.offloader.backlogged:
+                        self.pace.left_queue(job.view.prompt_len, offloaded=False)
+                    computing = spans.queued(job.queued_ns, batch_seq)
+                    if job.ticket is not None and self.config.transport.pipeline:  # KV may leave as it computes
+                        job.early = self._early_handoff(job, job.ticket)
+                    out = await self._run_engine(job.req, replace(job.view, batch_seq=batch_seq), park=job.decodes)
+                    spans.computed(computing, out.token_ids, out.finish_reason)
+                return out
+            except RequestAborted:
+                job.advance(Phase.ABORTED)
+                self._end(job, FinishReason.ABORT)
+                return None
+            except Offloaded as offer:
+                if job.ticket is not None and await self._offload(job, offer.decode_id):
+                    self.pace.left_queue(job.view.prompt_len, offloaded=True)
+                    return None
+
+    def _early_handoff(self, job: PrefillJob, ticket: Ticket) -> EarlyHandoff:
+        several_parts = leaves_in_parts(self.policy.spec, self.policy.cost, job.view.prompt_len)
+        instant = self.predictions.predictor.instant
+        return EarlyHandoff(job, ticket, self.directory, self.sender, instant, several_parts)
+
+    def _finish(self, job: PrefillJob, out: Delta) -> None:
+        """COMPUTING → FINISHED (or ABORTED): the engine ended it at its first token."""
+        self.endpoint.discard(job.key)
+        reason = FinishReason(out.finish_reason or FinishReason.LENGTH)
+        job.advance(Phase.ABORTED if reason is FinishReason.ABORT else Phase.FINISHED)
+        self._end(job, reason, out.error, out.token_ids, out.logprobs)
+
+    async def _park(
+        self, job: PrefillJob, out: Delta
+    ) -> tuple[tuple[str, str | None] | None, asyncio.Future[LengthEstimate | None] | None]:
+        """COMPUTING → PARKED: stream the first token at once (TTFT waits for no prediction or dispatch), then
+        settle the estimate the handoff goes with. Returns the pipelined handoff's choice (decode worker,
+        forwarding error), if it made one, and the prediction still to follow the request, if late."""
+        req, early, ticket = job.req, job.early, job.ticket
+        assert ticket is not None
+        self.publish(job.subscriber, req, out.token_ids, index=job.index, logprobs=out.logprobs)
+        await asyncio.sleep(0)  # the stream's flush (queued by publish) sends it before the handoff's own work
+        job.advance(Phase.PARKED)
+        self.event(req.request_id, RequestState.TRANSFERRING)
+        chosen = await early.outcome() if early is not None else None
+        # a choice made on the prediction hands off at once; otherwise the prediction may still be waited for
+        waits = chosen is None or (early is not None and early.on_instant)
+        wait_s = self.config.prefill.predictor_wait_ms / 1000 if waits else 0.0
+        estimate, refinement = await self.predictions.estimate(ticket, wait_s)
+        job.ticket = None  # estimated: a late prediction follows the request (``refinement``)
+        job.early = None  # goes on to the handoff (with the KV it sent, if it chose a decode worker)
+        spans.predicted(job.queued_ns, estimate, late=refinement is not None)
+        job.view = replace(job.view, estimate=estimate)
+        return chosen, refinement
+
+    async def _hand_off(
+        self,
+        job: PrefillJob,
+        generated: tuple[int, ...],
+        chosen: tuple[str, str | None] | None,
+        refinement: asyncio.Future[LengthEstimate | None] | None,
+    ) -> None:
+        """PARKED → HANDED, or ABORTED, or FAILED with a ``retry`` error (the front door migrates it)."""
+        result = await self.handoff.run(job, generated, chosen)
+        if isinstance(result, NotHanded):
+            if refinement is not None:
                 refinement.cancel()
+            job.advance(Phase.ABORTED if result.error is None else Phase.FAILED)
+            if result.error is None:
+                self._end(job, FinishReason.ABORT, index=len(generated))
             else:
-                task = asyncio.create_task(self._refine(req, decode, refinement))
-                self._refining.add(task)  # held until done (the loop keeps only weak references)
-                task.add_done_callback(self._refining.discard)
+                self._end(job, FinishReason.ERROR, result.error, index=len(generated), retry=True)
+            return
+        self.handoffs["pipelined" if result.pipelined else "whole"] += 1
+        job.advance(Phase.HANDED)
+        self._went_on(job, result.decode_id, result.peer, index=len(generated))
+        if refinement is not None:
+            self.handoff.follow(job.req, result.peer, refinement)
+
+    async def _offload(self, job: PrefillJob, decode_id: str) -> bool:
+        """QUEUED → OFFLOADED: give ``job``, not computed here, to ``decode_id`` to compute its prompt there; True
+        if it took it, or the request was aborted meanwhile (ended here). Refused (no room there any more, or
+        gone), it waits here again; a prediction not started by then is dropped (the instant estimate goes with
+        it at its handoff), as for a handoff that does not wait."""
+        assert job.ticket is not None
+        estimate, refinement = await self.predictions.estimate(job.ticket)
+        peer = await self.offloader.take(job, decode_id, estimate)
+        if peer is None:
+            if not job.abort_requested:
+                return False
+            job.ticket = None if refinement is not None else job.ticket
+            job.advance(Phase.ABORTED)
+            self._end(job, FinishReason.ABORT)
+            return True
+        job.ticket = None  # its estimate went with it, and its prediction follows it if late
+        self.handoffs["offloaded"] += 1
+        job.advance(Phase.OFFLOADED)
+        self._went_on(job, decode_id, peer, index=job.index)
+        if refinement is not None:
+            self.handoff.follow(job.req, peer, refinement)
+        return True
+
+    def _went_on(self, job: PrefillJob, decode_id: str, peer: DecodePeer, index: int) -> None:
+        """A decode worker took ``job``: the stream and an abort follow it there."""
+        rid = job.req.request_id
+        self.handed_on(rid, peer.handle)
+        if job.abort_requested:  # aborted while the decode worker took it: abort it there
+            self.forward_abort(rid, job.req.attempt)
+        self.publish(job.subscriber, job.req, (), index=index, moved_to=decode_id)
+        self.event(rid, RequestState.DECODE_QUEUED, decode_id, moved_to=decode_id)
+
+    def _end(
+        self,
+        job: PrefillJob,
+        reason: FinishReason,
+        error: str | None = None,
+        tokens: tuple[int, ...] = (),
+        logprobs: tuple[TokenLogprobs, ...] | None = None,
+        index: int | None = None,
+        retry: bool = False,
+    ) -> None:
+        """The last chunk of ``job``'s stream from this worker."""
+        index = job.index if index is None else index
+        self.publish(job.subscriber, job.req, tokens, reason, error, index=index, logprobs=logprobs, retry=retry)
 
     async def _run_engine(self, req: Request, view: ReqView, park: bool) -> Delta:
         """Prefill ``req``: its next token (with its logprobs, if asked), the finish reason if it ended here, an
@@ -335,40 +412,44 @@ class PrefillWorker(Handoff, EngineWorker):
     def abort(self, request_id: str, attempt: int | None = None) -> bool:
         """Abort wherever the request is: raw queue, engine, between its first token and the handoff, or on
         the decode worker it was handed to. ``attempt``: only that attempt (None: whichever is here)."""
-        held = self._tasks.get(request_id)
-        if held is None or (attempt is not None and held[0].attempt != attempt):
+        job = self._jobs.get(request_id)
+        if job is None or (attempt is not None and job.req.attempt != attempt):
             return self.forward_abort(request_id, attempt)  # it went on to a decode worker, or is not here
-        key = held[0].kv_key
-        self.endpoint.discard(key)
-        if self.gate.cancel(key):
+        if job.phase in (Phase.HANDED, Phase.OFFLOADED):
+            return self.forward_abort(request_id, attempt)
+        if job.done:
             return True
-        self.engine.abort(key)
-        self._aborted[key] = None
-        if len(self._aborted) > 10_000:  # ids of requests that had long finished: forget the oldest
-            del self._aborted[next(iter(self._aborted))]
+        job.abort_requested = True  # whichever step comes next ends it (an offer's take, a send, the handoff)
+        self.endpoint.discard(job.key)
+        if self.gate.cancel(job.key):
+            return True
+        self.engine.abort(job.key)
         return True
 
     # -- flips ---------------------------------------------------------------------------
     def idle(self) -> bool:
-        return not self._tasks and not self._sends and self.engine.in_flight == 0
+        return not self._jobs and not self.sender.in_flight and self.engine.in_flight == 0
 
     def evict(self, error: str) -> int:
-        held = list(self._tasks.items())
-        for rid, (req, sub, task) in held:
-            task.cancel()
-            self.endpoint.discard(req.kv_key)
-            self.publish(sub, req, (), FinishReason.ERROR, error, index=len(req.resume), retry=True)
-            del self._tasks[rid]
-        return len(held)
+        jobs = list(self._jobs.values())
+        for job in jobs:
+            if job.task is not None:
+                job.task.cancel()
+            self.endpoint.discard(job.key)
+            job.end(Phase.FAILED)
+            self._end(job, FinishReason.ERROR, error, retry=True)
+        self._jobs.clear()
+        return len(jobs)
 
     def retire(self) -> None:
         super().retire()
-        for task in (self._send_watch, self._offload_task):
-            if task is not None:
-                task.cancel()
+        self.sender.stop()
+        if self._offload_task is not None:
+            self._offload_task.cancel()
+        self.directory.close()
         self.predictions.close()
 
     def _subscriber_gone(self, subscriber: str) -> None:
-        for rid, (req, sub, _) in list(self._tasks.items()):
-            if sub == subscriber:
-                self.abort(rid, req.attempt)
+        for rid, job in list(self._jobs.items()):
+            if job.subscriber == subscriber:
+                self.abort(rid, job.req.attempt)

@@ -63,7 +63,7 @@ def wait_room_seen(prefill: list[Any], room: int, seconds: float = 10, since: fl
     import ray
 
     def seen(worker: Any) -> list[int]:
-        loads = worker.role.decode_loads.values()
+        loads = worker.role.directory.loads.values()
         return [load.prompt_room if since is None or load.at >= since else -1 for load in loads]
 
     deadline = time.monotonic() + seconds

@@ -1,7 +1,9 @@
 """Where production code steps outside the type checker: every ``Any``, ``cast(`` and ``type: ignore`` is
 counted, per package. The policies, the planners and the channel hold none (what a simulator or another engine
 drives, and what crosses processes: their types are their contract); every other package is held at its count,
-so a new escape costs removing one. The target for the whole service is fewer than 100."""
+so a new escape costs removing one, and the whole service holds fewer than 100.
+
+``memoryview.cast`` (a method call, ``.cast(``) reinterprets bytes and is no escape; ``typing.cast`` is."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ESCAPE = re.compile(r"\bAny\b|\bcast\(|type:\s*ignore")
+ESCAPE = re.compile(r"\bAny\b|(?<!\.)\bcast\(|type:\s*ignore")
+TOTAL = 100  # the whole service holds fewer
 
 NONE_ALLOWED = (
     "channel",
@@ -28,6 +31,7 @@ NONE_ALLOWED = (
 
 # the count each package is held at (lower it when you remove escapes; never raise it)
 BUDGET = {
+    "channel": 0,
     "cli": 35,
     "common": 50,
     "control_plane": 57,
@@ -50,6 +54,14 @@ def _count(path: Path) -> int:
 def test_policies_planners_and_the_channel_hold_no_escape_from_the_types() -> None:
     found = {p: n for p in NONE_ALLOWED if (n := _count(ROOT / p))}
     assert not found, f"Any / cast / type: ignore in policy, planner or channel code: {found}"
+
+
+def test_the_service_holds_fewer_escapes_than_its_total_and_every_package_is_counted() -> None:
+    counts = {pkg: _count(ROOT / pkg) for pkg in BUDGET}
+    assert sum(counts.values()) < TOTAL, f"{sum(counts.values())} escapes in all: {counts}"
+    packages = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()} - {"tests", "protos"}
+    assert packages <= set(BUDGET), f"production packages not counted: {sorted(packages - set(BUDGET))}"
+    assert sum(BUDGET.values()) < TOTAL, "the budgets must fit the total"
 
 
 def test_no_package_holds_more_escapes_than_its_budget() -> None:
