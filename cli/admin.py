@@ -27,7 +27,6 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from tetriserve.cli.security import add_client_flags, connect
 
@@ -101,7 +100,7 @@ def format_policy(policy: Mapping[str, str]) -> str:
     return " ".join(f"{k}={policy[k]}" for k in keys) or "-"
 
 
-def add_policy_parser(sub: Any) -> None:
+def add_policy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `policy set` and `policy show` on the top-level subparsers."""
     p = sub.add_parser("policy", help="show or change workers' scheduling policies at run time (gRPC)")
     psub = p.add_subparsers(dest="policy_command", required=True)

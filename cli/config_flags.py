@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import typing
-from typing import Any
+from collections.abc import Callable
 
 import yaml
 
@@ -135,11 +135,12 @@ def add_flag(parser: argparse.ArgumentParser, flag: str, path: str) -> None:
         raise TypeError(f"{flag}: config key {path} of type {typ} has no flag form; reach it with --set")
 
 
-def _one_of(path: str, choices: tuple[Any, ...]) -> Any:
-    """A flag's ``type`` that refuses a value outside ``choices`` naming the config key it sets."""
+def _one_of(path: str, choices: tuple[str | int, ...]) -> Callable[[str], str | int]:
+    """A flag's ``type`` that refuses a value outside ``choices`` (a ``Literal``'s values: the config's are
+    strings) naming the config key it sets."""
     kind = type(choices[0])
 
-    def convert(raw: str) -> Any:
+    def convert(raw: str) -> str | int:
         try:
             value = kind(raw)
         except ValueError:
@@ -182,7 +183,7 @@ def add_config_flags(
         )
 
 
-def parse_set(item: str) -> tuple[str, Any]:
+def parse_set(item: str) -> tuple[str, object]:
     """``"a.b=VALUE"`` -> ``("a.b", value read as YAML)``; ``ValueError`` for a malformed item or unknown key."""
     path, sep, raw = item.partition("=")
     path = path.strip()
@@ -201,9 +202,9 @@ def parse_set(item: str) -> tuple[str, Any]:
     return path, value
 
 
-def config_overrides(args: argparse.Namespace, flags: dict[str, str] = SERVE_FLAGS) -> dict[str, Any]:
+def config_overrides(args: argparse.Namespace, flags: dict[str, str] = SERVE_FLAGS) -> dict[str, object]:
     """The dotted overrides the flags given on the command line make (``--set`` last, so it wins)."""
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, object] = {}
     for flag, path in flags.items():
         value = getattr(args, flag_dest(flag), None)
         if value is not None:

@@ -17,15 +17,19 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tetriserve.cli.security import add_client_flags, connect
+
+if TYPE_CHECKING:
+    from tetriserve.client import TetriServeClient
+    from tetriserve.client.results import ClusterStatus
 
 DEFAULT_TARGET = "localhost:50051"
 POLL_S = 1.0
 
 
-def add_elastic_parsers(sub: Any) -> None:
+def add_elastic_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     f = sub.add_parser("flip", help="flip a worker to the other role (drained first), e.g. `flip decode-1 prefill`")
     f.add_argument("worker", help="the worker's id, e.g. decode-1")
     f.add_argument("role", choices=("prefill", "decode"), help="its new role")
@@ -46,7 +50,7 @@ def run_flip(args: argparse.Namespace) -> int:
         if args.no_wait:
             return 0
 
-        def done(st: Any) -> bool:
+        def done(st: ClusterStatus) -> bool:
             w = next((w for w in st.workers if w.worker_id == args.worker), None)
             return w is not None and w.role == args.role and w.lifecycle == "active" and w.flips > flips_before
 
@@ -67,7 +71,7 @@ def run_scale(args: argparse.Namespace) -> int:
         if args.no_wait:
             return 0
 
-        def done(st: Any) -> bool:
+        def done(st: ClusterStatus) -> bool:
             counts = _serving_counts(st)
             settled = all(w.lifecycle in ("active", "") for w in st.workers)
             return settled and all(counts.get(r, 0) == n for r, n in wanted.items())
@@ -79,14 +83,14 @@ def run_scale(args: argparse.Namespace) -> int:
     return 0
 
 
-def _flips(client: Any, worker: str) -> int:
+def _flips(client: TetriServeClient, worker: str) -> int:
     for w in client.cluster_status(timeout=10).workers:
         if w.worker_id == worker:
             return int(w.flips)
     return 0
 
 
-def _serving_counts(st: Any) -> dict[str, int]:
+def _serving_counts(st: ClusterStatus) -> dict[str, int]:
     counts: dict[str, int] = {}
     for w in st.workers:
         if w.lifecycle in ("active", "") and w.health == "serving":
@@ -94,7 +98,7 @@ def _serving_counts(st: Any) -> dict[str, int]:
     return counts
 
 
-def _wait(client: Any, done: Callable[[Any], bool], timeout_s: float) -> bool:
+def _wait(client: TetriServeClient, done: Callable[[ClusterStatus], bool], timeout_s: float) -> bool:
     """Poll ``cluster_status`` until ``done``, printing each worker whose state changed; False on timeout."""
     deadline = time.monotonic() + timeout_s
     shown: dict[str, str] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tetriserve.cli.admin import add_policy_parser, run_policy, run_status
 from tetriserve.cli.config_flags import SECURITY_FLAGS, add_config_flags, config_overrides
@@ -16,6 +16,10 @@ from tetriserve.cli.profile import add_profile_parser, run_profile
 from tetriserve.cli.security import add_client_flags, connect
 from tetriserve.cli.top import add_top_parser, run_top
 from tetriserve.common import log_context
+
+if TYPE_CHECKING:
+    from tetriserve.client.options import GenerateOptions
+    from tetriserve.client.results import Chunk
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,7 +106,7 @@ def _stop(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     with connect(args) as client:
-        options: dict[str, Any] = {
+        options: GenerateOptions = {
             "max_tokens": args.max_tokens,
             "temperature": args.temperature,
             "top_p": args.top_p,
@@ -112,7 +116,7 @@ def _generate(args: argparse.Namespace) -> int:
         if args.seed is not None:
             options["seed"] = args.seed
         stream = client.generate(args.prompt, **options)
-        last: Any = None
+        last: Chunk | None = None
         for chunk in stream:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()

@@ -28,16 +28,22 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from filelock import FileLock
 
 from tetriserve.common.sharegpt import find_sharegpt_file, iter_conversations
 
+if TYPE_CHECKING:
+    import torch
+    from tokenizers import Tokenizer
+
 logger = logging.getLogger(__name__)
+
+JSON = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None
 
 MARKER_FILE = "tetriserve_tiny.json"
 MARKER_FORMAT = 1
@@ -50,6 +56,14 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+
+
+class BuildSummary(TypedDict):
+    """What a build made: the model's parameter count, its vocabulary and how long the build took."""
+
+    params: int
+    vocab: int
+    build_seconds: float
 
 
 @dataclass(frozen=True)
@@ -152,7 +166,7 @@ def build_tiny_model(
     return out_dir
 
 
-def _marker(spec: TinyModelSpec, corpus: Path) -> dict[str, Any]:
+def _marker(spec: TinyModelSpec, corpus: Path) -> dict[str, JSON]:
     return {
         "format": MARKER_FORMAT,
         "spec": asdict(spec),
@@ -160,7 +174,7 @@ def _marker(spec: TinyModelSpec, corpus: Path) -> dict[str, Any]:
     }
 
 
-def _marker_matches(out_dir: Path, marker: dict[str, Any]) -> bool:
+def _marker_matches(out_dir: Path, marker: dict[str, JSON]) -> bool:
     try:
         found = json.loads((out_dir / MARKER_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -180,7 +194,7 @@ def _swap_into_place(tmp: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _build_into(target: Path, spec: TinyModelSpec, corpus: Path, marker: dict[str, Any]) -> dict[str, Any]:
+def _build_into(target: Path, spec: TinyModelSpec, corpus: Path, marker: dict[str, JSON]) -> BuildSummary:
     """Write every file of the model into ``target``; the marker last. Returns the build summary."""
     start = time.perf_counter()
     logger.info(
@@ -199,7 +213,11 @@ def _build_into(target: Path, spec: TinyModelSpec, corpus: Path, marker: dict[st
     logger.info("[2/3] initialising LlamaForCausalLM (seed=%s)", spec.seed)
     n_params = _save_model(spec, vocab, target)
     logger.info("[3/3] writing marker")
-    summary = {"params": n_params, "vocab": vocab, "build_seconds": round(time.perf_counter() - start, 2)}
+    summary: BuildSummary = {
+        "params": n_params,
+        "vocab": vocab,
+        "build_seconds": round(time.perf_counter() - start, 2),
+    }
     payload = {"build": marker, "summary": summary}
     (target / MARKER_FILE).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return summary
@@ -216,7 +234,7 @@ def _corpus_texts(corpus: Path, n_conversations: int) -> Iterator[str]:
                 yield value
 
 
-def _train_tokenizer(spec: TinyModelSpec, corpus: Path) -> Any:
+def _train_tokenizer(spec: TinyModelSpec, corpus: Path) -> Tokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -237,10 +255,12 @@ def _train_tokenizer(spec: TinyModelSpec, corpus: Path) -> Any:
     return tokenizer
 
 
-def _save_tokenizer(tokenizer: Any, spec: TinyModelSpec, target: Path) -> None:
+def _save_tokenizer(tokenizer: Tokenizer, spec: TinyModelSpec, target: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
-    wrapped = PreTrainedTokenizerFast(
+    # its constructor is unannotated
+    wrap: Callable[..., PreTrainedTokenizerFast] = PreTrainedTokenizerFast
+    wrapped = wrap(
         tokenizer_object=tokenizer,
         bos_token=BOS,
         eos_token=EOS,
@@ -272,11 +292,23 @@ def _save_model(spec: TinyModelSpec, vocab: int, target: Path) -> int:
         tie_word_embeddings=False,
         dtype="float32",
     )
+    # the model's and the generation config's constructors are unannotated
+    new_model: Callable[[LlamaConfig], LlamaForCausalLM] = LlamaForCausalLM
+    new_generation_config: Callable[..., GenerationConfig] = GenerationConfig
     with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG state untouched
         torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(
+        model = new_model(config)
+        _to_float32(model)
+    model.generation_config = new_generation_config(
         bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"]
     )
     model.save_pretrained(str(target))
     return sum(p.numel() for p in model.parameters())
+
+
+def _to_float32(module: torch.nn.Module) -> None:
+    """``module.to(torch.float32)``, in place (a module's ``to`` returns the module itself). Typed as torch's
+    ``Module`` because transformers' ``PreTrainedModel.to`` (``functools.wraps`` over it) hides its signature."""
+    import torch
+
+    module.to(torch.float32)

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 GRANULARITIES = [100, 200, 400]
 
 
-def add_predictor_parser(sub: Any) -> None:
+def add_predictor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pr = sub.add_parser("predictor", help="train, evaluate, export the output-length predictor")
     psub = pr.add_subparsers(dest="predictor_command", required=True)
 
@@ -101,6 +100,6 @@ def run_predictor(args: argparse.Namespace) -> int:
     from tetriserve.length_predictor.labeling import LabelOptions, label_with_cluster
 
     pairs = commands.load_pairs(commands.DataOptions(_tokenizer(args), args.limit), progress)
-    opts = LabelOptions(args.target, args.max_tokens, args.temperature, args.concurrency)
-    print(label_with_cluster(pairs, args.out, opts, progress))
+    label_opts = LabelOptions(args.target, args.max_tokens, args.temperature, args.concurrency)
+    print(label_with_cluster(pairs, args.out, label_opts, progress))
     return 0

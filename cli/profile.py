@@ -19,7 +19,7 @@ import os
 import shlex
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tetriserve.engine.profile_fit import Calibration
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 _FLAGS: tuple[str, ...] = ("model", "out", "report_dir", "max_forward", "repeats", "saturation", "hardware", "dtype")
 
 
-def add_profile_parser(sub: Any) -> None:
+def add_profile_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("profile", help="time the engine, fit the SOLA cost models, find the pivot chunk size")
     p.add_argument("--model", default=None, help="Hugging Face model directory (default: the tiny model)")
     p.add_argument("--out", default=None, help="profile JSON (default: $TETRISERVE_HOME/profiles/<model>--<hw>.json)")

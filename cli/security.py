@@ -10,12 +10,24 @@ certificate) implies `--tls`, which alone verifies the server against the system
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from tetriserve.client.credentials import API_KEY_ENV
 
 if TYPE_CHECKING:
-    from tetriserve.client import TetriServeClient
+    import grpc
+
+    from tetriserve.client import RetryPolicy, TetriServeClient
+
+
+class ClientOptions(TypedDict, total=False):
+    """The ``TetriServeClient`` arguments a command may set besides the target, key and TLS."""
+
+    retry: RetryPolicy | None
+    timeout: float | None
+    credentials: grpc.ChannelCredentials | None
+    channel_options: Sequence[tuple[str, object]]
 
 
 def add_client_flags(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +37,7 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-ca", default=None, metavar="PEM", help="TLS, verifying the server against this CA")
 
 
-def connect(args: argparse.Namespace, **kwargs: Any) -> TetriServeClient:
+def connect(args: argparse.Namespace, **kwargs: Unpack[ClientOptions]) -> TetriServeClient:
     """A ``TetriServeClient`` to ``args.target`` with the command's key and TLS flags."""
     from tetriserve.client import TetriServeClient
 

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.gc_heap import freeze_heap
@@ -260,7 +260,7 @@ def join_hint(namespace: str) -> str:
 
 
 def frontdoor(
-    config: ClusterConfig, namespace: str, model: str | None = None, security_changes: dict[str, Any] | None = None
+    config: ClusterConfig, namespace: str, model: str | None = None, security_changes: dict[str, object] | None = None
 ) -> None:
     """Join a running service's Ray cluster (``config.ray_address``) as one more pair of front doors, bound to
     ``config.host`` / ports; on a signal, drain this front door's requests and leave (the cluster stays). It
@@ -340,7 +340,8 @@ def run_until_signal(
             loop.add_signal_handler(sig, on_signal)
         ready: asyncio.Future[Endpoints] = loop.create_future()
         task = asyncio.create_task(run_front_doors(config, backend, admin, stop, ready, dashboard, hurry))
-        await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
+        started: set[asyncio.Future[Endpoints] | asyncio.Task[None]] = {ready, task}
+        await asyncio.wait(started, return_when=asyncio.FIRST_COMPLETED)
         if not ready.done():
             task.result()  # the front doors failed to start: raise why
         ep = ready.result()

@@ -43,7 +43,8 @@ class Scrape:
 
     def by(self, name: str, label: str, **labels: str) -> dict[str, float]:
         """``name``'s values summed by one label's value."""
-        want, out = set(labels.items()), defaultdict(float)
+        want = set(labels.items())
+        out: defaultdict[str, float] = defaultdict(float)
         for k, v in self.values.get(P + name, {}).items():
             if want <= set(k):
                 out[dict(k).get(label, "")] += v

@@ -23,7 +23,7 @@ import logging
 import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar, Unpack
+from typing import TypeVar, Unpack
 
 import grpc
 import grpc.aio
@@ -33,11 +33,12 @@ from tetriserve.client.errors import from_rpc_error
 from tetriserve.client.options import GenerateOptions, build_generate_request, build_set_policy_request, with_request_id
 from tetriserve.client.results import Chunk, ClusterStatus, Completion, CompletionCollector, HealthStatus, PolicyUpdate
 from tetriserve.client.retry import Deadline, RetryPolicy, retry_delay
+from tetriserve.client.stubs import AsyncGenerateCall, AsyncStub, UnaryCall, async_stub
 from tetriserve.protos import tetriserve_pb2 as pb
-from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
+_Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 
 
@@ -46,7 +47,7 @@ class AsyncResponseStream:
 
     def __init__(
         self,
-        stub_factory: Callable[[], pb_grpc.TetriServeStub],
+        stub_factory: Callable[[], AsyncStub],
         request: pb.GenerateRequest,
         deadline: Deadline,
         policy: RetryPolicy,
@@ -58,7 +59,7 @@ class AsyncResponseStream:
         self._request = request
         self._deadline = deadline
         self._policy = policy
-        self._call: Any = None  # grpc.aio.UnaryStreamCall of the attempt in progress
+        self._call: AsyncGenerateCall | None = None  # the attempt in progress
         self._cancelled = False
         self._chunks = self._run()
 
@@ -139,15 +140,15 @@ class AsyncTetriServeClient:
         self._credentials = channel_credentials(credentials, tls, root_certificates)
         self._channel_options = list(channel_options)
         self._channel: grpc.aio.Channel | None = None
-        self._stub: pb_grpc.TetriServeStub | None = None
+        self._stub: AsyncStub | None = None
 
-    def _get_stub(self) -> pb_grpc.TetriServeStub:
+    def _get_stub(self) -> AsyncStub:
         if self._stub is None:
             if self._credentials is None:
                 self._channel = grpc.aio.insecure_channel(self.target, options=self._channel_options)
             else:
                 self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=self._channel_options)
-            self._stub = pb_grpc.TetriServeStub(self._channel)  # type: ignore[no-untyped-call]
+            self._stub = async_stub(self._channel)
         return self._stub
 
     def generate(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> AsyncResponseStream:
@@ -214,8 +215,8 @@ class AsyncTetriServeClient:
 
     async def _unary(
         self,
-        method: Callable[..., Awaitable[_Resp]],
-        request: object,
+        method: UnaryCall[_Req, Awaitable[_Resp]],
+        request: _Req,
         timeout: float | None,
         request_id: str | None = None,
     ) -> _Resp:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from types import TracebackType
 from typing import TypeVar, Unpack
 
@@ -34,11 +34,12 @@ from tetriserve.client.errors import from_rpc_error
 from tetriserve.client.options import GenerateOptions, build_generate_request, build_set_policy_request, with_request_id
 from tetriserve.client.results import Chunk, ClusterStatus, Completion, CompletionCollector, HealthStatus, PolicyUpdate
 from tetriserve.client.retry import Deadline, RetryPolicy, retry_delay
+from tetriserve.client.stubs import GenerateCall, Stub, UnaryCall, sync_stub
 from tetriserve.protos import tetriserve_pb2 as pb
-from tetriserve.protos import tetriserve_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
+_Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 
 
@@ -47,7 +48,7 @@ class ResponseStream:
 
     def __init__(
         self,
-        stub: pb_grpc.TetriServeStub,
+        stub: Stub,
         request: pb.GenerateRequest,
         deadline: Deadline,
         policy: RetryPolicy,
@@ -59,7 +60,7 @@ class ResponseStream:
         self._request = request
         self._deadline = deadline
         self._policy = policy
-        self._call: grpc.Call | None = None  # the attempt in progress
+        self._call: GenerateCall | None = None  # the attempt in progress
         self._cancelled = False
         self._chunks = self._run()
 
@@ -149,7 +150,7 @@ class TetriServeClient:
             self._channel = grpc.insecure_channel(target, options=options)
         else:
             self._channel = grpc.secure_channel(target, credentials, options=options)
-        self._stub = pb_grpc.TetriServeStub(self._channel)  # type: ignore[no-untyped-call]
+        self._stub = sync_stub(self._channel)
 
     def generate(self, prompt: str | Sequence[int], **options: Unpack[GenerateOptions]) -> ResponseStream:
         """Start generating; returns the stream of chunks (see ``GenerateOptions`` for the options)."""
@@ -222,8 +223,8 @@ class TetriServeClient:
 
     def _unary(
         self,
-        method: Callable[..., _Resp],
-        request: object,
+        method: UnaryCall[_Req, _Resp],
+        request: _Req,
         timeout: float | None,
         request_id: str | None = None,
     ) -> _Resp:
