@@ -24,14 +24,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tetriserve.observability.metrics_series import COUNTER, GAUGE, SPECS, SPECS_BY_NAME, Series, series
+from tetriserve.observability.metrics_series import COUNTER, GAUGE, SPECS, SPECS_BY_NAME, MetricSpec, Series, series
 from tetriserve.observability.metrics_stats import (
     E2E_BUCKETS,
     ITL_BUCKETS,
@@ -39,8 +39,14 @@ from tetriserve.observability.metrics_stats import (
     ClusterStats,
     HistogramStats,
     MetricsSnapshot,
+    WorkerReply,
+    WorkerStatusView,
     worker_stats,
 )
+from tetriserve.observability.request_metrics import GateView, RequestMetrics
+
+if TYPE_CHECKING:
+    from ray.util.metrics import Counter, Gauge, Histogram
 
 logger = logging.getLogger(__name__)
 
@@ -69,22 +75,27 @@ class SnapshotCollector(Collector):
         for s in series(self.snapshot):
             by_name[s.name].append(s)
         for spec in SPECS:
-            name = PROM_PREFIX + spec.name
-            labels = list(spec.labels)
-            family: Any
-            if spec.kind == COUNTER:
-                family = CounterMetricFamily(name, spec.help, labels=labels)
-            elif spec.kind == GAUGE:
-                family = GaugeMetricFamily(name, spec.help, labels=labels)
-            else:
-                family = HistogramMetricFamily(name, spec.help, labels=labels)
-            for s in by_name[spec.name]:
-                values = [v for _, v in s.labels]
-                if isinstance(s.value, HistogramStats):
-                    family.add_metric(values, buckets=s.value.cumulative(), sum_value=s.value.total)
-                else:
-                    family.add_metric(values, float(s.value))
-            yield family
+            yield _family(spec, by_name[spec.name])
+
+
+def _family(spec: MetricSpec, found: Iterable[Series]) -> Metric:
+    """``spec``'s family with the series ``found`` of it: a counter or a gauge takes numbers, a histogram
+    ``HistogramStats`` (anything else is refused with a TypeError)."""
+    name = PROM_PREFIX + spec.name
+    labels = list(spec.labels)
+    if spec.kind in (COUNTER, GAUGE):
+        family = (CounterMetricFamily if spec.kind == COUNTER else GaugeMetricFamily)(name, spec.help, labels=labels)
+        for s in found:
+            if isinstance(s.value, HistogramStats):
+                raise TypeError(f"{spec.name}: a {spec.kind} takes no histogram")
+            family.add_metric([v for _, v in s.labels], float(s.value))
+        return family
+    histogram = HistogramMetricFamily(name, spec.help, labels=labels)
+    for s in found:
+        if not isinstance(s.value, HistogramStats):
+            raise TypeError(f"{spec.name}: a histogram takes no single number")
+        histogram.add_metric([v for _, v in s.labels], buckets=s.value.cumulative(), sum_value=s.value.total)
+    return histogram
 
 
 def registry_of(snapshot: MetricsSnapshot) -> CollectorRegistry:
@@ -99,10 +110,38 @@ def render(snapshot: MetricsSnapshot) -> bytes:
     return generate_latest(registry_of(snapshot))
 
 
+class FrontView(Protocol):
+    """What the exporter reads of a front door (``frontdoor/core.py``'s ``FrontDoor``): its request metrics and
+    admission gate (and, where it has one, its router's ``migrations``, read by name)."""
+
+    @property
+    def metrics(self) -> RequestMetrics: ...
+
+    @property
+    def gate(self) -> GateView | None: ...
+
+
+class ClusterStatusView(Protocol):
+    """What the exporter reads of the admin client's ``status()`` (``frontdoor/backend.py``'s ``ClusterStatus``)."""
+
+    @property
+    def workers(self) -> Sequence[WorkerStatusView]: ...
+
+    @property
+    def requests_in_flight(self) -> int: ...
+
+
+class AdminView(Protocol):
+    """What the exporter needs of the front door's admin client (``frontdoor/backend.py``'s ``AdminClient``);
+    ``worker_stats()`` and ``scheduler_counts()`` are read by name, where the client has them."""
+
+    async def status(self) -> ClusterStatusView: ...
+
+
 class MetricsExporter:
     """Gathers a front door's and its cluster's stats and publishes them (``GET /metrics``, Ray)."""
 
-    def __init__(self, front: Any, admin: Any, cache_s: float = CACHE_S) -> None:
+    def __init__(self, front: FrontView, admin: AdminView, cache_s: float = CACHE_S) -> None:
         """``admin``: the front door's admin client (``frontdoor/backend.py``'s ``AdminClient``)."""
         self.front, self.admin, self.cache_s = front, admin, cache_s
         self._cached: tuple[float, MetricsSnapshot] | None = None
@@ -129,15 +168,18 @@ class MetricsExporter:
         b = self.admin
         raw_fn, counts_fn = getattr(b, "worker_stats", None), getattr(b, "scheduler_counts", None)
 
-        async def nothing() -> dict[str, Any]:
+        async def no_stats() -> dict[str, WorkerReply]:
+            return {}
+
+        async def no_counts() -> dict[str, int]:
             return {}
 
         try:
             status, raw, counts = await asyncio.wait_for(
                 asyncio.gather(
                     b.status(),
-                    raw_fn() if raw_fn is not None else nothing(),
-                    counts_fn() if counts_fn is not None else nothing(),
+                    raw_fn() if raw_fn is not None else no_stats(),
+                    counts_fn() if counts_fn is not None else no_counts(),
                 ),
                 CLUSTER_TIMEOUT_S,
             )
@@ -176,24 +218,39 @@ class RayPublisher:
     """Writes series through ``ray.util.metrics`` (made on first use): counters by increase, gauges set."""
 
     def __init__(self) -> None:
-        self._metrics: dict[str, Any] = {}
+        # by name, each of its spec's kind
+        self._counters: dict[str, Counter] = {}
+        self._gauges: dict[str, Gauge] = {}
+        self._histograms: dict[str, Histogram] = {}
         self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
 
-    def _metric(self, name: str) -> Any:
-        from ray.util.metrics import Counter, Gauge, Histogram
+    def _counter(self, name: str) -> Counter:
+        from ray.util.metrics import Counter
 
-        metric = self._metrics.get(name)
+        metric = self._counters.get(name)
         if metric is None:
             spec = SPECS_BY_NAME[name]
-            keys = spec.labels
-            if spec.kind == COUNTER:
-                metric = Counter(RAY_PREFIX + name, spec.help, tag_keys=keys)
-            elif spec.kind == GAUGE:
-                metric = Gauge(RAY_PREFIX + name, spec.help, tag_keys=keys)
-            else:
-                bounds = list(_BOUNDS[name])
-                metric = Histogram(RAY_PREFIX + name, spec.help, boundaries=bounds, tag_keys=keys)
-            self._metrics[name] = metric
+            metric = self._counters[name] = Counter(RAY_PREFIX + name, spec.help, tag_keys=spec.labels)
+        return metric
+
+    def _gauge(self, name: str) -> Gauge:
+        from ray.util.metrics import Gauge
+
+        metric = self._gauges.get(name)
+        if metric is None:
+            spec = SPECS_BY_NAME[name]
+            metric = self._gauges[name] = Gauge(RAY_PREFIX + name, spec.help, tag_keys=spec.labels)
+        return metric
+
+    def _histogram(self, name: str) -> Histogram:
+        from ray.util.metrics import Histogram
+
+        metric = self._histograms.get(name)
+        if metric is None:
+            spec = SPECS_BY_NAME[name]
+            bounds = list(_BOUNDS[name])
+            metric = self._histograms[name] = Histogram(RAY_PREFIX + name, spec.help, boundaries=bounds,
+                                                        tag_keys=spec.labels)  # fmt: skip
         return metric
 
     def publish(self, snapshot: MetricsSnapshot, observations: Mapping[str, Iterable[tuple[float, int]]]) -> None:
@@ -204,15 +261,15 @@ class RayPublisher:
             tags = dict(s.labels)
             value = float(s.value)
             if spec.kind == GAUGE:
-                self._metric(s.name).set(value, tags=tags)
+                self._gauge(s.name).set(value, tags=tags)
                 continue
             key = (s.name, s.labels)
             last = self._last.get(key, 0.0)
             increase = value - last if value >= last else value  # below the last: the source restarted
             self._last[key] = value
             if increase > 0:
-                self._metric(s.name).inc(increase, tags=tags)
+                self._counter(s.name).inc(increase, tags=tags)
         for name, seen in observations.items():
             for value, n in seen:
                 for _ in range(n):
-                    self._metric(name).observe(value)
+                    self._histogram(name).observe(value)

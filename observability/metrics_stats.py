@@ -17,7 +17,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, Protocol, TypedDict
 
 from tetriserve.common.length_score import LengthScoreStats
 
@@ -147,13 +147,155 @@ class MetricsSnapshot:
     cluster: ClusterStats | None = None  # None: the cluster did not answer
 
 
-def worker_stats(status: Any, raw: Mapping[str, Any] | None) -> WorkerStats:
+class WorkerStatusView(Protocol):
+    """What ``worker_stats`` reads of the backend's ``WorkerStatus`` (``frontdoor/backend.py``)."""
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def lifecycle(self) -> str: ...
+
+    @property
+    def load(self) -> Mapping[str, float]: ...
+
+    @property
+    def flips(self) -> int: ...
+
+    @property
+    def restarts(self) -> int: ...
+
+
+class EngineFigures(Protocol):
+    """What ``worker_stats`` reads of a worker's engine stats (its ``stats()["engine"]``)."""
+
+    @property
+    def running(self) -> float: ...
+
+    @property
+    def waiting(self) -> float: ...
+
+    @property
+    def kv_usage(self) -> float: ...
+
+    @property
+    def preemptions(self) -> float: ...
+
+    @property
+    def generation_tokens(self) -> float: ...
+
+    @property
+    def prompt_tokens_computed(self) -> float: ...
+
+    @property
+    def prompt_tokens_cached(self) -> float: ...
+
+    @property
+    def prompt_tokens_external(self) -> float: ...
+
+    @property
+    def step_seconds(self) -> float: ...
+
+    @property
+    def step_cpu_seconds(self) -> float: ...
+
+    @property
+    def steps(self) -> float: ...
+
+    @property
+    def borrowed_steps(self) -> float: ...
+
+    @property
+    def step_sleeps(self) -> float: ...
+
+    @property
+    def step_preemptions(self) -> float: ...
+
+
+class TransportFigures(Protocol):
+    """What ``worker_stats`` reads of a worker's transport stats (its ``stats()["transport"]``)."""
+
+    @property
+    def bytes_sent(self) -> float: ...
+
+    @property
+    def bytes_received(self) -> float: ...
+
+    @property
+    def transfers_sent(self) -> float: ...
+
+    @property
+    def transfers_received(self) -> float: ...
+
+    @property
+    def transfers_failed(self) -> float: ...
+
+    @property
+    def transfers_pulled(self) -> float: ...
+
+    @property
+    def seconds_sending(self) -> float: ...
+
+
+class WorkerReply(TypedDict, total=False):
+    """What ``worker_stats`` reads of a worker's own ``stats()`` (the rest of it is not read here)."""
+
+    engine: EngineFigures | None
+    transport: TransportFigures | None
+    predictions: Mapping[str, float] | None  # a prefill worker's prediction queue
+    handoffs: Mapping[str, float] | None  # a prefill worker's handoffs
+    length_score: object  # a ``LengthScoreStats`` where the worker scores length predictions
+
+
+class _Base(TypedDict):
+    """``WorkerStats``'s fields that the backend's status gives."""
+
+    worker: str
+    role: str
+    state: str
+    running: int
+    waiting: int
+    flips: int
+    restarts: int
+    queue_wait_s: NotRequired[float]
+    seconds_per_token: NotRequired[float]
+
+
+class _Extra(TypedDict, total=False):
+    """``WorkerStats``'s fields that the worker's own ``stats()`` gives."""
+
+    answered: bool
+    predictions: Mapping[str, int]
+    handoffs: Mapping[str, int]
+    running: int
+    waiting: int
+    kv_usage: float
+    preemptions: int
+    generation_tokens: int
+    prompt_tokens: Mapping[str, int]
+    step_seconds: Mapping[str, float]
+    steps: int
+    borrowed_steps: int
+    step_switches: Mapping[str, int]
+    kv_bytes: Mapping[str, int]
+    kv_transfers: Mapping[str, int]
+    kv_seconds_sending: float
+    length_score: LengthScoreStats
+
+
+def worker_stats(status: WorkerStatusView, raw: WorkerReply | None) -> WorkerStats:
     """A ``WorkerStats`` from the backend's ``WorkerStatus`` and the worker's own ``stats()`` (None: no answer).
 
     Running and waiting come from the worker's load report (a prefill worker's queue sits before its engine),
     the rest from its engine, transport and length-score counters."""
     load = status.load or {}
-    base = {
+    base: _Base = {
         "worker": status.worker_id,
         "role": status.role,
         "state": status.lifecycle or status.state,
@@ -168,7 +310,7 @@ def worker_stats(status: Any, raw: Mapping[str, Any] | None) -> WorkerStats:
     if raw is None:
         return WorkerStats(**base)
     eng, tx, pred = raw.get("engine"), raw.get("transport"), raw.get("predictions")
-    extra: dict[str, Any] = {"answered": True}
+    extra: _Extra = {"answered": True}
     if pred:  # a prefill worker's prediction queue
         extra["predictions"] = {k: int(pred.get(k, 0)) for k in _PREDICTIONS}
     if handoffs := raw.get("handoffs"):  # a prefill worker's handoffs, pipelined, whole or offloaded
@@ -200,7 +342,8 @@ def worker_stats(status: Any, raw: Mapping[str, Any] | None) -> WorkerStats:
     score = raw.get("length_score")
     if isinstance(score, LengthScoreStats):
         extra["length_score"] = score
-    return WorkerStats(**base, **extra)
+    # an engine's running and waiting with an empty load report name those fields twice: a TypeError here
+    return WorkerStats(**base, **extra)  # type: ignore[misc]
 
 
 _PREDICTIONS = ("on_time", "late", "refined")

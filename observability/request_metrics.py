@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Any
+from typing import Protocol
 
 from tetriserve.observability.metrics_stats import (
     E2E_BUCKETS,
@@ -26,6 +26,19 @@ from tetriserve.observability.metrics_stats import (
     FrontDoorStats,
     Histogram,
 )
+
+
+class GateView(Protocol):
+    """What ``snapshot`` reads of the front door's ``AdmissionGate``."""
+
+    @property
+    def refused(self) -> int: ...
+
+    @property
+    def inflight(self) -> int: ...
+
+    @property
+    def queued(self) -> int: ...
 
 
 class RequestMetrics:
@@ -81,7 +94,7 @@ class RequestMetrics:
         with self._lock:
             self._refusals[reason] += 1
 
-    def snapshot(self, gate: Any = None) -> FrontDoorStats:
+    def snapshot(self, gate: GateView | None = None) -> FrontDoorStats:
         """The stats so far; ``gate`` (the ``AdmissionGate``) adds its refusals and its running / queued counts."""
         with self._lock:
             refusals = dict(self._refusals)

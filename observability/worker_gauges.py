@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tetriserve.common.lifecycle import Lifecycle, LifecycleView
 from tetriserve.common.load import Role
+
+if TYPE_CHECKING:
+    from ray.util.metrics import Gauge
 
 PREFIX = "tetriserve_worker_"
 DESCRIPTIONS = {
@@ -76,7 +79,7 @@ class RayGauges:
     """Writes ``GaugeValue``s through ``ray.util.metrics`` (gauges made on first use)."""
 
     def __init__(self) -> None:
-        self._gauges: dict[str, Any] = {}
+        self._gauges: dict[str, Gauge] = {}
 
     def publish(self, values: Iterable[GaugeValue]) -> None:
         from ray.util.metrics import Gauge

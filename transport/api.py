@@ -30,11 +30,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 Buffer = bytes | bytearray | memoryview
 # what ``recv`` returns: writable, one-dimensional unsigned bytes; a memoryview where the backend hands over
-# memory it mapped rather than copied (shm), so a consumer may read it in place (torch.frombuffer) or write it
+# memory it mapped rather than copied (shm), so a consumer may read it in place (torch.frombuffer) or write it;
+# what ``hold`` and ``publish`` park is of this kind too, since ``recv`` hands it back as it was parked
 Received = bytearray | memoryview
 
 logger = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class Transport(Protocol):
         """How many bytes ``recv(key)`` would return, without taking them; None unless all are here."""
         ...
 
-    def hold(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
+    def hold(self, key: str, buffers: Sequence[Received], expires: bool = True) -> None:
         """Deposit ``buffers`` under ``key`` in this endpoint's own landing area, as if they had arrived.
 
         Lets a producer park data before it knows where it goes, then ``recv`` + ``send`` it later.
@@ -157,12 +158,12 @@ class Transport(Protocol):
         """
         ...
 
-    def reserve(self, sizes: list[int]) -> list[Any]:
+    def reserve(self, sizes: list[int]) -> list[Received]:
         """Writable buffers of ``sizes`` bytes to fill and then ``publish``: where the backend has a pull, in the
         memory a peer reads (one ``shm`` slab), so publishing them copies nothing."""
         ...
 
-    def publish(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
+    def publish(self, key: str, buffers: Sequence[Received], expires: bool = True) -> None:
         """``hold``, and where the backend offers a one-sided pull (``shm`` within a host: ``shm_pull.py``) in
         memory a peer reads in place: a peer for which ``lends_to`` holds ``pull``s it without a ``send``."""
         ...

@@ -17,15 +17,14 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
-from tetriserve.transport.api import Buffer, TransferHandle, TransferState, TransportStats
+from tetriserve.transport.api import Buffer, Received, TransferHandle, TransferState, Transport, TransportStats
 
 
 class EmulatedLink:
-    def __init__(self, inner: Any, gbps: float, latency_us: float = 0.0) -> None:
+    def __init__(self, inner: Transport, gbps: float, latency_us: float = 0.0) -> None:
         if gbps <= 0:
             raise ValueError(f"transport.emulate.gbps must be > 0, got {gbps}")
         self.inner = inner
@@ -33,7 +32,8 @@ class EmulatedLink:
         self.latency_s = latency_us / 1e6
         self._lock = threading.Condition()
         self._link_free_at = 0.0
-        self._due: list[tuple[float, int, Any, TransferHandle]] = []  # (when, seq, action, its send) heap
+        # (when, seq, action, its send) heap
+        self._due: list[tuple[float, int, Callable[[], object], TransferHandle]] = []
         self._seq = itertools.count()
         self._closed = False
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-link")
@@ -68,7 +68,7 @@ class EmulatedLink:
         real.wait(max(deadline - time.monotonic(), 0.001) + 1.0)
         handle.complete(None if real.state is TransferState.DONE else real.error or "send failed")
 
-    def _at(self, when: float, handle: TransferHandle, fn: Any) -> None:
+    def _at(self, when: float, handle: TransferHandle, fn: Callable[[], object]) -> None:
         with self._lock:
             heapq.heappush(self._due, (when, next(self._seq), fn, handle))
             self._lock.notify()
@@ -84,22 +84,22 @@ class EmulatedLink:
             fn()
 
     # -- the rest is the real backend's ------------------------------------------------------
-    def recv(self, key: str) -> Any:
+    def recv(self, key: str) -> list[Received] | None:
         return self.inner.recv(key)
 
     def landed(self, key: str) -> bool:
         return bool(self.inner.landed(key))
 
     def landed_bytes(self, key: str) -> int | None:
-        return self.inner.landed_bytes(key)  # type: ignore[no-any-return]
+        return self.inner.landed_bytes(key)
 
-    def hold(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
+    def hold(self, key: str, buffers: Sequence[Received], expires: bool = True) -> None:
         self.inner.hold(key, buffers, expires)
 
-    def reserve(self, sizes: list[int]) -> list[Any]:
+    def reserve(self, sizes: list[int]) -> list[Received]:
         return [memoryview(bytearray(n)) for n in sizes]  # held, then pushed over the emulated link
 
-    def publish(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
+    def publish(self, key: str, buffers: Sequence[Received], expires: bool = True) -> None:
         self.inner.hold(key, buffers, expires)  # pushed over the emulated link: nobody pulls it
 
     def lends_to(self, dst: str) -> bool:
@@ -118,10 +118,10 @@ class EmulatedLink:
         self.inner.fail(key, reason)
 
     def failed(self, key: str) -> str | None:
-        return self.inner.failed(key)  # type: ignore[no-any-return]
+        return self.inner.failed(key)
 
     def stats(self) -> TransportStats:
-        return self.inner.stats()  # type: ignore[no-any-return]
+        return self.inner.stats()
 
     def close(self) -> None:
         with self._lock:

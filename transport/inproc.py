@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from tetriserve.transport.api import Buffer, TransferHandle
+from tetriserve.transport.api import Buffer, Received, TransferHandle
 from tetriserve.transport.store import StoreBackedEndpoint
 
 _REGISTRY: dict[str, InProcTransport] = {}
@@ -30,7 +30,7 @@ class InProcTransport(StoreBackedEndpoint):
         return self._address
 
     def send(self, dst: str, key: str, buffers: Sequence[Buffer], deadline_s: float) -> TransferHandle:
-        payload = [bytearray(b) for b in buffers]
+        payload: list[Received] = [bytearray(b) for b in buffers]
         handle = TransferHandle(key, sum(len(b) for b in payload))
         with _REGISTRY_LOCK:
             peer = _REGISTRY.get(dst)

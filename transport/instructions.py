@@ -13,7 +13,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 KV_PARAMS_KEY = "kv_transfer_params"  # vLLM's extra_args key
 PARAMS_KEY = "tetriserve"  # ours, inside vLLM's kv_transfer_params
@@ -32,11 +31,11 @@ class KVInstruction:
     num_tokens: int = 0  # RECV: how many tokens' KV arrives (PARK: the prompt's, known to the engine)
     version: int = INSTRUCTION_VERSION
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> dict[str, object]:
         """vLLM's ``kv_transfer_params`` carrying this instruction."""
         return {PARAMS_KEY: self}
 
 
-def instruction_of(kv_transfer_params: Mapping[str, Any] | None) -> KVInstruction | None:
+def instruction_of(kv_transfer_params: Mapping[str, object] | None) -> KVInstruction | None:
     value = (kv_transfer_params or {}).get(PARAMS_KEY)
     return value if isinstance(value, KVInstruction) else None

@@ -24,11 +24,25 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict, TypeVar
 
 import torch
 
-from tetriserve.transport.api import Received
+from tetriserve.transport.api import Buffer, Received
+
+B = TypeVar("B", bound=Buffer)
+
+
+class KVHeader(TypedDict):
+    """A packed part's first buffer, as JSON: what its layer buffers hold."""
+
+    num_tokens: int
+    block_size: int
+    layers: list[str]
+    shape: list[int]
+    dtype: str
+    dim: int
+
 
 _DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.uint8)}
 
@@ -47,7 +61,7 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 @dataclass(frozen=True)
 class PackedKV:
-    buffers: list[Any]  # memoryviews, or what the ``reserve`` given to ``pack`` returned, as it returned it
+    buffers: list[Received]  # memoryviews, or what the ``reserve`` given to ``pack`` returned, as it returned it
     nbytes: int
     num_blocks: int
     pinned: bool = False  # the layer buffers are page-locked host memory (packed from a GPU cache)
@@ -60,7 +74,7 @@ def pack(
     num_tokens: int,
     block_size: int,
     pinned: bool | None = None,
-    reserve: Callable[[list[int]], Sequence[Any]] | None = None,
+    reserve: Callable[[list[int]], Sequence[Received]] | None = None,
 ) -> PackedKV:
     """Copy the first ``num_tokens`` tokens' blocks of every layer to host memory: page-locked from a CUDA cache
     unless ``pinned`` is False (the benchmark's pageable comparison). From a CPU cache with ``reserve`` (an endpoint's:
@@ -74,7 +88,7 @@ def pack(
     first = layers[names[0]]
     shape = list(first.shape)
     shape[dim] = n
-    header = {
+    header: KVHeader = {
         "num_tokens": num_tokens,
         "block_size": block_size,
         "layers": names,
@@ -93,7 +107,7 @@ def pack(
         if first.device.type != "cpu":
             host = torch.empty(part.shape, dtype=part.dtype, pin_memory=pin)
             part = host.copy_(part, non_blocking=pin)  # pinned: queued; waited for once, below
-        bufs.append(memoryview(part.view(torch.uint8).numpy()).cast("B"))
+        bufs.append(part.view(torch.uint8).numpy().data.cast("B"))
     if pin:
         torch.cuda.current_stream(first.device).synchronize()
     return PackedKV([memoryview(head), *bufs], sum(b.nbytes for b in bufs), n, pin)
@@ -105,7 +119,7 @@ def _pack_into(
     idx: torch.Tensor,
     shape: list[int],
     head: bytes,
-    reserve: Callable[[list[int]], Sequence[Any]],
+    reserve: Callable[[list[int]], Sequence[Received]],
 ) -> PackedKV:
     head += b" " * (-len(head) % 64)
     sizes = [math.prod(shape) * t.element_size() for t in layers.values()]
@@ -118,12 +132,12 @@ def _pack_into(
     return PackedKV(buffers if isinstance(buffers, list) else list(buffers), sum(sizes), shape[dim])
 
 
-def split_parts(buffers: Sequence[Received]) -> list[tuple[dict, Sequence[Received]]]:
+def split_parts(buffers: Sequence[B]) -> list[tuple[KVHeader, Sequence[B]]]:
     """The packed parts ``buffers`` holds one after another (``transport/parts.py``): (header, layer buffers)."""
-    out = []
+    out: list[tuple[KVHeader, Sequence[B]]] = []
     at = 0
     while at < len(buffers):
-        header = json.loads(bytes(buffers[at]))
+        header: KVHeader = json.loads(bytes(buffers[at]))
         n = len(header["layers"])
         layer_bufs = buffers[at + 1 : at + 1 + n]
         if len(layer_bufs) != n:
@@ -164,7 +178,7 @@ def unpack_into(
     return tokens
 
 
-def _check(layers: Mapping[str, torch.Tensor], dim: int, header: dict) -> None:
+def _check(layers: Mapping[str, torch.Tensor], dim: int, header: KVHeader) -> None:
     names: list[str] = header["layers"]
     if set(names) != set(layers):
         raise ValueError("unpack: sender and receiver have different attention layers (different models?)")
@@ -182,7 +196,7 @@ def _copy_in(
     layers: Mapping[str, torch.Tensor],
     dim: int,
     block_ids: Sequence[int],
-    header: dict,
+    header: KVHeader,
     layer_bufs: Sequence[Received],
 ) -> None:
     names: list[str] = header["layers"]

@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -243,7 +243,7 @@ class TetriKVConnector(KVConnectorBase_V1):
             del self._producers[req_id]
         return SaveSpec(req_id, key, tuple(prod.block_ids[start:end]), tokens)
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, object] | None]:
         self._producers.pop(request.request_id, None)
         self._landed.discard(request.request_id)
         swapped = self._swapped.pop(request.request_id, None)
@@ -288,7 +288,7 @@ class TetriKVConnector(KVConnectorBase_V1):
             self._transport.hold(spec.key, packed.buffers, expires=False)  # request_finished discards it
             _bump(swaps_out=1, bytes_swapped_out=packed.nbytes)
 
-    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: object) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, TetriKVMetadata)
         assert self._loads is not None
@@ -298,7 +298,7 @@ class TetriKVConnector(KVConnectorBase_V1):
         return
 
     def save_kv_layer(
-        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: object
     ) -> None:
         return
 

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+import torch
 
 from tetriserve.observability import tracing
 from tetriserve.transport import kv_codec
+from tetriserve.transport.api import Transport
 from tetriserve.transport.kv_counters import bump, set_pending_loads
 from tetriserve.transport.kv_packer import KVPacker, SaveSpec, Unpacked
 
@@ -34,7 +37,9 @@ class LoadSpec(SaveSpec):
 
 
 class KVLoads:
-    def __init__(self, transport: Any, packer: KVPacker, layers: Any, dim: int, deadline_s: float) -> None:
+    def __init__(
+        self, transport: Transport, packer: KVPacker, layers: Mapping[str, torch.Tensor], dim: int, deadline_s: float
+    ) -> None:
         self._transport, self._packer = transport, packer
         self._layers, self._dim, self._deadline_s = layers, dim, deadline_s
         self._loading: dict[str, tuple[LoadSpec, float]] = {}  # waiting for their KV: (spec, deadline)
@@ -121,7 +126,7 @@ class KVLoads:
         set_pending_loads(len(self._loading) + self._packer.unpacking())
 
 
-def _trace_load(spec: LoadSpec, done: Unpacked, transport: Any) -> None:
+def _trace_load(spec: LoadSpec, done: Unpacked, transport: Transport) -> None:
     """The ``tetriserve.kv.load`` span of a load (engine thread): from the step that asked for it until its
     blocks are in, under the decode worker's span of its request (``tracing.link_key``)."""
     parent = tracing.key_parent(spec.key)
@@ -129,7 +134,7 @@ def _trace_load(spec: LoadSpec, done: Unpacked, transport: Any) -> None:
         return
     from tetriserve.transport.registry import backend_of
 
-    attributes = {
+    attributes: dict[str, str | int | bool] = {
         "tetriserve.kv.key": spec.key,
         "tetriserve.kv.bytes": done.nbytes,
         "tetriserve.kv.tokens": done.tokens,

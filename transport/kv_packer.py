@@ -39,13 +39,17 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from tetriserve.transport import kv_codec
+from tetriserve.transport.api import Received, Transport
 
 logger = logging.getLogger(__name__)
+
+# torch.cuda's Stream and Event constructors carry no annotations; these say what they take and make
+_new_stream: Callable[[torch.device], torch.cuda.Stream] = torch.cuda.Stream
+_new_event: Callable[[], torch.cuda.Event] = torch.cuda.Event
 
 
 @dataclass(frozen=True)
@@ -70,13 +74,13 @@ class Unpacked:
 @dataclass(frozen=True)
 class _Pack:
     spec: SaveSpec
-    ready: Any  # a CUDA event the copy waits for (None on CPU)
+    ready: torch.cuda.Event | None  # a CUDA event the copy waits for (None on CPU)
 
 
 @dataclass(frozen=True)
 class _Unpack:
     spec: SaveSpec
-    buffers: Sequence[Any]
+    buffers: Sequence[Received]
     since: float
 
 
@@ -86,7 +90,7 @@ class KVPacker:
         layers: Mapping[str, torch.Tensor],
         dim: int,
         block_size: int,
-        transport: Any,
+        transport: Transport,
         on_packed: Callable[[str, int], None] = lambda key, nbytes: None,
     ) -> None:
         """``layers``/``dim``: the engine's KV caches and their block dimension; ``on_packed(key, nbytes)``:
@@ -102,7 +106,7 @@ class KVPacker:
         self._unpacking: set[str] = set()  # requests whose load is queued or running
         self._unpacked: list[Unpacked] = []  # loads done since the last ``unpacked()``
         cuda = next(iter(layers.values())).device.type == "cuda" if layers else False
-        self._stream = torch.cuda.Stream(next(iter(layers.values())).device) if cuda else None
+        self._stream = _new_stream(next(iter(layers.values())).device) if cuda else None
         self._thread = threading.Thread(target=self._run, name="kv-packer", daemon=True)
         self._thread.start()
 
@@ -110,13 +114,13 @@ class KVPacker:
         """Engine thread, inside the step that computed ``spec``'s KV: queue its pack."""
         ready = None
         if self._stream is not None:
-            ready = torch.cuda.Event()
+            ready = _new_event()
             ready.record()  # on the engine's current stream, after this step's forward pass
         with self._lock:
             self._pending[spec.req_id] += 1
         self._queue.put(_Pack(spec, ready))
 
-    def submit_load(self, spec: SaveSpec, buffers: Sequence[Any], since: float) -> None:
+    def submit_load(self, spec: SaveSpec, buffers: Sequence[Received], since: float) -> None:
         """Engine thread: copy ``buffers`` (landed KV) into ``spec``'s blocks on the packer thread. The blocks
         must stay untouched by the steps until ``unpacked()`` has named the load."""
         with self._lock:
@@ -175,12 +179,13 @@ class KVPacker:
                     self._pending[spec.req_id] -= 1
                     self._idle.notify_all()
 
-    def _pack(self, spec: SaveSpec, ready: Any) -> int:
+    def _pack(self, spec: SaveSpec, ready: torch.cuda.Event | None) -> int:
         if self._stream is None:  # straight into memory the endpoint publishes without a copy (an shm slab)
             reserve = self._transport.reserve
             packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size,
                                    reserve=reserve)  # fmt: skip
         else:
+            assert ready is not None  # recorded by ``submit`` whenever there is a stream
             with torch.cuda.stream(self._stream):
                 self._stream.wait_event(ready)
                 packed = kv_codec.pack(self._layers, self._dim, spec.block_ids, spec.num_tokens, self._block_size)

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from tetriserve.transport import kv_codec
-from tetriserve.transport.api import Buffer, TransferHandle
+from tetriserve.transport.api import Buffer, Received, TransferHandle
 from tetriserve.transport.tcp import TcpTransport
 
 _MARK = b"TSMOCK"
@@ -32,7 +31,7 @@ class MockTransport(TcpTransport):
         frame = _MARK + json.dumps(sizes).encode()
         return super().send(dst, key, [frame, *(buffers[i] for i in sorted(headers))], deadline_s)
 
-    def recv(self, key: str) -> list[Any] | None:
+    def recv(self, key: str) -> list[Received] | None:
         got = super().recv(key)
         if not got or bytes(got[0][: len(_MARK)]) != _MARK:
             return got  # held locally, or not a mock frame
@@ -48,7 +47,8 @@ def _header_positions(buffers: Sequence[Buffer]) -> set[int]:
         pieces = kv_codec.split_parts(buffers)
     except (ValueError, KeyError, TypeError):
         return {0}
-    out, at = set(), 0
+    out: set[int] = set()
+    at = 0
     for _, layer_bufs in pieces:
         out.add(at)
         at += 1 + len(layer_bufs)

@@ -36,10 +36,11 @@ import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol, TypedDict
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import TCPStore  # what torch.distributed re-exports, not marked public there
 
 from tetriserve.transport.api import Buffer, TransferHandle, advertised_host
 from tetriserve.transport.store import StoreBackedEndpoint
@@ -62,16 +63,38 @@ def _tensor(view: memoryview) -> torch.Tensor:
         return torch.frombuffer(view, dtype=torch.uint8)
 
 
-def _send_frame(sock: socket.socket, obj: dict[str, Any]) -> None:
+class _Frame(TypedDict, total=False):
+    """A control message, as JSON: the sender's hello (where its store listens) or a transfer's header."""
+
+    store: list[str | int]  # hello: [host, port]
+    key: str  # transfer: the key, the bytes of each buffer
+    sizes: list[int]
+    deadline_s: float  # both: what is left of the deadline
+
+
+class _Work(Protocol):
+    def wait(self) -> object: ...
+
+
+class _Group(Protocol):
+    """The point-to-point calls of a ``ProcessGroupGloo``/``ProcessGroupNCCL``."""
+
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int, /) -> _Work: ...
+
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int, /) -> _Work: ...
+
+
+def _send_frame(sock: socket.socket, obj: _Frame) -> None:
     raw = json.dumps(obj).encode()
     sock.sendall(_LEN.pack(len(raw)) + raw)
 
 
-def _recv_frame(sock: socket.socket) -> dict[str, Any]:
+def _recv_frame(sock: socket.socket) -> _Frame:
     (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
     if n > _MAX_HEADER:
         raise ValueError(f"frame header of {n} bytes")
-    return dict(json.loads(_recv_exact(sock, n)))
+    frame: _Frame = json.loads(_recv_exact(sock, n))
+    return frame
 
 
 @dataclass(eq=False)
@@ -79,8 +102,8 @@ class _Pair:
     """One end of a two-rank group with its control socket; ``broken`` once torn down (never reused)."""
 
     sock: socket.socket
-    group: Any
-    store: Any
+    group: _Group
+    store: TCPStore
     lock: threading.Lock = field(default_factory=threading.Lock)
     broken: bool = False
 
@@ -132,15 +155,18 @@ class NcclTransport(StoreBackedEndpoint):
     def address(self) -> str:
         return self._address
 
-    def _group(self, store: Any, rank: int) -> Any:
+    def _group(self, store: TCPStore, rank: int) -> _Group:
+        group: object
         if self.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = self._group_timeout
-            return dist.ProcessGroupNCCL(store, rank, 2, options)
-        options = dist.ProcessGroupGloo._Options()
-        options._timeout = self._group_timeout
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname=self._host)]
-        return dist.ProcessGroupGloo(store, rank, 2, options)
+            group = dist.ProcessGroupNCCL(store, rank, 2, options)
+        else:
+            gloo = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # torch's stub names it Options
+            gloo._timeout = self._group_timeout
+            gloo._devices = [dist.ProcessGroupGloo.create_device(hostname=self._host)]
+            group = dist.ProcessGroupGloo(store, rank, 2, gloo)
+        return group  # type: ignore[return-value]  # both have send and recv; torch's stubs give them neither
 
     # -- sending ---------------------------------------------------------------
     def send(self, dst: str, key: str, buffers: Sequence[Buffer], deadline_s: float) -> TransferHandle:
@@ -219,7 +245,7 @@ class NcclTransport(StoreBackedEndpoint):
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             timeout = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001))
-            store = dist.TCPStore(self._host, 0, 2, True, timeout, wait_for_workers=False)
+            store = TCPStore(self._host, 0, 2, True, timeout, wait_for_workers=False)
             _send_frame(sock, {"store": [self._host, store.port], "deadline_s": timeout.total_seconds()})
             group = self._group(store, 0)
         except BaseException:
@@ -255,7 +281,7 @@ class NcclTransport(StoreBackedEndpoint):
             with self._watchdog.watch(deadline, lambda: conn.shutdown(socket.SHUT_RDWR)):
                 host, port = hello["store"]
                 timeout = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001))
-                store = dist.TCPStore(str(host), int(port), 2, False, timeout)
+                store = TCPStore(str(host), int(port), 2, False, timeout)
                 pair = _Pair(conn, self._group(store, 1), store)
             with self._stats_lock:
                 self._served.add(pair)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from tetriserve.transport.api import Transport
 from tetriserve.transport.auto import AutoTransport, ucx_port
@@ -12,27 +11,32 @@ from tetriserve.transport.mock import MockTransport
 from tetriserve.transport.shm import ShmTransport
 from tetriserve.transport.tcp import TcpTransport
 
+# A backend's factory: the listen address, then the cluster config's options as given (each constructor checks
+# its own keywords and refuses one it does not know)
+Factory = Callable[..., Transport]
 
-def _ucx(listen: str, **options: Any) -> Transport:
+
+def _ucx(listen: str, **options: object) -> Transport:
     from tetriserve.transport.ucx import UcxTransport  # imports ucxx (and sets its UCX_* defaults) on first use
 
-    return UcxTransport(listen, **options)
+    factory: Factory = UcxTransport
+    return factory(listen, **options)
 
 
-def _auto(listen: str, across_hosts: bool = False, **options: Any) -> Transport:
+def _auto(listen: str, across_hosts: bool = False, **options: object) -> Transport:
     """The default: an shm endpoint, with a UCX listener beside it where the cluster spans hosts."""
-    if not across_hosts:
-        return ShmTransport(listen, **options)
-    return AutoTransport(listen, **options)
+    factory: Factory = AutoTransport if across_hosts else ShmTransport
+    return factory(listen, **options)
 
 
-def _nccl(listen: str, **options: Any) -> Transport:
+def _nccl(listen: str, **options: object) -> Transport:
     from tetriserve.transport.nccl import NcclTransport  # imports torch.distributed on first use
 
-    return NcclTransport(listen, **options)
+    factory: Factory = NcclTransport
+    return factory(listen, **options)
 
 
-BACKENDS: dict[str, Callable[..., Transport]] = {
+BACKENDS: dict[str, Factory] = {
     "tcp": lambda listen, **options: TcpTransport(listen, **options),
     "shm": lambda listen, **options: ShmTransport(listen, **options),
     "auto": _auto,
@@ -51,7 +55,7 @@ def backend_of(address: str) -> str:
     return f"{scheme}+ucx" if ucx_port(rest) is not None else scheme
 
 
-def make_transport(name: str, listen: str, **options: Any) -> Transport:
+def make_transport(name: str, listen: str, **options: object) -> Transport:
     try:
         factory = BACKENDS[name]
     except KeyError:

@@ -45,12 +45,11 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from tetriserve.transport.api import TransferHandle
-from tetriserve.transport.shm_pull import ShmPublisher, map_slab, recv_frame, send_frame
+from tetriserve.transport.shm_pull import Header, Landed, ShmPublisher, map_slab, recv_frame, send_frame
 from tetriserve.transport.shm_pull_reader import ShmReader
 from tetriserve.transport.tcp import TcpTransport, _recv_exact, parse_address, split_views
 
@@ -179,8 +178,8 @@ class ShmTransport(ShmPublisher, ShmReader, TcpTransport):
             for v in views:
                 slab.map[offset : offset + v.nbytes] = v
                 offset += v.nbytes
-            header = {"key": key, "sizes": [v.nbytes for v in views], "slab": slab.id, "size": slab.size,
-                      "pooled": slab.pooled}  # fmt: skip
+            header: Header = {"key": key, "sizes": [v.nbytes for v in views], "slab": slab.id, "size": slab.size,
+                              "pooled": slab.pooled}  # fmt: skip
             conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
             # the receiver maps a slab once per connection (a one-off slab, every time: its id is new)
             send_frame(conn.sock, header, None if slab.id in conn.mapped else slab.fd)
@@ -322,8 +321,13 @@ class ShmTransport(ShmPublisher, ShmReader, TcpTransport):
                 return
 
     def _land_views(
-        self, key: str, mapping: mmap.mmap, sizes: list[int], release: Callable[..., None] | None, args: tuple[Any, ...]
-    ) -> tuple[bool, weakref.finalize | None]:
+        self,
+        key: str,
+        mapping: mmap.mmap,
+        sizes: list[int],
+        release: Callable[..., None] | None,
+        args: tuple[object, ...],
+    ) -> Landed:
         """Store views of ``mapping`` (``sizes`` bytes each, one after another) under ``key``, pushed or pulled:
         whether the store took them, and the finalizer that calls ``release(*args)`` once the last is dropped."""
         base = np.frombuffer(mapping, dtype=np.uint8, count=sum(sizes))

@@ -46,22 +46,20 @@ import struct
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from tetriserve.transport import parts
-from tetriserve.transport.api import Buffer, TransferHandle
-from tetriserve.transport.tcp import _recv_exact, split_views
+from tetriserve.transport.api import Received, TransferHandle
+from tetriserve.transport.tcp import TcpTransport, _recv_exact, split_views
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from tetriserve.transport.shm import ShmTransport, _Slab
-
-    _Base = ShmTransport
-else:
-    _Base = object
+    from tetriserve.transport.shm import _Slab
 
 logger = logging.getLogger(__name__)
 
@@ -70,15 +68,44 @@ RELEASE = struct.Struct("!I")  # reader -> publisher: a slab id it no longer map
 _WAIT_S = 0.05  # the publisher's longest wait for the store to change before it looks again
 
 
-class Published(list):  # type: ignore[type-arg]
+class Published(list[Received]):
     """The views of one published key as its store entry holds them, with the slab they live in."""
 
     slab: _Slab
 
 
-class ShmPublisher(_Base):
+class Header(TypedDict, total=False):
+    """A message over an shm endpoint's UNIX socket, as JSON: a push, a pull asked for, a part handed over, or
+    the publisher's refusal; each kind carries some of these."""
+
+    key: str  # push, part: the key (a part's) its views land under
+    sizes: list[int]  # push, part: the bytes of each view, one after another in the slab
+    slab: int  # push, part: the slab's id, and its size
+    size: int
+    pooled: bool  # push, part: a pooled slab (mapped once per connection), else a one-off
+    last: bool  # part: the key's last
+    instance: str  # pull, part: the publisher's instance (what the reader has mapped of it)
+    pull: str  # pull: the key asked for, within deadline_s, with the publisher's slabs the reader has mapped
+    deadline_s: float
+    mapped: list[int]
+    error: str  # the publisher's refusal of a pull
+
+
+# what landing views of a slab gives: whether the store took them, and the finalizer that releases the slab
+Landed = tuple[bool, "weakref.finalize[..., npt.NDArray[np.uint8]] | None"]
+
+
+class ShmPublisher(TcpTransport):
     """Mixed into ``ShmTransport``: ``reserve``, ``publish``, ``lending``, ``lends_to``, and the publisher's side
-    of a pull (``_serve_pull``); the reader's side is ``shm_pull_reader.py``."""
+    of a pull (``_serve_pull``); the reader's side is ``shm_pull_reader.py``. Built on ``TcpTransport`` as
+    ``ShmTransport`` is, so ``ShmTransport``'s order of classes is itself, this, ``ShmReader``, ``TcpTransport``."""
+
+    # ``ShmTransport``'s own, which this side uses
+    _host_id: str
+    _slab_lock: threading.Lock
+    _slabs: dict[int, _Slab]
+    _take_slab: Callable[[int], _Slab]
+    _give_back: Callable[[_Slab], None]
 
     def _init_publisher(self, enabled: bool) -> None:
         self._pull_enabled = enabled
@@ -87,7 +114,7 @@ class ShmPublisher(_Base):
         self._lendings: dict[str, tuple[TransferHandle, float]] = {}  # key -> (its ``lending`` handle, deadline)
 
     # -- publisher ---------------------------------------------------------------------------
-    def publish(self, key: str, buffers: Sequence[Buffer], expires: bool = True) -> None:
+    def publish(self, key: str, buffers: Sequence[Received], expires: bool = True) -> None:
         """Park ``buffers`` under ``key`` as ``hold`` does, in a slab a reader on this host can map (``pull``)."""
         if isinstance(buffers, Published):  # filled in place (``reserve``): nothing to copy
             self._store.put(key, buffers, landed=False, expires=expires)
@@ -98,7 +125,7 @@ class ShmPublisher(_Base):
             return
         self._store.put(key, self._into_slab(views), landed=False, expires=expires)
 
-    def reserve(self, sizes: list[int]) -> list[Any]:
+    def reserve(self, sizes: list[int]) -> list[Received]:
         """Writable buffers of ``sizes`` bytes in one slab, to fill and ``publish`` without a copy (``pack``
         gathers a prompt's KV blocks straight into them)."""
         if not self._pull_enabled or sum(sizes) == 0:
@@ -151,7 +178,7 @@ class ShmPublisher(_Base):
 
         return self._pull_enabled and dst.startswith("shm://") and split_address(dst)[0] == self._host_id
 
-    def _serve_pull(self, conn: socket.socket, header: dict[str, Any]) -> bool:
+    def _serve_pull(self, conn: socket.socket, header: Header) -> bool:
         """A reader's pull of ``header["pull"]``: each part, as it is published, goes as where it lies; then the
         slabs lent are freed as the reader releases them (abandoned if it goes away first). True: the
         connection serves the reader's next pull."""
@@ -176,9 +203,9 @@ class ShmPublisher(_Base):
                     self._store.wait_newer(version, min(_WAIT_S, max(deadline - time.monotonic(), 0.0)))
                     continue
                 part, held, last = found
-                started, slab, nbytes = time.monotonic(), held.slab, sum(v.nbytes for v in held)
-                where = {"key": part, "sizes": [v.nbytes for v in held], "slab": slab.id, "size": slab.size,
-                         "pooled": slab.pooled, "last": last, "instance": self._instance}  # fmt: skip
+                started, slab, nbytes = time.monotonic(), held.slab, sum(len(v) for v in held)  # 1-D bytes views
+                where: Header = {"key": part, "sizes": [len(v) for v in held], "slab": slab.id, "size": slab.size,
+                                 "pooled": slab.pooled, "last": last, "instance": self._instance}  # fmt: skip
                 lent[slab.id] = held
                 self._count_lent(nbytes)  # before the reader can see it
                 send_frame(conn, where, None if slab.id in mapped else slab.fd)
@@ -231,7 +258,7 @@ class ShmPublisher(_Base):
                 slab.close()
 
 
-def send_frame(conn: socket.socket, header: dict[str, Any], fd: int | None = None) -> None:
+def send_frame(conn: socket.socket, header: Header, fd: int | None = None) -> None:
     """One message over an shm endpoint's UNIX socket, push or pull: its length, its JSON; ``fd`` (a slab's, the
     first time the peer sees it) rides along."""
     frame = json.dumps(header).encode()
@@ -242,7 +269,7 @@ def send_frame(conn: socket.socket, header: dict[str, Any], fd: int | None = Non
         socket.send_fds(conn, [frame], [fd])
 
 
-def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+def recv_frame(sock: socket.socket) -> tuple[Header, list[int]]:
     """The next message ``send_frame`` sent, and the descriptors that came with it."""
     head, fds, _, _ = socket.recv_fds(sock, _LEN.size, 1)
     if not head:

@@ -16,19 +16,13 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from tetriserve.transport.api import TransferHandle
-from tetriserve.transport.shm_pull import RELEASE, map_slab, recv_frame, send_frame
-
-if TYPE_CHECKING:
-    from tetriserve.transport.shm import ShmTransport
-
-    _Base = ShmTransport
-else:
-    _Base = object
+from tetriserve.transport.shm_pull import RELEASE, Header, Landed, map_slab, recv_frame, send_frame
+from tetriserve.transport.tcp import TcpTransport
 
 
 @dataclass(eq=False)
@@ -42,8 +36,12 @@ class _PullConn:
     broken: bool = False
 
 
-class ShmReader(_Base):
-    """Mixed into ``ShmTransport``: ``pull``."""
+class ShmReader(TcpTransport):
+    """Mixed into ``ShmTransport``: ``pull`` (built on ``TcpTransport``, as ``ShmPublisher`` is)."""
+
+    # ``ShmTransport``'s own, which this side uses
+    _land_views: Callable[[str, mmap.mmap, list[int], Callable[..., None] | None, tuple[object, ...]], Landed]
+    _connect_unix: Callable[[str, float], socket.socket]
 
     def _init_reader(self) -> None:
         self._maps_lock = threading.Lock()
@@ -108,8 +106,8 @@ class ShmReader(_Base):
         connection."""
         with self._maps_lock:
             known = self._pulled_maps.get(conn.src, ("", {}))
-            request = {"pull": key, "deadline_s": max(deadline - time.monotonic(), 0.0), "instance": known[0],
-                       "mapped": list(known[1])}  # fmt: skip
+            request: Header = {"pull": key, "deadline_s": max(deadline - time.monotonic(), 0.0), "instance": known[0],
+                                "mapped": list(known[1])}  # fmt: skip
         conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
         send_frame(conn.sock, request)
         try:
@@ -186,7 +184,7 @@ class ShmReader(_Base):
                 self._checkin_pull(conn)
 
     def _pulled_map(
-        self, src: str, known: tuple[str, dict[int, mmap.mmap]], header: dict[str, Any], fds: list[int]
+        self, src: str, known: tuple[str, dict[int, mmap.mmap]], header: Header, fds: list[int]
     ) -> tuple[str, dict[int, mmap.mmap]]:
         """``known`` (the publisher's instance, the reader's maps of its slabs) with the slab ``header`` names
         mapped: kept from an earlier pull, or a new mapping of the descriptor that came along. Pooled slabs stay

@@ -15,15 +15,14 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tetriserve.transport import parts
-from tetriserve.transport.api import TransferHandle, TransferState, TransportStats
+from tetriserve.transport.api import Received, TransferHandle, TransferState, TransportStats
 
 
 @dataclass
 class _Entry:
-    buffers: list[Any]  # bytearray when received, the producer's buffers when held locally
+    buffers: list[Received]  # bytearray or views of landing memory when received, the producer's when held
     landed: float
     expires: bool = True
 
@@ -42,7 +41,7 @@ class ReceiveStore:
         self.transfers_received = 0
         self.expired = 0
 
-    def put(self, key: str, buffers: list[Any], *, landed: bool = True, expires: bool = True) -> bool:
+    def put(self, key: str, buffers: list[Received], *, landed: bool = True, expires: bool = True) -> bool:
         """Store a transfer (``landed=False``: deposited locally, not counted as received; ``expires=False``:
         kept past the TTL until taken or discarded); False if the key was discarded beforehand."""
         with self._lock:
@@ -63,7 +62,7 @@ class ReceiveStore:
     def ttl_s(self) -> float:
         return self._ttl_s
 
-    def take(self, key: str) -> list[Any] | None:
+    def take(self, key: str) -> list[Received] | None:
         with self._lock:
             self._expire_locked()
             entry = self._pop_locked(key)
@@ -75,7 +74,7 @@ class ReceiveStore:
             taken = [self._pop_locked(k) for k in whole]
             return [buf for e in taken if e is not None for buf in e.buffers]
 
-    def take_exact(self, key: str) -> list[Any] | None:
+    def take_exact(self, key: str) -> list[Received] | None:
         """What was put under exactly ``key`` (one part, not a whole assembled from parts), as it was put."""
         with self._lock:
             self._expire_locked()
@@ -199,7 +198,7 @@ class StoreBackedEndpoint:
     def store(self) -> ReceiveStore:
         return self._store
 
-    def recv(self, key: str) -> list[Any] | None:
+    def recv(self, key: str) -> list[Received] | None:
         return self._store.take(key)
 
     def landed(self, key: str) -> bool:
@@ -217,14 +216,14 @@ class StoreBackedEndpoint:
     def failed(self, key: str) -> str | None:
         return self._store.failed(key)
 
-    def hold(self, key: str, buffers: Sequence[Any], expires: bool = True) -> None:
+    def hold(self, key: str, buffers: Sequence[Received], expires: bool = True) -> None:
         self._store.put(key, list(buffers), landed=False, expires=expires)
 
-    def reserve(self, sizes: list[int]) -> list[Any]:
+    def reserve(self, sizes: list[int]) -> list[Received]:
         """Writable buffers to fill and ``publish``: fresh memory, on a backend with no one-sided pull."""
         return [memoryview(bytearray(n)) for n in sizes]
 
-    def publish(self, key: str, buffers: Sequence[Any], expires: bool = True) -> None:
+    def publish(self, key: str, buffers: Sequence[Received], expires: bool = True) -> None:
         """``hold``, on a backend with no one-sided pull."""
         self.hold(key, buffers, expires)
 

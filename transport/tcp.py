@@ -27,11 +27,11 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from tetriserve.transport.api import Buffer, TransferHandle, advertised_host
+from tetriserve.transport.api import Buffer, Received, TransferHandle, advertised_host
 from tetriserve.transport.store import StoreBackedEndpoint
 
 logger = logging.getLogger(__name__)
@@ -56,12 +56,13 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
-def split_views(base: np.ndarray, sizes: list[int]) -> list[memoryview]:
+def split_views(base: npt.NDArray[np.uint8], sizes: list[int]) -> list[Received]:
     """Writable views of ``base`` one after another, ``sizes`` bytes each; while any lives, ``base`` does (a
     ``weakref.finalize`` on it runs once the last view of the transfer is gone)."""
-    views, offset = [], 0
+    views: list[Received] = []
+    offset = 0
     for n in sizes:
-        views.append(memoryview(base[offset : offset + n]))
+        views.append(base[offset : offset + n].data)  # a memoryview of the slice, which keeps ``base``
         offset += n
     return views
 
@@ -70,6 +71,9 @@ def _sees_cuda() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+_Landing = bytearray | npt.NDArray[np.uint8]  # a pooled buffer: plain, or a page-locked tensor's array
 
 
 class ReceivePool:
@@ -85,19 +89,19 @@ class ReceivePool:
 
     def __init__(self, pool_bytes: int = 1 << 30, pinned: bool | None = None) -> None:
         self._lock = threading.Lock()
-        self._free: dict[int, list[Any]] = {}
+        self._free: dict[int, list[_Landing]] = {}
         self._pool_bytes = pool_bytes
         self._held = 0  # bytes of pooled buffers, free or in use
         self.pinned = _sees_cuda() if pinned is None else pinned
 
-    def _allocate(self, size: int) -> Any:
+    def _allocate(self, size: int) -> _Landing:
         if not self.pinned:
             return bytearray(size)
         import torch
 
         return torch.empty(size, dtype=torch.uint8, pin_memory=True).numpy()  # the array keeps the tensor alive
 
-    def views(self, sizes: list[int]) -> list[Any]:
+    def views(self, sizes: list[int]) -> list[Received]:
         """Writable buffers of ``sizes`` bytes, to receive one transfer into."""
         total = sum(sizes)
         if total < self.MIN_POOLED:
@@ -116,7 +120,7 @@ class ReceivePool:
             weakref.finalize(base, self._give_back, size, buf)
         return split_views(base, sizes)
 
-    def _give_back(self, size: int, buf: Any) -> None:
+    def _give_back(self, size: int, buf: _Landing) -> None:
         with self._lock:
             self._free.setdefault(size, []).append(buf)
 

@@ -38,12 +38,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
-from tetriserve.transport.api import Buffer, TransferHandle, advertised_host
+from tetriserve.transport.api import Buffer, Received, TransferHandle, advertised_host
 from tetriserve.transport.store import ReceiveStore, StoreBackedEndpoint
 from tetriserve.transport.tcp import ReceivePool, parse_address
 
@@ -65,8 +66,76 @@ IDLE_PROBE_MIN_S, IDLE_PROBE_MAX_S = 50e-6, 2e-3
 _loop_lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 
+T = TypeVar("T")
+# what goes over an endpoint in one message: the frame's length and header, a buffer, the acknowledgement
+_Message = npt.NDArray[np.uint8] | npt.NDArray[np.uint64] | Received
 
-def _ucxx() -> Any:
+
+# ucxx has no type information: what this backend uses of it
+class _Worker(Protocol):
+    def progress(self) -> None: ...
+
+
+class _Probe(Protocol):
+    @property
+    def matched(self) -> bool: ...
+
+
+class _Context(Protocol):
+    @property
+    def progress_mode(self) -> str: ...
+
+    @property
+    def worker(self) -> _Worker: ...
+
+    def tag_probe(self, tag: int) -> _Probe: ...
+
+
+class _Endpoint(Protocol):
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def _ctx(self) -> _Context: ...
+
+    @property
+    def _tags(self) -> Mapping[str, int]: ...
+
+    async def send(self, buffer: _Message) -> None: ...
+
+    async def recv(self, buffer: _Message) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class _Listener(Protocol):
+    @property
+    def port(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class _Ucxx(Protocol):
+    """The ``ucxx`` module."""
+
+    def create_listener(self, callback: Callable[[_Endpoint], Coroutine[object, object, None]], port: int) -> _Listener:
+        ...
+
+    async def create_endpoint(self, host: str, port: int, connect_timeout: float) -> _Endpoint: ...
+
+
+class _BlockingMode(Protocol):
+    """ucxx's ``continuous_ucx_progress.BlockingMode``, as its reader callback uses it."""
+
+    worker: _Worker
+    armed: bool
+    arm_task: asyncio.Task[None] | None
+    event_loop: asyncio.AbstractEventLoop
+
+    def _arm_worker(self) -> Coroutine[object, object, None]: ...
+
+
+def _ucxx() -> _Ucxx:
     defaults = dict(UCX_DEFAULTS)
     if not os.path.exists("/dev/nvidiactl"):
         defaults.update(UCX_CPU_DEFAULTS)
@@ -74,7 +143,8 @@ def _ucxx() -> Any:
         os.environ.setdefault(name, value)
     import ucxx
 
-    return ucxx
+    module: _Ucxx = ucxx
+    return module
 
 
 def _rearm_blocking_mode() -> None:
@@ -86,7 +156,7 @@ def _rearm_blocking_mode() -> None:
     code without the re-arming). This restores ucx-py's re-arming; ``ucx_loop`` calls it once per process."""
     from ucxx._lib_async import continuous_ucx_progress as progress
 
-    def _fd_reader_callback(self: Any) -> None:
+    def _fd_reader_callback(self: _BlockingMode) -> None:
         self.worker.progress()
         self.armed = False
         if self.arm_task is None or self.arm_task.done():
@@ -126,17 +196,17 @@ class UcxTransport(StoreBackedEndpoint):
         self._connect_timeout_s = connect_timeout_s
         self._closed = False
         self._landing = ReceivePool()
-        self._idle: dict[str, list[Any]] = {}  # dst -> idle endpoints (touched on the loop only)
-        self._busy: set[Any] = set()  # endpoints of this transport in use, sending or serving
+        self._idle: dict[str, list[_Endpoint]] = {}  # dst -> idle endpoints (touched on the loop only)
+        self._busy: set[_Endpoint] = set()  # endpoints of this transport in use, sending or serving
         self._pending: set[TransferHandle] = set()
         self._listener = self._call(self._listen(port))
         self._address = f"ucx://{advertised_host(host)}:{self._listener.port}"
         logger.info("ucx transport listening on %s (UCX_TLS=%s)", self._address, os.environ.get("UCX_TLS", "all"))
 
-    def _call(self, coro: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:
+    def _call(self, coro: Coroutine[object, object, T], timeout: float = 30.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    async def _listen(self, port: int) -> Any:
+    async def _listen(self, port: int) -> _Listener:
         return self._ucxx.create_listener(self._serve, port=port)
 
     @property
@@ -196,7 +266,7 @@ class UcxTransport(StoreBackedEndpoint):
             self._finish(handle, None if ack[0] == 1 else f"receiver dropped {key} (discarded)")
             return
 
-    async def _checkout(self, dst: str, fresh: bool) -> Any:
+    async def _checkout(self, dst: str, fresh: bool) -> _Endpoint:
         idle = self._idle.get(dst)
         while idle and not fresh:
             ep = idle.pop()
@@ -211,13 +281,13 @@ class UcxTransport(StoreBackedEndpoint):
         self._busy.add(ep)
         return ep
 
-    def _abort(self, ep: Any) -> None:
+    def _abort(self, ep: _Endpoint) -> None:
         self._busy.discard(ep)
         with contextlib.suppress(Exception):
             ep.abort()
 
     # -- receiving -------------------------------------------------------------
-    async def _serve(self, ep: Any) -> None:
+    async def _serve(self, ep: _Endpoint) -> None:
         """One peer endpoint's frames, one after another, until it closes or breaks."""
         self._busy.add(ep)
         try:
@@ -237,7 +307,7 @@ class UcxTransport(StoreBackedEndpoint):
         finally:
             self._abort(ep)
 
-    async def _next_frame(self, ep: Any) -> bool:
+    async def _next_frame(self, ep: _Endpoint) -> bool:
         """Wait until the next frame's first message has reached ``ep``, with no receive posted meanwhile; False
         once ``ep`` or this transport is closed. ucxx awaits a posted request by polling it on the loop without a
         pause (its ``wait_yield``), so a receive posted on an idle pooled endpoint keeps a core busy for as long
@@ -260,7 +330,7 @@ class UcxTransport(StoreBackedEndpoint):
             delay = min(max(2 * delay, IDLE_PROBE_MIN_S), IDLE_PROBE_MAX_S)
         return False
 
-    async def _serve_frame(self, ep: Any, header_len: int) -> bool:
+    async def _serve_frame(self, ep: _Endpoint, header_len: int) -> bool:
         key = None
         try:
             raw = np.zeros(header_len, dtype=np.uint8)

@@ -16,8 +16,7 @@ import socket
 import termios
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
 
 
 class Watchdog:
@@ -34,7 +33,9 @@ class Watchdog:
         threading.Thread(target=self._run, name="kv-nccl-watchdog", daemon=True).start()
 
     @contextlib.contextmanager
-    def watch(self, deadline: float, on_expire: Callable[[], None], sock: socket.socket | None = None) -> Any:
+    def watch(
+        self, deadline: float, on_expire: Callable[[], None], sock: socket.socket | None = None
+    ) -> Iterator[None]:
         """``sock``: the pair's control socket, which the peer leaves silent during the operation."""
         wid = next(self._ids)
         with self._cv:
