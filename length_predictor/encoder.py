@@ -107,7 +107,7 @@ def load_model(
 
     model: PreTrainedModel = AutoModel.from_pretrained(str(path or encoder_dir()), local_files_only=True)
     target = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    module: torch.nn.Module = model  # its nn.Module methods: transformers types them through a wrapper
+    module: torch.nn.Module = model  # as a Module: transformers overrides ``to`` and ``eval`` untyped
     module.to(device=target, dtype=resolve_dtype(dtype))
     module.eval()
     return model
