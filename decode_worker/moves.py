@@ -15,11 +15,12 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from tetriserve.decode_worker.slices import Order, SliceMoves, pick_movers
+from tetriserve.decode_worker.views import DecodeSnapshot
 from tetriserve.transport.api import Received
 
 if TYPE_CHECKING:
@@ -27,13 +28,34 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+T_co = TypeVar("T_co", covariant=True)
+
+
+class RemoteMethod(Protocol[T_co]):
+    """A method of a Ray actor: ``remote(...)`` starts the call and returns what resolves to its result."""
+
+    def remote(self, *args: object) -> Awaitable[T_co]: ...
+
+
+class DecodePeer(Protocol):
+    """The actor handle of the decode worker a slice moves to: the calls this module makes on it."""
+
+    @property
+    def adopt(self) -> RemoteMethod[bool]: ...
+
+    @property
+    def abort(self) -> RemoteMethod[bool]: ...
+
+    @property
+    def discard(self) -> RemoteMethod[bool]: ...
+
 
 @dataclass(frozen=True)
 class Move:
     key: str  # its KV is parked under this at the slice boundary
     dst: str
     address: str
-    handle: Any
+    handle: DecodePeer
 
 
 class SliceMover:
@@ -42,12 +64,12 @@ class SliceMover:
         self.counts = SliceMoves()
         self._keys = itertools.count()  # each parked slice its own key
 
-    async def rebalance(self, order: Order, address: str, handle: Any, slice_iters: int) -> list[str]:
+    async def rebalance(self, order: Order, address: str, handle: DecodePeer, slice_iters: int) -> list[str]:
         """Mark requests to move to ``order.dst`` at their next boundary (the ClusterMonitor's round)."""
         w = self.worker
         if slice_iters <= 0 or order.src != w.worker_id or order.dst == w.worker_id:
             return []
-        snap = w.engine.snapshot.extra
+        snap: DecodeSnapshot | None = w.engine.snapshot.extra
         # a request marked before keeps its mark (and key) until it has moved: the engine may already have
         # cut it, with its KV parked under that key, while still listing it as running
         views = [v for v in (snap.running if snap is not None else ()) if self._unmarked(v.request_id)]

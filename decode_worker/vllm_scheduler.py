@@ -38,8 +38,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
+from vllm.multimodal import MULTIMODAL_REGISTRY, MultiModalRegistry
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from tetriserve.common.engine_tags import TAGS_KEY, EngineTags, tags_of
@@ -51,21 +52,79 @@ from tetriserve.decode_worker.preemption.stats import PreemptionStats
 from tetriserve.decode_worker.views import DecodeReqView, DecodeSnapshot, DecodeState, predicted_remaining
 from tetriserve.transport.instructions import KVMode, instruction_of
 
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.request_queue import RequestQueue
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
 
-def _tags(req: Any) -> EngineTags:
+
+class _TracksTransfers(Protocol):
+    """A connector that knows which requests' KV is still on its way (``transport/kv_connector.py``)."""
+
+    def in_flight(self) -> set[str]: ...
+
+
+class _ParksSlices(Protocol):
+    """A connector that parks a running request's KV at its slice boundary (SCLS §7)."""
+
+    def park_running(self, request: Request, block_ids: list[int], key: str) -> None: ...
+
+
+class _Swaps(Protocol):
+    """A connector that swaps a preempted request's KV out (CacheOpt §3.5)."""
+
+    def swap_out(self, request: Request, block_ids: list[int], num_tokens: int) -> str: ...
+
+
+def _tracks_transfers(connector: object) -> TypeGuard[_TracksTransfers]:
+    return hasattr(connector, "in_flight")
+
+
+def _parks_slices(connector: object) -> TypeGuard[_ParksSlices]:
+    return hasattr(connector, "park_running")
+
+
+def _swaps(connector: object) -> TypeGuard[_Swaps]:
+    return hasattr(connector, "swap_out")
+
+
+def _tags(req: Request) -> EngineTags:
     """The tetriserve tags a vLLM request carries (``NO_TAGS`` for one without)."""
     params = req.sampling_params
     return tags_of(params.extra_args if params is not None else None)
 
 
-def _max_tokens(req: Any) -> int:
+def _max_tokens(req: Request) -> int:
     params = req.sampling_params
     return params.max_tokens if params is not None and params.max_tokens else 1
 
 
 class TetriDecodeScheduler(Scheduler):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        kv_cache_config: KVCacheConfig,
+        structured_output_manager: StructuredOutputManager,
+        block_size: int,
+        hash_block_size: int | None = None,
+        mm_registry: MultiModalRegistry = MULTIMODAL_REGISTRY,
+        include_finished_set: bool = False,
+        log_stats: bool = False,
+    ) -> None:
+        super().__init__(
+            vllm_config,
+            kv_cache_config,
+            structured_output_manager,
+            block_size,
+            hash_block_size,
+            mm_registry,
+            include_finished_set,
+            log_stats,
+        )
         self._take_role()
 
     @classmethod
@@ -118,7 +177,7 @@ class TetriDecodeScheduler(Scheduler):
     def preemptions(self) -> int:
         return self.planner.stats.count
 
-    def _view(self, req: Any, in_flight: set[str] | frozenset[str] = frozenset()) -> DecodeReqView:
+    def _view(self, req: Request, in_flight: set[str] | frozenset[str] = frozenset()) -> DecodeReqView:
         tags = _tags(req)
         return DecodeReqView(
             request_id=req.request_id,
@@ -151,23 +210,25 @@ class TetriDecodeScheduler(Scheduler):
         )
 
     @staticmethod
-    def _worker_id_of(req: Any) -> str:
+    def _worker_id_of(req: Request) -> str:
         """The id the decode worker knows ``req`` by (vLLM suffixes its own ``request_id``)."""
         tags = _tags(req)
         return tags.request_id if tags.request_id is not None else str(req.request_id)
 
     def running_views(self) -> list[DecodeReqView]:
         """The running batch as the slice rebalancer sees it, by the worker's ids."""
-        in_flight = self.connector.in_flight() if hasattr(self.connector, "in_flight") else set()
+        connector = self.connector
+        in_flight = connector.in_flight() if _tracks_transfers(connector) else set()
         return [replace(self._view(r, in_flight), request_id=self._worker_id_of(r)) for r in list(self.running)]
 
     def retag(self, request_id: str, estimate: LengthEstimate) -> bool:
         """Give the worker's ``request_id`` a new length estimate (its prediction came after its handoff)."""
         for req in self.requests.values():
             params = req.sampling_params
-            tags = tags_of(params.extra_args if params is not None else None)
-            if tags.request_id == request_id:
-                params.extra_args[TAGS_KEY] = replace(tags, estimate=estimate)
+            extra_args = params.extra_args if params is not None else None
+            tags = tags_of(extra_args)
+            if tags.request_id == request_id and extra_args is not None:  # tagged: extra_args holds the tags
+                extra_args[TAGS_KEY] = replace(tags, estimate=estimate)
                 return True
         return False
 
@@ -178,7 +239,8 @@ class TetriDecodeScheduler(Scheduler):
     def _cut_slices(self) -> None:
         """Cut every marked request the planner finds at a slice boundary this step: it generates this step's
         token and finishes (``length``), its KV parked by the connector. Not in a step that may preempt."""
-        if not self._moving or self.slice_iters <= 0 or not hasattr(self.connector, "park_running"):
+        connector = self.connector
+        if not self._moving or self.slice_iters <= 0 or not _parks_slices(connector):
             return
         live = {self._worker_id_of(r): r for r in self.requests.values() if not r.is_finished()}
         for rid in [rid for rid in self._moving if rid not in live]:  # finished or aborted meanwhile
@@ -197,11 +259,11 @@ class TetriDecodeScheduler(Scheduler):
         for rid in self.planner.slice_cuts(progress):
             req = live[rid]
             req.max_tokens = req.num_output_tokens + 1
-            self.connector.park_running(
+            connector.park_running(
                 req, list(self.kv_cache_manager.get_block_ids(req.request_id)[0]), self._moving.pop(rid)
             )
 
-    def _get_local_prefix_cache_hit(self, request: Any) -> Any:
+    def _get_local_prefix_cache_hit(self, request: Request) -> tuple[KVCacheBlocks, int, int, bool]:
         """A request whose KV arrives through the connector loads all of it from there: the engine keeps prefix
         caching on for its prefill role (one engine, either role), and a local hit must not stand in for part
         of a transfer the connector loads whole."""
@@ -210,7 +272,7 @@ class TetriDecodeScheduler(Scheduler):
             return self.kv_cache_manager.empty_kv_cache_blocks, 0, 0, False
         return super()._get_local_prefix_cache_hit(request)
 
-    def _must_pass(self, req: Any) -> bool:
+    def _must_pass(self, req: Request) -> bool:
         """A request whose KV has yet to be pulled through the connector (it needs its blocks first)."""
         return req.num_computed_tokens == 0 and req.kv_transfer_params is not None
 
@@ -220,14 +282,14 @@ class TetriDecodeScheduler(Scheduler):
             self.kv_cache_manager.block_pool.get_num_free_blocks(), self.block_size, running, now, self.step_s
         )
 
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         now = time.time()
         self.planner.observe_step(now, bool(self.running))
         held = self._gate(now)
         self._order_victims()
         self._cut_slices()
         try:
-            out = super().schedule(*args, **kwargs)
+            out = super().schedule(throttle_prefills)
         finally:
             for queue, req in held:
                 queue.add_request(req)
@@ -235,7 +297,7 @@ class TetriDecodeScheduler(Scheduler):
             self._note_resumed(time.time())
         return out
 
-    def _gate(self, now: float) -> list[tuple[Any, Any]]:
+    def _gate(self, now: float) -> list[tuple[RequestQueue, Request]]:
         """Put waiting requests to the planner's admission; remove and return the ones held back this step."""
         candidates = {
             req.request_id: (queue, req)
@@ -262,18 +324,21 @@ class TetriDecodeScheduler(Scheduler):
         unless this step can run out of KV)."""
         if not self.planner.reorders(len(self.running)) or not self._may_run_out():
             return
-        in_flight = self.connector.in_flight() if hasattr(self.connector, "in_flight") else set()
+        connector = self.connector
+        in_flight = connector.in_flight() if _tracks_transfers(connector) else set()
         victims = self.planner.victims([self._view(r, in_flight) for r in self.running])
         by_id = {r.request_id: r for r in self.running}
         self.running[:] = [by_id[rid] for rid in reversed(victims)]
 
-    def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
+    def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
         computed = min(request.num_computed_tokens, request.num_tokens - 1)
-        can_swap = hasattr(self.connector, "swap_out")
-        if self.planner.preempted(request.request_id, computed, time.time(), can_swap) == "swap":
+        connector = self.connector
+        swapper = connector if _swaps(connector) else None
+        if self.planner.preempted(request.request_id, computed, time.time(), swapper is not None) == "swap":
+            assert swapper is not None  # the planner swaps only where the connector can
             block_ids = list(self.kv_cache_manager.get_block_ids(request.request_id)[0])
-            self.connector.swap_out(request, block_ids, computed)
-        super()._preempt_request(request, *args, **kwargs)
+            swapper.swap_out(request, block_ids, computed)
+        super()._preempt_request(request, timestamp, drop_stale_output)
 
     def _note_resumed(self, now: float) -> None:
         """A preempted request is back once it is running with its KV restored (computed this step)."""

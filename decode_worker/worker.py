@@ -34,8 +34,9 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from tetriserve.common import log_context
 from tetriserve.common.config import ClusterConfig, DecodeConfig
@@ -44,17 +45,36 @@ from tetriserve.common.length import LengthEstimate
 from tetriserve.common.load import DecodeLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, TokenLogprobs
-from tetriserve.decode_worker.moves import Move, SliceMover
+from tetriserve.decode_worker.admission import AdmissionPolicy
+from tetriserve.decode_worker.moves import DecodePeer, Move, SliceMover
 from tetriserve.decode_worker.policy import decode_policies, decode_policy_settings, updated_decode_config
+from tetriserve.decode_worker.preemption import PreemptionOrder, PreemptionStrategy
 from tetriserve.decode_worker.slices import Order
 from tetriserve.decode_worker.spans import NO_SPANS, DecodeSpans
+from tetriserve.decode_worker.views import DecodeSnapshot
 from tetriserve.engine.core_layout import CoreLayout, RoleCpu, claim_decode_cores
 from tetriserve.engine.loop_messages import Delta, InlineSink
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.observability import tracing
 from tetriserve.transport.instructions import KVInstruction, KVMode
 
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
 logger = logging.getLogger(__name__)
+
+
+class _DecodeRole(Protocol):
+    """What installing the policies sets on the engine's decode scheduler (``TetriDecodeScheduler``)."""
+
+    slice_iters: int
+
+    def configure(
+        self,
+        policy: AdmissionPolicy,
+        order: PreemptionOrder | None = None,
+        strategy: PreemptionStrategy | None = None,
+    ) -> None: ...
 
 
 @dataclass
@@ -97,7 +117,7 @@ class DecodeWorker(EngineWorker):
         placement = engine.placement()
         cpu = RoleCpu.decode(placement, layout, self.core_claim)
         self.engine.take_role(
-            self._installer(config.decode, assume=True),
+            self._first_installer(config.decode),
             lambda s: s.snapshot(),
             niceness=cpu.niceness,
             borrows=cpu.borrows,
@@ -111,7 +131,7 @@ class DecodeWorker(EngineWorker):
 
     def load(self) -> DecodeLoad:
         s = self.engine.stats()
-        snap = self.engine.snapshot.extra
+        snap: DecodeSnapshot | None = self.engine.snapshot.extra
         heavy = sum(1 for r in self.running.values() if r.heavy)
         return DecodeLoad(
             self.worker_id,
@@ -138,11 +158,11 @@ class DecodeWorker(EngineWorker):
 
     def policies(self) -> dict[str, str]:
         """The settings ``set_policy`` takes, by the same names, and the preemption counters."""
-        snap = self.engine.snapshot.extra
+        snap: DecodeSnapshot | None = self.engine.snapshot.extra
         stats = {**(snap.preemption if snap is not None else {}), **self.mover.counts.summary()}
         return {**decode_policy_settings(self._decode_cfg), **stats}
 
-    async def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
+    async def set_policy(self, changes: Mapping[str, object]) -> dict[str, str]:
         """Admin RPC: switch admission, preemption order, swap-or-recompute or slices at run time.
 
         ``changes`` are ``DecodeConfig`` fields; all policies are built before any is
@@ -155,20 +175,28 @@ class DecodeWorker(EngineWorker):
         return self.policies()
 
     @staticmethod
-    def _installer(cfg: DecodeConfig, assume: bool = False) -> Any:
+    def _installer(cfg: DecodeConfig) -> Callable[[_DecodeRole], None]:
         """Build ``cfg``'s policies now (a ValueError changes nothing); the returned function installs them
-        in the engine's scheduler, on the engine thread (``assume``: making it the decode role's first)."""
+        in the engine's decode scheduler, on the engine thread."""
         policies = decode_policies(cfg)
 
-        def install(scheduler: Any) -> None:
-            if assume:
-                from tetriserve.decode_worker.vllm_scheduler import TetriDecodeScheduler
-
-                scheduler = TetriDecodeScheduler.assume(scheduler)
+        def install(scheduler: _DecodeRole) -> None:
             scheduler.configure(*policies)
             scheduler.slice_iters = cfg.slice_iters
 
         return install
+
+    @staticmethod
+    def _first_installer(cfg: DecodeConfig) -> Callable[[Scheduler], None]:
+        """``_installer``'s, first making the engine's scheduler, whatever role it played, the decode role's."""
+        install = DecodeWorker._installer(cfg)
+
+        def assume(scheduler: Scheduler) -> None:
+            from tetriserve.decode_worker.vllm_scheduler import TetriDecodeScheduler
+
+            install(TetriDecodeScheduler.assume(scheduler))
+
+        return assume
 
     # -- the request path -------------------------------------------------------------
     async def take(
@@ -343,7 +371,7 @@ class DecodeWorker(EngineWorker):
             if run.move is not None:  # finished at its boundary: its parked KV goes
                 self.endpoint.discard(run.move.key)
 
-    def moved_away(self, run: Running, dst: str, handle: Any) -> None:
+    def moved_away(self, run: Running, dst: str, handle: DecodePeer) -> None:
         """``run`` has been taken over by ``dst`` (slice move): its stream goes on from there."""
         rid = run.request.request_id
         self.running.pop(rid, None)
@@ -353,7 +381,7 @@ class DecodeWorker(EngineWorker):
         self.event(rid, RequestState.TRANSFERRING, f"{self.worker_id} -> {dst}", moved_to=dst)
 
     # -- SCLS slice moves ------------------------------------------------------------
-    async def rebalance(self, order: Order, address: str, handle: Any) -> list[str]:
+    async def rebalance(self, order: Order, address: str, handle: DecodePeer) -> list[str]:
         """ClusterMonitor's round (SCLS §4.5): mark requests to move to ``order.dst`` at their next boundary."""
         return await self.mover.rebalance(order, address, handle, self._decode_cfg.slice_iters)
 

@@ -19,13 +19,72 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from tetriserve.length_predictor.buckets import BucketSpec
-from tetriserve.length_predictor.heads import HeadsConfig, LengthHeads
+from tetriserve.length_predictor.heads import HeadsConfig, HeadsConfigDict, LengthHeads
 from tetriserve.length_predictor.padding import BucketWidths, PaddingParams
 
 FORMAT = 1
+
+
+class EncoderMeta(TypedDict, total=False):
+    name: str
+    package: str
+    max_length: int
+    dir: str  # a fine-tuned encoder's weights (the full fine-tuning path only)
+
+
+class BucketsMeta(TypedDict):
+    granularity: int
+    open_from: int
+    num_buckets: int
+
+
+class WidthsMeta(TypedDict, total=False):
+    under: list[float]
+    over: list[float]
+    quantile: float
+    fitted_on: str
+
+
+class PaddingMeta(TypedDict, total=False):
+    alpha: float
+    beta: float
+    window_s: float
+
+
+class LabelsMeta(TypedDict, total=False):
+    source: str
+    target_tokenizer: str
+    train_stats: dict[str, float]
+
+
+class DataMeta(TypedDict, total=False):
+    pairs_file: str
+    pairs_path: str | None
+    limit: int | None
+    splits: dict[str, int]
+    split_salt: str
+
+
+class ArtifactMeta(TypedDict, total=False):
+    """The artifact's JSON (the module docstring's layout); a key of its own that a caller adds is kept."""
+
+    format: int
+    encoder: EncoderMeta
+    buckets: BucketsMeta
+    heads: HeadsConfigDict
+    widths: WidthsMeta
+    padding: PaddingMeta
+    labels: LabelsMeta
+    data: DataMeta
+    train: dict[str, object]
+    metrics: dict[str, float]
+
+
+def _no_meta() -> ArtifactMeta:
+    return {}
 
 
 @dataclass
@@ -36,7 +95,7 @@ class Artifact:
     spec: BucketSpec
     widths: BucketWidths
     padding: PaddingParams = field(default_factory=PaddingParams)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: ArtifactMeta = field(default_factory=_no_meta)
 
     @property
     def max_length(self) -> int:
@@ -60,20 +119,18 @@ def save(art: Artifact, json_path: str | os.PathLike[str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().float().cpu().contiguous() for k, v in art.heads.state_dict().items()}
     save_file(state, str(weights_path(path)))
-    meta = dict(art.meta)
-    meta.update(
-        {
-            "format": FORMAT,
-            "buckets": {
-                "granularity": art.spec.granularity,
-                "open_from": art.spec.open_from,
-                "num_buckets": art.spec.num_buckets,
-            },
-            "heads": art.heads.heads_config.to_dict(),
-            "widths": {**meta.get("widths", {}), "under": list(art.widths.under), "over": list(art.widths.over)},
-            "padding": {"alpha": art.padding.alpha, "beta": art.padding.beta, "window_s": art.padding.window_s},
-        }
-    )
+    meta: ArtifactMeta = {
+        **art.meta,
+        "format": FORMAT,
+        "buckets": {
+            "granularity": art.spec.granularity,
+            "open_from": art.spec.open_from,
+            "num_buckets": art.spec.num_buckets,
+        },
+        "heads": art.heads.heads_config.to_dict(),
+        "widths": {**art.meta.get("widths", {}), "under": list(art.widths.under), "over": list(art.widths.over)},
+        "padding": {"alpha": art.padding.alpha, "beta": art.padding.beta, "window_s": art.padding.window_s},
+    }
     path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
 
@@ -82,7 +139,7 @@ def load(json_path: str | os.PathLike[str], device: str = "cpu") -> Artifact:
     from safetensors.torch import load_file
 
     path = Path(json_path)
-    meta = json.loads(path.read_text(encoding="utf-8"))
+    meta: ArtifactMeta = json.loads(path.read_text(encoding="utf-8"))
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}: format must be {FORMAT}, got {meta.get('format')!r}")
     b = meta["buckets"]

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from tetriserve.length_predictor.embed_cache import cached_embeddings
 from tetriserve.length_predictor.encoder import ENCODER_NAME, ENCODER_PACKAGE, features
 from tetriserve.length_predictor.paths import ARTIFACTS_DIR, artifact_stem, predictor_home, run_dir
 from tetriserve.length_predictor.train import TrainConfig, TrainedHeads, train_heads
+
+if TYPE_CHECKING:
+    from tetriserve.length_predictor.report import EvalSummary
 
 logger = logging.getLogger(__name__)
 LABEL_SOURCE = "ShareGPT gpt turn (ChatGPT's answer), counted in the target tokenizer"
@@ -75,7 +78,9 @@ def split_xy(pairs: Sequence[Pair], progress: bool = True) -> tuple[np.ndarray, 
     return features(emb, [p.prompt_len for p in pairs]), np.asarray([p.response_len for p in pairs], dtype=np.float64)
 
 
-def _meta(opts: DataOptions, pairs: list[Pair], result: TrainedHeads, mode: str, seconds: float) -> dict[str, Any]:
+def _meta(
+    opts: DataOptions, pairs: list[Pair], result: TrainedHeads, mode: str, seconds: float
+) -> art_io.ArtifactMeta:
     splits = by_split(pairs)
     return {
         "encoder": {"name": ENCODER_NAME, "package": f"{ENCODER_PACKAGE}==0.1.0", "max_length": 256},
@@ -158,7 +163,7 @@ def evaluate(
     from tetriserve.length_predictor.report import evaluate_one, write_report
 
     results = []
-    summary: dict[str, Any] = {}
+    summary: EvalSummary = {}
     for path in artifact_paths:
         art = art_io.load(path)
         data = art.meta.get("data", {})

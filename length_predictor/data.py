@@ -26,10 +26,10 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, Protocol
 
 from tetriserve.common.sharegpt import iter_conversations
 
@@ -41,6 +41,12 @@ SPLIT_SALT = "tetriserve-length-v1"
 DEFAULT_MAX_PROMPT_CHARS = 4096
 TokenCounter = Callable[[Sequence[str]], list[int]]
 _PART_SUFFIX = re.compile(r"_\d+$")
+
+
+class _Progress(Protocol):
+    """A progress bar (``tqdm``): what ``_counted`` advances."""
+
+    def update(self, n: int) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -92,14 +98,14 @@ def tokenizer_counter(tokenizer_dir: str | os.PathLike[str]) -> TokenCounter:
 
 
 def pairs_from_record(
-    record: dict[str, Any], count: TokenCounter, max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS
+    record: Mapping[str, object], count: TokenCounter, max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS
 ) -> list[Pair]:
     """Every human→gpt turn of one record as a ``Pair`` (empty list for unusable records)."""
     conv_id, turns = record.get("id"), record.get("conversations")
     if not isinstance(conv_id, str) or not isinstance(turns, list):
         return []
-    texts = [t.get("value") if isinstance(t, dict) and isinstance(t.get("value"), str) else "" for t in turns]
-    roles = [t.get("from") if isinstance(t, dict) else None for t in turns]
+    texts = [_text_of(t) for t in turns]
+    roles: list[object] = [t.get("from") if isinstance(t, dict) else None for t in turns]
     wanted = [i for i in range(1, len(turns)) if roles[i] == "gpt" and roles[i - 1] == "human" and texts[i - 1].strip()]
     if not wanted:
         return []
@@ -119,6 +125,12 @@ def pairs_from_record(
             )
         )
     return out
+
+
+def _text_of(turn: object) -> str:
+    """A turn's text ("" for a turn without one)."""
+    value = turn.get("value") if isinstance(turn, dict) else None
+    return value if isinstance(value, str) else ""
 
 
 def iter_pairs(
@@ -156,7 +168,7 @@ def build_pairs(
     return Path(out)
 
 
-def _counted(pairs: Iterable[Pair], bar: Any) -> Iterator[Pair]:
+def _counted(pairs: Iterable[Pair], bar: _Progress) -> Iterator[Pair]:
     for pair in pairs:
         bar.update(1)
         yield pair

@@ -45,11 +45,13 @@ def cached_embeddings(
     directory = Path(cache_dir) if cache_dir is not None else predictor_home() / "cache"
     path = directory / f"emb-{cache_key(prompts, max_length)}.npy"
     if path.is_file():
-        emb = np.load(path)
-        if emb.shape[0] == len(prompts):
+        cached: np.ndarray = np.load(path)
+        if cached.shape[0] == len(prompts):
             logger.info("embedding cache hit: %s (%s prompts)", path, len(prompts))
-            return emb
-        logger.warning("embedding cache %s has %s rows, expected %s: recomputing", path, emb.shape[0], len(prompts))
+            return cached
+        logger.warning(
+            "embedding cache %s has %s rows, expected %s: recomputing", path, cached.shape[0], len(prompts)
+        )
     enc = encoder or Encoder.load(max_length=max_length)
     logger.info("embedding %s prompts with %s (max %s tokens) -> %s", len(prompts), ENCODER_NAME, max_length, path)
     emb = enc.embed(prompts, batch_size=batch_size, progress=progress)

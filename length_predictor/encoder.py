@@ -27,11 +27,15 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tetriserve.engine.hardware import cpu_has_bf16
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +59,8 @@ def encoder_dir() -> Path:
 
 def length_feature(prompt_len: int | np.ndarray) -> np.ndarray:
     """log1p(prompt_len) / 8: about 0..1.2 for prompts of 0..16K tokens."""
-    return np.log1p(np.maximum(np.asarray(prompt_len, dtype=np.float32), 0.0)) / 8.0
+    feature: np.ndarray = np.log1p(np.maximum(np.asarray(prompt_len, dtype=np.float32), 0.0)) / 8.0
+    return feature
 
 
 def features(embeddings: np.ndarray, prompt_lens: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -64,13 +69,15 @@ def features(embeddings: np.ndarray, prompt_lens: Sequence[int] | np.ndarray) ->
     return np.concatenate([embeddings.astype(np.float32), lens[:, None].astype(np.float32)], axis=1)
 
 
-def mean_pool(hidden: Any, mask: Any) -> Any:
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of token states over the attention mask (sentence-transformers' pooling for this model)."""
     m = mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
 
 
-def load_tokenizer(path: str | os.PathLike[str] | None = None, max_length: int = DEFAULT_MAX_LENGTH) -> Any:
+def load_tokenizer(
+    path: str | os.PathLike[str] | None = None, max_length: int = DEFAULT_MAX_LENGTH
+) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path or encoder_dir()), local_files_only=True)
@@ -79,7 +86,7 @@ def load_tokenizer(path: str | os.PathLike[str] | None = None, max_length: int =
     return tok
 
 
-def resolve_dtype(dtype: str = "auto") -> Any:
+def resolve_dtype(dtype: str = "auto") -> torch.dtype:
     """``auto``: bfloat16 on CUDA or on a CPU with bfloat16 matrix instructions (AMX tiles, AVX512-BF16), else
     float32."""
     import torch
@@ -88,17 +95,21 @@ def resolve_dtype(dtype: str = "auto") -> Any:
         return torch.bfloat16 if torch.cuda.is_available() or cpu_has_bf16() else torch.float32
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be auto | float32 | bfloat16 | float16, got {dtype!r}")
-    return getattr(torch, dtype)
+    resolved: torch.dtype = getattr(torch, dtype)
+    return resolved
 
 
-def load_model(path: str | os.PathLike[str] | None = None, dtype: str = "auto", device: str | None = None) -> Any:
+def load_model(
+    path: str | os.PathLike[str] | None = None, dtype: str = "auto", device: str | None = None
+) -> PreTrainedModel:
     import torch
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(str(path or encoder_dir()), local_files_only=True)
+    model: PreTrainedModel = AutoModel.from_pretrained(str(path or encoder_dir()), local_files_only=True)
     target = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device=target, dtype=resolve_dtype(dtype))
-    model.eval()
+    module: torch.nn.Module = model  # as a Module: transformers overrides ``to`` and ``eval`` untyped
+    module.to(device=target, dtype=resolve_dtype(dtype))
+    module.eval()
     return model
 
 
@@ -106,8 +117,8 @@ def load_model(path: str | os.PathLike[str] | None = None, dtype: str = "auto", 
 class Encoder:
     """Tokenizer + frozen MiniLM; ``embed(texts)`` → mean-pooled float32 [N, 384]."""
 
-    tokenizer: Any
-    model: Any
+    tokenizer: PreTrainedTokenizerBase
+    model: PreTrainedModel
     max_length: int = DEFAULT_MAX_LENGTH
 
     @classmethod

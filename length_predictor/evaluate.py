@@ -13,10 +13,20 @@ padded estimates  E = X̂ ± t, t = (b-a)[bucket, direction] · sqrt(-ln(1-c)/2)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypedDict
 
 import numpy as np
 
 from tetriserve.length_predictor.padding import BucketWidths
+
+
+class Calibration(TypedDict):
+    """Reliability bins (mean top probability, accuracy, count; NaN for an empty bin) and the ECE."""
+
+    confidence: list[float]
+    accuracy: list[float]
+    count: list[float]
+    ece: float
 
 
 def accuracy(pred: np.ndarray, true: np.ndarray) -> float:
@@ -39,7 +49,8 @@ def majority_baseline(train_buckets: np.ndarray, n: int) -> np.ndarray:
 
 
 def _log2_bin(prompt_lens: np.ndarray) -> np.ndarray:
-    return np.floor(np.log2(np.maximum(np.asarray(prompt_lens, dtype=np.float64), 1.0))).astype(np.int64)
+    bins: np.ndarray = np.floor(np.log2(np.maximum(np.asarray(prompt_lens, dtype=np.float64), 1.0))).astype(np.int64)
+    return bins
 
 
 def prompt_length_baseline(
@@ -53,7 +64,7 @@ def prompt_length_baseline(
     return np.asarray([table.get(int(b), default) for b in _log2_bin(test_prompt_lens)], dtype=np.int64)
 
 
-def calibration(top_prob: np.ndarray, correct: np.ndarray, bins: int = 10) -> dict[str, list[float] | float]:
+def calibration(top_prob: np.ndarray, correct: np.ndarray, bins: int = 10) -> Calibration:
     """Reliability diagram data and the expected calibration error."""
     top_prob = np.asarray(top_prob, dtype=np.float64)
     correct = np.asarray(correct, dtype=np.float64)

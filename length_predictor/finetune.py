@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import torch
@@ -26,13 +26,26 @@ from tetriserve.length_predictor.encoder import FEATURE_DIM, Encoder, features, 
 from tetriserve.length_predictor.heads import LengthHeads
 from tetriserve.length_predictor.train import TrainConfig, TrainedHeads, finish_heads, new_heads, training_args
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 logger = logging.getLogger(__name__)
+
+
+class TextRow(TypedDict):
+    """One training example as ``TextCollator`` takes it."""
+
+    text: str
+    length_feature: float
+    bucket_labels: int
+    length_labels: float
+    direction_labels: int
 
 
 class FullModel(nn.Module):
     """Encoder + heads in one module, so ``Trainer`` back-propagates through both."""
 
-    def __init__(self, encoder: Any, heads: LengthHeads) -> None:
+    def __init__(self, encoder: PreTrainedModel, heads: LengthHeads) -> None:
         super().__init__()
         self.encoder = encoder
         self.heads = heads
@@ -46,11 +59,19 @@ class FullModel(nn.Module):
     ) -> dict[str, torch.Tensor]:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         pooled = mean_pool(hidden, attention_mask).float()
-        return self.heads(torch.cat([pooled, length_feature.unsqueeze(-1).float()], dim=-1), **labels)
+        feature = torch.cat([pooled, length_feature.unsqueeze(-1).float()], dim=-1)
+        out: dict[str, torch.Tensor] = self.heads(feature, **labels)
+        return out
 
 
-class TextDataset(torch.utils.data.Dataset[dict[str, Any]]):
-    def __init__(self, prompts: Sequence[str], prompt_lens: Sequence[int], lengths: np.ndarray, granularity_of: Any):
+class TextDataset(torch.utils.data.Dataset[TextRow]):
+    def __init__(
+        self,
+        prompts: Sequence[str],
+        prompt_lens: Sequence[int],
+        lengths: np.ndarray,
+        granularity_of: Callable[[int], int],
+    ) -> None:
         self.prompts = list(prompts)
         self.feat = length_feature(np.asarray(prompt_lens))
         self.lengths = np.asarray(lengths, dtype=np.float32)
@@ -59,7 +80,7 @@ class TextDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self.prompts)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def __getitem__(self, i: int) -> TextRow:
         return {
             "text": self.prompts[i],
             "length_feature": float(self.feat[i]),
@@ -72,11 +93,11 @@ class TextDataset(torch.utils.data.Dataset[dict[str, Any]]):
 class TextCollator:
     """Tokenizes a batch (cut from the left) and stacks the labels."""
 
-    def __init__(self, tokenizer: Any, max_length: int) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_length: int) -> None:
         self.tokenizer = tokenizer
         self.max_length = max_length
 
-    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def __call__(self, rows: list[TextRow]) -> dict[str, torch.Tensor]:
         enc = self.tokenizer(
             [r["text"] for r in rows], truncation=True, max_length=self.max_length, padding=True, return_tensors="pt"
         )

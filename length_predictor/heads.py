@@ -19,14 +19,25 @@ Two stages, as in CacheOpt ("first without the binary classifier, then ... inclu
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 LABEL_NAMES = ["bucket_labels", "length_labels", "direction_labels"]
+
+
+class HeadsConfigDict(TypedDict):
+    """``HeadsConfig`` as the artifact's JSON holds it."""
+
+    in_dim: int
+    num_buckets: int
+    hidden: int
+    reg_hidden: int
+    dropout: float
+    reg_weight: float
 
 
 @dataclass(frozen=True)
@@ -47,8 +58,15 @@ class HeadsConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"HeadsConfig.dropout must be in [0, 1), got {self.dropout}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> HeadsConfigDict:
+        return HeadsConfigDict(
+            in_dim=self.in_dim,
+            num_buckets=self.num_buckets,
+            hidden=self.hidden,
+            reg_hidden=self.reg_hidden,
+            dropout=self.dropout,
+            reg_weight=self.reg_weight,
+        )
 
 
 class LengthHeads(nn.Module):

@@ -19,10 +19,18 @@ import os
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
 from tetriserve.length_predictor.baseline import BucketQuantilePredictor
 from tetriserve.length_predictor.buckets import BucketSpec
+
+
+class OracleOptions(TypedDict, total=False):
+    """``OraclePredictor``'s parameters besides the lengths (its defaults where not given)."""
+
+    granularity: int
+    fallback: LengthPredictor | None
 
 
 def prompt_key(token_ids: Sequence[int]) -> str:
@@ -44,12 +52,17 @@ class OraclePredictor:
         self.misses = 0
 
     @classmethod
-    def from_pairs(cls, pairs: Iterable[tuple[Sequence[int], int]], **kwargs: object) -> OraclePredictor:
-        return cls({prompt_key(ids): int(n) for ids, n in pairs}, **kwargs)  # type: ignore[arg-type]
+    def from_pairs(
+        cls, pairs: Iterable[tuple[Sequence[int], int]], **kwargs: Unpack[OracleOptions]
+    ) -> OraclePredictor:
+        return cls({prompt_key(ids): int(n) for ids, n in pairs}, **kwargs)
 
     @classmethod
     def from_jsonl(
-        cls, path: str | os.PathLike[str], tokenizer_dir: str | os.PathLike[str] | None = None, **kwargs: object
+        cls,
+        path: str | os.PathLike[str],
+        tokenizer_dir: str | os.PathLike[str] | None = None,
+        **kwargs: Unpack[OracleOptions],
     ) -> OraclePredictor:
         """Lines with ``response_len`` and ``prompt_token_ids``, or ``prompt`` text encoded with ``tokenizer_dir``."""
         tok = None

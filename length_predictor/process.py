@@ -36,7 +36,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
 
 from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
 
@@ -91,10 +90,10 @@ class ProcessPredictor:
         self._closed = False
         self._observed: deque[Observe] = deque(maxlen=OBSERVED_MAX)  # for the child, sent with the next batch
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {"inner": self.inner, "name": self.name, "niceness": self.niceness}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self._init_runtime()
 
@@ -217,7 +216,7 @@ def serve(fd: int, niceness: int) -> None:
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, 0, max(niceness, os.getpriority(os.PRIO_PROCESS, 0)))
     conn = Connection(fd)
-    predictor: Any = conn.recv()
+    predictor: LengthPredictor = conn.recv()  # what the parent sends: its ``inner``
     try:
         predictor.warm_up()
         conn.send(Reply())

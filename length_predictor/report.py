@@ -12,18 +12,26 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
 from tetriserve.length_predictor import evaluate as ev
-from tetriserve.length_predictor.artifact import Artifact
+from tetriserve.length_predictor.artifact import Artifact, ArtifactMeta
 from tetriserve.length_predictor.data import Pair
 from tetriserve.length_predictor.train import predict_arrays
 
 PAPER_ACCURACY = {100: 0.589, 200: 0.749, 400: 0.850}  # TetriInfer §5.2.2, OPT-125M on 75K ShareGPT prompts
 CONFIDENCES = (0.8, 0.9, 0.95)
 NAME = "length_predictor"
+
+
+class EvalSummary(TypedDict, total=False):
+    """What the report says of the data: the artifact's JSON, the split sizes, the test labels' stats."""
+
+    meta: ArtifactMeta
+    splits: dict[str, int]
+    test_stats: dict[str, float]
 
 
 @dataclass
@@ -36,7 +44,7 @@ class EvalResult:
     majority: float
     prompt_len_only: float
     confusion: np.ndarray
-    calibration: dict[str, Any]
+    calibration: ev.Calibration
     provisioning: dict[str, dict[str, float]]
     direction_accuracy: float
     mae: float
@@ -170,7 +178,7 @@ def _plots(results: list[EvalResult], out: Path) -> list[str]:
     return names
 
 
-def write_report(results: list[EvalResult], summary: dict[str, Any], out: Path) -> Path:
+def write_report(results: list[EvalResult], summary: EvalSummary, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     pngs = _plots(results, out)
     meta = summary.get("meta", {})

@@ -24,14 +24,28 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
 from tetriserve.length_predictor.baseline import BucketQuantilePredictor
 from tetriserve.length_predictor.batcher import CoalescingBatcher
 from tetriserve.length_predictor.padding import ArrivalRateMeter, PaddingParams, padded_estimate
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from tetriserve.length_predictor.artifact import Artifact
+    from tetriserve.length_predictor.encoder import Encoder
+
 logger = logging.getLogger(__name__)
+
+
+class LoadedModels(TypedDict):
+    """What the first ``predict`` loads: the heads' artifact, the encoder, the target tokenizer (None: none)."""
+
+    art: Artifact
+    encoder: Encoder
+    tokenizer: PreTrainedTokenizerBase | None
 
 
 def plan_batches(token_lengths: Sequence[int], pad_cutoff: int, max_batch: int) -> list[list[int]]:
@@ -77,18 +91,18 @@ class TrainedPredictor:
     # -- pickling: parameters travel, loaded models do not ---------------------------------
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
-        self._loaded: dict[str, Any] | None = None
+        self._loaded: LoadedModels | None = None
         self._load_error: BaseException | None = None
         self._batcher: CoalescingBatcher[PredictInput, LengthEstimate] = CoalescingBatcher(
             self._predict_now, max_items=max(self.max_batch * 4, 1)
         )
         self._meter = ArrivalRateMeter((self.padding_override or PaddingParams()).window_s)
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         keep = ("_lock", "_loaded", "_load_error", "_batcher", "_meter")
         return {k: v for k, v in self.__dict__.items() if k not in keep}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self._init_runtime()
 
@@ -104,7 +118,7 @@ class TrainedPredictor:
     def observe(self, prompt_len: int, output_len: int) -> None:
         self.fallback.observe(prompt_len, output_len)
 
-    def load(self) -> dict[str, Any]:
+    def load(self) -> LoadedModels:
         """Load the encoder, heads and target tokenizer now (otherwise the first ``predict`` does)."""
         with self._lock:
             if self._loaded is None:
@@ -112,14 +126,14 @@ class TrainedPredictor:
             return self._loaded
 
     # -- internals -------------------------------------------------------------------------
-    def _load(self) -> dict[str, Any]:
+    def _load(self) -> LoadedModels:
         from tetriserve.length_predictor.artifact import load
         from tetriserve.length_predictor.encoder import Encoder
 
         t0 = time.perf_counter()
         art = load(self.artifact_path)
         encoder = Encoder.load(art.encoder_dir, art.max_length, dtype=self.encoder_dtype, device="cpu")
-        tokenizer = None
+        tokenizer: PreTrainedTokenizerBase | None = None
         if self.target_tokenizer:
             from transformers import AutoTokenizer
 
@@ -171,7 +185,7 @@ class TrainedPredictor:
             for i, it in enumerate(items)
         ]
 
-    def _text(self, tokenizer: Any, item: PredictInput) -> str:
+    def _text(self, tokenizer: PreTrainedTokenizerBase | None, item: PredictInput) -> str:
         ids = item.prompt_token_ids[-self.decode_tail :] if self.decode_tail else ()
         if tokenizer is None or not ids:
             return ""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -24,7 +24,38 @@ from tetriserve.length_predictor.buckets import DEFAULT_OPEN_FROM, BucketSpec
 from tetriserve.length_predictor.heads import LABEL_NAMES, HeadsConfig, LengthHeads, infer
 from tetriserve.length_predictor.padding import BucketWidths, fit_widths
 
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
+
 logger = logging.getLogger(__name__)
+
+
+class TrainingOverrides(TypedDict, total=False):
+    """The ``TrainingArguments`` a caller of ``training_args`` may set over this module's choices."""
+
+    learning_rate: float
+    per_device_train_batch_size: int
+    per_device_eval_batch_size: int
+    bf16: bool
+    max_steps: int
+
+
+class _TrainingKwargs(TrainingOverrides, total=False):
+    output_dir: str
+    num_train_epochs: float
+    weight_decay: float
+    lr_scheduler_type: str
+    warmup_steps: float
+    eval_strategy: str
+    logging_strategy: str
+    save_strategy: str
+    report_to: str
+    disable_tqdm: bool
+    label_names: list[str]
+    remove_unused_columns: bool
+    dataloader_num_workers: int
+    seed: int
+    use_cpu: bool
 
 
 @dataclass(frozen=True)
@@ -87,10 +118,12 @@ class FeatureDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         }
 
 
-def training_args(out_dir: str, cfg: TrainConfig, epochs: int, **overrides: Any) -> Any:
+def training_args(
+    out_dir: str, cfg: TrainConfig, epochs: int, **overrides: Unpack[TrainingOverrides]
+) -> TrainingArguments:
     from transformers import TrainingArguments
 
-    kwargs: dict[str, Any] = {
+    kwargs: _TrainingKwargs = {
         "output_dir": out_dir,
         "num_train_epochs": epochs,
         "per_device_train_batch_size": cfg.batch_size,
@@ -110,11 +143,11 @@ def training_args(out_dir: str, cfg: TrainConfig, epochs: int, **overrides: Any)
         "seed": cfg.seed,
         "use_cpu": not torch.cuda.is_available(),
     }
-    kwargs.update(overrides)
-    return TrainingArguments(**kwargs)
+    merged: _TrainingKwargs = {**kwargs, **overrides}
+    return TrainingArguments(**merged)
 
 
-def _fit(model: torch.nn.Module, args: Any, train: FeatureDataset, val: FeatureDataset) -> None:
+def _fit(model: torch.nn.Module, args: TrainingArguments, train: FeatureDataset, val: FeatureDataset) -> None:
     from transformers import Trainer
 
     Trainer(model=model, args=args, train_dataset=train, eval_dataset=val).train()
@@ -203,5 +236,5 @@ def _directions(heads: LengthHeads, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return (y > predict_arrays(heads, x)["length"]).astype(np.int64)
 
 
-def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+def config_dict(cfg: TrainConfig) -> dict[str, object]:
     return asdict(cfg)
