@@ -259,8 +259,6 @@ class _Base(TypedDict):
     worker: str
     role: str
     state: str
-    running: int
-    waiting: int
     flips: int
     restarts: int
     queue_wait_s: NotRequired[float]
@@ -273,8 +271,6 @@ class _Extra(TypedDict, total=False):
     answered: bool
     predictions: Mapping[str, int]
     handoffs: Mapping[str, int]
-    running: int
-    waiting: int
     kv_usage: float
     preemptions: int
     generation_tokens: int
@@ -316,8 +312,8 @@ def worker_stats(status: WorkerStatusView, raw: WorkerReply | None) -> WorkerSta
     if handoffs := raw.get("handoffs"):  # a prefill worker's handoffs, pipelined, whole or offloaded
         extra["handoffs"] = {k: int(v) for k, v in handoffs.items()}
     if eng is not None:
-        if not load:
-            extra["running"], extra["waiting"] = int(eng.running), int(eng.waiting)
+        if not load:  # no load report yet: the engine's own counts
+            base["running"], base["waiting"] = int(eng.running), int(eng.waiting)
         extra["kv_usage"] = float(eng.kv_usage)
         extra["preemptions"] = int(eng.preemptions)
         extra["generation_tokens"] = int(eng.generation_tokens)
@@ -342,8 +338,7 @@ def worker_stats(status: WorkerStatusView, raw: WorkerReply | None) -> WorkerSta
     score = raw.get("length_score")
     if isinstance(score, LengthScoreStats):
         extra["length_score"] = score
-    # an engine's running and waiting with an empty load report name those fields twice: a TypeError here
-    return WorkerStats(**base, **extra)  # type: ignore[misc]
+    return WorkerStats(**base, **extra)
 
 
 _PREDICTIONS = ("on_time", "late", "refined")

@@ -196,3 +196,11 @@ def test_ray_publisher_counts_increases_sets_gauges_and_replays_observations(mon
     assert [c[0] for c in made["tetriserve_kv_cache_usage_perc"].calls] == ["set"] * 4  # 2 workers answered x 2
     assert made["tetriserve_inter_token_latency_seconds"].calls == [("observe", 0.05, None)] * 4
     assert "tetriserve_worker_role" not in made  # observability/worker_gauges.py publishes it to Ray
+
+
+def test_a_worker_without_a_load_report_counts_its_engine_s_running_and_waiting() -> None:
+    from tetriserve.observability.metrics_stats import worker_stats
+
+    starting = WorkerStatus("decode-2", "decode", "active", {})  # no load report yet
+    stats = worker_stats(starting, {"engine": EngineStats(running=3, waiting=2)})
+    assert (stats.running, stats.waiting, stats.answered) == (3, 2, True)
