@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -502,9 +502,9 @@ class ClusterConfig(BaseModel):
         return self
 
     @classmethod
-    def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> ClusterConfig:
+    def load(cls, path: str | Path | None = None, overrides: Mapping[str, object] | None = None) -> ClusterConfig:
         """Read YAML (if given) and apply dotted overrides such as ``{"engine.max_model_len": 2048}``."""
-        data: dict[str, Any] = {}
+        data: dict[str, object] = {}
         if path is not None:
             loaded = yaml.safe_load(Path(path).read_text()) or {}
             if not isinstance(loaded, dict):

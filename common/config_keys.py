@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,11 +50,11 @@ class ConfigKey:
     field: FieldInfo
 
     @property
-    def annotation(self) -> Any:
+    def annotation(self) -> object:
         return self.field.annotation
 
     @property
-    def default(self) -> Any:
+    def default(self) -> object:
         """The field's default (None where it is required or made by a factory)."""
         if self.field.default_factory is not None or self.field.default is PydanticUndefined:
             return None
@@ -111,11 +111,11 @@ def unknown_key_message(model: type[BaseModel], path: str) -> str:
     return f"unknown config key {path}{hint}"
 
 
-def renamed_in(data: dict[str, Any]) -> list[str]:
+def renamed_in(data: Mapping[str, object]) -> list[str]:
     """The messages for every renamed key that ``data`` (a config file's mapping) still uses."""
     found = []
     for old in RENAMED:
-        node: Any = data
+        node: object = data
         for part in old.split("."):
             if not isinstance(node, dict) or part not in node:
                 break
@@ -129,8 +129,9 @@ def _renamed(old: str) -> str:
     return f"config key {old} is now {RENAMED[old]}: write that instead"
 
 
-def value_type(annotation: Any) -> Any:
-    """The annotation without ``| None`` (``float | None`` -> ``float``)."""
+def value_type(annotation: object) -> Any:
+    """The annotation without ``| None`` (``float | None`` -> ``float``). Its callers use what it gives as a
+    type (an argparse ``type=``, a class to compare), which a type annotation's object is only at run time."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) == 1:

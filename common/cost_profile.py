@@ -14,12 +14,15 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
+from tetriserve.common.coerce import as_float, as_int
 from tetriserve.common.cost_model import DecodeCost, PrefillCost
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class CostProfile:
     decode_fit_error: float = float("nan")
     sweep: tuple[SweepPoint, ...] = field(default_factory=tuple)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         data = asdict(self)
         data["sweep"] = [asdict(p) for p in self.sweep]
         for key in ("prefill_fit_error", "decode_fit_error"):  # strict JSON has no NaN: an unknown error is null
@@ -63,18 +66,18 @@ class CostProfile:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CostProfile:
+    def from_json(cls, data: Mapping[str, object]) -> CostProfile:
         try:
             return cls(
                 model=str(data["model"]),
                 hardware=str(data["hardware"]),
-                prefill=PrefillCost(**data["prefill"]),
-                decode=DecodeCost(**data["decode"]),
-                pivot_tokens=int(data["pivot_tokens"]),
-                pivot_seconds=float(data["pivot_seconds"]),
+                prefill=_build(PrefillCost, data["prefill"]),
+                decode=_build(DecodeCost, data["decode"]),
+                pivot_tokens=as_int(data["pivot_tokens"]),
+                pivot_seconds=as_float(data["pivot_seconds"]),
                 prefill_fit_error=_float_or_nan(data.get("prefill_fit_error")),
                 decode_fit_error=_float_or_nan(data.get("decode_fit_error")),
-                sweep=tuple(SweepPoint(**p) for p in data.get("sweep", ())),
+                sweep=tuple(_build(SweepPoint, p) for p in _items(data.get("sweep", ()))),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"cost profile: missing or malformed field ({exc})") from exc
@@ -97,8 +100,22 @@ class CostProfile:
         return cls.from_json(data)
 
 
-def _float_or_nan(value: Any) -> float:
-    return float("nan") if value is None else float(value)
+def _float_or_nan(value: object) -> float:
+    return float("nan") if value is None else as_float(value)
+
+
+def _build(kind: Callable[..., _T], value: object) -> _T:
+    """``kind(**value)`` of a JSON object's fields (TypeError for another value, as ``**value`` raises)."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"argument after ** must be a mapping, not {type(value).__name__}")
+    return kind(**value)
+
+
+def _items(value: object) -> Iterable[object]:
+    """A JSON array's items (TypeError for a value that is not iterable, as iterating it raises)."""
+    if not isinstance(value, Iterable):
+        raise TypeError(f"{type(value).__name__!r} object is not iterable")
+    return value
 
 
 def _slug(text: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from tetriserve.common.length import LengthEstimate
 
@@ -32,7 +31,7 @@ class EngineTags:
     estimate: LengthEstimate | None = None  # predicted output length (decode side)
     version: int = TAGS_VERSION
 
-    def extra(self) -> dict[str, Any]:
+    def extra(self) -> dict[str, object]:
         """The ``extra_args`` entry that carries these tags."""
         return {TAGS_KEY: self}
 
@@ -40,7 +39,7 @@ class EngineTags:
 NO_TAGS = EngineTags()
 
 
-def tags_of(extra_args: Mapping[str, Any] | None) -> EngineTags:
+def tags_of(extra_args: Mapping[str, object] | None) -> EngineTags:
     """The tags in ``extra_args`` (``NO_TAGS`` when there are none, e.g. a plain vLLM request)."""
     tags = (extra_args or {}).get(TAGS_KEY)
     return tags if isinstance(tags, EngineTags) else NO_TAGS

@@ -3,10 +3,10 @@ body every HTTP error is sent as, and how to tell that a Ray call's actor is dea
 
 from __future__ import annotations
 
-from typing import Any
 
-
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> dict[str, dict[str, str | None]]:
     """OpenAI's error shape: ``{"error": {message, type, param, code}}``."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 

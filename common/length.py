@@ -7,9 +7,11 @@ exact count; schedulers use ``lower``/``upper`` for reservation decisions and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
+
+from tetriserve.common.coerce import as_float, as_int
 
 
 @dataclass(frozen=True)
@@ -67,13 +69,13 @@ class LengthEstimate:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> LengthEstimate:
+    def from_dict(cls, data: Mapping[str, object]) -> LengthEstimate:
         return cls(
-            lower=int(data["lower"]),  # type: ignore[call-overload]
-            estimate=int(data["estimate"]),  # type: ignore[call-overload]
-            upper=int(data["upper"]),  # type: ignore[call-overload]
-            bucket=int(data.get("bucket", -1)),  # type: ignore[call-overload]
-            confidence=float(data.get("confidence", 0.0)),  # type: ignore[arg-type]
+            lower=as_int(data["lower"]),
+            estimate=as_int(data["estimate"]),
+            upper=as_int(data["upper"]),
+            bucket=as_int(data.get("bucket", -1)),
+            confidence=as_float(data.get("confidence", 0.0)),
             source=str(data.get("source", "unknown")),
         )
 

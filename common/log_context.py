@@ -23,9 +23,10 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s%(request_tag)s: %(message)s"
 
@@ -56,11 +57,11 @@ def bound(request_id: str, traceparent: str | None = None) -> Iterator[None]:
         _current.reset(token)
 
 
-def within(request_id: str, traceparent: str | None, callback: Callable[..., _T]) -> Callable[..., _T]:
+def within(request_id: str, traceparent: str | None, callback: Callable[_P, _T]) -> Callable[_P, _T]:
     """``callback`` that runs with ``request_id`` bound, wherever it is called from."""
     ids = (request_id, trace_id_of(traceparent))
 
-    def call(*args: Any, **kwargs: Any) -> _T:
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         token = _current.set(ids)
         try:
             return callback(*args, **kwargs)
@@ -83,7 +84,7 @@ def install() -> None:
     _installed = True
     previous = logging.getLogRecordFactory()
 
-    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
         record = previous(*args, **kwargs)
         ids = _current.get()
         if ids is None:

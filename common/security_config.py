@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -50,7 +50,7 @@ class ApiKeySpec(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _bare_key(cls, data: Any) -> Any:
+    def _bare_key(cls, data: object) -> object:
         return {"key": data} if isinstance(data, str) else data
 
     @field_validator("key")
@@ -91,7 +91,7 @@ class SecurityConfig(BaseModel):
         description="Address the Ray dashboard of a local cluster binds to (0.0.0.0 opens it to the network).",
     )
 
-    def updated(self, changes: dict[str, Any]) -> SecurityConfig:
+    def updated(self, changes: Mapping[str, object]) -> SecurityConfig:
         """These settings with ``changes`` (``{"rate_per_s": 5.0}``) over them, validated as a whole; the rest
         kept (a front door joining a service overrides what it is given, no more)."""
         return SecurityConfig.model_validate({**self.model_dump(), **changes})
@@ -151,7 +151,7 @@ def parse_keys_file(text: str, source: str = "api_keys_file") -> tuple[ApiKeySpe
             continue
         key, *options = line.split()
         where = f"{source} line {number}"
-        fields: dict[str, Any] = {"key": key}
+        fields: dict[str, object] = {"key": key}
         for option in options:
             name, sep, value = option.partition("=")
             if not sep or not value:

@@ -30,7 +30,7 @@ import os
 import random
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from importlib import metadata, resources
 from pathlib import Path
 from typing import IO, Any
@@ -46,6 +46,10 @@ _CHUNK_BYTES = 1 << 20
 _MAX_RECORD_CHARS = 64 << 20
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _INCOMPLETE = object()  # sentinel: the file ended inside an element (``null`` is a valid element)
+
+# One record as JSON decoded it: ``{"id": ..., "conversations": [{"from": ..., "value": ...}, ...]}`` as the
+# file says, unchecked beyond being an object; its readers take the fields they know with ``isinstance``.
+Record = dict[str, Any]
 
 
 def find_sharegpt_file() -> Path:
@@ -84,7 +88,7 @@ def _from_metadata() -> Path | None:
     return None
 
 
-def iter_conversations(path: str | os.PathLike[str] | None = None) -> Iterator[dict[str, Any]]:
+def iter_conversations(path: str | os.PathLike[str] | None = None) -> Iterator[Record]:
     """Stream the records of a (possibly truncated) top-level JSON array of objects.
 
     Yields every complete record in file order and stops cleanly at a truncated
@@ -134,13 +138,15 @@ class _ArrayStream:
     def _peek(self) -> str:
         """Skip whitespace and return the next character ('' at EOF)."""
         while True:
-            self._pos = _WHITESPACE.match(self._buf, self._pos).end()  # type: ignore[union-attr]
+            blank = _WHITESPACE.match(self._buf, self._pos)  # matches everywhere (it may match nothing)
+            if blank is not None:
+                self._pos = blank.end()
             if self._pos < len(self._buf):
                 return self._buf[self._pos]
             if not self._fill():
                 return ""
 
-    def _element(self) -> Any:
+    def _element(self) -> object:
         """Decode the element at the cursor; ``_INCOMPLETE`` when the file ends inside it."""
         while True:
             try:
@@ -161,7 +167,7 @@ class _ArrayStream:
                     return obj
                 return _INCOMPLETE
 
-    def records(self) -> Iterator[Any]:
+    def records(self) -> Iterator[object]:
         if self._buf == "" and self._fill() and self._buf.startswith("\ufeff"):
             self._pos = 1
         first = self._peek()
@@ -195,11 +201,11 @@ class _ArrayStream:
         logger.info("%s: truncated JSON array, salvaged %s complete records", self._name, count)
 
 
-def load_conversations(path: str | os.PathLike[str] | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+def load_conversations(path: str | os.PathLike[str] | None = None, limit: int | None = None) -> list[Record]:
     """Return the first ``limit`` records (all when None) as a list."""
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    out: list[dict[str, Any]] = []
+    out: list[Record] = []
     if limit == 0:
         return out
     for record in iter_conversations(path):
@@ -241,7 +247,7 @@ def write_valid_json(
     return count
 
 
-def first_human_prompt(record: dict[str, Any], min_turns: int = 2) -> str | None:
+def first_human_prompt(record: Mapping[str, object], min_turns: int = 2) -> str | None:
     """The first non-empty human turn of a record that also has a later gpt turn, else None."""
     turns = record.get("conversations")
     if not isinstance(turns, list) or len(turns) < min_turns:

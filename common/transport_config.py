@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -81,7 +81,7 @@ class TransportConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _bare_backend(cls, data: Any) -> Any:
+    def _bare_backend(cls, data: object) -> object:
         return {"backend": data} if isinstance(data, str) else data
 
     @model_validator(mode="after")

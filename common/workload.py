@@ -24,9 +24,9 @@ import logging
 import math
 import os
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from tetriserve.common.request import SLO
 from tetriserve.common.sharegpt import first_human_prompt, iter_conversations
@@ -120,9 +120,12 @@ class WorkloadRequest:
 # ── request sources ──────────────────────────────────────────────────────────────────────────────
 
 
-def _answer_after_first_human(record: dict[str, Any]) -> str | None:
-    """The first gpt turn after the record's first human turn (``first_human_prompt`` vouched that one exists)."""
-    turns: list[Any] = record["conversations"]
+def _answer_after_first_human(record: Mapping[str, object]) -> str | None:
+    """The first gpt turn after the record's first human turn (``first_human_prompt`` vouched that one exists,
+    in a list of turns)."""
+    turns = record["conversations"]
+    if not isinstance(turns, list):
+        return None
     start = next(i for i, t in enumerate(turns) if isinstance(t, dict) and t.get("from") == "human")
     for turn in turns[start + 1 :]:
         if isinstance(turn, dict) and turn.get("from") == "gpt":

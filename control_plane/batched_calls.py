@@ -23,21 +23,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from tetriserve.control_plane.handles import Method
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
 
+# one call: its items (each with the future of its answer, None when told) and the ref of the call, or what
+# raised when it was made
+_Call = tuple[list[tuple[T, asyncio.Future[R] | None]], Awaitable[list[R] | None] | Exception]
+
 
 class OneCallOut(Generic[T, R]):
     """Items for ``method()``: the remote method to call now (e.g. ``lambda: scheduler.place_many``), so a
-    re-created actor's handle is read at each call. Used from one event loop at a time: items of a loop that has
+    re-created actor's handle is read at each call; it answers a list of one answer per item, or nothing when
+    every item is told. Used from one event loop at a time: items of a loop that has
     gone are dropped when another starts using it."""
 
-    def __init__(self, method: Callable[[], Any], timeout_s: float) -> None:
+    def __init__(self, method: Callable[[], Method[list[R]] | Method[None]], timeout_s: float) -> None:
         self.method = method
         self.timeout_s = timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -65,14 +73,14 @@ class OneCallOut(Generic[T, R]):
         if self._sender is None or self._sender.done():  # none out: this goes now, not at the loop's next turn
             self._sender = asyncio.ensure_future(self._send(self._call()))
 
-    def _call(self) -> tuple[list[tuple[T, asyncio.Future[R] | None]], Any]:
+    def _call(self) -> _Call[T, R]:
         batch, self._waiting = self._waiting, []
         try:
             return batch, self.method().remote([item for item, _ in batch])
         except Exception as exc:  # no handle to call (the actor is being re-created)
             return batch, exc
 
-    async def _send(self, call: tuple[list[tuple[T, asyncio.Future[R] | None]], Any]) -> None:
+    async def _send(self, call: _Call[T, R]) -> None:
         while True:
             batch, ref = call
             try:
@@ -86,6 +94,8 @@ class OneCallOut(Generic[T, R]):
                         answer.set_exception(exc)
             else:
                 if any(answer is not None for _, answer in batch):
+                    if answers is None:  # a method that answers nothing, asked for answers
+                        raise TypeError("'NoneType' object is not iterable")
                     for (_, answer), value in zip(batch, answers, strict=True):
                         if answer is not None and not answer.done():
                             answer.set_result(value)

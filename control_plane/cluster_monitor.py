@@ -36,9 +36,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from tetriserve.common.load import DecodeLoad, PrefillLoad, Role, same_load
+from tetriserve.control_plane.handles import MemberSnapshot, SchedulerHandle, WorkerHandle
 from tetriserve.decode_worker import slices
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 class _Member:
     worker_id: str
     role: Role
-    handle: Any
+    handle: WorkerHandle
     address: str
     incarnation: int = 0
     load: PrefillLoad | DecodeLoad | None = None
@@ -80,13 +80,13 @@ class ClusterMonitor:
         self.slice_lambda = slice_lambda
         self.slice_min_interval_s = slice_min_interval_s
         self.members: dict[str, _Member] = {}
-        self.scheduler: Any = None
+        self.scheduler: SchedulerHandle | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = True  # a load has changed since the last broadcast
         self._broadcast_serving: frozenset[tuple[str, int]] = frozenset()  # who was serving then
         self._broadcast_at = -float("inf")
 
-    async def start(self, scheduler: Any) -> None:
+    async def start(self, scheduler: SchedulerHandle) -> None:
         """Begin broadcasting (and rebalancing); called again with a re-created GlobalScheduler, it rewires."""
         self.scheduler = scheduler
         self._changed = True  # a re-created GlobalScheduler gets the loads at once
@@ -101,7 +101,7 @@ class ClusterMonitor:
         self,
         worker_id: str,
         role: str,
-        handle: Any,
+        handle: WorkerHandle,
         address: str,
         incarnation: int = 0,
         load: PrefillLoad | DecodeLoad | None = None,
@@ -228,7 +228,7 @@ class ClusterMonitor:
                 )
         return slices.next_interval(loads, self.slice_lambda, self.slice_min_interval_s)
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(self) -> list[MemberSnapshot]:
         now = self.clock()
         return [
             {

@@ -29,11 +29,22 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.lifecycle import LifecycleView
+from tetriserve.control_plane.handles import (
+    ControlPlaneHandle,
+    MonitorHandle,
+    SchedulerHandle,
+    WorkerHandle,
+    kill,
+    typed_control_plane,
+)
 from tetriserve.control_plane.supervisor import Slot
+
+if TYPE_CHECKING:
+    from tetriserve.control_plane.launcher import Cluster
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +70,10 @@ class ClusterInfo:
 class ClusterView:
     """The handles a front door calls, as the control plane holds them now."""
 
-    prefill: dict[str, Any]
-    decode: dict[str, Any]
-    scheduler: Any
-    monitor: Any
+    prefill: dict[str, WorkerHandle]
+    decode: dict[str, WorkerHandle]
+    scheduler: SchedulerHandle
+    monitor: MonitorHandle
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,7 @@ class ControlPlane:
 
     def __init__(self, config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str) -> None:
         self.info_ = ClusterInfo(config, model_path, served_name, dashboard_url)
-        self._cluster: Any = None
+        self._cluster: Cluster | None = None
         self._error: str | None = None
         self._launched = threading.Event()
         self.roll = FrontDoorRoll()
@@ -172,13 +183,15 @@ class ControlPlane:
             self._cluster.shutdown(leave_ray=True)
             self._cluster = None
 
-    def _started(self) -> Any:
+    def _started(self) -> Cluster:
         if self._cluster is None:
             raise ValueError("the cluster is still starting" if self._error is None else self._error)
         return self._cluster
 
 
-def start_control_plane(config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str) -> Any:
+def start_control_plane(
+    config: ClusterConfig, model_path: str, served_name: str, dashboard_url: str
+) -> ControlPlaneHandle:
     """Create the detached control-plane actor (Ray must be initialised); refuses when one already runs in the
     namespace, since two would launch two sets of workers under the same names."""
     import ray
@@ -192,7 +205,7 @@ def start_control_plane(config: ClusterConfig, model_path: str, served_name: str
             f"a tetriserve control plane already runs in Ray namespace {config.namespace!r}: add a front door to it "
             f"with `tetriserve frontdoor --address ...`, or pick another namespace"
         )
-    return (
+    return typed_control_plane(
         ray.remote(ControlPlane)
         .options(
             name=NAME,
@@ -206,7 +219,7 @@ def start_control_plane(config: ClusterConfig, model_path: str, served_name: str
     )
 
 
-def stop_control_plane(handle: Any, timeout_s: float = 60.0) -> None:
+def stop_control_plane(handle: ControlPlaneHandle, timeout_s: float = 60.0) -> None:
     """The service's end: the control plane stops supervision and kills its actors, then itself."""
     import ray
 
@@ -215,17 +228,17 @@ def stop_control_plane(handle: Any, timeout_s: float = 60.0) -> None:
     except Exception:  # already gone, or stuck: killing it takes its actors along (they are its own)
         logger.warning("control plane: no clean shutdown", exc_info=True)
     try:
-        ray.kill(handle, no_restart=True)
+        kill(handle, no_restart=True)
     except Exception:
         logger.debug("control plane already gone", exc_info=True)
 
 
-def find_control_plane(namespace: str) -> Any:
+def find_control_plane(namespace: str) -> ControlPlaneHandle:
     """The running control plane's handle, or a ValueError saying there is none."""
     import ray
 
     try:
-        return ray.get_actor(NAME, namespace=namespace)
+        return typed_control_plane(ray.get_actor(NAME, namespace=namespace))
     except ValueError:
         raise ValueError(
             f"no tetriserve control plane in Ray namespace {namespace!r} on this Ray cluster: start one with "

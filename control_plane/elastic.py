@@ -35,7 +35,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.common.flip_config import FlipConfig, ScaleConfig
@@ -43,6 +43,7 @@ from tetriserve.common.lifecycle import Lifecycle, LifecycleView, WorkerLifecycl
 from tetriserve.common.load import Role
 from tetriserve.control_plane.flip import Attainment, ClusterSnapshot, FlipOrder, FlipPolicy, ScaleOrder, WorkerView
 from tetriserve.control_plane.flip.window import SloWindow
+from tetriserve.control_plane.handles import MemberSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class Elastic:
         self.decisions: deque[Decision] = deque(maxlen=DECISIONS_KEPT)
         self._lifecycles: dict[str, WorkerLifecycle] = {}
         self._ops: dict[str, _Operation] = {}
-        self._members: dict[str, Mapping[str, Any]] = {}
+        self._members: dict[str, MemberSnapshot] = {}
         self._load: dict[str, tuple[float, float]] = {}  # worker -> (smoothed load, when)
         self._steps: dict[str, float] = {}  # worker -> its engine's step count in the last snapshot
         self._checked = -math.inf
@@ -166,7 +167,7 @@ class Elastic:
         logger.info("elastic: %s (%s; %s): %s", op.order, op.source, reason, outcome)
 
     # -- the tick ------------------------------------------------------------------------------------
-    def tick(self, members: Sequence[Mapping[str, Any]], now: float) -> None:
+    def tick(self, members: Sequence[MemberSnapshot], now: float) -> None:
         """The monitor's latest snapshot: move every operation on, then let the policy look."""
         with self._lock:
             self._members = {m["worker_id"]: m for m in members if m["worker_id"] not in self._removed}
@@ -275,7 +276,7 @@ class Elastic:
             int(load.get("running", 0)),
         )
 
-    def _smooth(self, wid: str, m: Mapping[str, Any], now: float) -> None:
+    def _smooth(self, wid: str, m: MemberSnapshot, now: float) -> None:
         """Each worker's load: the share of time its engine had work (queued or running requests), smoothed
         with time constant ``flip.load_window_s`` — for a decode worker as for a prefill one, since a decode
         engine with one request steps as often as with many."""
@@ -359,7 +360,7 @@ def parse_role(value: str) -> Role:
         raise InvalidRequestError("role", f"must be 'prefill' or 'decode', got {value!r}") from None
 
 
-def _busy(m: Mapping[str, Any]) -> bool:
+def _busy(m: MemberSnapshot) -> bool:
     load = m.get("load") or {}
     return bool(load.get("queued", 0) > 0 or load.get("running", 0) > 0)
 

@@ -43,7 +43,6 @@ import math
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any
 
 from tetriserve.common.admission_config import RETRY_AFTER_MAX_S, AdmissionConfig
 from tetriserve.common.load import PrefillLoad
@@ -51,6 +50,7 @@ from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import Placement, PlacementRequest, StateEvent
 from tetriserve.common.tracing_config import TracingConfig
 from tetriserve.control_plane.batched_calls import OneCallOut
+from tetriserve.control_plane.handles import SchedulerStatus, WorkerHandle
 from tetriserve.observability import tracing
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ FEEDBACK_TIMEOUT_S = 30.0  # one call of finished requests' lengths to a prefill
 class GlobalScheduler:
     def __init__(
         self,
-        prefill: dict[str, Any],
+        prefill: dict[str, WorkerHandle],
         history: int = 1000,
         limits: AdmissionConfig | None = None,
         tracing_config: TracingConfig | None = None,
@@ -96,7 +96,7 @@ class GlobalScheduler:
         """The monitor's broadcast: the prefill workers serving now, with their loads."""
         self.prefill_loads = {ld.worker_id: ld for ld in loads}
 
-    async def set_prefill(self, worker_id: str, handle: Any) -> None:
+    async def set_prefill(self, worker_id: str, handle: WorkerHandle) -> None:
         """A prefill worker's new life (the supervisor re-created it)."""
         self.prefill[worker_id] = handle
 
@@ -241,7 +241,7 @@ class GlobalScheduler:
             out = self._feedbacks[worker] = OneCallOut(lambda: self.prefill[worker].observe_many, FEEDBACK_TIMEOUT_S)
         return out
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> SchedulerStatus:
         return {"in_flight": len(self.table), "counts": dict(self.counts), "at": time.time()}
 
     async def recent(self, n: int = 50) -> list[Request]:
@@ -262,7 +262,7 @@ def trace_placement(meta: PlacementRequest, placement: Placement, started_ns: in
         if placement.retry
         else "rejected"
     )
-    attributes = {
+    attributes: dict[str, str | int] = {
         "tetriserve.request_id": meta.request_id,
         "tetriserve.attempt": meta.attempt,
         "tetriserve.prompt_tokens": meta.prompt_tokens,

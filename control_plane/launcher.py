@@ -26,8 +26,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.control_plane.cluster_monitor import ClusterMonitor
@@ -35,9 +36,21 @@ from tetriserve.control_plane.control_plane import SupervisionState
 from tetriserve.control_plane.elastic import Elastic, parse_role, role_counts
 from tetriserve.control_plane.flip.window import SloWindow
 from tetriserve.control_plane.global_scheduler import GlobalScheduler
+from tetriserve.control_plane.handles import (
+    MonitorHandle,
+    SchedulerHandle,
+    WorkerHandle,
+    kill,
+    typed_monitor,
+    typed_scheduler,
+    typed_worker,
+)
 from tetriserve.engine.settings import engine_env
 from tetriserve.length_predictor.factory import build_predictor
 from tetriserve.worker.actor import Worker
+
+if TYPE_CHECKING:
+    from tetriserve.control_plane.supervision import Supervision
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +59,14 @@ logger = logging.getLogger(__name__)
 class Cluster:
     config: ClusterConfig
     model_path: str
-    scheduler: Any
-    monitor: Any
-    prefill: dict[str, Any]
-    decode: dict[str, Any]
+    scheduler: SchedulerHandle
+    monitor: MonitorHandle
+    prefill: dict[str, WorkerHandle]
+    decode: dict[str, WorkerHandle]
     dashboard_url: str = ""
     owns_ray: bool = False
     started_at: float = field(default_factory=time.time)
-    supervision: Any = None  # control_plane.supervision.Supervision while it runs
+    supervision: Supervision | None = None  # while it runs
     slo: SloWindow | None = None  # finished requests' TTFT / TPOT against their objectives (the slo flip policy)
 
     def shutdown(self, leave_ray: bool = False) -> None:
@@ -64,7 +77,7 @@ class Cluster:
             self.supervision = None
         for handle in [*self.prefill.values(), *self.decode.values(), self.scheduler, self.monitor]:
             try:
-                ray.kill(handle)
+                kill(handle)
             except Exception:  # already gone
                 logger.debug("actor already gone", exc_info=True)
         if self.owns_ray and not leave_ray:
@@ -96,8 +109,7 @@ class Cluster:
     def _elastic(self) -> Elastic:
         if self.supervision is None:
             raise ValueError("flips and scaling need the supervisor (config: supervise: true)")
-        elastic: Elastic = self.supervision.elastic
-        return elastic
+        return self.supervision.elastic
 
 
 class LocalControl:
@@ -127,8 +139,8 @@ def init_ray(config: ClusterConfig) -> tuple[bool, str]:
     import ray
 
     if ray.is_initialized():
-        ctx = ray.get_runtime_context()
-        return False, getattr(ctx, "dashboard_url", "") or ""
+        runtime = ray.get_runtime_context()
+        return False, getattr(runtime, "dashboard_url", "") or ""
     if config.ray_address is None:
         # Ray starts its worker processes at nice 15; on a machine shared with the front door and other
         # processes that starves the engines (a local cluster only: a joined one keeps its own setting)
@@ -165,17 +177,18 @@ class ActorBuilder:
 
         self.config = config
         self.model_path = model_path
-        self.opts: dict[str, Any] = {"num_cpus": 0, "namespace": config.namespace, "max_concurrency": 1000}
+        self.opts: dict[str, object] = {"num_cpus": 0, "namespace": config.namespace, "max_concurrency": 1000}
         # on a cluster with GPUs each engine gets its own (Ray sets CUDA_VISIBLE_DEVICES per worker actor)
-        gpus = {"num_gpus": 1} if ray.cluster_resources().get("GPU", 0) > 0 else {}
+        resources: Callable[[], Mapping[str, float]] = ray.cluster_resources  # unannotated in Ray
+        gpus = {"num_gpus": 1} if resources().get("GPU", 0) > 0 else {}
         self.engine_opts = {**self.opts, **gpus, "runtime_env": {"env_vars": engine_env(config.engine)}}
         self.predictor = build_predictor(config.prefill, model_path)  # each worker gets its own (pickled) copy
 
-    def monitor(self) -> Any:
+    def monitor(self) -> MonitorHandle:
         import ray
 
         c = self.config
-        return (
+        return typed_monitor(
             ray.remote(ClusterMonitor)
             .options(name="cluster-monitor", **self.opts)
             .remote(
@@ -188,26 +201,26 @@ class ActorBuilder:
             )
         )
 
-    def scheduler(self, prefill: dict[str, Any]) -> Any:
+    def scheduler(self, prefill: Mapping[str, WorkerHandle]) -> SchedulerHandle:
         import ray
 
-        return (
+        return typed_scheduler(
             ray.remote(GlobalScheduler)
             .options(name="global-scheduler", **self.opts)
             .remote(dict(prefill), limits=self.config.admission, tracing_config=self.config.tracing)
         )
 
-    def decode(self, worker_id: str, incarnation: int = 0) -> Any:
+    def decode(self, worker_id: str, incarnation: int = 0) -> WorkerHandle:
         return self.worker(worker_id, "decode", incarnation)
 
-    def prefill(self, worker_id: str, incarnation: int = 0) -> Any:
+    def prefill(self, worker_id: str, incarnation: int = 0) -> WorkerHandle:
         return self.worker(worker_id, "prefill", incarnation)
 
-    def worker(self, worker_id: str, role: str, incarnation: int = 0) -> Any:
+    def worker(self, worker_id: str, role: str, incarnation: int = 0) -> WorkerHandle:
         """A worker actor starting in ``role`` (it can flip to the other with the engine it has)."""
         import ray
 
-        return (
+        return typed_worker(
             ray.remote(Worker)
             .options(name=worker_id, **self.engine_opts)
             .remote(worker_id, self.config, self.model_path, self.predictor, role, incarnation)

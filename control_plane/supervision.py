@@ -29,16 +29,35 @@ this file only talks to Ray.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tetriserve.common.lifecycle import Lifecycle
 from tetriserve.control_plane.elastic import Elastic
 from tetriserve.control_plane.flip import policy_from_config
+from tetriserve.control_plane.handles import (
+    ActorRef,
+    MemberSnapshot,
+    MonitorHandle,
+    SchedulerHandle,
+    SchedulerStatus,
+    WorkerHandle,
+    kill,
+)
 from tetriserve.control_plane.supervisor import ActorState, Slot, Supervisor
 from tetriserve.observability.worker_gauges import RayGauges, gauge_values
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from tetriserve.common.load import DecodeLoad, PrefillLoad
+    from tetriserve.control_plane.launcher import ActorBuilder, Cluster
+    from tetriserve.worker.actor import FlipResult
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +70,21 @@ SCHEDULER = "global-scheduler"
 MONITOR = "cluster-monitor"
 
 
+@dataclass(frozen=True)
+class _Starting:
+    """A life being built: ``ready`` resolves once it serves, then ``install`` puts it in place with what
+    ``ready`` gave."""
+
+    incarnation: int
+    handle: ActorRef
+    ready: ObjectRef[str] | ObjectRef[SchedulerStatus] | ObjectRef[list[MemberSnapshot]]
+    since: float
+    install: Callable[[object], None]
+    worker: WorkerHandle | None = None  # the worker's own handle (None: the scheduler's or the monitor's life)
+
+
 class Supervision:
-    def __init__(self, cluster: Any, build: Any, addresses: dict[str, str]) -> None:
+    def __init__(self, cluster: Cluster, build: ActorBuilder, addresses: dict[str, str]) -> None:
         self.cluster = cluster
         self.build = build
         self.addresses = dict(addresses)  # worker -> KV address of its current life
@@ -62,10 +94,10 @@ class Supervision:
         self.sup = Supervisor(actors, dead_after_s=cluster.config.dead_after_s, now=now)
         for name in (SCHEDULER, MONITOR):
             self.sup.health(name, 0, "serving", now)
-        self._sentinels: dict[Any, tuple[str, int]] = {}  # ref -> (name, incarnation)
+        self._sentinels: dict[ObjectRef[None], tuple[str, int]] = {}  # ref -> (name, incarnation)
         self._armed: set[tuple[str, int]] = set()
-        self._pending: dict[str, tuple[int, Any, Any, float]] = {}  # name -> (incarnation, handle, ref, since)
-        self._flips: dict[str, tuple[str, str, Any]] = {}  # name -> (old role, new role, ref of its flip call)
+        self._pending: dict[str, _Starting] = {}
+        self._flips: dict[str, tuple[str, str, ObjectRef[FlipResult]]] = {}  # name -> (old role, new role, its call)
         self._gauges: RayGauges | None = RayGauges()  # the workers' roles and flips for the Ray dashboard
         self._gauged = -float("inf")
         cfg = cluster.config
@@ -114,11 +146,14 @@ class Supervision:
                 logger.exception("supervision: worker gauges are off")
                 self._gauges = None
 
-    def handle(self, name: str) -> Any:
+    def handle(self, name: str) -> ActorRef | None:
         if name == SCHEDULER:
             return self.cluster.scheduler
         if name == MONITOR:
             return self.cluster.monitor
+        return self._worker(name)
+
+    def _worker(self, name: str) -> WorkerHandle | None:
         return self.cluster.prefill.get(name) or self.cluster.decode.get(name)
 
     # -- scaling and flips: the elastic controller's actuator (called on this thread, from its tick) -----------
@@ -130,10 +165,12 @@ class Supervision:
 
     def flip(self, name: str, role: str, now: float) -> None:
         """Have the drained worker ``name`` serve ``role`` with the engine it has."""
-        handle = self.handle(name)
+        handle = self._worker(name)
         old = self.sup.slots[name].role
         self.sup.relabel(name, role)  # should it die now, its next life is built in the new role
         try:
+            if handle is None:
+                raise LookupError(f"no handle for {name}")
             self._flips[name] = (old, role, handle.flip.remote(role, self.cluster.config.flip.drain_timeout_s))
         except Exception as exc:
             self.sup.relabel(name, old)
@@ -156,24 +193,22 @@ class Supervision:
                     self.sup.relabel(name, old)
                 self.elastic.flip_failed(name, now, f"{type(exc).__name__}: {exc}")
                 continue
-            slot = self.sup.slots.get(name)
-            if slot is None:  # removed meanwhile
+            slot, handle = self.sup.slots.get(name), self._worker(name)
+            if slot is None or handle is None:  # removed meanwhile
                 continue
-            self._place(name, role, self.handle(name), slot.incarnation, result.load)  # serving at once, with it
+            self._place(name, role, handle, slot.incarnation, result.load)  # serving at once, with it
             self.elastic.flipped(name, result.switch_ms / 1e3)
             logger.warning("supervision: %s serves %s now (%s)", name, role, result)
 
     def remove_worker(self, name: str) -> None:
         """Kill the drained worker ``name`` for good."""
-        import ray
-
         handle = self.handle(name)
         self.sup.remove(name)
         self._forget(name)
         self.addresses.pop(name, None)
         _quietly(lambda: self.cluster.monitor.unregister.remote(name))
         if handle is not None:
-            _quietly(lambda: ray.kill(handle, no_restart=True))
+            _quietly(lambda: kill(handle, no_restart=True))
 
     def _forget(self, name: str) -> None:
         """Take ``name`` out of the cluster's worker tables (front doors stop streaming from it) and out of
@@ -190,7 +225,10 @@ class Supervision:
         for slot in self.sup.view():
             key = (slot.name, slot.incarnation)
             if slot.state in (ActorState.ACTIVE, ActorState.STARTING) and key not in self._armed:
-                self._sentinels[self.handle(slot.name).sentinel.remote()] = key
+                handle = self.handle(slot.name)
+                if handle is None:
+                    raise LookupError(f"no handle for {slot.name}")
+                self._sentinels[handle.sentinel.remote()] = key
                 self._armed.add(key)
 
     def _reap(self, now: float) -> None:
@@ -216,107 +254,125 @@ class Supervision:
         if name not in (SCHEDULER, MONITOR):
             _quietly(lambda: self.cluster.monitor.mark_dead.remote(name, incarnation))
 
-    def _check_health(self, now: float) -> list[dict[str, Any]] | None:
+    def _check_health(self, now: float) -> list[MemberSnapshot] | None:
         """Ping the control actors and judge the workers by the monitor's snapshot (returned; None if the
         monitor did not answer)."""
         import ray
 
         members = None
-        for name, call in ((SCHEDULER, "status"), (MONITOR, "snapshot")):
+        for name in (SCHEDULER, MONITOR):
             slot = self.sup.slots[name]
             try:
-                answer = ray.get(getattr(self.handle(name), call).remote(), timeout=PING_TIMEOUT_S)
+                if name == SCHEDULER:
+                    ray.get(self.cluster.scheduler.status.remote(), timeout=PING_TIMEOUT_S)
+                else:
+                    members = ray.get(self.cluster.monitor.snapshot.remote(), timeout=PING_TIMEOUT_S)
                 state = "serving"
             except Exception:
-                answer, state = None, "stale"
+                state = "stale"
             if self.sup.health(name, slot.incarnation, state, now):
                 self._kill(name, f"no answer for {self.sup.dead_after_s:.0f} s")
-            if name == MONITOR and answer is not None:
-                members = answer
-                for member in answer:
+            if name == MONITOR and members is not None:
+                for member in members:
                     if self.sup.health(member["worker_id"], member["incarnation"], member["state"], now):
                         self._kill(member["worker_id"], f"{member['state']} for {self.sup.dead_after_s:.0f} s")
         return members
 
     def _kill(self, name: str, why: str) -> None:
-        import ray
-
         logger.warning("supervision: killing %s: %s", name, why)
-        _quietly(lambda: ray.kill(self.handle(name), no_restart=True))  # its sentinel then reports the death
+        _quietly(lambda: kill(self.handle(name), no_restart=True))  # its sentinel then reports the death
 
     # -- re-creating ----------------------------------------------------------------------------
     def _rebuild(self, slot: Slot, now: float) -> None:
-        import ray
-
         name, inc = slot.name, slot.incarnation
-        _quietly(lambda: ray.kill(self.handle(name), no_restart=True))  # make sure the old life is gone
+        _quietly(lambda: kill(self.handle(name), no_restart=True))  # make sure the old life is gone
         try:
-            if slot.role == "prefill":
-                handle = self.build.prefill(name, inc)
-            elif slot.role == "decode":
-                handle = self.build.decode(name, inc)
+            if slot.role in ("prefill", "decode"):
+                worker = self.build.prefill(name, inc) if slot.role == "prefill" else self.build.decode(name, inc)
             elif slot.role == "scheduler":
-                handle = self.build.scheduler(self.cluster.prefill)
+                scheduler = self.build.scheduler(self.cluster.prefill)
             else:
-                handle = self.build.monitor()
+                monitor = self.build.monitor()
         except Exception as exc:  # e.g. the name is still held by the dying actor: try again after a backoff
             logger.warning("supervision: could not create %s: %s", name, exc)
             self.sup.start_failed(name, inc, now, str(exc))
             return
         if slot.role in ("prefill", "decode"):  # resolves once its engine is up
-            ready = handle.start.remote(self.cluster.monitor, self.cluster.scheduler)
+            ready = worker.start.remote(self.cluster.monitor, self.cluster.scheduler)
+            install = self._install_worker(name, inc, worker)
+            self._pending[name] = _Starting(inc, worker, ready, now, install, worker)
+        elif slot.role == "scheduler":
+            ready_s = scheduler.status.remote()
+            self._pending[name] = _Starting(inc, scheduler, ready_s, now, self._install_scheduler(scheduler))
         else:
-            ready = (handle.status if slot.role == "scheduler" else handle.snapshot).remote()
-        self._pending[name] = (inc, handle, ready, now)
+            ready_m = monitor.snapshot.remote()
+            self._pending[name] = _Starting(inc, monitor, ready_m, now, self._install_monitor(monitor))
         logger.warning("supervision: re-creating %s as incarnation %d", name, inc)
 
     def _check_pending(self, now: float) -> None:
         import ray
 
-        for name, (inc, handle, ref, since) in list(self._pending.items()):
+        for name, starting in list(self._pending.items()):
+            inc, handle, ref, since = starting.incarnation, starting.handle, starting.ready, starting.since
             ready, _ = ray.wait([ref], timeout=0)
             if not ready:
                 if now - since > START_TIMEOUT_S:
                     del self._pending[name]
-                    _quietly(lambda h=handle: ray.kill(h, no_restart=True))
+                    _quietly(functools.partial(kill, handle, no_restart=True))
                     self.sup.start_failed(name, inc, now, "start timed out")
                 continue
             del self._pending[name]
             if name not in self.sup.slots:  # removed while it started
-                _quietly(lambda h=handle: ray.kill(h, no_restart=True))
+                _quietly(functools.partial(kill, handle, no_restart=True))
                 continue
             try:
                 result = ray.get(ref)
             except Exception as exc:
                 logger.error("supervision: %s (incarnation %d) failed to start: %s", name, inc, exc)
-                _quietly(lambda h=handle: ray.kill(h, no_restart=True))
+                _quietly(functools.partial(kill, handle, no_restart=True))
                 self.sup.start_failed(name, inc, now, type(exc).__name__)
                 continue
-            self._install(name, inc, handle, result)
+            starting.install(result)  # the new life in place; everyone who needs its handle or address told
+            logger.warning("supervision: %s is back (incarnation %d)", name, inc)
             self.sup.started(name, inc, now)
 
-    def _install(self, name: str, inc: int, handle: Any, result: Any) -> None:
-        """Put a new life in place and tell everyone who needs its handle or address."""
-        c = self.cluster
-        if name == SCHEDULER:
-            c.scheduler = handle
+    def _install_scheduler(self, handle: SchedulerHandle) -> Callable[[object], None]:
+        def install(_: object) -> None:
+            self.cluster.scheduler = handle
             self._rewire()
-        elif name == MONITOR:
-            c.monitor = handle
+
+        return install
+
+    def _install_monitor(self, handle: MonitorHandle) -> Callable[[object], None]:
+        def install(_: object) -> None:
+            self.cluster.monitor = handle
+            def register(args: tuple[str, str, ActorRef | None, str, int]) -> None:
+                handle.register.remote(*args)
+
+            def drain(worker_id: str) -> None:
+                handle.drain.remote(worker_id, True)
+
             for slot in self.sup.view():
                 if slot.role in ("prefill", "decode") and slot.state in (ActorState.ACTIVE, ActorState.STARTING):
                     args = (slot.name, slot.role, self.handle(slot.name), self.addresses[slot.name], slot.incarnation)
-                    _quietly(lambda a=args: handle.register.remote(*a))
+                    _quietly(functools.partial(register, args))
             for wid, life in self.elastic.lifecycles().items():  # a new monitor knows nothing of drains
                 if life.state is Lifecycle.DRAINING:
-                    _quietly(lambda w=wid: handle.drain.remote(w, True))
+                    _quietly(functools.partial(drain, wid))
             self._rewire()
-        else:
-            self.addresses[name] = str(result)
-            self._place(name, self.sup.slots[name].role, handle, inc)
-        logger.warning("supervision: %s is back (incarnation %d)", name, inc)
 
-    def _place(self, name: str, role: str, handle: Any, inc: int, load: Any = None) -> None:
+        return install
+
+    def _install_worker(self, name: str, inc: int, handle: WorkerHandle) -> Callable[[object], None]:
+        def install(address: object) -> None:
+            self.addresses[name] = str(address)
+            self._place(name, self.sup.slots[name].role, handle, inc)
+
+        return install
+
+    def _place(
+        self, name: str, role: str, handle: WorkerHandle, inc: int, load: PrefillLoad | DecodeLoad | None = None
+    ) -> None:
         """Put worker ``name`` in its role's table (out of the other's: its life may have been built in the
         other role, or flipped) and register it with the monitor in that role (``load``: its first there)."""
         c = self.cluster
@@ -333,12 +389,16 @@ class Supervision:
         """Point the monitor and every worker (those still starting too) at the current control actors."""
         c = self.cluster
         _quietly(lambda: c.monitor.start.remote(c.scheduler))
-        starting = [h for name, (_, h, _, _) in self._pending.items() if name not in (SCHEDULER, MONITOR)]
+        starting = [s.worker for s in self._pending.values() if s.worker is not None]
+
+        def start(worker: WorkerHandle) -> None:
+            worker.start.remote(c.monitor, c.scheduler)
+
         for worker in [*c.prefill.values(), *c.decode.values(), *starting]:
-            _quietly(lambda w=worker: w.start.remote(c.monitor, c.scheduler))
+            _quietly(functools.partial(start, worker))
 
 
-def _quietly(call: Any) -> None:
+def _quietly(call: Callable[[], object]) -> None:
     """Fire and forget: an actor call whose failure the sentinels and health checks report anyway."""
     try:
         call()

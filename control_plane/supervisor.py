@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import TypedDict, Unpack
 
 
 class ActorState(enum.StrEnum):
@@ -50,6 +51,16 @@ class Slot:
     planned: bool = False  # the next life was ordered (added), not a recovery
 
 
+class _Changes(TypedDict, total=False):
+    """The fields of a ``Slot`` a change of state may set besides its state and its time."""
+
+    incarnation: int
+    restarts: int
+    reason: str
+    backoff_s: float
+    planned: bool
+
+
 class Supervisor:
     def __init__(
         self,
@@ -67,8 +78,8 @@ class Supervisor:
         self.max_backoff_s = max_backoff_s
         self.stable_after_s = stable_after_s
 
-    def _set(self, slot: Slot, now: float, state: ActorState, **kw: object) -> Slot:
-        new = replace(slot, state=state, since=now, unhealthy_since=None, **kw)  # type: ignore[arg-type]
+    def _set(self, slot: Slot, now: float, state: ActorState, **kw: Unpack[_Changes]) -> Slot:
+        new = replace(slot, state=state, since=now, unhealthy_since=None, **kw)
         self.slots[slot.name] = new
         return new
 
