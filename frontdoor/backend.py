@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, TypedDict, runtime_checkable
 
 from tetriserve.common.lifecycle import LifecycleView
 from tetriserve.common.request import Request
@@ -37,7 +37,17 @@ class WorkerStatus:
     transport: str = ""  # the KV transport its endpoint runs (shm, tcp)
 
 
-def lifecycle_fields(life: LifecycleView | None) -> dict[str, Any]:
+class LifecycleFields(TypedDict, total=False):
+    """``WorkerStatus``'s keywords that the elastic controller's view of a worker sets."""
+
+    lifecycle: str
+    flips: int
+    last_flip_s: float | None
+    last_flip_switch_s: float | None
+    last_flip_engine_s: float | None
+
+
+def lifecycle_fields(life: LifecycleView | None) -> LifecycleFields:
     """``WorkerStatus``'s lifecycle keywords from the elastic controller's view of a worker (None: none)."""
     if life is None:
         return {}

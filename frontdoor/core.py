@@ -38,7 +38,7 @@ import time
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tetriserve.common import log_context
 from tetriserve.common.admission_config import AdmissionConfig
@@ -132,7 +132,7 @@ class FrontDoor:
         return await asyncio.to_thread(self.tokenize, text, field_name=field_name)
 
     async def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, special: bool = False
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True, special: bool = False
     ) -> tuple[int, ...]:
         """``chat_prompt`` in a worker thread (``special``: add special tokens on top of the template's)."""
         return await asyncio.to_thread(
@@ -148,7 +148,7 @@ class FrontDoor:
         return tuple(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def chat_prompt(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, special: bool = False
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True, special: bool = False
     ) -> tuple[int, ...]:
         """Token ids of ``messages`` rendered with the model's chat template."""
         if not messages:

@@ -34,15 +34,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
 _PROMPT_CONTEXT_TOKENS = 5
 _INCOMPLETE = "\ufffd"
+
+
+class _Stream(Protocol):
+    """What a ``tokenizers.decoders.DecodeStream`` does here: the text ``token`` completes (None: none yet)."""
+
+    def step(self, tokenizer: Tokenizer, token: int, /) -> str | None: ...
 
 
 class IncrementalDetokenizer:
@@ -62,8 +69,8 @@ class IncrementalDetokenizer:
         self._ids: list[int] = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         self._prefix = 0
         self._read = len(self._ids)
-        self._rust: Any = getattr(tokenizer, "_tokenizer", None)  # a fast tokenizer's ``tokenizers.Tokenizer``
-        self._stream = _decode_stream(self._rust, self._ids, skip_special_tokens) if stream else None
+        self._rust: Tokenizer | None = getattr(tokenizer, "_tokenizer", None)  # a fast tokenizer's, else None
+        self._stream: _Stream | None = _decode_stream(self._rust, self._ids, skip_special_tokens) if stream else None
 
     @property
     def streaming(self) -> bool:
@@ -86,11 +93,11 @@ class IncrementalDetokenizer:
 
     def _step(self, token_ids: Sequence[int]) -> str:
         parts: list[str] = []
-        stream = self._stream
-        assert stream is not None  # ``add`` steps only while the stream lives
+        stream, rust = self._stream, self._rust
+        assert stream is not None and rust is not None  # ``add`` steps only while the stream (of ``rust``) lives
         for i, token in enumerate(token_ids):
             try:
-                piece = stream.step(self._rust, token)
+                piece = stream.step(rust, token)
             except Exception as exc:  # the stream's state broke (a tokenizer with non-monotonic output)
                 logger.warning("detokenizer stream failed (%s); this request goes on with the window", exc)
                 self._stream = None
@@ -112,7 +119,7 @@ class IncrementalDetokenizer:
         return str(text)
 
 
-def _decode_stream(rust: Any, context: list[int], skip_special_tokens: bool) -> Any:
+def _decode_stream(rust: Tokenizer | None, context: list[int], skip_special_tokens: bool) -> _Stream | None:
     """A ``DecodeStream`` primed with ``context`` (what it returns for those is not output), or None where the
     tokenizer has no Rust backend or the ``tokenizers`` library no stream."""
     try:

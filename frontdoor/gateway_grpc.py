@@ -33,7 +33,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
 import grpc
@@ -310,7 +310,9 @@ async def start_grpc_server(
     security = security or FrontDoorSecurity()
     interceptors = [ApiKeyInterceptor(security)] if security.keys is not None else []
     server = grpc.aio.server(options=options, interceptors=interceptors)
-    pb_grpc.add_TetriServeServicer_to_server(TetriServeServicer(front), server)  # type: ignore[no-untyped-call]
+    # the generated registration, declared here as it is called (the generated module has no annotations)
+    add_servicer: Callable[[TetriServeServicer, grpc.aio.Server], None] = pb_grpc.add_TetriServeServicer_to_server
+    add_servicer(TetriServeServicer(front), server)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         if security.tls is None:

@@ -36,7 +36,7 @@ import socket
 import time
 from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -190,7 +190,7 @@ def build_app(
         return Response(await exporter.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models() -> dict[str, object]:
         card = {
             "id": front.model_name,
             "object": "model",
@@ -203,7 +203,7 @@ def build_app(
         return {"object": "list", "data": [card]}
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+    async def tokenize(body: TokenizeRequest) -> dict[str, object]:
         front.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequestError("prompt", "send either prompt or messages")
@@ -212,6 +212,7 @@ def build_app(
             special = bool(body.add_special_tokens)
             ids = await front.encode_chat(messages, add_generation_prompt=body.add_generation_prompt, special=special)
         else:
+            assert body.prompt is not None  # one of the two: checked above
             special = body.add_special_tokens is not False
             text = unicode_text("prompt", body.prompt)
             ids = tuple(await asyncio.to_thread(front.tokenizer.encode, text, add_special_tokens=special))
@@ -219,7 +220,7 @@ def build_app(
         return {"count": len(ids), "max_model_len": front.max_model_len, "tokens": list(ids), "token_strs": strs}
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+    async def detokenize(body: DetokenizeRequest) -> dict[str, object]:
         front.check_model(body.model)
         check_ids("tokens", body.tokens, front.vocab_size)
         return {"prompt": await asyncio.to_thread(front.tokenizer.decode, body.tokens)}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import grpc
 import grpc.aio
@@ -29,7 +28,7 @@ logger = logging.getLogger(__name__)
 AUTHORIZATION_METADATA_KEY = "authorization"
 
 
-class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc has no type information
     """Refuses calls without a valid ``authorization: Bearer <key>`` (UNAUTHENTICATED) or over quota."""
 
     def __init__(self, security: FrontDoorSecurity) -> None:
@@ -60,10 +59,10 @@ def _refusing(handler: grpc.RpcMethodHandler, result: AuthResult) -> grpc.RpcMet
     else:
         code, trailer = grpc.StatusCode.UNAUTHENTICATED, ()
 
-    async def abort(_: Any, context: grpc.aio.ServicerContext) -> None:
+    async def abort(_: object, context: grpc.aio.ServicerContext) -> None:
         await context.abort(code, result.message(), trailing_metadata=trailer)
 
-    async def abort_stream(_: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    async def abort_stream(_: object, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         await context.abort(code, result.message(), trailing_metadata=trailer)
         yield  # never reached: abort raises
 
@@ -77,7 +76,7 @@ def _refusing(handler: grpc.RpcMethodHandler, result: AuthResult) -> grpc.RpcMet
 
 
 def _metadata(details: grpc.HandlerCallDetails, key: str) -> str | None:
-    for k, v in details.invocation_metadata or ():  # type: ignore[attr-defined]
+    for k, v in details.invocation_metadata or ():
         if k == key:
             return v.decode("latin-1") if isinstance(v, bytes) else str(v)
     return None

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from tetriserve.common.errors import error_body
-from tetriserve.frontdoor.http_limits import ASGIApp, Receive, Scope, Send, _drain
+from tetriserve.frontdoor.http_limits import _drain
 from tetriserve.frontdoor.key_table import AuthOutcome, AuthResult
 from tetriserve.frontdoor.security import FrontDoorSecurity
 

@@ -12,17 +12,11 @@ unread body leaves the client writing into a closed socket).
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tetriserve.common.config import DEFAULT_MAX_REQUEST_BODY_MB
 from tetriserve.common.errors import error_body
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def megabytes(mb: float) -> int:

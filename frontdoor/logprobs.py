@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from tetriserve.common.stream import TokenLogprobs
 
@@ -119,13 +119,40 @@ class LogprobNamer:
         return self._strings.completed(token_id, context) if text.endswith(_INCOMPLETE) else text
 
 
+class CompletionLogprobs(TypedDict):
+    """A completion choice's ``logprobs``: per position its text offset, log-probability, string and top
+    alternatives (string to log-probability; None where the engine sent none)."""
+
+    text_offset: list[int]
+    token_logprobs: list[float | None]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float] | None]
+
+
+class TopLogprob(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatLogprob(TopLogprob):
+    """One position of a chat choice's ``logprobs``: the sampled token and the top alternatives."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(TypedDict):
+    content: list[ChatLogprob]
+
+
 def _floor(logprob: float) -> float:
     return max(logprob, _FLOOR)
 
 
-def completion_logprobs(entries: Sequence[LogprobEntry], top_n: int, text_offset: int) -> dict[str, Any]:
+def completion_logprobs(entries: Sequence[LogprobEntry], top_n: int, text_offset: int) -> CompletionLogprobs:
     """The ``logprobs`` of a completion choice (or of one streamed chunk, from ``text_offset``)."""
-    offsets, tops = [], []
+    offsets: list[int] = []
+    tops: list[dict[str, float] | None] = []
     for entry in entries:
         offsets.append(text_offset)
         text_offset += len(entry.token)
@@ -142,21 +169,23 @@ def _bytes(token: str) -> list[int]:
     return list(token.encode("utf-8", errors="replace"))
 
 
-def chat_logprobs(entries: Sequence[LogprobEntry], top_n: int) -> dict[str, Any]:
+def chat_logprobs(entries: Sequence[LogprobEntry], top_n: int) -> ChatLogprobs:
     """The ``logprobs`` of a chat choice (or of one streamed chunk)."""
-    content = []
+    content: list[ChatLogprob] = []
     for entry in entries:
-        item: dict[str, Any] = {"token": entry.token, "logprob": _FLOOR, "bytes": _bytes(entry.token)}
-        if entry.logprob is not None:
-            item["logprob"] = _floor(entry.logprob)
-        item["top_logprobs"] = [
-            {"token": tok, "logprob": _floor(lp), "bytes": _bytes(tok)} for _, tok, lp in entry.top[:top_n]
-        ]
+        item: ChatLogprob = {
+            "token": entry.token,
+            "logprob": _FLOOR if entry.logprob is None else _floor(entry.logprob),
+            "bytes": _bytes(entry.token),
+            "top_logprobs": [
+                {"token": tok, "logprob": _floor(lp), "bytes": _bytes(tok)} for _, tok, lp in entry.top[:top_n]
+            ],
+        }
         content.append(item)
     return {"content": content}
 
 
-def _space_marker(tokenizer: Any) -> str | None:
+def _space_marker(tokenizer: PreTrainedTokenizerBase) -> str | None:
     """The Metaspace replacement character (SentencePiece's ``▁``) whose leading instance ``decode`` drops, or
     None for tokenizers whose single tokens decode faithfully (byte-level BPE)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)

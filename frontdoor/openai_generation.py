@@ -19,10 +19,9 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Set
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Set
 from contextlib import aclosing
 from dataclasses import replace
-from typing import Any
 
 from fastapi.responses import JSONResponse
 
@@ -38,7 +37,7 @@ logger = logging.getLogger(__name__)
 OPEN_WINDOW_S = 0.5  # how long a response waits for its placement before it starts (headers, the role chunk)
 
 
-def sse(obj: dict[str, Any]) -> str:
+def sse(obj: Mapping[str, object]) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
 

@@ -12,14 +12,25 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.common.request import MAX_LOGPROBS
 from tetriserve.frontdoor.deltas import TextDelta
-from tetriserve.frontdoor.logprobs import LogprobEntry, chat_logprobs, completion_logprobs
+from tetriserve.frontdoor.logprobs import (
+    ChatLogprobs,
+    CompletionLogprobs,
+    LogprobEntry,
+    chat_logprobs,
+    completion_logprobs,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+Body = dict[str, object]  # a response body, or a part of one, as ``json.dumps`` takes it
 
 MAX_CHOICES = 32  # ``n``: each choice is a request of its own on the workers
 # vLLM fields that change what is generated but that we do not honour: refused by name, never silently ignored
@@ -144,11 +155,16 @@ class CompletionRequest(_GenerateBody):
     def single_prompt(self) -> str | list[int]:
         """The one prompt of the request (batched prompts are rejected)."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise InvalidRequestError("prompt", f"send one prompt per request, got {len(prompt)}")
-            return prompt[0]
-        return prompt  # type: ignore[return-value]
+        if isinstance(prompt, str) or _token_ids(prompt):
+            return prompt
+        if len(prompt) != 1:
+            raise InvalidRequestError("prompt", f"send one prompt per request, got {len(prompt)}")
+        return prompt[0]
+
+
+def _token_ids(prompt: list[int] | list[str] | list[list[int]]) -> TypeIs[list[int]]:
+    """Whether a list ``prompt`` is one prompt's token ids (empty, or not a list of prompts)."""
+    return not prompt or not isinstance(prompt[0], (str, list))
 
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # OpenAI's
@@ -177,7 +193,7 @@ class ChatMessage(BaseModel):
             raise ValueError(f"unknown role {role!r}; expected one of {', '.join(CHAT_ROLES)}")
         return role
 
-    def as_template_input(self, index: int) -> dict[str, Any]:
+    def as_template_input(self, index: int) -> dict[str, str]:
         content = self.content
         where = f"messages[{index}].content"
         if content is None and self.role != "assistant":
@@ -189,7 +205,7 @@ class ChatMessage(BaseModel):
                 if part.text is None:
                     raise InvalidRequestError(f"{where}[{j}].text", "a text part needs its text")
             content = "".join(p.text or "" for p in content)
-        message: dict[str, Any] = {"role": self.role, "content": content or ""}
+        message: dict[str, str] = {"role": self.role, "content": content or ""}
         if self.name:
             message["name"] = self.name
         return message
@@ -280,10 +296,12 @@ class ResponseShaper:
         self.top_logprobs = top_logprobs
         self._offsets: dict[int, int] = {}  # completions: each choice's next logprobs text_offset
 
-    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    def _envelope(self, obj: str, choices: list[Body]) -> Body:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def _logprobs(self, entries: tuple[LogprobEntry, ...] | None, index: int) -> dict[str, Any] | None:
+    def _logprobs(
+        self, entries: tuple[LogprobEntry, ...] | None, index: int
+    ) -> ChatLogprobs | CompletionLogprobs | None:
         if self.top_logprobs is None or entries is None:
             return None
         if self.chat:
@@ -293,19 +311,19 @@ class ResponseShaper:
             self._offsets[index] = body["text_offset"][-1] + len(body["tokens"][-1])
         return body
 
-    def _choice(self, delta: TextDelta, index: int, entries: tuple[LogprobEntry, ...] | None) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": index, "logprobs": self._logprobs(entries, index)}
+    def _choice(self, delta: TextDelta, index: int, entries: tuple[LogprobEntry, ...] | None) -> Body:
+        choice: Body = {"index": index, "logprobs": self._logprobs(entries, index)}
         choice["finish_reason"] = delta.finish_reason
         if delta.finished:
             choice["stop_reason"] = delta.stop_reason
         return choice
 
-    def role_chunk(self, index: int) -> dict[str, Any]:
+    def role_chunk(self, index: int) -> Body:
         """Chat: the first event of choice ``index``, sent before its first token (as OpenAI and vLLM do)."""
         choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
         return self._envelope("chat.completion.chunk", [{**choice, "finish_reason": None}])
 
-    def chunk(self, delta: TextDelta, index: int = 0) -> dict[str, Any]:
+    def chunk(self, delta: TextDelta, index: int = 0) -> Body:
         choice = self._choice(delta, index, delta.logprobs)
         if self.chat:
             choice["delta"] = {"content": delta.text}
@@ -317,13 +335,13 @@ class ResponseShaper:
             body["usage"] = usage(delta.prompt_tokens, delta.completion_tokens)
         return body
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> Body:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
         body["usage"] = usage(prompt_tokens, completion_tokens)
         return body
 
-    def whole(self, choices: list[Choice]) -> dict[str, Any]:
-        out = []
+    def whole(self, choices: list[Choice]) -> Body:
+        out: list[Body] = []
         for index, c in enumerate(choices):
             choice = self._choice(c.last, index, c.logprobs)
             if self.chat:

@@ -26,12 +26,13 @@ import logging
 import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import fields
-from typing import Any, Literal, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from tetriserve.common.config import DECODE_MONITOR_KEYS, DecodeConfig
 from tetriserve.common.config_keys import RENAMED, leaf_keys
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.frontdoor.backend import WorkerPolicy
+from tetriserve.frontdoor.cluster_handles import PolicyValue, RemoteMethod
 from tetriserve.prefill_worker.policy import PrefillPolicySpec
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ DECODE_KEYS: dict[str, type] = {
 }
 KEYS: dict[Role, dict[str, type]] = {"prefill": PREFILL_KEYS, "decode": DECODE_KEYS}
 
-Setter = Callable[[dict[str, Any]], Awaitable[Mapping[str, str]]]
+Setter = Callable[[dict[str, PolicyValue]], Awaitable[Mapping[str, str]]]
 SET_POLICY_TIMEOUT_S = 30.0  # one worker actor's ``set_policy`` call
 
 
@@ -87,12 +88,12 @@ def resolve_targets(
     raise UnknownWorkerError(str(worker_id), sorted([*prefill, *decode]))
 
 
-def parse_changes(role: Role, changes: Mapping[str, str]) -> dict[str, Any]:
+def parse_changes(role: Role, changes: Mapping[str, str]) -> dict[str, PolicyValue]:
     """Check the keys against the ``role``'s table and convert integer values."""
     table = KEYS[role]
     if not changes:
         raise InvalidRequestError("changes", f"give at least one KEY=VALUE; {role} keys: {', '.join(table)}")
-    parsed: dict[str, Any] = {}
+    parsed: dict[str, PolicyValue] = {}
     for key, raw in changes.items():
         kind = table.get(key)
         if kind is None:
@@ -125,7 +126,9 @@ def _not_a_key(role: Role, key: str) -> str:
     return f"unknown {role} policy key; known: {', '.join(KEYS[role])}"
 
 
-def rejection(worker_id: str, changes: Mapping[str, Any], exc: BaseException, done: list[str]) -> InvalidRequestError:
+def rejection(
+    worker_id: str, changes: Mapping[str, object], exc: BaseException, done: list[str]
+) -> InvalidRequestError:
     """A worker's ValueError as an ``InvalidRequestError`` whose field is the key its message names."""
     message = str(exc)
     field = next((key for key in changes if key in message), "changes")
@@ -134,7 +137,7 @@ def rejection(worker_id: str, changes: Mapping[str, Any], exc: BaseException, do
 
 
 async def apply_changes(
-    targets: Mapping[str, Setter], changes: dict[str, Any], role: Role = "prefill"
+    targets: Mapping[str, Setter], changes: dict[str, PolicyValue], role: Role = "prefill"
 ) -> list[WorkerPolicy]:
     """Call every target's setter with ``changes``; returns the workers' policies as they now are.
 
@@ -160,10 +163,17 @@ async def apply_changes(
     return [WorkerPolicy(wid, role, dict(results[wid])) for wid in ids]
 
 
-def actor_setter(handle: Any) -> Setter:
+class PolicyHandle(Protocol):
+    """A worker actor's ``set_policy`` (``cluster_handles.WorkerHandle`` has it)."""
+
+    @property
+    def set_policy(self) -> RemoteMethod[[dict[str, PolicyValue]], Mapping[str, str]]: ...
+
+
+def actor_setter(handle: PolicyHandle) -> Setter:
     """``handle.set_policy.remote`` as a coroutine that raises the worker's own ValueError, not Ray's wrapper."""
 
-    async def call(changes: dict[str, Any]) -> dict[str, str]:
+    async def call(changes: dict[str, PolicyValue]) -> dict[str, str]:
         try:
             return dict(await asyncio.wait_for(handle.set_policy.remote(changes), SET_POLICY_TIMEOUT_S))
         except ValueError as exc:  # Ray raises a RayTaskError that is also a ValueError; .cause is the worker's

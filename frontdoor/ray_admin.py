@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from tetriserve.common.errors import actor_died
 from tetriserve.common.lifecycle import Lifecycle
 from tetriserve.frontdoor.backend import ClusterStatus, WorkerPolicy, WorkerStatus, lifecycle_fields
+from tetriserve.frontdoor.cluster_handles import ClusterHandles, Control, WorkerHandle
 from tetriserve.frontdoor.policy_admin import actor_setter, apply_changes, parse_changes, resolve_targets
 from tetriserve.frontdoor.ray_backend import control_of, worker_handles
 from tetriserve.transport.registry import backend_of
@@ -30,7 +30,7 @@ STATS_TIMEOUT_S = 4.0  # worker_stats (the metrics exporter's, which waits 5 s f
 class RayAdmin:
     """``AdminClient`` over a launched ``Cluster`` or a ``RemoteCluster`` (the detached control plane's)."""
 
-    def __init__(self, cluster: Any, model_name: str) -> None:
+    def __init__(self, cluster: ClusterHandles, model_name: str) -> None:
         self.cluster = cluster
         self._model_name = model_name
 
@@ -77,12 +77,12 @@ class RayAdmin:
             )
         return ClusterStatus(self._model_name, tuple(workers), int(sched["in_flight"]), self.cluster.dashboard_url)
 
-    async def worker_stats(self) -> dict[str, dict[str, Any]]:
+    async def worker_stats(self) -> dict[str, dict[str, object]]:
         """Every worker's ``stats()`` (engine, transport, length scores), asked in parallel; one that fails or is
         late is left out (the metrics exporter's per-worker figures)."""
         handles = worker_handles(self.cluster)
 
-        async def one(handle: Any) -> dict[str, Any] | None:
+        async def one(handle: WorkerHandle) -> dict[str, object] | None:
             try:
                 return dict(await asyncio.wait_for(handle.stats.remote(), STATS_TIMEOUT_S))
             except Exception:
@@ -101,7 +101,7 @@ class RayAdmin:
         """Every worker's ``policies()``, asked in parallel; ``{}`` for one that fails or is late."""
         handles = worker_handles(self.cluster)
 
-        async def one(worker_id: str, handle: Any) -> dict[str, str]:
+        async def one(worker_id: str, handle: WorkerHandle) -> dict[str, str]:
             try:
                 return dict(await asyncio.wait_for(handle.policies.remote(), POLICIES_TIMEOUT_S))
             except Exception as exc:  # a dead one's death and restart are the supervisor's to report
@@ -118,7 +118,7 @@ class RayAdmin:
     async def scale(self, prefill: int | None, decode: int | None) -> list[str]:
         return list(await self._elastic().scale(prefill, decode))
 
-    def _elastic(self) -> Any:
+    def _elastic(self) -> Control:
         control = control_of(self.cluster)
         if control is None:
             raise ValueError("flips and scaling need the supervisor (config: supervise: true)")

@@ -45,9 +45,8 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from typing import Any
 
 from tetriserve.channel.intake import Abort, Submit
 from tetriserve.common.request import Request
@@ -60,6 +59,7 @@ from tetriserve.common.stream import (
 )
 from tetriserve.control_plane.batched_calls import OneCallOut
 from tetriserve.frontdoor.admission import Overloaded
+from tetriserve.frontdoor.cluster_handles import ClusterHandles, Control, WorkerHandle
 from tetriserve.frontdoor.token_log import AT_ONCE, TokenLog
 from tetriserve.frontdoor.worker_streams import Lost, OpenRequest, WorkerStreams, stream_host
 
@@ -71,7 +71,7 @@ PLACE_TIMEOUT_S = 5.0  # one ``place`` call (the GlobalScheduler may be restarti
 class RayBackend:
     """``RequestRouter`` over a launched Ray cluster: placement, the workers' streams, migration."""
 
-    def __init__(self, cluster: Any, model_name: str) -> None:
+    def __init__(self, cluster: ClusterHandles, model_name: str) -> None:
         # a launched ``Cluster`` of this process's own, or a ``RemoteCluster`` (the detached control plane's)
         self.cluster = cluster
         self._model_name = model_name
@@ -168,6 +168,7 @@ class RayBackend:
                 avoid = (*avoid, lost.worker) if lost.worker not in avoid else avoid
                 if moves < self.migration_limit:
                     self.migrations[lost.cause] += 1
+            assert lost is not None  # an attempt that was not lost returned above
             error = f"service unavailable: the request was lost {self.migration_limit + 1} times ({lost.reason})"
             yield StreamChunk(rid, (), FinishReason.ERROR, error, index=AT_ONCE, retry=True)
         finally:
@@ -286,13 +287,13 @@ def _forget(ref: Awaitable[object]) -> None:
     task.add_done_callback(_FORGOTTEN.discard)
 
 
-def worker_handles(cluster: Any) -> dict[str, Any]:
+def worker_handles(cluster: ClusterHandles) -> dict[str, WorkerHandle]:
     """Every worker's current handle (the supervisor replaces one it re-creates)."""
     return {**cluster.prefill, **cluster.decode}
 
 
-def control_of(cluster: Any) -> Any:
+def control_of(cluster: object) -> Control | None:
     """The control plane's calls (a launched ``Cluster``'s own, or the ControlPlane actor's through a
     ``RemoteCluster``); None for a cluster without them (tests' fakes)."""
-    control = getattr(cluster, "control", None)
+    control: Callable[[], Control] | None = getattr(cluster, "control", None)
     return control() if callable(control) else None

@@ -15,19 +15,29 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from typing import Any
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from tetriserve.control_plane.batched_calls import OneCallOut
 from tetriserve.control_plane.control_plane import ClusterInfo, ClusterView, SloSample, SupervisionState
+from tetriserve.frontdoor.cluster_handles import ControlPlaneHandle, MonitorHandle, SchedulerHandle, WorkerHandle
 
 logger = logging.getLogger(__name__)
 
 VIEW_S = 0.5  # how often the handles are refreshed
 CALL_TIMEOUT_S = 30.0
 
+T = TypeVar("T")
+
 
 class RemoteCluster:
-    def __init__(self, handle: Any, info: ClusterInfo, view: ClusterView, refresh: bool = True) -> None:
+    # the handles as the latest view listed them (``_apply``)
+    prefill: dict[str, WorkerHandle]
+    decode: dict[str, WorkerHandle]
+    scheduler: SchedulerHandle
+    monitor: MonitorHandle
+
+    def __init__(self, handle: ControlPlaneHandle, info: ClusterInfo, view: ClusterView, refresh: bool = True) -> None:
         self.id = f"frontdoor-{uuid.uuid4().hex[:12]}"  # its attendance at the control plane (``view`` calls)
         self.handle = handle
         self._slo: OneCallOut[SloSample, None] = OneCallOut(lambda: self.handle.observe_slo_many, CALL_TIMEOUT_S)
@@ -42,7 +52,7 @@ class RemoteCluster:
             threading.Thread(target=self._refresh, name="control-plane-view", daemon=True).start()
 
     @classmethod
-    def join(cls, handle: Any, timeout_s: float) -> RemoteCluster:
+    def join(cls, handle: ControlPlaneHandle, timeout_s: float) -> RemoteCluster:
         """Wait (up to ``timeout_s``) until the control plane's cluster serves, then take its view."""
         import ray
 
@@ -98,7 +108,8 @@ class RemoteCluster:
         import ray
 
         try:
-            return list(ray.get(self.handle.frontdoors.remote(self.id), timeout=CALL_TIMEOUT_S))
+            others = ray.get(self.handle.frontdoors.remote(self.id), timeout=CALL_TIMEOUT_S)
+            return list(others)
         except Exception:
             return []
 
@@ -123,7 +134,7 @@ class RemoteCluster:
         self._slo.tell((ttft_ms, tpot_ms, ttft_slo_ms, tbt_slo_ms))
 
 
-async def _call(ref: Any) -> Any:
+async def _call(ref: Awaitable[T]) -> T:
     """Await an actor call; raise the control plane's own exception (an unknown worker, a refused flip), not
     Ray's wrapper around it."""
     import asyncio
@@ -134,7 +145,7 @@ async def _call(ref: Any) -> Any:
         raise _cause(exc) from None
 
 
-def _same(old: Any, new: Any) -> Any:
+def _same(old: T | None, new: T) -> T:
     """``old`` if it is a handle of the same actor as ``new`` (Ray handles compare by actor id), else ``new``."""
     return old if old is not None and old == new else new
 

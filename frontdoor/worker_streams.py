@@ -27,16 +27,20 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tetriserve.channel import core
 from tetriserve.channel.intake import IntakeMessage
 from tetriserve.channel.streams import HEARTBEAT_S, STREAM_MESSAGES, Chunks
 from tetriserve.common.errors import actor_died
 from tetriserve.common.stream import Heartbeat, StreamChunk
+from tetriserve.frontdoor.cluster_handles import WorkerHandle
 from tetriserve.frontdoor.token_log import TokenLog
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +79,7 @@ class WorkerStreams:
 
     def __init__(
         self,
-        workers: Callable[[], dict[str, Any]],
+        workers: Callable[[], Mapping[str, WorkerHandle]],
         host: str,
         idle_timeout_s: float,
         died: Callable[[str, int], None] | None = None,
@@ -95,8 +99,8 @@ class WorkerStreams:
         self._settling: set[asyncio.Task[None]] = set()
         self._unattached: set[str] = set()  # workers whose attach came before their subscription: ask again
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._refs: dict[str, Any] = {}
-        self._handles: dict[str, Any] = {}  # the handle each stream was opened with
+        self._refs: dict[str, AsyncIterable[ObjectRef[Heartbeat]]] = {}
+        self._handles: dict[str, WorkerHandle] = {}  # the handle each stream was opened with
         self._opened: dict[str, float] = {}
         self._beats: dict[str, float] = {}
         self._incarnations: dict[str, int] = {}
@@ -123,7 +127,7 @@ class WorkerStreams:
         self._opened[worker_id] = self._beats[worker_id] = time.monotonic()
         self._tasks[worker_id] = self.loop.create_task(self._watch(worker_id, ref))
 
-    def _attach(self, worker_id: str, handle: Any) -> None:
+    def _attach(self, worker_id: str, handle: WorkerHandle) -> None:
         """Ask the worker to attach to this process's intake under its current route (``attach_intake``)."""
         route = self._routes[worker_id]
         self._unattached.discard(worker_id)
@@ -132,7 +136,7 @@ class WorkerStreams:
         self._settling.add(settling)
         settling.add_done_callback(self._settling.discard)
 
-    async def _settle(self, call: Any, worker_id: str, route: bytes) -> None:
+    async def _settle(self, call: Awaitable[bool], worker_id: str, route: bytes) -> None:
         """Wait for the attach call; a worker that did not have the subscription yet is asked again by ``tend``."""
         try:
             attached = await call
@@ -159,7 +163,7 @@ class WorkerStreams:
                 if chunk.moved_to in self.down:
                     req.lose(chunk.moved_to, f"{chunk.moved_to} is down")
 
-    async def _watch(self, worker_id: str, stream: Any) -> None:
+    async def _watch(self, worker_id: str, stream: AsyncIterable[Awaitable[Heartbeat]]) -> None:
         try:
             async for ref in stream:
                 self._beat(await ref)
@@ -230,12 +234,13 @@ class WorkerStreams:
         self._endpoint.close()
 
 
-def stream_host(config: Any) -> str:
+def stream_host(config: object) -> str:
     """The address workers reach this process at: the front doors' host, or this node's address when that is a
     wildcard."""
     host = getattr(config, "host", None) or "127.0.0.1"
     if host in ("0.0.0.0", "::"):
         import ray
 
-        return str(ray.util.get_node_ip_address())
+        node_ip: Callable[[], str] = ray.util.get_node_ip_address  # declared as called: Ray leaves it unannotated
+        return str(node_ip())
     return str(host)
