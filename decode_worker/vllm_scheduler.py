@@ -40,7 +40,6 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol, TypeGuard
 
-from vllm.multimodal import MULTIMODAL_REGISTRY, MultiModalRegistry
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from tetriserve.common.engine_tags import TAGS_KEY, EngineTags, tags_of
@@ -50,16 +49,14 @@ from tetriserve.decode_worker.planner import DecodePlanner, SliceProgress
 from tetriserve.decode_worker.preemption import PreemptionOrder, PreemptionStrategy
 from tetriserve.decode_worker.preemption.stats import PreemptionStats
 from tetriserve.decode_worker.views import DecodeReqView, DecodeSnapshot, DecodeState, predicted_remaining
+from tetriserve.engine.role_scheduler import RoleScheduler
 from tetriserve.transport.instructions import KVMode, instruction_of
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.core.sched.request_queue import RequestQueue
-    from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
-    from vllm.v1.structured_output import StructuredOutputManager
 
 
 class _TracksTransfers(Protocol):
@@ -103,30 +100,7 @@ def _max_tokens(req: Request) -> int:
     return params.max_tokens if params is not None and params.max_tokens else 1
 
 
-class TetriDecodeScheduler(Scheduler):
-    def __init__(
-        self,
-        vllm_config: VllmConfig,
-        kv_cache_config: KVCacheConfig,
-        structured_output_manager: StructuredOutputManager,
-        block_size: int,
-        hash_block_size: int | None = None,
-        mm_registry: MultiModalRegistry = MULTIMODAL_REGISTRY,
-        include_finished_set: bool = False,
-        log_stats: bool = False,
-    ) -> None:
-        super().__init__(
-            vllm_config,
-            kv_cache_config,
-            structured_output_manager,
-            block_size,
-            hash_block_size,
-            mm_registry,
-            include_finished_set,
-            log_stats,
-        )
-        self._take_role()
-
+class TetriDecodeScheduler(RoleScheduler):
     @classmethod
     def assume(cls, scheduler: Scheduler) -> TetriDecodeScheduler:
         """Make the engine's scheduler, whatever role it played, this one, with the engine's whole step budget

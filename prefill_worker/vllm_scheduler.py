@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -36,6 +35,7 @@ from vllm.v1.request import Request
 
 from tetriserve.common.engine_tags import tags_of
 from tetriserve.common.iteration_log import IterationLog, IterationRecord
+from tetriserve.engine.role_scheduler import RoleScheduler
 from tetriserve.prefill_worker.planner import KVPool, PrefillPlanner
 from tetriserve.prefill_worker.policy import PrefillPolicy
 from tetriserve.prefill_worker.views import ReqView
@@ -54,10 +54,7 @@ class _Pending:
     work: tuple[tuple[int, int], ...]  # (computed, tokens) of each chunk: what the cost model prices
 
 
-class TetriPrefillScheduler(Scheduler):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # vLLM's constructor, forwarded as it is
-        super().__init__(*args, **kwargs)
-        self._take_role(self.max_num_scheduled_tokens)
+class TetriPrefillScheduler(RoleScheduler):
 
     @classmethod
     def assume(cls, scheduler: Scheduler, ceiling: int) -> TetriPrefillScheduler:
@@ -69,8 +66,9 @@ class TetriPrefillScheduler(Scheduler):
         scheduler._take_role(ceiling)
         return scheduler
 
-    def _take_role(self, ceiling: int) -> None:
-        self.ceiling = self.max_num_scheduled_tokens = ceiling
+    def _take_role(self, ceiling: int | None = None) -> None:
+        """``ceiling``: at most that many tokens a step (None: the engine's step budget)."""
+        self.ceiling = self.max_num_scheduled_tokens = self.max_num_scheduled_tokens if ceiling is None else ceiling
         self.planner = PrefillPlanner.fixed(self.ceiling)
         self.log = IterationLog()
         self._pending: _Pending | None = None

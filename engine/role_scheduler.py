@@ -1,0 +1,48 @@
+"""The base of the roles' vLLM scheduler subclasses (``prefill_worker/vllm_scheduler.py``,
+``decode_worker/vllm_scheduler.py``): vLLM's ``Scheduler`` with a role's state on top.
+
+vLLM builds the scheduler from ``scheduler_cls`` with its own constructor (vLLM 0.32's signature, spelled out so
+the arguments stay typed); a flip instead turns the engine's live scheduler into the other role's class
+(``assume``). Either way ``_take_role`` sets the role's state up afresh, leaving vLLM's own state as it is.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm.multimodal import MULTIMODAL_REGISTRY, MultiModalRegistry
+from vllm.v1.core.sched.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.structured_output import StructuredOutputManager
+
+
+class RoleScheduler(Scheduler):
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        kv_cache_config: KVCacheConfig,
+        structured_output_manager: StructuredOutputManager,
+        block_size: int,
+        hash_block_size: int | None = None,
+        mm_registry: MultiModalRegistry = MULTIMODAL_REGISTRY,
+        include_finished_set: bool = False,
+        log_stats: bool = False,
+    ) -> None:
+        super().__init__(
+            vllm_config,
+            kv_cache_config,
+            structured_output_manager,
+            block_size,
+            hash_block_size,
+            mm_registry,
+            include_finished_set,
+            log_stats,
+        )
+        self._take_role()
+
+    def _take_role(self) -> None:
+        """Set up the role's own state (at construction, and on every flip to the role)."""
+        raise NotImplementedError
