@@ -17,10 +17,14 @@ prompt gets. Selected by ``build_engine_args`` (``worker_cls``, ``CPU_WORKER_CLA
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from vllm.v1.worker.cpu_worker import CPUWorker
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import GrammarOutput
+    from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 
 
 class RewindableGenerator(torch.Generator):
@@ -51,7 +55,7 @@ class RewindableGenerator(torch.Generator):
 
 
 class TetriCPUWorker(CPUWorker):
-    def sample_tokens(self, grammar_output: Any) -> Any:
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         runner = self.model_runner
         batch = runner.input_batch
         for index, generator in list(batch.generators.items()):
@@ -60,4 +64,6 @@ class TetriCPUWorker(CPUWorker):
                 batch.generators[index] = generator
                 runner.requests[batch.req_ids[index]].generator = generator  # a resumed request keeps its draws
             generator.mark()
-        return super().sample_tokens(grammar_output)
+        # vLLM's CPUWorker reaches the type checker unannotated here: its result is declared at the override
+        output: ModelRunnerOutput | AsyncModelRunnerOutput = super().sample_tokens(grammar_output)
+        return output

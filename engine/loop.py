@@ -51,7 +51,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from tetriserve.engine.core_layout import ENGINE_THREAD_PREFIX, pin_engine_thread
 from tetriserve.engine.cores import MIN_IDLE_CORES, CoreShare, name_os_thread, set_engine_threads, set_thread_niceness
@@ -72,32 +72,39 @@ from tetriserve.engine.loop_messages import (
     merged,
 )
 from tetriserve.engine.stats import EngineStats, StatsCollector, stat_loggers, thread_switches
+from tetriserve.engine.vllm_engine import EngineCore, GeneratedOutput, open_engine
+
+if TYPE_CHECKING:
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_INTERVAL_S = 0.05  # a busy engine publishes its snapshot at most this often (and when it goes idle)
 
+T = TypeVar("T")  # what a function run on the scheduler returns
+
 
 class EngineLoop:
     def __init__(
         self,
-        engine_args: Any,
+        engine_args: EngineArgs,
         name: str,
         cores: CoreShare | None = None,
         stream_interval_s: float = 0.0,
     ) -> None:
         """A worker's role gives the engine its ``snapshot_fn`` and niceness (``take_role``). ``stream_interval_s``:
         hand deltas over at most this often (0: after every step); finishes go at once."""
-        from vllm.v1.engine.llm_engine import LLMEngine
-
         self.name = name
         self.collector = StatsCollector()
-        self.engine = LLMEngine.from_engine_args(engine_args, stat_loggers=stat_loggers(self.collector))
+        self.engine = open_engine(engine_args, stat_loggers(self.collector))
         cache = self.engine.vllm_config.cache_config
         self.collector.set_capacity(cache.num_gpu_blocks or 0, cache.block_size)
         self._computed = False  # whether the last step ran the model (vLLM's ``model_executed``, see _note_steps)
         self._note_steps(self.engine.engine_core.engine_core)
-        self._snapshot_fn: Callable[[Any], Any] | None = None
+        self._snapshot_fn: Callable[[Scheduler], object] | None = None
         self._niceness = 0  # the engine thread's, as take_role last set it
         self._cores = cores
         self._threads = cores.own if cores is not None else 0  # what the engine thread steps with now
@@ -131,7 +138,7 @@ class EngineLoop:
         self,
         request_id: str,
         prompt_token_ids: Sequence[int],
-        params: Any,
+        params: SamplingParams,
         sink: Sink,
         on_added: Hook | None = None,
         inline: InlineSink | None = None,
@@ -154,7 +161,9 @@ class EngineLoop:
             AddRequest(request_id, tuple(prompt_token_ids), params, Output(loop, counted, inline), on_added)
         )
 
-    async def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: Any) -> AsyncIterator[Delta]:
+    async def generate(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
+    ) -> AsyncIterator[Delta]:
         """Run one request; yields deltas until one carries ``finish_reason``. Closing early aborts it."""
         deltas: asyncio.Queue[Delta] = asyncio.Queue()
         self.add(request_id, prompt_token_ids, params, deltas.put_nowait)
@@ -171,18 +180,18 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._commands.put(AbortRequest(request_id))
 
-    async def call(self, fn: Callable[[Any], Any]) -> Any:
+    async def call(self, fn: Callable[[Scheduler], T]) -> T:
         """Run ``fn(scheduler)`` on the engine thread between two steps; returns (or raises) what it did."""
         return await asyncio.wrap_future(self._schedule(fn))
 
-    def call_now(self, fn: Callable[[Any], Any], timeout_s: float = 60.0) -> Any:
+    def call_now(self, fn: Callable[[Scheduler], T], timeout_s: float = 60.0) -> T:
         """``call`` for synchronous callers that are not on the engine's event loop (start-up, tests)."""
         return self._schedule(fn).result(timeout_s)
 
     def take_role(
         self,
-        install: Callable[[Any], Any],
-        snapshot_fn: Callable[[Any], Any],
+        install: Callable[[Scheduler], object],
+        snapshot_fn: Callable[[Scheduler], object],
         niceness: int,
         borrows: bool,
         borrow_min_batch: int = 0,
@@ -195,7 +204,7 @@ class EngineLoop:
         role's ``snapshot_fn`` and core borrowing (for steps of at least ``borrow_min_batch`` running requests,
         while the rest of the machine leaves ``borrow_min_idle`` cores idle) apply from the next step."""
 
-        def switch(scheduler: Any) -> None:
+        def switch(scheduler: Scheduler) -> None:
             install(scheduler)
             self._snapshot_fn = snapshot_fn
             if niceness != self._niceness:
@@ -218,12 +227,13 @@ class EngineLoop:
         self._thread.join(timeout_s)
         self.engine.engine_core.shutdown()
 
-    def _schedule(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future[Any]:
-        result: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._commands.put(CallScheduler(fn, result))
+    def _schedule(self, fn: Callable[[Scheduler], T]) -> concurrent.futures.Future[T]:
+        result: concurrent.futures.Future[T] = concurrent.futures.Future()
+        call: CallScheduler[T] = CallScheduler(fn, result)
+        self._commands.put(call)
         return result
 
-    def scheduler(self) -> Any:
+    def scheduler(self) -> Scheduler:
         """The engine's vLLM scheduler, for code that runs *on the engine thread* (``call``) and for tests."""
         return self.engine.engine_core.engine_core.scheduler
 
@@ -282,7 +292,7 @@ class EngineLoop:
         if not outputs and not self._computed:  # nothing to compute, only KV in flight: do not spin
             time.sleep(0.001)
 
-    def _note_steps(self, core: Any) -> None:
+    def _note_steps(self, core: EngineCore) -> None:
         """Keep what vLLM's in-process client drops: whether each step ran the model (it passes the flag only
         to ``EngineCore.post_step``), so that a step that computed a prompt's chunk is not taken for a wait."""
         post_step = core.post_step
@@ -309,7 +319,7 @@ class EngineLoop:
         )
         self.snapshot = EngineSnapshot(stats, self._extra())
 
-    def _extra(self) -> Any:
+    def _extra(self) -> object:
         if self._snapshot_fn is None:
             return None
         try:
@@ -360,7 +370,7 @@ class EngineLoop:
         if isinstance(cmd, AddRequest):
             self._outputs[cmd.request_id] = cmd.output
             try:
-                prompt = {"prompt_token_ids": list(cmd.prompt_token_ids)}
+                prompt: TokensPrompt = {"prompt_token_ids": list(cmd.prompt_token_ids)}
                 self.engine.add_request(cmd.request_id, prompt, cmd.params)
             except Exception as exc:  # rejected by vLLM's own validation
                 del self._outputs[cmd.request_id]
@@ -385,7 +395,7 @@ class EngineLoop:
             except Exception as exc:
                 cmd.result.set_exception(exc)
 
-    def _delta(self, out: Any) -> tuple[Output, Delta] | None:
+    def _delta(self, out: GeneratedOutput) -> tuple[Output, Delta] | None:
         output = self._outputs.get(out.request_id)
         if output is None:
             return None

@@ -8,13 +8,20 @@ import concurrent.futures
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from tetriserve.common.stream import TokenLogprobs
 from tetriserve.engine.sampling import from_vllm_logprobs
 from tetriserve.engine.stats import EngineStats
+from tetriserve.engine.vllm_engine import GeneratedOutput
+
+if TYPE_CHECKING:
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
+
+_T_co = TypeVar("_T_co", covariant=True)  # what a scheduler call returns
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,7 @@ class Output:
 class AddRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
-    params: Any  # vLLM SamplingParams
+    params: SamplingParams
     output: Output
     on_added: Hook | None = None  # called on the engine thread once vLLM has the request (tracing)
 
@@ -67,9 +74,9 @@ class AbortRequest:
 
 
 @dataclass(frozen=True)
-class CallScheduler:
-    fn: Callable[[Any], Any]
-    result: concurrent.futures.Future[Any]
+class CallScheduler(Generic[_T_co]):
+    fn: Callable[[Scheduler], _T_co]
+    result: concurrent.futures.Future[_T_co]  # only the engine thread sets it, to what ``fn`` returned
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,7 @@ class Stop:
     """End the engine thread (``close``)."""
 
 
-Command = AddRequest | AbortRequest | CallScheduler | Stop
+Command = AddRequest | AbortRequest | CallScheduler[object] | Stop
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,7 @@ class EngineSnapshot:
     """What the engine thread published after its latest step."""
 
     stats: EngineStats
-    extra: Any = None  # ``snapshot_fn(scheduler)``
+    extra: object = None  # ``snapshot_fn(scheduler)``
 
 
 def merged(batch: list[tuple[Output, Delta]]) -> list[tuple[Output, Delta]]:
@@ -135,7 +142,7 @@ def _deliver(batch: list[tuple[Sink, Delta]]) -> None:
             logger.exception("engine output sink failed")
 
 
-def delta_of(out: Any) -> Delta:
+def delta_of(out: GeneratedOutput) -> Delta:
     """The delta of one vLLM ``RequestOutput`` (``RequestOutputKind.DELTA``)."""
     completion = out.outputs[0] if out.outputs else None
     tokens = tuple(completion.token_ids) if completion is not None else ()

@@ -26,13 +26,17 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from tetriserve.engine.sampling import PRIOR_KEY
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -47,14 +51,14 @@ class _Prior:
 
 
 class PriorOutputPenalties(LogitsProcessor):
-    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         self.device = device
         self.priors: dict[int, _Prior] = {}
 
     def is_argmax_invariant(self) -> bool:
         return False  # penalties change which token is most likely
 
-    def _new(self, params: Any, prompt: list[int] | None, output: list[int]) -> _Prior | None:
+    def _new(self, params: SamplingParams, prompt: list[int] | None, output: list[int]) -> _Prior | None:
         k = int((params.extra_args or {}).get(PRIOR_KEY, 0))
         if k <= 0 or not prompt or not (params.presence_penalty or params.frequency_penalty):
             return None

@@ -21,7 +21,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tetriserve.common.config import EngineConfig
 from tetriserve.engine.profile_fit import MeasuredStep
@@ -35,6 +35,10 @@ from tetriserve.engine.profile_plan import (
     sweep_scenarios,
 )
 from tetriserve.engine.settings import EngineRole, build_engine_args, engine_env
+from tetriserve.engine.vllm_engine import InProcessEngine, open_engine
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ class EngineFacts:
 class ProfileEngine:
     """One LLMEngine plus a tap on its scheduler: runs a scenario, checks each iteration, returns step times."""
 
-    def __init__(self, engine: Any, seed: int = 0) -> None:
+    def __init__(self, engine: InProcessEngine, seed: int = 0) -> None:
         import numpy as np
 
         self.engine = engine
@@ -58,22 +62,25 @@ class ProfileEngine:
             self.scheduler = engine.engine_core.engine_core.scheduler
         except AttributeError as exc:
             raise RuntimeError("profile needs an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)") from exc
-        self._outputs: list[Any] = []
+        self._outputs: list[SchedulerOutput] = []
         schedule = self.scheduler.schedule
 
-        def tap(*args: Any, **kwargs: Any) -> Any:
+        def tap(*args: bool, **kwargs: bool) -> SchedulerOutput:
             out = schedule(*args, **kwargs)
             self._outputs.append(out)
             return out
 
-        self.scheduler.schedule = tap
+        self.scheduler.schedule = tap  # type: ignore[method-assign]  # the tap on this scheduler's iterations
         vcfg = engine.vllm_config
+        blocks = vcfg.cache_config.num_gpu_blocks
+        if blocks is None:  # vLLM sizes the KV cache while it builds the engine
+            raise TypeError("the engine's KV cache has no size (num_gpu_blocks is None)")
         self.facts = EngineFacts(
             dtype=str(vcfg.model_config.dtype).removeprefix("torch."),
             max_model_len=int(vcfg.model_config.max_model_len),
             max_batched_tokens=int(vcfg.scheduler_config.max_num_batched_tokens),
             max_num_seqs=int(self.scheduler.max_num_running_reqs),
-            kv_capacity_tokens=int(vcfg.cache_config.num_gpu_blocks) * int(vcfg.cache_config.block_size),
+            kv_capacity_tokens=int(blocks) * int(vcfg.cache_config.block_size),
             vocab_size=int(vcfg.model_config.get_vocab_size()),
         )
         self._rng = np.random.default_rng(seed)
@@ -83,11 +90,10 @@ class ProfileEngine:
     def open(cls, cfg: EngineConfig, model: str, max_forward: int, seed: int = 0) -> ProfileEngine:
         os.environ.update(engine_env(cfg))
         import torch
-        from vllm.v1.engine.llm_engine import LLMEngine
 
         torch.set_num_threads(cfg.threads_per_engine)
         args = build_engine_args(cfg, model, EngineRole.COLOCATED, chunk_size=max_forward)
-        return cls(LLMEngine.from_engine_args(args), seed)
+        return cls(open_engine(args), seed)
 
     def _prompt(self, length: int) -> list[int]:
         vocab = self.facts.vocab_size
@@ -130,7 +136,7 @@ class ProfileEngine:
         return times
 
     @staticmethod
-    def _check(sc: Scenario, plan: Sequence[Step], i: int, out: Any, index: dict[str, int]) -> None:
+    def _check(sc: Scenario, plan: Sequence[Step], i: int, out: SchedulerOutput, index: dict[str, int]) -> None:
         has = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
         has.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))

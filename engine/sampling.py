@@ -12,12 +12,17 @@ and frequency penalties, through ``engine.prior_outputs``. The caller passes
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.request import SamplingSpec
 from tetriserve.common.stream import TokenLogprobs
 from tetriserve.transport.instructions import KV_PARAMS_KEY, KVInstruction
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.logprobs import Logprob
 
 PRIOR_KEY = "tetriserve_prior_outputs"  # SamplingParams.extra_args: how many prompt tokens are output tokens
 
@@ -29,10 +34,10 @@ def to_vllm(
     prior_outputs: int = 0,
     kv: KVInstruction | None = None,
     tags: EngineTags | None = None,
-) -> Any:
+) -> SamplingParams:
     from vllm import SamplingParams
 
-    extra_args: dict[str, Any] = tags.extra() if tags is not None else {}
+    extra_args: dict[str, object] = tags.extra() if tags is not None else {}
     if kv is not None:
         extra_args[KV_PARAMS_KEY] = kv.params()
     if prior_outputs > 0 and (spec.presence_penalty or spec.frequency_penalty):
@@ -58,7 +63,9 @@ def to_vllm(
     )
 
 
-def from_vllm_logprobs(positions: Any) -> tuple[TokenLogprobs, ...] | None:
+def from_vllm_logprobs(
+    positions: Iterable[Mapping[int, Logprob] | None] | None,
+) -> tuple[TokenLogprobs, ...] | None:
     """vLLM's per-position ``{token_id: Logprob}`` (sampled token first, then by rank), as plain tuples."""
     if positions is None:
         return None

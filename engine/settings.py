@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from tetriserve.common.config import EngineConfig, EngineDtype
 from tetriserve.engine.hardware import cpu_has_bf16
 
 if TYPE_CHECKING:
     from vllm import EngineArgs
+    from vllm.v1.sample.logits_processor import LogitsProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,16 @@ CONNECTOR_MODULE = "tetriserve.transport.kv_connector"
 CONNECTOR_CLASS = "TetriKVConnector"
 CPU_WORKER_CLASS = "tetriserve.engine.cpu_worker.TetriCPUWorker"  # seeded sampling over chunked prompts
 PRIOR_OUTPUTS_PROCESSOR = "tetriserve.engine.prior_outputs:PriorOutputPenalties"  # disaggregated engines
+
+
+class _RoleArgs(TypedDict, total=False):
+    """The ``EngineArgs`` an engine's role and device add, where they apply (vLLM's defaults otherwise)."""
+
+    logits_processors: list[str | type[LogitsProcessor]]
+    scheduler_cls: str
+    worker_cls: str
+    kv_cache_memory_bytes: int
+    gpu_memory_utilization: float
 
 
 class EngineRole(enum.Enum):
@@ -91,7 +102,11 @@ def build_engine_args(
     from vllm.config import KVTransferConfig
 
     kv_config = None
-    connector_extra: dict[str, Any] = {"endpoint": endpoint, "backend": transport, "deadline_s": kv_deadline_s}
+    connector_extra: dict[str, str | float | int] = {
+        "endpoint": endpoint,
+        "backend": transport,
+        "deadline_s": kv_deadline_s,
+    }
     if sync_load_bytes is not None:  # the connector's own default otherwise
         connector_extra["sync_load_bytes"] = sync_load_bytes
     if role is not EngineRole.COLOCATED:
@@ -102,7 +117,7 @@ def build_engine_args(
             kv_load_failure_policy=kv_load_failure_policy,
             kv_connector_extra_config=connector_extra,
         )
-    extra: dict[str, Any] = {}
+    extra: _RoleArgs = {}
     if role is not EngineRole.COLOCATED:  # tokens handed in as prompt may be output: penalties count them
         extra["logits_processors"] = [PRIOR_OUTPUTS_PROCESSOR]
     if scheduler_cls is not None:

@@ -11,7 +11,12 @@ from __future__ import annotations
 import resource
 import threading
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerBase, StatLoggerFactory
+    from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
 _RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
 
@@ -52,7 +57,7 @@ class StatsCollector:
         with self._lock:
             self._stats = replace(self._stats, total_blocks=total_blocks, block_size=block_size)
 
-    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
         with self._lock:
             s = self._stats
             if scheduler_stats is not None:
@@ -85,7 +90,7 @@ class StatsCollector:
             return self._stats
 
 
-def stat_loggers(collector: StatsCollector) -> list[Any]:
+def stat_loggers(collector: StatsCollector) -> list[StatLoggerFactory]:
     """The ``stat_loggers`` of a worker's ``LLMEngine``: ``collector``'s, and a stand-in that keeps vLLM from
     adding its own Prometheus logger, whose per-step ``record`` fills a registry in the worker's process that
     nothing scrapes (the front door exports the workers' ``stats()``), work that shows in a sampled profile of
@@ -93,20 +98,20 @@ def stat_loggers(collector: StatsCollector) -> list[Any]:
     return [stat_logger_factory(collector), _unscraped_prometheus()]
 
 
-def _unscraped_prometheus() -> Any:
+def _unscraped_prometheus() -> type[PrometheusStatLogger]:
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
     class _Unscraped(PrometheusStatLogger):  # vLLM adds its own unless a PrometheusStatLogger is among the custom
-        def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
+        def __init__(self, vllm_config: VllmConfig, engine_indexes: list[int] | None = None) -> None:
             return  # nothing registered with prometheus_client
 
-        def record(self, *args: Any, **kwargs: Any) -> None:
+        def record(self, *args: object, **kwargs: object) -> None:
             return
 
-        def record_sleep_state(self, *args: Any, **kwargs: Any) -> None:
+        def record_sleep_state(self, *args: object, **kwargs: object) -> None:
             return
 
-        def record_admission_rejection(self, *args: Any, **kwargs: Any) -> None:
+        def record_admission_rejection(self, *args: object, **kwargs: object) -> None:
             return
 
         def log_engine_initialized(self) -> None:
@@ -118,15 +123,21 @@ def _unscraped_prometheus() -> Any:
     return _Unscraped
 
 
-def stat_logger_factory(collector: StatsCollector) -> Any:
+def stat_logger_factory(collector: StatsCollector) -> type[StatLoggerBase]:
     """A vLLM ``StatLoggerFactory`` that forwards every record to ``collector``."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class _Logger(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
             collector.set_capacity(vllm_config.cache_config.num_gpu_blocks or 0, vllm_config.cache_config.block_size)
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
+        def record(
+            self,
+            scheduler_stats: SchedulerStats | None,
+            iteration_stats: IterationStats | None,
+            *args: object,
+            **kwargs: object,
+        ) -> None:
             collector.record(scheduler_stats, iteration_stats)
 
         def log_engine_initialized(self) -> None:

@@ -25,8 +25,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from tetriserve.channel.streams import StreamHub
 from tetriserve.common.config import ClusterConfig
@@ -34,7 +34,11 @@ from tetriserve.common.length_score import LengthScore
 from tetriserve.common.load import DecodeLoad, PrefillLoad, same_load
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, Heartbeat, StateEvent, StreamChunk, TokenLogprobs
-from tetriserve.transport.api import Received, TransferState
+from tetriserve.engine.ray_api import MonitorHandle, SchedulerHandle, WorkerHandle, cluster_nodes, node_ip_address
+from tetriserve.transport.api import Received, TransferHandle, TransferState, Transport
+
+if TYPE_CHECKING:
+    from tetriserve.engine.loop import EngineLoop
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +46,28 @@ HANDED_MEMORY = 4096  # requests handed on to another worker, remembered to forw
 PULL_SETTLE_S = 0.1  # the longest a request whose KV is pulled waits for its last part before it starts
 
 
+class ChunkFields(TypedDict, total=False):
+    """The ``StreamChunk`` fields ``EngineWorker.chunk`` takes besides the request's own."""
+
+    finish_reason: FinishReason | None
+    error: str | None
+    metrics: Mapping[str, float] | None
+    moved_to: str | None
+    retry: bool
+
+
 class EngineWorker:
     """Base of the worker actors; subclasses build ``self.engine`` and implement ``load`` and ``policies``."""
+
+    engine: EngineLoop  # built by the subclass, unless taken over from a predecessor
+    endpoint: Transport
+    streams: StreamHub
+    _events: list[StateEvent]
+    _handed: OrderedDict[str, WorkerHandle]  # request id -> handle of the worker it went on to
+    _pulls: dict[str, TransferHandle]  # KV key -> its pull in flight (``pull_kv``)
+    _monitor: MonitorHandle | None
+    _scheduler: SchedulerHandle | None
+    length_score: LengthScore  # the length predictions of the requests that ended here
 
     def __init__(
         self, worker_id: str, config: ClusterConfig, incarnation: int = 0, predecessor: EngineWorker | None = None
@@ -71,19 +95,18 @@ class EngineWorker:
                 across_hosts=config.transport.backend == "auto" and cluster_spans_hosts(),
                 pull=config.transport.pull,
             )
-            self.engine: Any = None
             self.streams = StreamHub()
-            self._events: list[StateEvent] = []
-            self._handed: OrderedDict[str, Any] = OrderedDict()  # request id -> handle of the worker it went on to
-            self._pulls: dict[str, Any] = {}  # KV key -> handle of its pull in flight (``pull_kv``)
-            self._monitor: Any = None
-            self._scheduler: Any = None
-            self.length_score = LengthScore()  # the length predictions of the requests that ended here
+            self._events = []
+            self._handed = OrderedDict()
+            self._pulls = {}
+            self._monitor = None
+            self._scheduler = None
+            self.length_score = LengthScore()
         self._report_task: asyncio.Task[None] | None = None
         self._reported: PrefillLoad | DecodeLoad | None = None  # the last load sent to the monitor
         self._reported_at = 0.0
 
-    async def start(self, monitor: Any, scheduler: Any = None) -> str:
+    async def start(self, monitor: MonitorHandle, scheduler: SchedulerHandle | None = None) -> str:
         """Begin (or redirect) load reports to the ClusterMonitor and state events to the GlobalScheduler;
         returns the KV endpoint address to advertise."""
         self._monitor = monitor
@@ -105,7 +128,7 @@ class EngineWorker:
     def abort(self, request_id: str, attempt: int | None = None) -> bool:
         raise NotImplementedError
 
-    async def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
+    async def set_policy(self, changes: dict[str, object]) -> dict[str, str]:
         raise NotImplementedError
 
     def retire(self) -> None:
@@ -133,7 +156,7 @@ class EngineWorker:
     def policies(self) -> dict[str, str]:
         raise NotImplementedError
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         from tetriserve.transport import kv_counters
 
         return {
@@ -175,11 +198,17 @@ class EngineWorker:
         if reason is not None and not retry:
             self.event(req.request_id, reason.state, reason.value, chunk.end, attempt=req.attempt)
 
-    def chunk(self, req: Request, tokens: tuple[int, ...], index: int, **fields: Any) -> StreamChunk:
-        """``req``'s chunk from this worker: ``tokens`` from output position ``index`` on, and any other
-        ``StreamChunk`` ``fields`` (``logprobs`` kept only where the request asked for them); any thread may
-        build one."""
-        logprobs = fields.pop("logprobs", None)
+    def chunk(
+        self,
+        req: Request,
+        tokens: tuple[int, ...],
+        index: int,
+        *,
+        logprobs: tuple[TokenLogprobs, ...] | None = None,
+        **fields: Unpack[ChunkFields],
+    ) -> StreamChunk:
+        """``req``'s chunk from this worker: ``tokens`` from output position ``index`` on, ``logprobs`` (kept only
+        where the request asked for them), and any other ``StreamChunk`` ``fields``; any thread may build one."""
         return StreamChunk(
             req.request_id,
             tokens,
@@ -212,7 +241,7 @@ class EngineWorker:
                 StateEvent(request_id, state, now, self.worker_id, detail, output_tokens, moved_to, attempt)
             )
 
-    def handed_on(self, request_id: str, handle: Any) -> None:
+    def handed_on(self, request_id: str, handle: WorkerHandle) -> None:
         """``request_id`` continues on the worker behind ``handle``: later aborts go there."""
         self._handed[request_id] = handle
         while len(self._handed) > HANDED_MEMORY:
@@ -277,6 +306,8 @@ class EngineWorker:
         due = now - self._reported_at >= c.heartbeat_interval_ms / 1000
         if not due and same_load(load, self._reported, c.report_tolerance):
             return
+        if self._monitor is None:  # reports start with a monitor (``start``)
+            raise RuntimeError(f"{self.worker_id}: no ClusterMonitor to report to")
         self._monitor.report.remote(load)
         self._reported, self._reported_at = load, now
 
@@ -304,11 +335,11 @@ def cluster_spans_hosts() -> bool:
 
     if not ray.is_initialized():
         return False
-    here = ray.util.get_node_ip_address()
-    return any(node.get("Alive") and node.get("NodeManagerAddress") != here for node in ray.nodes())
+    here = node_ip_address()
+    return any(node.get("Alive") and node.get("NodeManagerAddress") != here for node in cluster_nodes())
 
 
-def build_worker_engine(config: ClusterConfig, model_path: str, worker_id: str) -> Any:
+def build_worker_engine(config: ClusterConfig, model_path: str, worker_id: str) -> EngineLoop:
     """A worker's engine: one build serves either role, the worker's role takes it (``EngineLoop.take_role``)
     and a flip hands it to the other role without reloading it. Until then its scheduler is vLLM's own.
     With a core layout, the build runs on every core, vLLM's imports (most of a worker's start) included."""

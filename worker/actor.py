@@ -32,7 +32,6 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from tetriserve.channel import core
 from tetriserve.channel.handoff import HANDOFF_MESSAGES
@@ -45,6 +44,7 @@ from tetriserve.common.request import Request
 from tetriserve.common.stream import FinishReason, Heartbeat
 from tetriserve.decode_worker.slices import Order
 from tetriserve.decode_worker.worker import DecodeWorker
+from tetriserve.engine.ray_api import MonitorHandle, SchedulerHandle, WorkerHandle, node_ip_address
 from tetriserve.engine.worker_base import EngineWorker, serve_subscriber
 from tetriserve.observability import tracing
 from tetriserve.prefill_worker.worker import PrefillWorker
@@ -82,7 +82,8 @@ class Worker:
         self.flips = 0
         self._flipping = False
         self._heap_frozen = False
-        self._intakes: dict[str, core.Link | None] = {}  # subscribed front door -> the link of its intake
+        # subscribed front door -> the link of its intake
+        self._intakes: dict[str, core.Link[IntakeMessage] | None] = {}
         # prefill workers' handoff calls: (address, token) of the endpoint, and the task serving it
         self._handoff: tuple[tuple[str, str], asyncio.Task[None]] | None = None
 
@@ -136,7 +137,7 @@ class Worker:
         return result
 
     # -- what every worker serves ------------------------------------------------------------
-    async def start(self, monitor: Any, scheduler: Any = None) -> str:
+    async def start(self, monitor: MonitorHandle, scheduler: SchedulerHandle | None = None) -> str:
         """Begin (or redirect) reports. The length predictor loads off this path, on a prefill role's prediction
         thread (``prefill_worker/predictions.py``): a decode worker never loads it, a prefill worker serves while
         it loads (handoffs take the instant estimate until then), and a flip to prefill never waits for it."""
@@ -187,12 +188,10 @@ class Worker:
         """(address, token) of this worker's handoff endpoint (``channel/handoff.py``), bound on first ask: a
         prefill worker's ``take``, ``pull_kv``, ``refine``, ``discard`` and ``kv_failed`` come over it, each
         calling this actor's method of that name."""
-        import ray
-
         if self._handoff is None:
             token = secrets.token_hex(16)
             endpoint = core.Endpoint(
-                ray.util.get_node_ip_address(), f"handoff to {self.worker_id}", HANDOFF_MESSAGES, token.encode()
+                node_ip_address(), f"handoff to {self.worker_id}", HANDOFF_MESSAGES, token.encode()
             )
             serving = asyncio.get_running_loop().create_task(endpoint.serve(functools.partial(core.invoke, self)))
             self._handoff = (endpoint.address, token), serving
@@ -203,13 +202,13 @@ class Worker:
         is dead."""
         return True
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {**self.role.stats(), "role": self.role_name, "flips": self.flips}
 
     def policies(self) -> dict[str, str]:
         return self.role.policies()
 
-    async def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
+    async def set_policy(self, changes: dict[str, object]) -> dict[str, str]:
         return await self.role.set_policy(changes)
 
     def abort(self, request_id: str, attempt: int | None = None) -> bool:
@@ -227,7 +226,9 @@ class Worker:
             error = f"{self.worker_id} serves decode now"
             self.role.publish(subscriber, req, (), FinishReason.ERROR, error, index=len(req.resume), retry=True)
 
-    def update_decode_view(self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, Any]) -> None:
+    def update_decode_view(
+        self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, WorkerHandle]
+    ) -> None:
         if isinstance(self.role, PrefillWorker):
             self.role.update_decode_view(loads, addresses, handles)
 
@@ -267,5 +268,5 @@ class Worker:
         """The prefill worker's send of ``key`` failed: the engine's load of it fails now, not at its deadline."""
         self.role.endpoint.fail(key, error)
 
-    async def rebalance(self, order: Order, address: str, handle: Any) -> list[str]:
+    async def rebalance(self, order: Order, address: str, handle: WorkerHandle) -> list[str]:
         return await self.role.rebalance(order, address, handle) if isinstance(self.role, DecodeWorker) else []
