@@ -19,11 +19,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from tetriserve.decode_worker.role import decode_role, snapshot_of
 from tetriserve.decode_worker.slices import Order, SliceMoves, pick_movers
-from tetriserve.decode_worker.views import DecodeSnapshot
 from tetriserve.transport.api import Received
 
 if TYPE_CHECKING:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
     from tetriserve.decode_worker.worker import DecodeWorker, Running
 
 logger = logging.getLogger(__name__)
@@ -69,7 +71,7 @@ class SliceMover:
         w = self.worker
         if slice_iters <= 0 or order.src != w.worker_id or order.dst == w.worker_id:
             return []
-        snap: DecodeSnapshot | None = w.engine.snapshot.extra
+        snap = snapshot_of(w.engine.snapshot.extra)
         # a request marked before keeps its mark (and key) until it has moved: the engine may already have
         # cut it, with its KV parked under that key, while still listing it as running
         views = [v for v in (snap.running if snap is not None else ()) if self._unmarked(v.request_id)]
@@ -80,7 +82,13 @@ class SliceMover:
             run.move = Move(f"move:{rid}:{w.worker_id}:{next(self._keys)}", order.dst, address, handle)
             marks[rid] = run.move.key
         if marks:
-            await w.engine.call(lambda s: [s.mark_moving(rid, key) for rid, key in marks.items()])
+
+            def mark(scheduler: Scheduler) -> None:
+                role = decode_role(scheduler)
+                for rid, key in marks.items():
+                    role.mark_moving(rid, key)
+
+            await w.engine.call(mark)
             logger.info("decode %s: %d request(s) to move to %s at their boundary", w.worker_id, len(marks), order.dst)
         return picked
 

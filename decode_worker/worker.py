@@ -49,9 +49,9 @@ from tetriserve.decode_worker.admission import AdmissionPolicy
 from tetriserve.decode_worker.moves import DecodePeer, Move, SliceMover
 from tetriserve.decode_worker.policy import decode_policies, decode_policy_settings, updated_decode_config
 from tetriserve.decode_worker.preemption import PreemptionOrder, PreemptionStrategy
+from tetriserve.decode_worker.role import decode_role, snapshot_of
 from tetriserve.decode_worker.slices import Order
 from tetriserve.decode_worker.spans import NO_SPANS, DecodeSpans
-from tetriserve.decode_worker.views import DecodeSnapshot
 from tetriserve.engine.core_layout import CoreLayout, RoleCpu, claim_decode_cores
 from tetriserve.engine.loop_messages import Delta, InlineSink
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
@@ -118,7 +118,7 @@ class DecodeWorker(EngineWorker):
         cpu = RoleCpu.decode(placement, layout, self.core_claim)
         self.engine.take_role(
             self._first_installer(config.decode),
-            lambda s: s.snapshot(),
+            lambda s: decode_role(s).snapshot(),
             niceness=cpu.niceness,
             borrows=cpu.borrows,
             borrow_min_batch=placement.borrow_min_batch,
@@ -131,7 +131,7 @@ class DecodeWorker(EngineWorker):
 
     def load(self) -> DecodeLoad:
         s = self.engine.stats()
-        snap: DecodeSnapshot | None = self.engine.snapshot.extra
+        snap = snapshot_of(self.engine.snapshot.extra)
         heavy = sum(1 for r in self.running.values() if r.heavy)
         return DecodeLoad(
             self.worker_id,
@@ -158,7 +158,7 @@ class DecodeWorker(EngineWorker):
 
     def policies(self) -> dict[str, str]:
         """The settings ``set_policy`` takes, by the same names, and the preemption counters."""
-        snap: DecodeSnapshot | None = self.engine.snapshot.extra
+        snap = snapshot_of(self.engine.snapshot.extra)
         stats = {**(snap.preemption if snap is not None else {}), **self.mover.counts.summary()}
         return {**decode_policy_settings(self._decode_cfg), **stats}
 
@@ -169,7 +169,8 @@ class DecodeWorker(EngineWorker):
         installed, so a bad value (ValueError naming the setting) changes nothing.
         """
         cfg = updated_decode_config(self._decode_cfg, changes)
-        await self.engine.call(self._installer(cfg))
+        install = self._installer(cfg)
+        await self.engine.call(lambda s: install(decode_role(s)))
         self._decode_cfg = cfg  # what the policies were last built from
         logger.info("decode %s: policy now %s", self.worker_id, self.policies())
         return self.policies()
@@ -244,8 +245,8 @@ class DecodeWorker(EngineWorker):
             return False  # finished, moved on, or a later attempt is here
         run.estimate = estimate
         run.heavy = estimate.is_heavy(self.config.prefill.heavy_threshold_tokens)
-        retagged: bool = await self.engine.call(lambda s: s.retag(request_id, estimate.after(run.base - 1)))
-        return retagged
+        after = estimate.after(run.base - 1)
+        return await self.engine.call(lambda s: decode_role(s).retag(request_id, after))
 
     async def adopt(
         self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, key: str, subscriber: str

@@ -4,11 +4,12 @@
 vLLM builds the scheduler from ``scheduler_cls`` with its own constructor (vLLM 0.32's signature, spelled out so
 the arguments stay typed); a flip instead turns the engine's live scheduler into the other role's class
 (``assume``). Either way ``_take_role`` sets the role's state up afresh, leaving vLLM's own state as it is.
+The engine loop hands calls vLLM's ``Scheduler``; ``of`` gives it the role's type.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self, cast
 
 from vllm.multimodal import MULTIMODAL_REGISTRY, MultiModalRegistry
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -42,6 +43,13 @@ class RoleScheduler(Scheduler):
             log_stats,
         )
         self._take_role()
+
+    @classmethod
+    def of(cls, scheduler: Scheduler) -> Self:
+        """The engine's scheduler as this role's, once the role has taken it (``EngineLoop.take_role``): what the
+        role's calls into the engine (``EngineLoop.call``) are given. Not checked at run time, so that a role's
+        calls can be driven against a fake of its scheduler."""
+        return cast(Self, scheduler)
 
     def _take_role(self) -> None:
         """Set up the role's own state (at construction, and on every flip to the role)."""

@@ -19,6 +19,7 @@ from typing import Never, Protocol, TypeVar
 from tetriserve.channel import core
 from tetriserve.channel.handoff import Discard, KvFailed, PullKV, Refine, Take
 from tetriserve.common.errors import actor_died
+from tetriserve.engine.ray_api import WorkerHandle
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +34,9 @@ class RemoteCall(Protocol[T_co]):
     def remote(self) -> Awaitable[T_co]: ...
 
 
-class DecodeHandle(Protocol):
-    """The decode worker's actor handle, as a peer calls it: once for the handoff endpoint, then for liveness."""
+class DecodeHandle(WorkerHandle, Protocol):
+    """The decode worker's actor handle, as the handoff calls it: once for the handoff endpoint, then for
+    liveness; an abort of a request handed there follows it (``EngineWorker.forward_abort``)."""
 
     @property
     def handoff_address(self) -> RemoteCall[tuple[str, str]]: ...

@@ -37,7 +37,6 @@ import zlib
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.engine_tags import EngineTags
@@ -48,6 +47,7 @@ from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, TokenLogprobs
 from tetriserve.engine.core_layout import CoreLayout, RoleCpu
 from tetriserve.engine.loop_messages import Delta
+from tetriserve.engine.ray_api import MonitorHandle, SchedulerHandle
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.observability import tracing
 from tetriserve.prefill_worker import spans
@@ -93,7 +93,8 @@ class PrefillWorker(EngineWorker):
         ceiling, policy = self.ceiling, self.policy
         install = lambda s: TetriPrefillScheduler.assume(s, ceiling).configure(policy)  # noqa: E731
         cpu = RoleCpu.prefill(config.engine.placement(), CoreLayout.from_env())
-        self.engine.take_role(install, lambda s: s.log.stats(), cpu.niceness, cpu.borrows, cores=cpu.cores)
+        log = lambda s: TetriPrefillScheduler.of(s).log.stats()  # noqa: E731
+        self.engine.take_role(install, log, cpu.niceness, cpu.borrows, cores=cpu.cores)
         self.gate = SchedBatchGate(self.policy.queue, self.policy.spec.sched_batch)
         self.predictor = predictor
         self.predictions = PredictionQueue(predictor, niceness=config.prefill.predictor_niceness)
@@ -115,7 +116,7 @@ class PrefillWorker(EngineWorker):
         self._offload_task: asyncio.Task[None] | None = None
 
     # -- wiring --------------------------------------------------------------------
-    async def start(self, monitor: Any, scheduler: Any = None) -> str:
+    async def start(self, monitor: MonitorHandle, scheduler: SchedulerHandle | None = None) -> str:
         """Start load reports (the length predictor loads on its own thread meanwhile)."""
         if self._report_task is None:
             self.sender.start()
@@ -160,20 +161,22 @@ class PrefillWorker(EngineWorker):
             "predictor_state": self.predictions.state.value,
         }
 
-    async def set_policy(self, changes: dict[str, Any]) -> dict[str, str]:
+    async def set_policy(self, changes: dict[str, object]) -> dict[str, str]:
         """Admin RPC: switch queue policy, chunking, chunk size, PrefillSchedBatch or offload_max_tokens at run time."""
         spec = self.policy.spec.updated(changes)
         if spec.chunk_size > self.ceiling:
             raise ValueError(f"prefill.chunk_size {spec.chunk_size} exceeds this engine's ceiling {self.ceiling}")
         policy = build_prefill_policy(spec, self.cost)
-        await self.engine.call(lambda s: s.configure(policy))
+        from tetriserve.prefill_worker.vllm_scheduler import TetriPrefillScheduler
+
+        await self.engine.call(lambda s: TetriPrefillScheduler.of(s).configure(policy))
         self.gate.set_policy(policy.queue, spec.sched_batch)
         self.offloader.set_spec(spec)
         self.policy = policy
         logger.info("prefill %s: policy now %s", self.worker_id, self.policies())
         return self.policies()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {
             **super().stats(),
             "scheduler": self.engine.snapshot.extra,

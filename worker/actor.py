@@ -42,11 +42,13 @@ from tetriserve.common.length import LengthEstimate, LengthPredictor
 from tetriserve.common.load import DecodeLoad, PrefillLoad, Role
 from tetriserve.common.request import Request
 from tetriserve.common.stream import FinishReason, Heartbeat
+from tetriserve.decode_worker.moves import DecodePeer
 from tetriserve.decode_worker.slices import Order
 from tetriserve.decode_worker.worker import DecodeWorker
-from tetriserve.engine.ray_api import MonitorHandle, SchedulerHandle, WorkerHandle, node_ip_address
+from tetriserve.engine.ray_api import MonitorHandle, SchedulerHandle, node_ip_address
 from tetriserve.engine.worker_base import EngineWorker, serve_subscriber
 from tetriserve.observability import tracing
+from tetriserve.prefill_worker.decode_peers import DecodeHandle
 from tetriserve.prefill_worker.worker import PrefillWorker
 
 logger = logging.getLogger(__name__)
@@ -227,7 +229,7 @@ class Worker:
             self.role.publish(subscriber, req, (), FinishReason.ERROR, error, index=len(req.resume), retry=True)
 
     def update_decode_view(
-        self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, WorkerHandle]
+        self, loads: list[DecodeLoad], addresses: dict[str, str], handles: dict[str, DecodeHandle]
     ) -> None:
         if isinstance(self.role, PrefillWorker):
             self.role.update_decode_view(loads, addresses, handles)
@@ -268,5 +270,5 @@ class Worker:
         """The prefill worker's send of ``key`` failed: the engine's load of it fails now, not at its deadline."""
         self.role.endpoint.fail(key, error)
 
-    async def rebalance(self, order: Order, address: str, handle: WorkerHandle) -> list[str]:
+    async def rebalance(self, order: Order, address: str, handle: DecodePeer) -> list[str]:
         return await self.role.rebalance(order, address, handle) if isinstance(self.role, DecodeWorker) else []
