@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from tetriserve.control_plane.handles import Method
+    from tetriserve.control_plane.handles import RemoteMethod
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,9 @@ class OneCallOut(Generic[T, R]):
     every item is told. Used from one event loop at a time: items of a loop that has
     gone are dropped when another starts using it."""
 
-    def __init__(self, method: Callable[[], Method[list[R]] | Method[None]], timeout_s: float) -> None:
+    def __init__(
+        self, method: Callable[[], RemoteMethod[[list[T]], list[R]] | RemoteMethod[[list[T]], None]], timeout_s: float
+    ) -> None:
         self.method = method
         self.timeout_s = timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -346,7 +346,8 @@ class Supervision:
     def _install_monitor(self, handle: MonitorHandle) -> Callable[[object], None]:
         def install(_: object) -> None:
             self.cluster.monitor = handle
-            def register(args: tuple[str, str, ActorRef | None, str, int]) -> None:
+
+            def register(args: tuple[str, str, WorkerHandle | None, str, int]) -> None:
                 handle.register.remote(*args)
 
             def drain(worker_id: str) -> None:
@@ -354,7 +355,7 @@ class Supervision:
 
             for slot in self.sup.view():
                 if slot.role in ("prefill", "decode") and slot.state in (ActorState.ACTIVE, ActorState.STARTING):
-                    args = (slot.name, slot.role, self.handle(slot.name), self.addresses[slot.name], slot.incarnation)
+                    args = (slot.name, slot.role, self._worker(slot.name), self.addresses[slot.name], slot.incarnation)
                     _quietly(functools.partial(register, args))
             for wid, life in self.elastic.lifecycles().items():  # a new monitor knows nothing of drains
                 if life.state is Lifecycle.DRAINING:

@@ -31,8 +31,8 @@ from typing import Literal, Protocol, TypeVar
 from tetriserve.common.config import DECODE_MONITOR_KEYS, DecodeConfig
 from tetriserve.common.config_keys import RENAMED, leaf_keys
 from tetriserve.common.errors import InvalidRequestError
+from tetriserve.control_plane.handles import PolicyValue, RemoteMethod
 from tetriserve.frontdoor.backend import WorkerPolicy
-from tetriserve.frontdoor.cluster_handles import PolicyValue, RemoteMethod
 from tetriserve.prefill_worker.policy import PrefillPolicySpec
 
 logger = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ async def apply_changes(
 
 
 class PolicyHandle(Protocol):
-    """A worker actor's ``set_policy`` (``cluster_handles.WorkerHandle`` has it)."""
+    """A worker actor's ``set_policy`` (``control_plane.handles.WorkerHandle`` has it)."""
 
     @property
     def set_policy(self) -> RemoteMethod[[dict[str, PolicyValue]], Mapping[str, str]]: ...

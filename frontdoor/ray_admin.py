@@ -15,8 +15,9 @@ import logging
 
 from tetriserve.common.errors import actor_died
 from tetriserve.common.lifecycle import Lifecycle
+from tetriserve.control_plane.handles import WorkerHandle
 from tetriserve.frontdoor.backend import ClusterStatus, WorkerPolicy, WorkerStatus, lifecycle_fields
-from tetriserve.frontdoor.cluster_handles import ClusterHandles, Control, WorkerHandle
+from tetriserve.frontdoor.cluster_handles import ClusterHandles, Control
 from tetriserve.frontdoor.policy_admin import actor_setter, apply_changes, parse_changes, resolve_targets
 from tetriserve.frontdoor.ray_backend import control_of, worker_handles
 from tetriserve.transport.registry import backend_of

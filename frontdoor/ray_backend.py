@@ -58,8 +58,9 @@ from tetriserve.common.stream import (
     StreamChunk,
 )
 from tetriserve.control_plane.batched_calls import OneCallOut
+from tetriserve.control_plane.handles import WorkerHandle
 from tetriserve.frontdoor.admission import Overloaded
-from tetriserve.frontdoor.cluster_handles import ClusterHandles, Control, WorkerHandle
+from tetriserve.frontdoor.cluster_handles import ClusterHandles, Control
 from tetriserve.frontdoor.token_log import AT_ONCE, TokenLog
 from tetriserve.frontdoor.worker_streams import Lost, OpenRequest, WorkerStreams, stream_host
 

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from tetriserve.control_plane.batched_calls import OneCallOut
 from tetriserve.control_plane.control_plane import ClusterInfo, ClusterView, SloSample, SupervisionState
-from tetriserve.frontdoor.cluster_handles import ControlPlaneHandle, MonitorHandle, SchedulerHandle, WorkerHandle
+from tetriserve.control_plane.handles import ControlPlaneHandle, MonitorHandle, SchedulerHandle, WorkerHandle
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from tetriserve.channel.intake import IntakeMessage
 from tetriserve.channel.streams import HEARTBEAT_S, STREAM_MESSAGES, Chunks
 from tetriserve.common.errors import actor_died
 from tetriserve.common.stream import Heartbeat, StreamChunk
-from tetriserve.frontdoor.cluster_handles import WorkerHandle
+from tetriserve.control_plane.handles import WorkerHandle
 from tetriserve.frontdoor.token_log import TokenLog
 
 if TYPE_CHECKING:
