@@ -259,6 +259,8 @@ class _Base(TypedDict):
     worker: str
     role: str
     state: str
+    running: int
+    waiting: int
     flips: int
     restarts: int
     queue_wait_s: NotRequired[float]

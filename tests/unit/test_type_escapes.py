@@ -32,17 +32,18 @@ NONE_ALLOWED = (
 # the count each package is held at (lower it when you remove escapes; never raise it)
 BUDGET = {
     "channel": 0,
-    "cli": 35,
-    "common": 50,
-    "control_plane": 57,
-    "decode_worker": 27,
-    "engine": 84,
-    "frontdoor": 78,
-    "length_predictor": 47,
-    "observability": 15,
-    "prefill_worker": 28,
-    "transport": 95,
-    "worker": 7,
+    "cli": 0,
+    "client": 0,
+    "common": 6,  # ShareGPT's records and a config key's argparse type are JSON-shaped; msgpack rows decoded
+    "control_plane": 5,  # Ray types the handles it makes as the actor's class: cast to their protocols once
+    "decode_worker": 0,
+    "engine": 3,  # vLLM's LLMEngine typed for every way it runs; the profiler's wrapped schedule; RoleScheduler.of
+    "frontdoor": 1,  # grpc's ServerInterceptor is untyped, and an interceptor must subclass it
+    "length_predictor": 0,
+    "observability": 0,
+    "prefill_worker": 0,
+    "transport": 2,  # torch's stubs lack Gloo's _Options and the process groups' send/recv
+    "worker": 0,
 }
 
 
