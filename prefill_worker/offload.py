@@ -47,7 +47,6 @@ class Offloader:
         self.worker_id, self.gate, self.pace, self.directory, self.cost = worker_id, gate, pace, directory, cost
         self.spec, self.wait_s = spec, wait_s
         self.backlogged = False  # the engine's time for the queue, last priced, was over ``wait_s``
-        self.offloaded = 0  # requests a decode worker took to compute
 
     def set_spec(self, spec: PrefillPolicySpec) -> None:
         self.spec = spec
@@ -99,6 +98,4 @@ class Offloader:
             if actor_died(exc):
                 self.directory.died(decode_id)
             return None
-        if taken:
-            self.offloaded += 1
         return peer if taken else None

@@ -349,7 +349,9 @@ class PrefillWorker(EngineWorker):
         if peer is None:
             if not job.abort_requested:
                 return False
-            job.ticket = None if refinement is not None else job.ticket
+            if refinement is not None:  # no one to follow
+                refinement.cancel()
+            job.ticket = None
             job.advance(Phase.ABORTED)
             self._end(job, FinishReason.ABORT)
             return True
