@@ -88,6 +88,16 @@ REGISTRY: tuple[Entry, ...] = (
         _files("vllm_bench_serve_seed1", ".md", ".json", "_per_request.json"),
     ),
     Entry(
+        "vllm_bench_two_commits",
+        _bench(
+            "vllm_bench_two_commits",
+            "--before 0d57bfc --after HEAD --pairs 3 --num-prompts 60 --single-prompts 15 --request-rate 2 --seed 0",
+        ),
+        "two commits of tetriserve, each beside plain vLLM, in interleaved pairs: ratios and the handoff",
+        55,
+        _files("vllm_bench_two_commits", ".md", ".json"),
+    ),
+    Entry(
         "transport_throughput",
         _bench("transport_throughput", "--sizes-mib 1 4 16 64 256 --repeats 5 --rounds 5"),
         "GB/s of each KV transport (shm push and pull, tcp, ucx, nccl) beside the raw path it rides",
