@@ -15,12 +15,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
 from tetriserve.decode_worker.role import decode_role, snapshot_of
 from tetriserve.decode_worker.slices import Order, SliceMoves, pick_movers
+from tetriserve.engine.ray_api import AwaitedMethod
 from tetriserve.transport.api import Received
 
 if TYPE_CHECKING:
@@ -30,26 +31,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-T_co = TypeVar("T_co", covariant=True)
-
-
-class RemoteMethod(Protocol[T_co]):
-    """A method of a Ray actor: ``remote(...)`` starts the call and returns what resolves to its result."""
-
-    def remote(self, *args: object) -> Awaitable[T_co]: ...
-
-
 class DecodePeer(Protocol):
     """The actor handle of the decode worker a slice moves to: the calls this module makes on it."""
 
     @property
-    def adopt(self) -> RemoteMethod[bool]: ...
+    def adopt(self) -> AwaitedMethod[bool]: ...
 
     @property
-    def abort(self) -> RemoteMethod[bool]: ...
+    def abort(self) -> AwaitedMethod[bool]: ...
 
     @property
-    def discard(self) -> RemoteMethod[bool]: ...
+    def discard(self) -> AwaitedMethod[bool]: ...
 
 
 @dataclass(frozen=True)

@@ -8,20 +8,27 @@ method takes; what ``remote`` returns (Ray's ``ObjectRef``) is not awaited by th
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, ParamSpec, Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Generic, ParamSpec, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from tetriserve.common.load import DecodeLoad, PrefillLoad
     from tetriserve.common.stream import StateEvent
 
 P = ParamSpec("P")
+T_co = TypeVar("T_co", covariant=True)
 
 
 class RemoteMethod(Protocol, Generic[P]):
     """A method of an actor, reached through its handle: ``remote`` queues the call."""
 
     def remote(self, *args: P.args, **kwargs: P.kwargs) -> object: ...
+
+
+class AwaitedMethod(Protocol[T_co]):
+    """A method of an actor whose result its caller awaits: ``remote(...)`` returns what resolves to it."""
+
+    def remote(self, *args: object) -> Awaitable[T_co]: ...
 
 
 class MonitorHandle(Protocol):

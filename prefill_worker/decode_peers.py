@@ -13,36 +13,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Awaitable
-from typing import Never, Protocol, TypeVar
+from typing import Never, Protocol
 
 from tetriserve.channel import core
 from tetriserve.channel.handoff import Discard, KvFailed, PullKV, Refine, Take
 from tetriserve.common.errors import actor_died
-from tetriserve.engine.ray_api import WorkerHandle
+from tetriserve.engine.ray_api import AwaitedMethod, WorkerHandle
 
 logger = logging.getLogger(__name__)
 
 OneWay = PullKV | Refine | Discard | KvFailed
-
-T_co = TypeVar("T_co", covariant=True)
-
-
-class RemoteCall(Protocol[T_co]):
-    """One method of a Ray actor handle, as called here (``handle.method.remote()``: an awaitable ObjectRef)."""
-
-    def remote(self) -> Awaitable[T_co]: ...
-
 
 class DecodeHandle(WorkerHandle, Protocol):
     """The decode worker's actor handle, as the handoff calls it: once for the handoff endpoint, then for
     liveness; an abort of a request handed there follows it (``EngineWorker.forward_abort``)."""
 
     @property
-    def handoff_address(self) -> RemoteCall[tuple[str, str]]: ...
+    def handoff_address(self) -> AwaitedMethod[tuple[str, str]]: ...
 
     @property
-    def ping(self) -> RemoteCall[object]: ...
+    def ping(self) -> AwaitedMethod[object]: ...
 
 
 class DecodePeer:
