@@ -49,10 +49,6 @@ def decisions_of(policies: Iterable[object]) -> dict[str, dict[str, int]]:
     return {name: dict(c) for name, c in out.items()}
 
 
-def merged(*parts: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
-    """Decision counts of several sources (a worker's policies, its planner) added up by policy and decision."""
-    out: dict[str, Counter[str]] = {}
-    for part in parts:
-        for policy, counts in part.items():
-            out.setdefault(policy, Counter()).update(counts)
-    return {name: dict(c) for name, c in out.items()}
+def as_settings(decisions: Mapping[str, Mapping[str, int]]) -> dict[str, str]:
+    """The counts as ``status`` and ``policy show`` list a worker's policy: ``decided.<policy>.<decision>``."""
+    return {f"decided.{p}.{d}": str(n) for p, counts in sorted(decisions.items()) for d, n in sorted(counts.items())}

@@ -8,7 +8,8 @@ the worker's KV budget and running batch at one scheduling step.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tetriserve.common.length import LengthEstimate
@@ -86,3 +87,4 @@ class DecodeSnapshot:
     step_s: float  # smoothed decode step time (0 while nothing runs)
     running: tuple[DecodeReqView, ...]  # by the worker's ids; only while slices are on
     preemption: dict[str, str]
+    decisions: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # policy -> decision -> count

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from tetriserve.common.decisions import decisions_of
 from tetriserve.common.engine_tags import TAGS_KEY, EngineTags, tags_of
 from tetriserve.common.length import LengthEstimate
 from tetriserve.decode_worker.admission import AdmissionPolicy
@@ -169,7 +170,8 @@ class TetriDecodeScheduler(RoleScheduler):
         """The state the worker reads (``EngineLoop``'s ``snapshot_fn``)."""
         running = tuple(self.running_views()) if self.slice_iters > 0 else ()
         step_s = self.step_s if self.running else 0.0
-        return DecodeSnapshot(self.remaining_tokens(), step_s, running, self.stats.summary())
+        decisions = decisions_of((self.planner.admission, self.planner.victim_order, self.planner.strategy))
+        return DecodeSnapshot(self.remaining_tokens(), step_s, running, self.stats.summary(), decisions)
 
     def remaining_tokens(self) -> int:
         """Σ predicted tokens still to generate over running and queued requests. Published every

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from tetriserve.common import log_context
 from tetriserve.common.config import ClusterConfig, DecodeConfig
+from tetriserve.common.decisions import as_settings
 from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.load import DecodeLoad
@@ -160,7 +161,11 @@ class DecodeWorker(EngineWorker):
         """The settings ``set_policy`` takes, by the same names, and the preemption counters."""
         snap = snapshot_of(self.engine.snapshot.extra)
         stats = {**(snap.preemption if snap is not None else {}), **self.mover.counts.summary()}
-        return {**decode_policy_settings(self._decode_cfg), **stats}
+        return {**decode_policy_settings(self._decode_cfg), **stats, **as_settings(self.decisions())}
+
+    def decisions(self) -> dict[str, dict[str, int]]:
+        snap = snapshot_of(self.engine.snapshot.extra)
+        return {p: dict(c) for p, c in snap.decisions.items()} if snap is not None else {}
 
     async def set_policy(self, changes: Mapping[str, object]) -> dict[str, str]:
         """Admin RPC: switch admission, preemption order, swap-or-recompute or slices at run time.

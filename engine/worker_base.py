@@ -156,6 +156,11 @@ class EngineWorker:
     def policies(self) -> dict[str, str]:
         raise NotImplementedError
 
+    def decisions(self) -> dict[str, dict[str, int]]:
+        """What this worker's policies decided otherwise than the defaults, by policy and decision
+        (``common/decisions.py``)."""
+        return {}
+
     def stats(self) -> dict[str, object]:
         from tetriserve.transport import kv_counters
 
@@ -164,6 +169,7 @@ class EngineWorker:
             "kv": kv_counters.counters(),
             "transport": self.endpoint.stats(),
             "policy": self.policies(),
+            "decisions": self.decisions(),
             "length_score": self.length_score.snapshot(),
         }
 

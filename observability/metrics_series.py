@@ -72,6 +72,13 @@ SPECS: tuple[MetricSpec, ...] = (
         W,
     ),
     MetricSpec("num_preemptions", COUNTER, "Preemptions on the worker's engine.", W),
+    MetricSpec(
+        "policy_decisions",
+        COUNTER,
+        "Decisions a configured policy took otherwise than the default would (FCFS order, greedy admission, "
+        "vLLM's preemption), by policy and decision: what a switched-on paper's policy is doing.",
+        (*W, "policy", "decision"),
+    ),
     MetricSpec("engine_prompt_tokens", COUNTER, "Prompt tokens by source: computed, cached, external.", (*W, "source")),
     MetricSpec("engine_generation_tokens", COUNTER, "Tokens the worker's engine generated.", W),
     MetricSpec(
@@ -189,6 +196,8 @@ def _worker_series(w: WorkerStats) -> Iterator[Series]:
         return
     yield Series("kv_cache_usage_perc", tags, w.kv_usage)
     yield Series("num_preemptions", tags, w.preemptions)
+    for (policy, decision), n in sorted(w.decisions.items()):
+        yield Series("policy_decisions", (*tags, ("policy", policy), ("decision", decision)), n)
     yield from (Series("engine_prompt_tokens", (*tags, ("source", k)), v) for k, v in w.prompt_tokens.items())
     yield Series("engine_generation_tokens", tags, w.generation_tokens)
     yield from (Series("engine_step_seconds", (*tags, ("clock", k)), v) for k, v in w.step_seconds.items())

@@ -129,6 +129,7 @@ class WorkerStats:
     seconds_per_token: float = 0.0  # and the prefill pace it prices its queue with (0: not measured)
     predictions: Mapping[str, int] = field(default_factory=dict)  # prefill: on_time, late, refined
     handoffs: Mapping[str, int] = field(default_factory=dict)  # prefill: pipelined, whole, offloaded
+    decisions: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (policy, decision) -> count
     length_score: LengthScoreStats = field(default_factory=LengthScoreStats)
     answered: bool = False  # its ``stats()`` came back in time
 
@@ -250,6 +251,7 @@ class WorkerReply(TypedDict, total=False):
     transport: TransportFigures | None
     predictions: Mapping[str, float] | None  # a prefill worker's prediction queue
     handoffs: Mapping[str, float] | None  # a prefill worker's handoffs
+    decisions: Mapping[str, Mapping[str, int]] | None  # its policies' decision counts, by policy
     length_score: object  # a ``LengthScoreStats`` where the worker scores length predictions
 
 
@@ -273,6 +275,7 @@ class _Extra(TypedDict, total=False):
     answered: bool
     predictions: Mapping[str, int]
     handoffs: Mapping[str, int]
+    decisions: Mapping[tuple[str, str], int]
     kv_usage: float
     preemptions: int
     generation_tokens: int
@@ -313,6 +316,8 @@ def worker_stats(status: WorkerStatusView, raw: WorkerReply | None) -> WorkerSta
         extra["predictions"] = {k: int(pred.get(k, 0)) for k in _PREDICTIONS}
     if handoffs := raw.get("handoffs"):  # a prefill worker's handoffs, pipelined, whole or offloaded
         extra["handoffs"] = {k: int(v) for k, v in handoffs.items()}
+    if decided := raw.get("decisions"):  # its policies' departures from the defaults (common/decisions.py)
+        extra["decisions"] = {(p, d): int(n) for p, counts in decided.items() for d, n in counts.items()}
     if eng is not None:
         if not load:  # no load report yet: the engine's own counts
             base["running"], base["waiting"] = int(eng.running), int(eng.waiting)

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from tetriserve.common.config import ClusterConfig
+from tetriserve.common.decisions import as_settings, decisions_of
 from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.iteration_log import IterationStats
 from tetriserve.common.length import LengthEstimate, LengthPredictor, PredictInput
@@ -159,7 +160,11 @@ class PrefillWorker(EngineWorker):
             "dispatch": self.directory.dispatcher.name,
             "predictor": self.predictor.name,
             "predictor_state": self.predictions.state.value,
+            **as_settings(self.decisions()),
         }
+
+    def decisions(self) -> dict[str, dict[str, int]]:
+        return decisions_of((self.policy.queue, self.policy.chunking, self.directory.dispatcher))
 
     async def set_policy(self, changes: dict[str, object]) -> dict[str, str]:
         """Admin RPC: switch queue policy, chunking, chunk size, PrefillSchedBatch or offload_max_tokens at run time."""

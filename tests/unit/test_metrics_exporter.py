@@ -69,6 +69,7 @@ def _cluster() -> ClusterStats:
         "transport": TransportStats(bytes_sent=4096, transfers_sent=2, transfers_failed=1, seconds_sending=0.5),
         "predictions": {"on_time": 1, "late": 1, "refined": 0, "pending": 0},
         "handoffs": {"pipelined": 2, "whole": 1},
+        "decisions": {"sola": {"reordered": 3}},
     }
     prefill_load = {"queued": 4.0, "running": 1.0, "queue_wait_s": 2.5, "seconds_per_token": 1.5e-4}
     prefill = WorkerStatus("prefill-0", "prefill", "active", prefill_load, flips=1)
@@ -126,6 +127,8 @@ def test_front_door_and_cluster_series() -> None:
     assert s[("tetriserve:length_prediction_abs_error_tokens_total", (("predictor", "trained"), *d))] == 16
     assert s[("tetriserve:length_prediction_timing_total", (*p[:1], ("timing", "late"), p[1]))] == 1
     assert s[("tetriserve:kv_handoffs_total", (("mode", "pipelined"), *p))] == 2
+    sola = (("decision", "reordered"), ("policy", "sola"), *p)
+    assert s[("tetriserve:policy_decisions_total", sola)] == 3
     silent = (("role", "decode"), ("worker", "decode-1"))
     assert ("tetriserve:num_requests_running", silent) in s  # from its load report
     assert ("tetriserve:kv_cache_usage_perc", silent) not in s  # its engine did not answer: no made-up zero
