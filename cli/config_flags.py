@@ -43,6 +43,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--reserve-decode-cores": "engine.cpu.reserve_decode_cores",
     "--stream-interval-ms": "engine.stream_interval_ms",
     "--enforce-eager": "engine.enforce_eager",
+    "--mode": "mode",
     "--num-prefill": "num_prefill",
     "--num-decode": "num_decode",
     "--chunk-size": "prefill.chunk_size",

@@ -353,6 +353,16 @@ class ClusterConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    mode: Literal["disaggregated", "colocated"] = Field(
+        "disaggregated",
+        description=(
+            "disaggregated: prefill workers compute prompts and hand their KV to decode workers (TetriInfer). "
+            "colocated: num_prefill + num_decode workers, each one engine that runs both phases, chunked prefill "
+            "mixed into decode batches (the single-engine papers' setting: SOLA, AccelGen, SCLS, CacheOpt); the "
+            "prefill section's queue order, chunking and predictor and the decode section's admission and "
+            "preemption all apply to each of them. Roles do not flip in this mode (flip.policy must be off)."
+        ),
+    )
     num_prefill: int = Field(1, ge=1, description="Number of prefill workers.")
     num_decode: int = Field(1, ge=1, description="Number of decode workers.")
     engine: EngineConfig = Field(
@@ -488,6 +498,8 @@ class ClusterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ClusterConfig:
+        if self.mode == "colocated" and self.flip.policy != "off":
+            raise ValueError("flip.policy: a colocated worker has no other role to flip to; set it to off")
         if self.prefill.chunk_size < self.engine.block_size:
             raise ValueError("prefill.chunk_size must be >= engine.block_size")
         if self.heartbeat_interval_ms < self.report_interval_ms:
@@ -500,6 +512,11 @@ class ClusterConfig(BaseModel):
                 "that long for a decode worker and its transfer"
             )
         return self
+
+    @property
+    def num_colocated(self) -> int:
+        """Workers of the colocated mode: as many engines as the disaggregated mode's on the same cores."""
+        return self.num_prefill + self.num_decode if self.mode == "colocated" else 0
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: Mapping[str, object] | None = None) -> ClusterConfig:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 class Role(enum.Enum):
     PREFILL = "prefill"
     DECODE = "decode"
+    COLOCATED = "colocated"  # one engine for both phases; reports a PrefillLoad and is placed on like one
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,9 @@ from tetriserve.control_plane.handles import MemberSnapshot, SchedulerHandle, Wo
 from tetriserve.decode_worker import slices
 
 logger = logging.getLogger(__name__)
+# the roles requests are placed on: they report a PrefillLoad and the GlobalScheduler gets their loads (a
+# colocated worker runs the whole request; it gets no decode view, having no prefill to hand off)
+PLACED_ON = (Role.PREFILL, Role.COLOCATED)
 
 
 @dataclass
@@ -142,7 +145,7 @@ class ClusterMonitor:
         member = self.members.get(load.worker_id)
         if member is None or member.incarnation != load.incarnation or member.dead:
             return  # unknown, or a previous life's last words
-        if isinstance(load, PrefillLoad) is not (member.role is Role.PREFILL):
+        if isinstance(load, PrefillLoad) is not (member.role in PLACED_ON):
             return  # flipped in place, not yet registered in its new role
         now = self.clock()
         if member.load is None or not load.busy or load.steps != member.load.steps:
@@ -200,7 +203,8 @@ class ClusterMonitor:
             p.handle.update_decode_view.remote(loads, addresses, handles)
             p.known_decodes = p.known_decodes | ids
         if self.scheduler is not None:
-            self.scheduler.update_prefill_loads.remote([m.load for m in self._serving(Role.PREFILL)])
+            placed = [m.load for role in PLACED_ON for m in self._serving(role)]
+            self.scheduler.update_prefill_loads.remote(placed)
 
     async def _rebalance_loop(self) -> None:
         while True:

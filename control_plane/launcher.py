@@ -216,8 +216,12 @@ class ActorBuilder:
     def prefill(self, worker_id: str, incarnation: int = 0) -> WorkerHandle:
         return self.worker(worker_id, "prefill", incarnation)
 
+    def colocated(self, worker_id: str, incarnation: int = 0) -> WorkerHandle:
+        return self.worker(worker_id, "colocated", incarnation)
+
     def worker(self, worker_id: str, role: str, incarnation: int = 0) -> WorkerHandle:
-        """A worker actor starting in ``role`` (it can flip to the other with the engine it has)."""
+        """A worker actor starting in ``role`` (a prefill or decode worker can flip to the other with the engine
+        it has; a colocated one runs both phases)."""
         import ray
 
         return typed_worker(
@@ -233,15 +237,20 @@ def launch(config: ClusterConfig, model_path: str) -> Cluster:
     owns, dashboard = init_ray(config)
     build = ActorBuilder(config, model_path)
     monitor = build.monitor()
-    decode = {f"decode-{i}": build.decode(f"decode-{i}") for i in range(config.num_decode)}
-    prefill = {f"prefill-{i}": build.prefill(f"prefill-{i}") for i in range(config.num_prefill)}
+    if config.mode == "colocated":  # every engine runs both phases; requests are placed on them all
+        decode: dict[str, WorkerHandle] = {}
+        prefill = {f"colocated-{i}": build.colocated(f"colocated-{i}") for i in range(config.num_colocated)}
+    else:
+        decode = {f"decode-{i}": build.decode(f"decode-{i}") for i in range(config.num_decode)}
+        prefill = {f"prefill-{i}": build.prefill(f"prefill-{i}") for i in range(config.num_prefill)}
     scheduler = build.scheduler(prefill)
     cluster = Cluster(config, model_path, scheduler, monitor, prefill, decode, dashboard, owns)
     f = config.flip
     cluster.slo = SloWindow(f.slo_window_s, f.ttft_slo_ms, f.tpot_slo_ms)
     try:
+        placed_role = "colocated" if config.mode == "colocated" else "prefill"
         workers = [("decode", wid, h) for wid, h in decode.items()] + [
-            ("prefill", wid, h) for wid, h in prefill.items()
+            (placed_role, wid, h) for wid, h in prefill.items()
         ]
         addresses = ray.get([h.start.remote(monitor, scheduler) for _, _, h in workers])
         ray.get(

@@ -68,6 +68,7 @@ START_TIMEOUT_S = 600.0  # a worker's engine start (model load, profiling) may t
 
 SCHEDULER = "global-scheduler"
 MONITOR = "cluster-monitor"
+WORKER_ROLES = ("prefill", "decode", "colocated")  # slots that hold a worker actor
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ class Supervision:
         self.cluster = cluster
         self.build = build
         self.addresses = dict(addresses)  # worker -> KV address of its current life
-        actors = [(w, "prefill") for w in cluster.prefill] + [(w, "decode") for w in cluster.decode]
+        placed = "colocated" if cluster.config.mode == "colocated" else "prefill"  # the workers placed on
+        actors = [(w, placed) for w in cluster.prefill] + [(w, "decode") for w in cluster.decode]
         actors += [(SCHEDULER, "scheduler"), (MONITOR, "monitor")]
         now = time.monotonic()
         self.sup = Supervisor(actors, dead_after_s=cluster.config.dead_after_s, now=now)
@@ -287,8 +289,8 @@ class Supervision:
         name, inc = slot.name, slot.incarnation
         _quietly(lambda: kill(self.handle(name), no_restart=True))  # make sure the old life is gone
         try:
-            if slot.role in ("prefill", "decode"):
-                worker = self.build.prefill(name, inc) if slot.role == "prefill" else self.build.decode(name, inc)
+            if slot.role in WORKER_ROLES:
+                worker = self.build.worker(name, slot.role, inc)
             elif slot.role == "scheduler":
                 scheduler = self.build.scheduler(self.cluster.prefill)
             else:
@@ -297,7 +299,7 @@ class Supervision:
             logger.warning("supervision: could not create %s: %s", name, exc)
             self.sup.start_failed(name, inc, now, str(exc))
             return
-        if slot.role in ("prefill", "decode"):  # resolves once its engine is up
+        if slot.role in WORKER_ROLES:  # resolves once its engine is up
             ready = worker.start.remote(self.cluster.monitor, self.cluster.scheduler)
             install = self._install_worker(name, inc, worker)
             self._pending[name] = _Starting(inc, worker, ready, now, install, worker)
@@ -354,7 +356,7 @@ class Supervision:
                 handle.drain.remote(worker_id, True)
 
             for slot in self.sup.view():
-                if slot.role in ("prefill", "decode") and slot.state in (ActorState.ACTIVE, ActorState.STARTING):
+                if slot.role in WORKER_ROLES and slot.state in (ActorState.ACTIVE, ActorState.STARTING):
                     args = (slot.name, slot.role, self._worker(slot.name), self.addresses[slot.name], slot.incarnation)
                     _quietly(functools.partial(register, args))
             for wid, life in self.elastic.lifecycles().items():  # a new monitor knows nothing of drains
@@ -377,7 +379,7 @@ class Supervision:
         """Put worker ``name`` in its role's table (out of the other's: its life may have been built in the
         other role, or flipped) and register it with the monitor in that role (``load``: its first there)."""
         c = self.cluster
-        if role == "prefill":
+        if role in ("prefill", "colocated"):  # the workers requests are placed on
             c.decode = {k: v for k, v in c.decode.items() if k != name}
             c.prefill = {**c.prefill, name: handle}
             _quietly(lambda: c.scheduler.set_prefill.remote(name, handle))

@@ -43,7 +43,7 @@ from tetriserve.common.config import ClusterConfig, DecodeConfig
 from tetriserve.common.decisions import as_settings
 from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate
-from tetriserve.common.load import DecodeLoad
+from tetriserve.common.load import DecodeLoad, PrefillLoad
 from tetriserve.common.request import Request, RequestState
 from tetriserve.common.stream import FinishReason, TokenLogprobs
 from tetriserve.decode_worker.admission import AdmissionPolicy
@@ -130,7 +130,7 @@ class DecodeWorker(EngineWorker):
         self.running: dict[str, Running] = {}
         self.mover = SliceMover(self)
 
-    def load(self) -> DecodeLoad:
+    def load(self) -> PrefillLoad | DecodeLoad:  # a colocated worker's is a PrefillLoad (worker/colocated.py)
         s = self.engine.stats()
         snap = snapshot_of(self.engine.snapshot.extra)
         heavy = sum(1 for r in self.running.values() if r.heavy)
@@ -192,9 +192,9 @@ class DecodeWorker(EngineWorker):
 
         return install
 
-    @staticmethod
-    def _first_installer(cfg: DecodeConfig) -> Callable[[Scheduler], None]:
-        """``_installer``'s, first making the engine's scheduler, whatever role it played, the decode role's."""
+    def _first_installer(self, cfg: DecodeConfig) -> Callable[[Scheduler], None]:
+        """``_installer``'s, first making the engine's scheduler, whatever role it played, the decode role's
+        (a colocated worker's: its own, ``worker/colocated.py``)."""
         install = DecodeWorker._installer(cfg)
 
         def assume(scheduler: Scheduler) -> None:

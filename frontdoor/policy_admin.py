@@ -38,7 +38,7 @@ from tetriserve.prefill_worker.policy import PrefillPolicySpec
 logger = logging.getLogger(__name__)
 
 _H = TypeVar("_H")
-Role = Literal["prefill", "decode"]
+Role = Literal["prefill", "decode", "colocated"]
 
 # key -> type of value the worker's ``set_policy`` expects, from what it builds its policies from
 _HINTS = typing.get_type_hints(PrefillPolicySpec)
@@ -48,7 +48,12 @@ DECODE_KEYS: dict[str, type] = {
     for key in leaf_keys(DecodeConfig)
     if key.path not in DECODE_MONITOR_KEYS
 }
-KEYS: dict[Role, dict[str, type]] = {"prefill": PREFILL_KEYS, "decode": DECODE_KEYS}
+# a colocated worker runs both sides: the prefill side's keys and the decode side's
+KEYS: dict[Role, dict[str, type]] = {
+    "prefill": PREFILL_KEYS,
+    "decode": DECODE_KEYS,
+    "colocated": {**PREFILL_KEYS, **DECODE_KEYS},
+}
 
 Setter = Callable[[dict[str, PolicyValue]], Awaitable[Mapping[str, str]]]
 SET_POLICY_TIMEOUT_S = 30.0  # one worker actor's ``set_policy`` call
@@ -73,15 +78,17 @@ def describe_target(worker_id: str | None) -> str:
 
 
 def resolve_targets(
-    worker_id: str | None, prefill: Mapping[str, _H], decode: Mapping[str, _H]
+    worker_id: str | None, prefill: Mapping[str, _H], decode: Mapping[str, _H], colocated: bool = False
 ) -> tuple[Role, dict[str, _H]]:
-    """The role and workers a change goes to: one by id, or every worker of a role (``None`` / ``""``: prefill)."""
-    by_role: dict[Role, Mapping[str, _H]] = {"prefill": prefill, "decode": decode}
+    """The role and workers a change goes to: one by id, or every worker of a role (``None`` / ``""``: prefill,
+    or in the colocated mode, where ``prefill`` holds the colocated workers, colocated)."""
+    placed: Role = "colocated" if colocated else "prefill"
+    by_role: dict[Role, Mapping[str, _H]] = {placed: prefill, "decode": decode}
     for role, workers in by_role.items():
         if worker_id and worker_id in workers:
             return role, {worker_id: workers[worker_id]}
     for role, workers in by_role.items():
-        if (worker_id or "prefill") == role:
+        if (worker_id or placed) == role:
             if not workers:
                 raise InvalidRequestError("worker_id", f"the cluster has no {role} workers")
             return role, dict(workers)
@@ -112,7 +119,7 @@ def parse_changes(role: Role, changes: Mapping[str, str]) -> dict[str, PolicyVal
 
 
 def _not_a_key(role: Role, key: str) -> str:
-    other: Role = "decode" if role == "prefill" else "prefill"
+    other: Role = "decode" if role in ("prefill", "colocated") else "prefill"
     if key in KEYS[other]:
         return (
             f"a {other} policy key, not a {role} one: send it to {other} workers "

@@ -36,14 +36,15 @@ class RayAdmin:
         self._model_name = model_name
 
     async def healthy(self) -> bool:
-        """Serving: the GlobalScheduler answers and at least one prefill and one decode worker serve."""
+        """Serving: the GlobalScheduler answers and at least one prefill and one decode worker serve, or (the
+        colocated mode) one colocated worker."""
         try:
             await asyncio.wait_for(self.cluster.scheduler.status.remote(), timeout=5)
             members = await asyncio.wait_for(self.cluster.monitor.snapshot.remote(), timeout=5)
         except Exception:
             return False
         serving = {m["role"] for m in members if m["state"] == "serving"}
-        return serving >= {"prefill", "decode"}
+        return serving >= {"prefill", "decode"} or "colocated" in serving
 
     async def status(self) -> ClusterStatus:
         members, sched, policies = await asyncio.gather(
@@ -126,6 +127,7 @@ class RayAdmin:
         return control
 
     async def set_policy(self, worker_id: str | None, changes: dict[str, str]) -> list[WorkerPolicy]:
-        role, targets = resolve_targets(worker_id, self.cluster.prefill, self.cluster.decode)
+        colocated = self.cluster.config.mode == "colocated"
+        role, targets = resolve_targets(worker_id, self.cluster.prefill, self.cluster.decode, colocated)
         parsed = parse_changes(role, changes)
         return await apply_changes({wid: actor_setter(h) for wid, h in targets.items()}, parsed, role)

@@ -141,7 +141,7 @@ SPECS: tuple[MetricSpec, ...] = (
     ),
 )
 SPECS_BY_NAME = {s.name: s for s in SPECS}
-ROLES = ("prefill", "decode")
+ROLES = ("prefill", "decode", "colocated")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ use) are left to vLLM untouched.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -54,37 +55,32 @@ class _Pending:
     work: tuple[tuple[int, int], ...]  # (computed, tokens) of each chunk: what the cost model prices
 
 
-class TetriPrefillScheduler(RoleScheduler):
+@dataclass(frozen=True)
+class _Exposed:
+    """What one ``schedule()`` call held aside from vLLM, and what the planned requests had computed."""
 
-    @classmethod
-    def assume(cls, scheduler: Scheduler, ceiling: int) -> TetriPrefillScheduler:
-        """Make the engine's scheduler, whatever role it played, this one, with at most ``ceiling`` tokens a
-        step (a flip, TetriInfer §3.5; on the engine thread, with the engine idle). vLLM's own state —
-        queues, KV cache manager, connector — is untouched; the role's state starts afresh."""
-        scheduler.__class__ = cls
-        assert isinstance(scheduler, cls)
-        scheduler._take_role(ceiling)
-        return scheduler
+    held_running: list[Request]
+    held_waiting: list[Request]
+    computed: dict[str, int]
+    budget: int
 
-    def _take_role(self, ceiling: int | None = None) -> None:
-        """``ceiling``: at most that many tokens a step (None: the engine's step budget)."""
-        self.ceiling = self.max_num_scheduled_tokens = self.max_num_scheduled_tokens if ceiling is None else ceiling
-        self.planner = PrefillPlanner.fixed(self.ceiling)
+
+class PromptPlanning:
+    """The prefill half of a vLLM scheduler's step, through a ``PrefillPlanner``: expose the planned prompts in
+    plan order with the plan's token budget (``expose``), put the rest back (``restore``), and measure the
+    iteration for the cost model and the iteration log (``scheduled``, ``finished``). The prefill role's
+    scheduler uses it alone; the colocated engine's (``worker/colocated_scheduler.py``) beside the decode
+    planner's admission and preemption. Requests already decoding are left to vLLM, each counted one token of
+    the budget."""
+
+    def __init__(self, ceiling: int) -> None:
+        self.ceiling = ceiling
+        self.planner = PrefillPlanner.fixed(ceiling)
         self.log = IterationLog()
         self._pending: _Pending | None = None
         self._ext: dict[str, str] = {}  # vLLM's request id -> ours
         self._views: dict[str, ReqView] = {}
 
-    def configure(self, policy: PrefillPolicy) -> None:
-        """Swap the policy; takes effect at the next iteration (called on the engine thread, between steps)."""
-        self.planner.policy = policy
-
-    @property
-    def prefill_policy(self) -> PrefillPolicy:
-        """The role's policy (vLLM's own ``policy`` attribute, its queue discipline, is left as it is)."""
-        return self.planner.policy
-
-    # -- views ---------------------------------------------------------------------------
     def _view(self, req: Request) -> ReqView:
         """The request's view, rebuilt only when its progress changed since the last iteration."""
         cached = self._views.get(req.request_id)
@@ -113,58 +109,110 @@ class TetriPrefillScheduler(RoleScheduler):
             batch_seq=tags.batch_seq,
         )
 
-    # -- vLLM hooks ------------------------------------------------------------------------
-    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        t0 = time.perf_counter()
-        started = time.time()
-        decoding = [r for r in self.running if r.num_computed_tokens >= r.num_prompt_tokens]
-        prefilling = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
-        waiting = list(self.waiting)
+    def expose(self, sched: Scheduler, started: float) -> _Exposed:
+        """Leave in ``sched``'s queues the decoding requests and the planned prompts, in plan order, with
+        ``max_num_scheduled_tokens`` = the plan's tokens + one per decoding request."""
+        decoding = [r for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens]
+        prefilling = [r for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens]
+        waiting = list(sched.waiting)
         by_id = {r.request_id: r for r in (*prefilling, *waiting)}
-        pool = KVPool(self.ceiling, self.block_size, self.kv_cache_manager.block_pool.get_num_free_blocks())
+        pool = KVPool(self.ceiling, sched.block_size, sched.kv_cache_manager.block_pool.get_num_free_blocks())
         plan = self.planner.plan([self._view(r) for r in by_id.values()], pool, started)
-        tokens = plan.tokens
         planned = [by_id[c.request_id] for c in plan.chunks]
         planned_ids = {c.request_id for c in plan.chunks}
         running_ids = {r.request_id for r in prefilling}
         held_running = [r for r in prefilling if r.request_id not in planned_ids]
         held_waiting = [r for r in waiting if r.request_id not in planned_ids]
         computed = {r.request_id: r.num_computed_tokens for r in (*decoding, *planned)}  # vLLM advances it
-        self.running[:] = decoding + [r for r in planned if r.request_id in running_ids]
-        self.waiting.remove_requests(waiting)
+        sched.running[:] = decoding + [r for r in planned if r.request_id in running_ids]
+        sched.waiting.remove_requests(waiting)
         for r in planned:
             if r.request_id not in running_ids:
-                self.waiting.add_request(r)
-        self.max_num_scheduled_tokens = max(1, min(self.ceiling, tokens + len(decoding)))
+                sched.waiting.add_request(r)
+        sched.max_num_scheduled_tokens = max(1, min(self.ceiling, plan.tokens + len(decoding)))
+        return _Exposed(held_running, held_waiting, computed, plan.budget)
+
+    def restore(self, sched: Scheduler, exposed: _Exposed) -> None:
+        sched.running.extend(exposed.held_running)
+        for r in exposed.held_waiting:
+            sched.waiting.add_request(r)
+        sched.max_num_scheduled_tokens = self.ceiling
+
+    def scheduled(self, out: SchedulerOutput, exposed: _Exposed, started: float, overhead_s: float) -> None:
+        """The step vLLM scheduled from the exposed queues: what the cost model prices, timed from now."""
+        comp = tuple(
+            (self._ext.get(rid, rid), exposed.computed.get(rid, 0), n) for rid, n in out.num_scheduled_tokens.items()
+        )
+        work = tuple((h, n) for _, h, n in comp)
+        predicted = self.planner.predicted_s(work)
+        self._pending = _Pending(started, overhead_s, exposed.budget, comp, predicted, time.perf_counter(), work)
+
+    def finished(self, scheduler_output: SchedulerOutput, requests: Mapping[str, Request]) -> None:
+        """The step's model run is over: the planner corrects its cost model (SOLA eq. 5) and the iteration is
+        logged; what is kept of requests no longer in ``requests`` is dropped now and then."""
+        p, self._pending = self._pending, None
+        if p is not None and scheduler_output.total_num_scheduled_tokens > 0:
+            exec_s = time.perf_counter() - p.exec_start
+            self.planner.observe(p.work, exec_s, scheduler_output.num_scheduled_tokens, time.time())
+            cost = self.planner.policy.cost
+            if cost is not None:
+                self.log.gamma = cost.prefill_gamma.gamma
+            self.log.add(IterationRecord(p.started, p.budget, p.chunks, p.overhead_s, exec_s, p.predicted_s))
+        if max(self.planner.remembered, len(self._views)) > 2 * len(requests) + 64:  # drop finished ones
+            self.planner.forget(set(requests))
+            self._ext = {k: v for k, v in self._ext.items() if k in requests}
+            self._views = {k: v for k, v in self._views.items() if k in requests}
+
+
+class TetriPrefillScheduler(RoleScheduler):
+    @classmethod
+    def assume(cls, scheduler: Scheduler, ceiling: int) -> TetriPrefillScheduler:
+        """Make the engine's scheduler, whatever role it played, this one, with at most ``ceiling`` tokens a
+        step (a flip, TetriInfer §3.5; on the engine thread, with the engine idle). vLLM's own state —
+        queues, KV cache manager, connector — is untouched; the role's state starts afresh."""
+        scheduler.__class__ = cls
+        assert isinstance(scheduler, cls)
+        scheduler._take_role(ceiling)
+        return scheduler
+
+    def _take_role(self, ceiling: int | None = None) -> None:
+        """``ceiling``: at most that many tokens a step (None: the engine's step budget)."""
+        self.ceiling = self.max_num_scheduled_tokens = self.max_num_scheduled_tokens if ceiling is None else ceiling
+        self.prompts = PromptPlanning(self.ceiling)
+
+    @property
+    def planner(self) -> PrefillPlanner:
+        return self.prompts.planner
+
+    @property
+    def log(self) -> IterationLog:
+        return self.prompts.log
+
+    def configure(self, policy: PrefillPolicy) -> None:
+        """Swap the policy; takes effect at the next iteration (called on the engine thread, between steps)."""
+        self.planner.policy = policy
+
+    @property
+    def prefill_policy(self) -> PrefillPolicy:
+        """The role's policy (vLLM's own ``policy`` attribute, its queue discipline, is left as it is)."""
+        return self.planner.policy
+
+    # -- vLLM hooks ------------------------------------------------------------------------
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        t0 = time.perf_counter()
+        started = time.time()
+        exposed = self.prompts.expose(self, started)
         overhead = time.perf_counter() - t0
         try:
             out = super().schedule(throttle_prefills)
         finally:
             t1 = time.perf_counter()
-            self.running.extend(held_running)
-            for r in held_waiting:
-                self.waiting.add_request(r)
-            self.max_num_scheduled_tokens = self.ceiling
-        comp = tuple((self._ext.get(rid, rid), computed.get(rid, 0), n) for rid, n in out.num_scheduled_tokens.items())
-        work = tuple((h, n) for _, h, n in comp)
-        predicted = self.planner.predicted_s(work)
-        overhead += time.perf_counter() - t1
-        self._pending = _Pending(started, overhead, plan.budget, comp, predicted, time.perf_counter(), work)
+            self.prompts.restore(self, exposed)
+        self.prompts.scheduled(out, exposed, started, overhead + time.perf_counter() - t1)
         return out
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> dict[int, EngineCoreOutputs]:
-        p, self._pending = self._pending, None
-        if p is not None and scheduler_output.total_num_scheduled_tokens > 0:
-            exec_s = time.perf_counter() - p.exec_start
-            self.planner.observe(p.work, exec_s, scheduler_output.num_scheduled_tokens, time.time())
-            if self.prefill_policy.cost is not None:
-                self.log.gamma = self.prefill_policy.cost.prefill_gamma.gamma
-            self.log.add(IterationRecord(p.started, p.budget, p.chunks, p.overhead_s, exec_s, p.predicted_s))
-        result = super().update_from_output(scheduler_output, model_runner_output)
-        if max(self.planner.remembered, len(self._views)) > 2 * len(self.requests) + 64:  # drop finished ones
-            self.planner.forget(set(self.requests))
-            self._ext = {k: v for k, v in self._ext.items() if k in self.requests}
-            self._views = {k: v for k, v in self._views.items() if k in self.requests}
-        return result
+        self.prompts.finished(scheduler_output, self.requests)  # before vLLM drops the finished requests
+        return super().update_from_output(scheduler_output, model_runner_output)

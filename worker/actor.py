@@ -50,6 +50,7 @@ from tetriserve.engine.worker_base import EngineWorker, serve_subscriber
 from tetriserve.observability import tracing
 from tetriserve.prefill_worker.decode_peers import DecodeHandle
 from tetriserve.prefill_worker.worker import PrefillWorker
+from tetriserve.worker.colocated import ColocatedWorker
 
 logger = logging.getLogger(__name__)
 
@@ -94,9 +95,13 @@ class Worker:
 
     @property
     def role_name(self) -> str:
+        if isinstance(self.role, ColocatedWorker):
+            return "colocated"
         return "prefill" if isinstance(self.role, PrefillWorker) else "decode"
 
     def _make(self, role: Role, incarnation: int, predecessor: EngineWorker | None) -> EngineWorker:
+        if role is Role.COLOCATED:
+            return ColocatedWorker(self.worker_id, self.config, self.model_path, self.predictor, incarnation)
         if role is Role.PREFILL:
             return PrefillWorker(self.worker_id, self.config, self.model_path, self.predictor, incarnation, predecessor)
         return DecodeWorker(self.worker_id, self.config, self.model_path, incarnation, predecessor)
@@ -106,6 +111,8 @@ class Worker:
         """Serve ``role`` with the engine this worker has. Called once the worker has drained; requests still
         here (a drain that timed out) get ``retry`` errors first. A ValueError: already that role, or busy."""
         target = Role(role)
+        if Role.COLOCATED in (target, Role(self.role_name)):
+            raise ValueError(f"{self.worker_id}: a colocated worker runs both phases and has no other role")
         if target.value == self.role_name:
             raise ValueError(f"{self.worker_id} is a {role} worker already")
         if self._flipping:
@@ -222,7 +229,7 @@ class Worker:
 
     # -- prefill ---------------------------------------------------------------------------
     def submit(self, req: Request, subscriber: str) -> None:
-        if isinstance(self.role, PrefillWorker):
+        if isinstance(self.role, (PrefillWorker, ColocatedWorker)):
             self.role.submit(req, subscriber)
         else:
             error = f"{self.worker_id} serves decode now"

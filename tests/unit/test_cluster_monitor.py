@@ -214,3 +214,19 @@ def test_with_a_deadband_a_load_that_drifted_within_it_is_not_broadcast_before_t
     clock.t += 0.1
     mon.report(DecodeLoad("decode-0", 480, 1000, 32, 38, 0, 0, 38, 0.0, remaining_tokens=8700, accepting=False))
     assert mon.broadcast_due()  # a state is never within the band
+
+
+def test_colocated_workers_are_placed_on_and_get_no_decode_view() -> None:
+    clock = Clock()
+    mon = ClusterMonitor(report_interval_ms=100, stale_after=10, stuck_after_s=5.0, clock=clock)
+    sched, colocated = FakeHandle(_Scheduler()), FakeHandle(_Prefill())
+    mon.scheduler = sched
+    mon.register("colocated-0", "colocated", colocated, "c:0")
+    mon.register("colocated-1", "colocated", FakeHandle(_Prefill()), "c:1")
+    mon.report(PrefillLoad("colocated-0", 2, 3, 40, 0.0))  # a colocated worker reports a PrefillLoad
+    mon.report(_decode_load("colocated-1"))  # never a DecodeLoad: dropped
+    mon.broadcast_once()
+    ((placed,),) = sched.called("update_prefill_loads")
+    assert [ld.worker_id for ld in placed] == ["colocated-0"]
+    assert colocated.called("update_decode_view") == []
+    assert _states(mon) == {"colocated-0": "serving", "colocated-1": "starting"}

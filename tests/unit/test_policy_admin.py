@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.actor_fakes import FakeHandle
-from tetriserve.common.config import DecodeConfig
+from tetriserve.common.config import ClusterConfig, DecodeConfig
 from tetriserve.common.errors import InvalidRequestError
 from tetriserve.decode_worker.moves import SliceMover
 from tetriserve.decode_worker.policy import decode_policies
@@ -108,6 +108,16 @@ def test_resolve_targets() -> None:
     assert info.value.field == "worker_id"
 
 
+def test_colocated_workers_take_both_sides_keys() -> None:
+    colocated = {"colocated-0": 0, "colocated-1": 1}
+    assert resolve_targets(None, colocated, {}, colocated=True) == ("colocated", colocated)
+    assert resolve_targets("colocated-1", colocated, {}, colocated=True) == ("colocated", {"colocated-1": 1})
+    changes = parse_changes("colocated", {"queue": "sjf", "chunk_size": "128", "admission.policy": "sola"})
+    assert changes == {"queue": "sjf", "chunk_size": 128, "admission.policy": "sola"}
+    with pytest.raises(InvalidRequestError, match="unknown colocated policy key"):
+        parse_changes("colocated", {"no_such_key": "1"})
+
+
 @dataclass
 class _Worker:
     """Stands in for a PrefillWorker actor: ``policies`` / ``set_policy`` with the worker's error style."""
@@ -183,6 +193,7 @@ class _Cluster:
     monitor: Any
     scheduler: Any
     dashboard_url: str = ""
+    config: ClusterConfig = field(default_factory=ClusterConfig)
 
 
 def _backend(prefill: dict[str, Any], decode: dict[str, Any]) -> ray_admin.RayAdmin:
