@@ -117,9 +117,11 @@ class DecodePlanner:
         self._out[request_id] = (now, computed)
         return how
 
-    def resumed(self, computed: Mapping[str, int | None], now: float) -> None:
+    def resumed(self, computed: Mapping[str, int | None], now: float) -> tuple[str, ...]:
         """``computed``: for each preempted request, the tokens it has computed while running again, or None
-        where it is not running (or gone). One back to its earlier progress has resumed; one gone is dropped."""
+        where it is not running (or gone). One back to its earlier progress has resumed; one gone is dropped.
+        Returns the ids that resumed."""
+        back: list[str] = []
         for rid, (since, tokens) in list(self._out.items()):
             if rid not in computed:  # finished or aborted while out
                 del self._out[rid]
@@ -128,6 +130,8 @@ class DecodePlanner:
             if now_computed is not None and now_computed >= tokens:
                 self.stats.durations_s.append(now - since)
                 del self._out[rid]
+                back.append(rid)
+        return tuple(back)
 
     @property
     def preempted_ids(self) -> tuple[str, ...]:

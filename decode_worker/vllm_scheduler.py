@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol, TypeGuard
 
@@ -117,6 +118,9 @@ class TetriDecodeScheduler(RoleScheduler):
     def _take_role(self) -> None:
         self.planner = DecodePlanner()
         self._moving: dict[str, str] = {}  # req_id -> key its KV is parked under at its next slice boundary
+        # the worker's ids of requests preempted ("preempted") and back to decoding ("resumed"), told as they
+        # happen (on the engine thread): the worker records them as the requests' states
+        self.on_preemption: Callable[[str, str], None] | None = None
 
     def configure(
         self,
@@ -315,6 +319,8 @@ class TetriDecodeScheduler(RoleScheduler):
             block_ids = list(self.kv_cache_manager.get_block_ids(request.request_id)[0])
             swapper.swap_out(request, block_ids, computed)
         super()._preempt_request(request, timestamp, drop_stale_output)
+        if self.on_preemption is not None:
+            self.on_preemption(self._worker_id_of(request), "preempted")
 
     def _note_resumed(self, now: float) -> None:
         """A preempted request is back once it is running with its KV restored (computed this step)."""
@@ -323,4 +329,9 @@ class TetriDecodeScheduler(RoleScheduler):
             req = self.requests.get(rid)
             if req is not None:
                 computed[rid] = req.num_computed_tokens if req in self.running else None
-        self.planner.resumed(computed, now)
+        back = self.planner.resumed(computed, now)
+        if self.on_preemption is not None:
+            for rid in back:
+                req = self.requests.get(rid)
+                if req is not None:
+                    self.on_preemption(self._worker_id_of(req), "resumed")

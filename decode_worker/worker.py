@@ -200,9 +200,17 @@ class DecodeWorker(EngineWorker):
         def assume(scheduler: Scheduler) -> None:
             from tetriserve.decode_worker.vllm_scheduler import TetriDecodeScheduler
 
-            install(TetriDecodeScheduler.assume(scheduler))
+            decode = TetriDecodeScheduler.assume(scheduler)
+            decode.on_preemption = self.preemption_seen
+            install(decode)
 
         return assume
+
+    def preemption_seen(self, request_id: str, what: str) -> None:
+        """On the engine thread: ``request_id`` was preempted (``what`` "preempted") or decodes again
+        ("resumed"); recorded as its state (CacheOpt §3.4's preemptions, visible in the request's events)."""
+        state = RequestState.PREEMPTED if what == "preempted" else RequestState.DECODING
+        self.engine_event(request_id, state, f"{what} on {self.worker_id}")
 
     # -- the request path -------------------------------------------------------------
     async def take(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
@@ -63,6 +63,7 @@ class EngineWorker:
     endpoint: Transport
     streams: StreamHub
     _events: list[StateEvent]
+    _engine_events: deque[StateEvent]  # noted on the engine thread, moved to ``_events`` at each report
     _handed: OrderedDict[str, WorkerHandle]  # request id -> handle of the worker it went on to
     _pulls: dict[str, TransferHandle]  # KV key -> its pull in flight (``pull_kv``)
     _monitor: MonitorHandle | None
@@ -82,6 +83,7 @@ class EngineWorker:
         if predecessor is not None:
             self.endpoint, self.engine, self.streams = predecessor.endpoint, predecessor.engine, predecessor.streams
             self._events, self._handed, self._pulls = predecessor._events, predecessor._handed, predecessor._pulls
+            self._engine_events = predecessor._engine_events
             self._monitor, self._scheduler = predecessor._monitor, predecessor._scheduler
             self.length_score = predecessor.length_score
         else:
@@ -97,6 +99,7 @@ class EngineWorker:
             )
             self.streams = StreamHub()
             self._events = []
+            self._engine_events = deque()
             self._handed = OrderedDict()
             self._pulls = {}
             self._monitor = None
@@ -247,6 +250,11 @@ class EngineWorker:
                 StateEvent(request_id, state, now, self.worker_id, detail, output_tokens, moved_to, attempt)
             )
 
+    def engine_event(self, request_id: str, state: RequestState, detail: str = "") -> None:
+        """``event`` for the engine thread (a preemption seen in the engine's scheduler): thread-safe."""
+        if self._scheduler is not None:
+            self._engine_events.append(StateEvent(request_id, state, time.time(), self.worker_id, detail))
+
     def handed_on(self, request_id: str, handle: WorkerHandle) -> None:
         """``request_id`` continues on the worker behind ``handle``: later aborts go there."""
         self._handed[request_id] = handle
@@ -299,6 +307,8 @@ class EngineWorker:
         while True:
             try:
                 self._report(self.load(), time.monotonic())
+                while self._engine_events:
+                    self._events.append(self._engine_events.popleft())
                 if self._events and self._scheduler is not None:
                     events, self._events = self._events, []
                     self._scheduler.record.remote(events)

@@ -84,6 +84,7 @@ class ColocatedWorker(DecodeWorker):
 
             colocated = TetriColocatedScheduler.assume(scheduler)
             colocated.configure_prompts(policy)
+            colocated.on_preemption = self.preemption_seen
             install(colocated)
 
         return assume

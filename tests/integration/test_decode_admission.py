@@ -79,7 +79,16 @@ def test_kv_cache_is_as_small_as_asked(engine: Any) -> None:
 def test_reserve_dynamic_avoids_the_preemptions_greedy_makes(engine: Any) -> None:
     from tetriserve.decode_worker.admission.reserve_dynamic import ReserveDynamic
 
-    greedy, done_g, _ = run(engine, "greedy", seed=1)
+    sched = engine.engine_core.engine_core.scheduler
+    told: list[str] = []
+    sched.on_preemption = lambda rid, what: told.append(what)  # the worker records these as request states
+    try:
+        greedy, done_g, _ = run(engine, "greedy", seed=1)
+    finally:
+        sched.on_preemption = None
+    # every preemption is told as it happens, and a preempted request is told back when it is past its earlier
+    # progress again (one preempted again while recomputing is told back once)
+    assert told.count("preempted") == greedy and 0 < told.count("resumed") <= greedy
     dynamic, done_d, _ = run(engine, "reserve-dynamic", seed=1)
     static, done_s, _ = run(engine, "reserve-static", seed=1)
     literal, done_l, _ = run(engine, ReserveDynamic(horizons="shortest"), seed=1)
