@@ -115,7 +115,7 @@ async def run_front_doors(
     tracing.setup(config.tracing, "frontdoor")  # this process's spans (each front door is a process of its own)
     security = FrontDoorSecurity.from_config(config.security)
     security.warn_if_exposed(config.host)
-    front = await asyncio.to_thread(FrontDoor, backend, None, config.admission, admin)
+    front = await asyncio.to_thread(FrontDoor, backend, None, config.admission, admin, config.slo)
     metrics = MetricsExporter(front, admin)  # GET /metrics, and the Ray dashboard's metrics when on Ray
     body_limit = megabytes(config.max_request_body_mb)
     grpc_server, grpc_port = await start_grpc_server(

@@ -19,6 +19,7 @@ from tetriserve.common.flip_config import FlipConfig, ScaleConfig
 from tetriserve.common.load import DEFAULT_REPORT_TOLERANCE
 from tetriserve.common.prefill_config import PrefillConfig
 from tetriserve.common.security_config import SecurityConfig
+from tetriserve.common.slo_config import SloConfig
 from tetriserve.common.tracing_config import TracingConfig
 from tetriserve.common.transport_config import TransportConfig
 
@@ -396,6 +397,10 @@ class ClusterConfig(BaseModel):
     scale: ScaleConfig = Field(
         default_factory=ScaleConfig,
         description="How far the slo flip policy may add workers.",
+    )
+    slo: SloConfig = Field(
+        default_factory=SloConfig,
+        description="Latency objectives for the requests that name none, by class of request (prompt length).",
     )
     admission: AdmissionConfig = Field(
         default_factory=AdmissionConfig,

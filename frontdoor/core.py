@@ -44,6 +44,7 @@ from tetriserve.common import log_context
 from tetriserve.common.admission_config import AdmissionConfig
 from tetriserve.common.errors import InvalidRequestError, UnknownModelError
 from tetriserve.common.request import SLO, Request, SamplingSpec
+from tetriserve.common.slo_config import SloConfig
 from tetriserve.common.stream import FinishReason, StreamChunk
 from tetriserve.frontdoor.admission import AdmissionGate, Ticket
 from tetriserve.frontdoor.backend import AdminClient, RequestRouter
@@ -97,7 +98,9 @@ class FrontDoor:
         tokenizer: PreTrainedTokenizerBase | None = None,
         limits: AdmissionConfig | None = None,
         admin: AdminClient | None = None,
+        slo: SloConfig | None = None,
     ) -> None:
+        """``slo``: the service's objectives for requests that name none (``common/slo_config.py``)."""
         if admin is None:
             if not isinstance(backend, AdminClient):
                 raise TypeError(f"FrontDoor: {type(backend).__name__} is no admin client; pass admin=")
@@ -108,6 +111,7 @@ class FrontDoor:
         self.max_token_chars = max(1, max(map(len, self.tokenizer.get_vocab()), default=1))  # for ``check_head``
         self.token_strings = TokenStrings(self.tokenizer)
         self.gate = AdmissionGate(limits or AdmissionConfig())
+        self.slo_defaults = slo or SloConfig()
         self.metrics = RequestMetrics()  # what /metrics and `tetriserve top` show of this front door's requests
         self._background: set[asyncio.Task[None]] = set()
         self.live_ids: set[str] = set()  # ids of the requests streaming from here (``stream``)
@@ -228,7 +232,10 @@ class FrontDoor:
                 skip_special_tokens=skip_special_tokens,
             )
             int_value("priority", priority, *PRIORITY_RANGE)
-            return Request(request_id, prompt, sampling, slo=slo_value(slo), priority=priority)
+            asked = slo_value(slo)
+            return Request(
+                request_id, prompt, sampling, slo=self.slo_defaults.for_request(len(prompt), asked), priority=priority
+            )
         except InvalidRequestError as exc:
             if rename and exc.field in rename:
                 raise InvalidRequestError(rename[exc.field], exc.message) from None
