@@ -153,7 +153,7 @@ def test_the_colocated_mode_runs_as_many_engines_and_refuses_flips() -> None:
     cfg = ClusterConfig.load(overrides={"mode": "colocated", "num_prefill": 2, "num_decode": 3})
     assert cfg.num_colocated == 5  # 2 + 3: the disaggregated mode's engines, each running both phases
     assert ClusterConfig().num_colocated == 0
-    with pytest.raises(ValueError, match="flip.policy: a colocated worker has no other role"):
+    with pytest.raises(ValueError, match=r"flip\.policy: a colocated worker has no other role"):
         ClusterConfig.load(overrides={"mode": "colocated", "flip.policy": "tetriinfer"})
     parser = argparse.ArgumentParser()
     add_config_flags(parser)
