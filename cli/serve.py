@@ -173,7 +173,10 @@ def serve(config: ClusterConfig) -> None:
     check_decode_policy(config)
     layout = reserve_cores(config)
     owns_ray, dashboard = init_ray(config)
-    print(f"tetriserve: starting {config.num_prefill} prefill + {config.num_decode} decode workers ...", flush=True)
+    if config.mode == "colocated":
+        print(f"tetriserve: starting {config.num_colocated} colocated workers ...", flush=True)
+    else:
+        print(f"tetriserve: starting {config.num_prefill} prefill + {config.num_decode} decode workers ...", flush=True)
     handle = start_control_plane(config, model_path, name, dashboard)
     cluster = None
     try:
