@@ -88,6 +88,17 @@ REGISTRY: tuple[Entry, ...] = (
         _files("vllm_bench_serve_seed1", ".md", ".json", "_per_request.json"),
     ),
     Entry(
+        "vllm_bench_serve_colocated",
+        _bench(
+            "vllm_bench_serve",
+            "--num-prompts 60 --single-prompts 15 --request-rate 2 --seed 0 --rounds 1 "
+            "'--tetriserve-flags=--mode colocated' --out vllm_bench_serve_colocated",
+        ),
+        "the side by side with tetriserve in colocated mode: two engines that each prefill and decode",
+        12,
+        _files("vllm_bench_serve_colocated", ".md", ".json", "_per_request.json"),
+    ),
+    Entry(
         "vllm_bench_two_commits",
         _bench(
             "vllm_bench_two_commits",

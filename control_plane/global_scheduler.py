@@ -13,7 +13,8 @@ a report interval. A request's first finish event is its outcome.
 Least load = this scheduler's own count of requests placed on the worker and not
 yet past prefill (exact for its own placements, corrected by events) with the
 worker's last reported queued prompt tokens (broadcast by the ClusterMonitor)
-as the tie-breaker.
+as the tie-breaker, then its reported running requests: between colocated workers with empty queues, the one
+decoding fewer streams.
 
 Only workers in the monitor's latest broadcast (those ``serving`` by its
 clock) are placed on; a request the front door re-places after a failure
@@ -65,6 +66,7 @@ class _Queue:
     count: int  # requests placed on the worker and not past prefill (this scheduler's own count)
     tokens: int  # prompt tokens the worker last reported queued (the tie-breaker)
     wait_s: float  # expected seconds a new request would wait behind them
+    running: int = 0  # requests past the queue the worker last reported (a colocated worker's decodes)
 
 
 FEEDBACK_TIMEOUT_S = 30.0  # one call of finished requests' lengths to a prefill worker
@@ -136,7 +138,7 @@ class GlobalScheduler:
             candidates = [w for w in candidates if self._has_room(queues[w])]
             if not candidates:
                 return self._refuse(rid, queues)
-        worker = min(candidates, key=lambda w: (queues[w].count, queues[w].tokens, w))
+        worker = min(candidates, key=lambda w: (queues[w].count, queues[w].tokens, queues[w].running, w))
         req = Request(rid, _PLACEHOLDER_PROMPT, arrival_time=meta.arrival_time, attempt=meta.attempt)
         req.prefill_worker = worker
         req.advance(RequestState.PREFILLING, worker)
@@ -162,7 +164,7 @@ class GlobalScheduler:
             ld = self.prefill_loads.get(w)
             tokens = ld.queued_prompt_tokens if ld else 0
             wait = (ld.queue_wait_s + fresh[w] * ld.seconds_per_token) if ld else 0.0
-            queues[w] = _Queue(count[w], tokens, wait)
+            queues[w] = _Queue(count[w], tokens, wait, ld.running if ld else 0)
         return queues
 
     def _has_room(self, queue: _Queue) -> bool:

@@ -223,3 +223,17 @@ def test_refusals_are_logged_with_each_workers_queue_at_most_once_per_interval(
         )
 
     asyncio.run(main())
+
+
+def test_between_empty_queues_the_worker_running_fewer_requests_is_chosen() -> None:
+    async def main() -> None:
+        now = time.time()
+        # colocated workers with no prompt queued: colocated-0 decodes 6 streams, colocated-1 decodes 2
+        busy = PrefillLoad("colocated-0", 0, 6, 0, now)
+        light = PrefillLoad("colocated-1", 0, 2, 0, now)
+        gs = _scheduler(AdmissionConfig(), busy, light)
+        assert (await gs.place(PlacementRequest("a", 10, 8, now))).prefill_worker == "colocated-1"
+        # a queued prompt still outweighs the running ones: colocated-1 now has one request in prefill
+        assert (await gs.place(PlacementRequest("b", 10, 8, now))).prefill_worker == "colocated-0"
+
+    asyncio.run(main())
