@@ -63,7 +63,7 @@ from tetriserve.common.stream import StreamChunk, chunk_from_row, chunk_row
 
 logger = logging.getLogger(__name__)
 
-WIRE_VERSION = 3
+WIRE_VERSION = 4
 REPLY = 0  # the kind of a reply frame
 LIVENESS_S = 0.5  # a call waiting for its answer asks ``probe`` this often whether the peer still lives
 ANSWER_TIMEOUT_S = 30.0  # a call its living peer has not answered in this long fails

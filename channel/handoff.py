@@ -36,11 +36,11 @@ from tetriserve.common.request import Request
 class Take:
     """Decode ``request`` (its prompt and the tokens ``generated`` so far) for the front door ``subscriber``;
     its KV comes pushed, is pulled ``pull_from`` a prefill endpoint of this host, or (``prefill_here``) is
-    computed there. Answered with whether the decode worker took it."""
+    computed there; its length estimate travels on it (``Request.length_estimate``). Answered with whether the
+    decode worker took it."""
 
     request: Request
     generated: tuple[int, ...]
-    estimate: LengthEstimate | None
     subscriber: str
     pull_from: str | None = None
     prefill_here: bool = False

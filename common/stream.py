@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tetriserve.common.length import LengthEstimate
 from tetriserve.common.request import RequestState
 
 PROTOCOL_VERSION = 3
@@ -185,7 +186,9 @@ class Placement:
 @dataclass(frozen=True)
 class StateEvent:
     """A request entered ``state`` on ``worker`` at ``at`` (wall clock). Finished states carry the output length;
-    a handoff (``DECODE_QUEUED``) or a slice move (``TRANSFERRING``) names the decode worker it goes on on."""
+    a handoff (``DECODE_QUEUED``) or a slice move (``TRANSFERRING``) names the decode worker it goes on on;
+    ``estimate``: the request's length estimate as of this event, where the worker has one that is new (the
+    handoff's, a late prediction's), for the table's ``Request.length_estimate``."""
 
     request_id: str
     state: RequestState
@@ -195,4 +198,5 @@ class StateEvent:
     output_tokens: int = 0
     moved_to: str | None = None
     attempt: int = 0  # a finish of another attempt than the table's is not the request's outcome
+    estimate: LengthEstimate | None = None
     version: int = PROTOCOL_VERSION

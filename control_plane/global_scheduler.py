@@ -206,8 +206,11 @@ class GlobalScheduler:
             req = self.table.get(ev.request_id)
             if req is None:  # finished already (a worker's report can come after the front door's finish), or unknown
                 done = self._finished_ids.get(ev.request_id)
-                if done is not None and ev.attempt == done.attempt and not ev.state.finished:
-                    done.observe_late(ev.state, ev.at, ev.detail)
+                if done is not None and ev.attempt == done.attempt:
+                    if ev.estimate is not None:  # the worker's finish: the estimate the request ended with
+                        done.length_estimate = ev.estimate
+                    if not ev.state.finished:
+                        done.observe_late(ev.state, ev.at, ev.detail)
                 continue
             if ev.state.finished and ev.attempt != req.attempt:  # the end of an attempt that was replaced
                 continue
@@ -217,6 +220,8 @@ class GlobalScheduler:
             elif ev.moved_to is not None and req.decode_worker is None:  # the handoff (unless a move came first)
                 req.decode_worker = ev.moved_to
             req.observe(ev.state, ev.at, ev.detail)
+            if ev.estimate is not None:
+                req.length_estimate = ev.estimate
             if ev.state.finished:
                 self._close(req, ev)
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
 class DecodePeer(Protocol):
     """The actor handle of the decode worker a slice moves to: the calls this module makes on it."""
 
@@ -100,9 +101,7 @@ class SliceMover:
         handed = False
         if buffers is not None and await self._sent(move, buffers):
             try:
-                handed = await move.handle.adopt.remote(
-                    run.request, tuple(run.generated), run.estimate, move.key, run.subscriber
-                )
+                handed = await move.handle.adopt.remote(run.request, tuple(run.generated), move.key, run.subscriber)
             except asyncio.CancelledError:  # aborted meanwhile: it may have been taken over there
                 move.handle.abort.remote(rid)
                 move.handle.discard.remote(move.key)

@@ -83,7 +83,6 @@ class Running:
     request: Request
     subscriber: str  # the front door whose stream gets its tokens
     heavy: bool
-    estimate: LengthEstimate | None
     generated: list[int] = field(default_factory=list)  # every output token so far, the prefill's first too
     base: int = 0  # of those, the ones its engine request has as prompt (generated before it started here)
     kv_key: str | None = None  # where its KV arrives (the request id from prefill, ``move:...`` after a move)
@@ -91,6 +90,11 @@ class Running:
     task: asyncio.Task[None] | None = None  # a slice hand-over in progress
     decoding: bool = False  # produced a token on this worker
     spans: DecodeSpans = NO_SPANS  # its spans here (tracing on only)
+
+    @property
+    def estimate(self) -> LengthEstimate | None:
+        """Its length estimate, which lives on the request (a late prediction replaces it, ``refine``)."""
+        return self.request.length_estimate
 
     @property
     def computing_prompt(self) -> bool:
@@ -217,7 +221,6 @@ class DecodeWorker(EngineWorker):
         self,
         req: Request,
         generated: tuple[int, ...],
-        estimate: LengthEstimate | None,
         subscriber: str,
         pull_from: str | None = None,
         prefill_here: bool = False,
@@ -234,7 +237,7 @@ class DecodeWorker(EngineWorker):
             return False
         arrived = tracing.now_ns()
         pulled = not prefill_here and await self.pulled(req.kv_key, pull_from)
-        run = self._track(req, subscriber, estimate, list(generated), arrived, pulled)
+        run = self._track(req, subscriber, list(generated), arrived, pulled)
         self._start(run, None if prefill_here else req.kv_key)  # None: no KV comes, the engine computes the prompt
         return True
 
@@ -256,20 +259,18 @@ class DecodeWorker(EngineWorker):
         run = self.running.get(request_id)
         if run is None or run.request.attempt != attempt:
             return False  # finished, moved on, or a later attempt is here
-        run.estimate = estimate
+        run.request.length_estimate = estimate
         run.heavy = estimate.is_heavy(self.config.prefill.heavy_threshold_tokens)
         after = estimate.after(run.base - 1)
         return await self.engine.call(lambda s: decode_role(s).retag(request_id, after))
 
-    async def adopt(
-        self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, key: str, subscriber: str
-    ) -> bool:
+    async def adopt(self, req: Request, generated: tuple[int, ...], key: str, subscriber: str) -> bool:
         """Go on decoding a request moved here at a slice boundary (SCLS §7): ``generated`` is every token it
         has produced so far; the KV of all but the last is (or will be) pushed here under ``key``."""
         if not self._may_take(req):
             return False
         self.mover.counts.moved_in += 1
-        self._start(self._track(req, subscriber, estimate, list(generated)), key)
+        self._start(self._track(req, subscriber, list(generated)), key)
         self.event(req.request_id, RequestState.DECODE_QUEUED)
         return True
 
@@ -277,13 +278,13 @@ class DecodeWorker(EngineWorker):
         self,
         req: Request,
         subscriber: str,
-        estimate: LengthEstimate | None,
         generated: list[int],
         arrived_ns: int | None = None,
         pulled: bool = False,
     ) -> Running:
+        estimate = req.length_estimate
         heavy = estimate is not None and estimate.is_heavy(self.config.prefill.heavy_threshold_tokens)
-        run = Running(req, subscriber, heavy, estimate, generated)
+        run = Running(req, subscriber, heavy, generated)
         run.spans = DecodeSpans.open(self.worker_id, req, len(generated), arrived_ns, pulled)
         self.running[req.request_id] = run
         return run

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from tetriserve.channel.streams import StreamHub
 from tetriserve.common.config import ClusterConfig
+from tetriserve.common.length import LengthEstimate
 from tetriserve.common.length_score import LengthScore
 from tetriserve.common.load import DecodeLoad, PrefillLoad, same_load
 from tetriserve.common.request import Request, RequestState
@@ -54,6 +55,18 @@ class ChunkFields(TypedDict, total=False):
     metrics: Mapping[str, float] | None
     moved_to: str | None
     retry: bool
+
+
+def estimate_metrics(estimate: LengthEstimate | None) -> dict[str, float] | None:
+    """A finished request's length estimate, as its last chunk's per-request ``metrics`` (the gRPC response's
+    ``metrics``): the predicted output tokens and the range they were predicted in."""
+    if estimate is None:
+        return None
+    return {
+        "predicted_output_tokens": float(estimate.estimate),
+        "predicted_output_tokens_lower": float(estimate.lower),
+        "predicted_output_tokens_upper": float(estimate.upper),
+    }
 
 
 class EngineWorker:
@@ -200,12 +213,22 @@ class EngineWorker:
         output position ``index`` on. A finish is also a state event for the GlobalScheduler's table (the front
         door's own finish usually gets there first); ``retry`` marks an error the request may get past
         elsewhere (the front door migrates it)."""
+        metrics = estimate_metrics(req.length_estimate) if reason is not None else None
         chunk = self.chunk(
-            req, tokens, index, finish_reason=reason, error=error, moved_to=moved_to, retry=retry, logprobs=logprobs
+            req,
+            tokens,
+            index,
+            finish_reason=reason,
+            error=error,
+            moved_to=moved_to,
+            retry=retry,
+            logprobs=logprobs,
+            metrics=metrics,
         )
         self.streams.publish(subscriber, chunk)
         if reason is not None and not retry:
-            self.event(req.request_id, reason.state, reason.value, chunk.end, attempt=req.attempt)
+            est = req.length_estimate
+            self.event(req.request_id, reason.state, reason.value, chunk.end, attempt=req.attempt, estimate=est)
 
     def chunk(
         self,
@@ -242,12 +265,14 @@ class EngineWorker:
         moved_to: str | None = None,
         *,
         attempt: int = 0,
+        estimate: LengthEstimate | None = None,
     ) -> None:
-        """Note a request's state change for the GlobalScheduler's table (sent with the next report)."""
+        """Note a request's state change for the GlobalScheduler's table (sent with the next report), with the
+        request's length ``estimate`` where the event brings one."""
         if self._scheduler is not None:
             now = time.time()
             self._events.append(
-                StateEvent(request_id, state, now, self.worker_id, detail, output_tokens, moved_to, attempt)
+                StateEvent(request_id, state, now, self.worker_id, detail, output_tokens, moved_to, attempt, estimate)
             )
 
     def engine_event(self, request_id: str, state: RequestState, detail: str = "") -> None:

@@ -125,7 +125,7 @@ class Handoff:
             if peer is None:
                 return decode_id, None, f"decode worker {decode_id} is unavailable (no handoff link)"
             try:
-                taken = await peer.take(Take(job.req, generated, job.view.estimate, job.subscriber, pull_from))
+                taken = await peer.take(Take(job.req, generated, job.subscriber, pull_from))
                 return decode_id, peer if taken else None, None
             except Exception as exc:  # the decode worker died between the broadcast and now
                 error = f"decode worker {decode_id} is unavailable ({type(exc).__name__})"
@@ -152,9 +152,7 @@ class Handoff:
         self._refining.add(task)  # held until done (the loop keeps only weak references)
         task.add_done_callback(self._refining.discard)
 
-    async def _refine(
-        self, req: Request, peer: DecodePeer, refinement: asyncio.Future[LengthEstimate | None]
-    ) -> None:
+    async def _refine(self, req: Request, peer: DecodePeer, refinement: asyncio.Future[LengthEstimate | None]) -> None:
         estimate = await self.predictions.later(refinement)
         if estimate is not None:
             peer.send(Refine(req.request_id, req.attempt, estimate))

@@ -19,7 +19,6 @@ import logging
 from tetriserve.channel.handoff import Take
 from tetriserve.common.cost_estimator import CostEstimator
 from tetriserve.common.errors import actor_died
-from tetriserve.common.length import LengthEstimate
 from tetriserve.prefill_worker.admission import Offloaded, SchedBatchGate
 from tetriserve.prefill_worker.decode_peers import DecodePeer
 from tetriserve.prefill_worker.directory import DecodeDirectory
@@ -86,14 +85,14 @@ class Offloader:
             except Exception:
                 logger.exception("prefill %s: offering prompts to decode workers failed", self.worker_id)
 
-    async def take(self, job: PrefillJob, decode_id: str, estimate: LengthEstimate) -> DecodePeer | None:
+    async def take(self, job: PrefillJob, decode_id: str) -> DecodePeer | None:
         """Ask ``decode_id`` to compute ``job``'s prompt; its peer if it took the request, None if it refused (no
         room there any more) or is gone (found dead: passed over from now on)."""
         peer = self.directory.peer(decode_id)
         if peer is None:
             return None
         try:
-            taken = await peer.take(Take(job.req, job.req.resume, estimate, job.subscriber, prefill_here=True))
+            taken = await peer.take(Take(job.req, job.req.resume, job.subscriber, prefill_here=True))
         except Exception as exc:  # died since the broadcast
             if actor_died(exc):
                 self.directory.died(decode_id)

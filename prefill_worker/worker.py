@@ -316,8 +316,15 @@ class PrefillWorker(EngineWorker):
         job.ticket = None  # estimated: a late prediction follows the request (``refinement``)
         job.early = None  # goes on to the handoff (with the KV it sent, if it chose a decode worker)
         spans.predicted(job.queued_ns, estimate, late=refinement is not None)
-        job.view = replace(job.view, estimate=estimate)
+        self._settle(job, estimate)
         return chosen, refinement
+
+    @staticmethod
+    def _settle(job: PrefillJob, estimate: LengthEstimate) -> None:
+        """``estimate`` is the one ``job``'s request goes on with: on the request (the decode worker, the
+        GlobalScheduler's table and the client's final metrics read it there) and in the job's view."""
+        job.req.length_estimate = estimate
+        job.view = replace(job.view, estimate=estimate)
 
     async def _hand_off(
         self,
@@ -350,7 +357,8 @@ class PrefillWorker(EngineWorker):
         it at its handoff), as for a handoff that does not wait."""
         assert job.ticket is not None
         estimate, refinement = await self.predictions.estimate(job.ticket)
-        peer = await self.offloader.take(job, decode_id, estimate)
+        self._settle(job, estimate)
+        peer = await self.offloader.take(job, decode_id)
         if peer is None:
             if not job.abort_requested:
                 return False
@@ -375,7 +383,7 @@ class PrefillWorker(EngineWorker):
         if job.abort_requested:  # aborted while the decode worker took it: abort it there
             self.forward_abort(rid, job.req.attempt)
         self.publish(job.subscriber, job.req, (), index=index, moved_to=decode_id)
-        self.event(rid, RequestState.DECODE_QUEUED, decode_id, moved_to=decode_id)
+        self.event(rid, RequestState.DECODE_QUEUED, decode_id, moved_to=decode_id, estimate=job.req.length_estimate)
 
     def _end(
         self,

@@ -252,19 +252,16 @@ class Worker:
         self,
         request: Request,
         generated: tuple[int, ...],
-        estimate: LengthEstimate | None,
         subscriber: str,
         pull_from: str | None = None,
         prefill_here: bool = False,
     ) -> bool:
         if not isinstance(self.role, DecodeWorker):
             return False
-        return await self.role.take(request, generated, estimate, subscriber, pull_from, prefill_here)
+        return await self.role.take(request, generated, subscriber, pull_from, prefill_here)
 
-    async def adopt(
-        self, req: Request, generated: tuple[int, ...], estimate: LengthEstimate | None, key: str, subscriber: str
-    ) -> bool:
-        return isinstance(self.role, DecodeWorker) and await self.role.adopt(req, generated, estimate, key, subscriber)
+    async def adopt(self, req: Request, generated: tuple[int, ...], key: str, subscriber: str) -> bool:
+        return isinstance(self.role, DecodeWorker) and await self.role.adopt(req, generated, key, subscriber)
 
     async def refine(self, request_id: str, attempt: int, estimate: LengthEstimate) -> bool:
         return isinstance(self.role, DecodeWorker) and await self.role.refine(request_id, attempt, estimate)

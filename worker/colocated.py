@@ -98,8 +98,9 @@ class ColocatedWorker(DecodeWorker):
             self.publish(subscriber, req, (), FinishReason.ERROR, error, index=len(req.resume), retry=True)
             return
         item = PredictInput(len(req.prompt_token_ids), req.sampling.max_tokens, tuple(req.prompt_token_ids))
-        run = self._track(req, subscriber, self.predictor.instant(item), list(req.resume), tracing.now_ns())
-        self.event(req.request_id, RequestState.PREFILLING, self.worker_id)
+        req.length_estimate = self.predictor.instant(item)  # the prediction replaces it when out (``refine``)
+        run = self._track(req, subscriber, list(req.resume), tracing.now_ns())
+        self.event(req.request_id, RequestState.PREFILLING, self.worker_id, estimate=req.length_estimate)
         self._start(run, None)  # None: no KV comes, the engine computes the prompt
         ticket = self._tickets[req.request_id] = self.predictions.submit(item)
         asyncio.get_running_loop().create_task(self._refine_when_out(req, ticket))

@@ -103,7 +103,7 @@ def make_actors() -> tuple[Any, Any]:
             async def one() -> tuple[float, float]:
                 sent = time.monotonic()
                 if link is not None:
-                    await link.call(Take(req, (7,), None, "frontdoor-bench"))
+                    await link.call(Take(req, (7,), "frontdoor-bench"))
                 else:
                     await target[0].take.remote(req, (7,), None, "frontdoor-bench", None, False)
                 return sent, (time.monotonic() - sent) * 1e3

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from typing import Any
 
 from tetriserve.channel import core, handoff, intake, streams
@@ -42,7 +43,7 @@ def main() -> int:
     cases = [
         ("intake", "Submit", intake.Submit(req)),
         ("intake", "Abort", intake.Abort("r-1", 1)),
-        ("handoff", "Take", handoff.Take(req, (8,), est, "frontdoor-1")),
+        ("handoff", "Take", handoff.Take(replace(req, length_estimate=est), (8,), "frontdoor-1")),
         ("handoff", "Refine", handoff.Refine("r-1", 2, est)),
         ("streams", "Chunks (16)", streams.Chunks(batch)),
     ]

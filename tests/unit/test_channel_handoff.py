@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import typing
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import msgpack
@@ -24,6 +24,7 @@ from tetriserve.worker.actor import Worker
 
 REQ = Request("r1", (5, 6, 7), SamplingSpec(max_tokens=9, temperature=0.5, stop=("x",)), attempt=2, resume=(4,))
 EST = LengthEstimate(10, 15, 20, bucket=1, confidence=0.5, source="test")
+REQ_EST = replace(REQ, length_estimate=EST)  # the estimate travels on the request
 
 
 def decode(data: bytes) -> HandoffMessage:
@@ -34,8 +35,8 @@ def decode(data: bytes) -> HandoffMessage:
 @pytest.mark.parametrize(
     "message",
     [
-        Take(REQ, (8,), EST, "frontdoor-1", "tcp://10.0.0.1:5", False),
-        Take(REQ, (), None, "frontdoor-1", None, True),
+        Take(REQ_EST, (8,), "frontdoor-1", "tcp://10.0.0.1:5", False),
+        Take(REQ, (), "frontdoor-1", None, True),
         PullKV("shm://prefill-0", "r1#2"),
         Refine("r1", 2, EST),
         Discard("r1#2"),
@@ -54,7 +55,7 @@ def test_every_message_comes_back_as_it_was_sent(message: HandoffMessage) -> Non
         msgpack.packb([WIRE_VERSION, 99, 0, "k"]),  # an unknown kind
         msgpack.packb([WIRE_VERSION, kind_of(Discard), 0]),  # a field missing
         msgpack.packb([WIRE_VERSION, kind_of(Discard), 0, 7]),  # a key that is not a string
-        msgpack.packb([WIRE_VERSION, kind_of(Take), 1, ["r"], [], None, "s", None, False]),  # a bad request
+        msgpack.packb([WIRE_VERSION, kind_of(Take), 1, ["r"], [], "s", None, False]),  # a bad request
         msgpack.packb(7),
         core.encode(Abort("r")),  # the intake's message
     ],
@@ -143,8 +144,8 @@ def test_a_decode_peer_connects_on_first_use_and_what_was_sent_meanwhile_goes_fi
         peer = DecodePeer("decode-1", handle, "prefill-0")
         peer.send(PullKV("shm://p", "k"))  # before the link is up: it waits, in order
         peer.send(Discard("k0"))
-        assert await peer.take(Take(REQ, (8,), EST, "fd"))
-        assert not await peer.take(Take(Request("refused", (1,), SamplingSpec()), (), None, "fd"))
+        assert await peer.take(Take(REQ_EST, (8,), "fd"))
+        assert not await peer.take(Take(Request("refused", (1,), SamplingSpec()), (), "fd"))
         peer.send(Refine("r1", 2, EST))
         peer.send(KvFailed("k", "lost"))
         await until(lambda: len(worker.got) == 6)
@@ -165,10 +166,10 @@ def test_a_decode_peer_dead_before_its_link_is_up_fails_a_take_as_ray_would_and_
         peer = DecodePeer("decode-0", handle, "prefill-0")
         peer.send(Discard("k"))
         with pytest.raises(ActorDiedError):
-            await peer.take(Take(REQ, (), None, "fd"))
+            await peer.take(Take(REQ, (), "fd"))
         peer.send(Discard("k2"))  # dropped, no error
         with pytest.raises(ActorDiedError):
-            await peer.take(Take(REQ, (), None, "fd"))
+            await peer.take(Take(REQ, (), "fd"))
         assert peer._pending == [] and handle.calls == ["handoff_address"]  # a dead life is not asked again
 
     asyncio.run(main())
@@ -181,9 +182,9 @@ def test_a_decode_peer_whose_address_call_failed_otherwise_asks_again_and_keeps_
         peer = DecodePeer("decode-1", handle, "prefill-0")
         peer.send(Discard("k0"))
         with pytest.raises(RuntimeError, match="not yet"):
-            await peer.take(Take(REQ, (), None, "fd"))
+            await peer.take(Take(REQ, (), "fd"))
         handle.handoff_address.result = (endpoint.address, "tok")  # it answers now
-        assert await peer.take(Take(REQ, (), None, "fd"))
+        assert await peer.take(Take(REQ, (), "fd"))
         await until(lambda: len(worker.got) == 2)
         assert [type(m) for m in worker.got] == [Discard, Take] and handle.calls.count("handoff_address") == 2
         peer.close()
@@ -202,7 +203,7 @@ def test_a_closed_decode_peer_answers_a_take_with_the_actors_death() -> None:
         await until(lambda: len(worker.got) == 1)
         peer.close()  # that life is over
         with pytest.raises(_Died):
-            await peer.take(Take(REQ, (), None, "fd"))
+            await peer.take(Take(REQ, (), "fd"))
         assert worker.got == [Discard("k0")]
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)

@@ -37,7 +37,7 @@ def _worker() -> tuple[Any, Any]:
     worker = DecodeWorker.__new__(DecodeWorker)  # no engine: just what ``refine`` needs
     worker.config = ClusterConfig()
     worker.engine = _Engine(scheduler)
-    run = Running(Request("r1", (1, 2), attempt=1), "fd", False, INSTANT, [7], base=1)
+    run = Running(Request("r1", (1, 2), attempt=1, length_estimate=INSTANT), "fd", False, [7], base=1)
     worker.running = {"r1": run}
     return worker, scheduler
 
@@ -47,6 +47,7 @@ def test_a_late_prediction_replaces_the_instant_estimate_in_the_worker_and_the_e
     assert asyncio.run(worker.refine("r1", 1, MODEL))
     run = worker.running["r1"]
     assert run.estimate == MODEL and run.heavy  # 300 tokens: a heavy decode now
+    assert run.request.length_estimate == MODEL  # the estimate lives on the request
     tags = tags_of(scheduler.requests["r1-0a1b"].sampling_params.extra_args)
     assert tags.estimate == MODEL.after(0) and tags.request_id == "r1"
     assert isinstance(scheduler.requests["r1-0a1b"].sampling_params.extra_args[TAGS_KEY], EngineTags)

@@ -184,7 +184,9 @@ def _worker(running: list[DecodeReqView]) -> tuple[Any, _Scheduler]:
     worker.engine = _Engine(sched)
     worker._decode_cfg = DecodeConfig(slice_iters=32)
     worker.mover = SliceMover(worker)
-    worker.running = {v.request_id: Running(Request(v.request_id, (1, 2)), "fd", False, v.estimate) for v in running}
+    worker.running = {
+        v.request_id: Running(Request(v.request_id, (1, 2), length_estimate=v.estimate), "fd", False) for v in running
+    }
     return worker, sched
 
 

@@ -78,7 +78,8 @@ class _Offer:
     def __init__(self, taken: bool) -> None:
         self.taken, self.asked = taken, []
 
-    async def __call__(self, job: PrefillJob, decode_id: str, estimate: LengthEstimate) -> object:
+    async def __call__(self, job: PrefillJob, decode_id: str) -> object:
+        assert job.req.length_estimate is not None  # the estimate goes with the request
         self.asked.append(decode_id)
         return _Peer() if self.taken else None
 
