@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from tetriserve.common.request import Request, SamplingSpec
@@ -18,9 +18,11 @@ def run_streams(
     tag: str,
     action: Callable[[Any], Awaitable[Any]] | None = None,
     ready: Callable[[Progress], bool] | None = None,
+    finals: dict[str, Mapping[str, float]] | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Every prompt at once (request ids ``<prompt>-<tag>``); ``action(admin)`` runs once ``ready(progress)``
-    (default: every stream has 8 tokens). Every stream must end with ``length``; returns each one's tokens."""
+    (default: every stream has 8 tokens). Every stream must end with ``length``; returns each one's tokens, and
+    puts each one's last chunk's per-request metrics in ``finals``."""
     from tetriserve.frontdoor.ray_admin import RayAdmin
     from tetriserve.frontdoor.ray_backend import RayBackend
 
@@ -34,6 +36,8 @@ def run_streams(
             assert chunk.finish_reason in (None, "length"), chunk.error
             out.extend(chunk.token_ids)
             progress[rid] = len(out)
+            if chunk.finish_reason is not None and finals is not None:
+                finals[rid] = dict(chunk.metrics or {})
         return tuple(out)
 
     async def act() -> None:

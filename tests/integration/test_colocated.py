@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -63,8 +63,12 @@ def test_every_stream_gets_its_tokens_and_status_names_the_colocated_workers(
         assert (w.role, w.health) == ("colocated", "serving"), w
         policy = dict(w.policy)
         assert (policy["queue"], policy["chunk_size"], policy["admission.policy"]) == ("sjf", "128", "reserve-dynamic")
-    again = run_streams(cluster, PROMPTS, SAMPLING, "again")
+    finals: dict[str, Mapping[str, float]] = {}
+    again = run_streams(cluster, PROMPTS, SAMPLING, "again", finals=finals)
     same_tokens(again, undisturbed)  # greedy: placement and batching do not change a token
+    # each request's length estimate reaches its last chunk as per-request metrics
+    assert sorted(finals) == sorted(PROMPTS)
+    assert all(m["predicted_output_tokens_lower"] <= m["predicted_output_tokens"] for m in finals.values()), finals
 
 
 def test_a_policy_change_of_either_side_reaches_every_colocated_worker(cluster: Any) -> None:
