@@ -73,3 +73,19 @@ def test_a_file_with_an_old_flat_key_is_refused_naming_the_new_one(tmp_path: Pat
     path.write_text(f"decode:\n  {old}: x\n")
     with pytest.raises(ValueError, match=f"config key decode.{old} is now {new}"):
         ClusterConfig.load(path)
+
+
+def test_tetriinfer_s_literal_reserve_dynamic_from_a_config_file_admits_and_denies_on_a_block_pool(
+    tmp_path: Path,
+) -> None:
+    from tests.unit.decode.test_admission import BS, req, run
+    from tetriserve.decode_worker.views import DecodeState
+
+    path = tmp_path / "tetriinfer.yaml"
+    path.write_text("decode:\n  admission: {policy: reserve-dynamic, horizons: shortest}\n")
+    admission, _, _ = decode_policies(ClusterConfig.load(path).decode)
+    # the batch: r1 has 20 tokens left, r2 100, so the horizon k = 20 (the shortest job's end, §3.4);
+    # 16-token blocks, 8 free; r1 48 → 68 tokens (3 → 5 blocks), r2 64 → 84 (4 → 6): capacity 8 + 3 + 4 = 15
+    state = DecodeState(free_blocks=8, block_size=BS, running=(run("r1", 48, lower=20), run("r2", 64, lower=100)))
+    assert admission.admit(req("n", 40, lower=200), state)  # 40 + 20 = 60 tokens = 4 blocks: 5 + 6 + 4 = 15 ≤ 15
+    assert not admission.admit(req("m", 49, lower=200), state)  # 69 tokens = 5 blocks: 16 > 15
