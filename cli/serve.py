@@ -65,9 +65,13 @@ def resolve_model(config: ClusterConfig) -> tuple[str, str]:
 def check_prefill_policy(config: ClusterConfig, model_path: str) -> None:
     """Fail before launching anything when the prefill policy cannot be built (e.g. no cost profile)."""
     from tetriserve.engine.hardware import detect_hardware
-    from tetriserve.prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
+    from tetriserve.prefill_worker.policy import AccelGenParams, build_prefill_policy, load_cost, spec_from_config
 
-    build_prefill_policy(spec_from_config(config.prefill), load_cost(config.prefill, model_path, detect_hardware()))
+    build_prefill_policy(
+        spec_from_config(config.prefill),
+        load_cost(config.prefill, model_path, detect_hardware()),
+        AccelGenParams.from_config(config.prefill),
+    )
 
 
 def check_decode_policy(config: ClusterConfig) -> None:

@@ -19,7 +19,7 @@ from tetriserve.common.flip_config import FlipConfig, ScaleConfig
 from tetriserve.common.load import DEFAULT_REPORT_TOLERANCE
 from tetriserve.common.prefill_config import PrefillConfig
 from tetriserve.common.security_config import SecurityConfig
-from tetriserve.common.slo_config import SloConfig
+from tetriserve.common.slo_config import READING_TBT_MS, SloConfig
 from tetriserve.common.tracing_config import TracingConfig
 from tetriserve.common.transport_config import TransportConfig
 
@@ -192,6 +192,7 @@ ADMISSION_PARAMS: dict[str, tuple[str, ...]] = {
     "reserve-dynamic": ("length_end", "horizons"),
     "cacheopt": ("reserve_blocks", "proactive_tokens", "buffer_tokens"),
     "sola": (),
+    "accelgen": ("default_tbt_ms",),
 }
 
 
@@ -234,13 +235,14 @@ class DecodeAdmission(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy: Literal["greedy", "reserve-static", "reserve-dynamic", "cacheopt", "sola"] = Field(
+    policy: Literal["greedy", "reserve-static", "reserve-dynamic", "cacheopt", "sola", "accelgen"] = Field(
         "greedy",
         description=(
             "Decode admission: greedy (vLLM's own), reserve-static (each request reserves its predicted KV), "
             "reserve-dynamic (admit only if KV stays free until the batch's jobs finish, by prediction; "
             "TetriInfer §3.4), cacheopt (padded reservation with reuse, proactive grants and a global reserve; "
-            "CacheOpt §3.3), sola (predicted-TPOT order, peak-memory check; SOLA §4.4.2, §5.1)."
+            "CacheOpt §3.3), sola (predicted-TPOT order, peak-memory check; SOLA §4.4.2, §5.1), "
+            "accelgen (tightest TBT slack first, vLLM's fit test; AccelGen §4.3)."
         ),
     )
     length_end: Literal["lower", "estimate", "upper"] = Field(
@@ -263,6 +265,14 @@ class DecodeAdmission(BaseModel):
         8, ge=0, description="cacheopt: tokens granted ahead of need to a request that outlived its estimate."
     )
     buffer_tokens: int = Field(8, ge=0, description="cacheopt: slack tokens per request (the paper's b).")
+    default_tbt_ms: float = Field(
+        READING_TBT_MS,
+        gt=0,
+        description=(
+            "accelgen: the TBT SLO, ms, of a request that has none of its own nor from the slo section: "
+            "AccelGen §4.3's 0.1875 s a token, the normal reading speed (a reader's pace: no hardware conversion)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _params_of_the_policy(self) -> DecodeAdmission:

@@ -4,7 +4,9 @@ Engines run in the worker's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
 so the frozen ``EngineTags`` object travels as it is, under ``TAGS_KEY``: the
 schedulers read typed fields instead of parsing a dict on every step.
 
-    prefill worker  EngineTags(id, arrival, priority, batch_seq, ttft_slo_s, jct_slo_s)
+    prefill worker  EngineTags(id, arrival, priority, batch_seq, ttft_slo_s, jct_slo_s, estimate, max_tokens)
+                    (the length estimate and the client's max_tokens: AccelGen §4.3's S_g, since the prefill
+                    engine runs each request to its first token only)
     decode worker   EngineTags(id, tbt_slo_s, estimate counted from the request's first decode token)
 """
 
@@ -28,7 +30,8 @@ class EngineTags:
     ttft_slo_s: float | None = None
     jct_slo_s: float | None = None
     tbt_slo_s: float | None = None
-    estimate: LengthEstimate | None = None  # predicted output length (decode side)
+    estimate: LengthEstimate | None = None  # predicted output length
+    max_tokens: int | None = None  # the client's output cap, where the engine runs the request for fewer
     version: int = TAGS_VERSION
 
     def extra(self) -> dict[str, object]:

@@ -34,6 +34,43 @@ class PrefillConfig(BaseModel):
     chunk_selection: Literal["in-order", "multi-resource"] = Field(
         "in-order", description="Dynamic chunking's selection: in queue order, or AccelGen Alg. 2 (compute + KV)."
     )
+    accelgen_group_window_iters: float = Field(
+        4.0,
+        ge=0,
+        description=(
+            "AccelGen Alg. 2's γ with chunk_selection multi-resource: the requests within γ of the first one's "
+            "remaining time form one selection group. In iterations of T_max (the profiled pivot iteration time, "
+            "corrected online): AccelGen §6.1's γ = 0.75 s is four iterations of at most 0.1875 s, the TBT SLO "
+            "its iterations are sized to."
+        ),
+    )
+    accelgen_long_prompt_tokens: int | None = Field(
+        4096,
+        ge=1,
+        description=(
+            "Exclusive Request Allocation with chunking dynamic (AccelGen §4.2): a prompt longer than this does "
+            "not start while another is in progress. AccelGen's long prompts are those of 4K tokens and more "
+            "(§1, §3.2); a token count, it needs no conversion. None: the profiled pivot S_pf."
+        ),
+    )
+    accelgen_preempt_max_iters: float = Field(
+        1.0,
+        ge=0,
+        description=(
+            "AccelGen §4.3's P_max for the JCT SLO path of queue_policy accelgen: the longest preemption after a "
+            "token generation, in iterations of T_max (a recomputed request comes back in its next iteration)."
+        ),
+    )
+    accelgen_preempt_probability: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description=(
+            "AccelGen §4.3's P: the probability that a request is preempted after a token generation, which "
+            "with P_max prices preemptions into a JCT request's remaining time. The paper gives no value; 0 "
+            "leaves them out (a prefill engine runs each request to its first token)."
+        ),
+    )
     max_batch_tokens: int | None = Field(
         None,
         ge=16,

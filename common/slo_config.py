@@ -12,6 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tetriserve.common.request import SLO
 
+# AccelGen §4.3: a token every 0.1875 s, the normal reading speed, is the TBT SLO of a request that names none;
+# the decode admission policy ``accelgen`` applies it where neither the request nor this section gives one
+READING_TBT_MS = 187.5
+
 _TTFT = "Time-to-first-token objective, ms (None: none)."
 _TBT = "Time-between-tokens objective, ms (None: none)."
 _JCT = "Job-completion-time objective, ms (None: none)."

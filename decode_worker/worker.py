@@ -303,6 +303,10 @@ class DecodeWorker(EngineWorker):
         tags = EngineTags(  # for the decode scheduler, which knows the request by a suffixed id
             request_id=req.request_id,
             tbt_slo_s=req.slo.tbt_ms / 1e3 if req.slo.tbt_ms is not None else None,
+            # the prompt side's inputs on a colocated engine (AccelGen's remaining time, §4.3)
+            arrival=req.arrival_time,
+            ttft_slo_s=req.slo.ttft_ms / 1e3 if req.slo.ttft_ms is not None else None,
+            jct_slo_s=req.slo.jct_ms / 1e3 if req.slo.jct_ms is not None else None,
             # as on first submit, counted from the prefill's token on
             estimate=run.estimate.after(run.base - 1) if run.estimate is not None else None,
         )

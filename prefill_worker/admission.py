@@ -81,6 +81,12 @@ class SchedBatchGate:
             self._in_engine -= 1
             self._pump()
 
+    def update(self, view: ReqView) -> None:
+        """A waiting request's view changed (its length estimate is out): the next batch is ordered by it."""
+        entry = self._raw.get(view.request_id)
+        if entry is not None and not entry[1].done():
+            self._raw[view.request_id] = (view, entry[1])
+
     def set_policy(self, policy: QueuePolicy, sched_batch: int) -> None:
         """Switch order and batch size; the batch already formed is released as it was ordered."""
         if sched_batch < 1:

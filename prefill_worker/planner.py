@@ -1,13 +1,16 @@
 """The prefill engine's per-iteration decisions, with no engine in sight: which prompts get how many tokens.
 
-    views of the prompts still to prefill ─▶ plan(views, pool, now) ─▶ PrefillPlan(chunks, tokens, budget)
+    views of the prompts still to prefill ─▶ plan(views, pool, now) ─▶ PrefillPlan(chunks, tokens, budget,
+    (and of the batch's other KV holders)                                          preempt)
     the iteration's chunks and its time   ─▶ observe(chunks, exec_s, scheduled, now)
                                              (SOLA eq. 5's online correction; when each was last served)
 
 A ``PrefillPlanner`` holds the configured ``PrefillPolicy``: the queue policy orders the prompts (FCFS, SJF,
 LJF, AccelGen's and SOLA's orders; TetriInfer §3.3.1's PrefillSchedBatch), the chunking policy sets the
 iteration's token budget and cuts it into chunks (TetriInfer §3.3.2's ChunkSize, AccelGen's dynamic chunks).
-It also remembers when each prompt last got a chunk, the ``queued_since`` the orders age by. It takes the time
+With AccelGen's multi-resource selection the plan also names the batch members to preempt for an urgent
+request (Alg. 1 lines 2–4), which the adapter preempts before vLLM schedules. It also remembers when each
+prompt last got a chunk, the ``queued_since`` the orders age by. It takes the time
 as an argument and reads no clock; ``prefill_worker/vllm_scheduler.py`` turns vLLM's queues into views and the
 plan back into vLLM's queues and token budget.
 """
@@ -35,6 +38,7 @@ class PrefillPlan:
     chunks: tuple[Chunk, ...]  # in plan order: each prompt's tokens this iteration
     tokens: int  # Σ chunk tokens
     budget: int  # the chunking policy's token budget (the plan may use less)
+    preempt: tuple[str, ...] = ()  # requests to preempt (give up their KV) before the iteration, first first
 
 
 @dataclass
@@ -51,8 +55,16 @@ class PrefillPlanner:
         """When the request last got a chunk; its arrival while it has had none."""
         return self._queued_since.get(request_id, arrival)
 
-    def plan(self, views: Sequence[ReqView], pool: KVPool, now: float) -> PrefillPlan:
-        """This iteration's chunks: the queue policy's order, then the chunking policy's cut of its budget."""
+    @property
+    def preempts(self) -> bool:
+        """Whether the chunking policy may preempt batch members (AccelGen Alg. 1): then ``plan`` wants the
+        views of the batch's other KV holders too."""
+        return bool(getattr(self.policy.chunking, "preempts", False))
+
+    def plan(self, views: Sequence[ReqView], pool: KVPool, now: float, batch: Sequence[ReqView] = ()) -> PrefillPlan:
+        """This iteration's chunks: the queue policy's order, then the chunking policy's cut of its budget.
+        ``batch``: the engine's other requests holding KV (decoding on a colocated engine), which a policy
+        that preempts may choose among."""
         policy = self.policy
         ordered = tuple(policy.queue.order(list(views), now))
         state = PrefillState(
@@ -60,13 +72,16 @@ class PrefillPlanner:
             max_budget=pool.max_tokens,
             block_size=pool.block_size,
             free_kv_blocks=pool.free_blocks,
-            remaining_time=policy.queue.remaining_times(ordered, now),
+            remaining_time=policy.queue.remaining_times((*ordered, *batch), now),
             urgent_s=policy.cost.iteration_seconds() if policy.cost is not None else 0.0,
+            batch=tuple(batch),
         )
         chunks = tuple(policy.chunking.plan(state))
         planned = {c.request_id for c in chunks}
         policy.queue.on_scheduled([v for v in ordered if v.request_id in planned], now)
-        return PrefillPlan(chunks, sum(c.tokens for c in chunks), policy.chunking.token_budget(state))
+        preempted = getattr(policy.chunking, "preempted", None)
+        preempt = tuple(preempted(state)) if callable(preempted) else ()
+        return PrefillPlan(chunks, sum(c.tokens for c in chunks), policy.chunking.token_budget(state), preempt)
 
     def predicted_s(self, chunks: Sequence[tuple[int, int]]) -> float | None:
         """The cost model's time for an iteration of ``(computed, tokens)`` chunks; None without a cost model."""

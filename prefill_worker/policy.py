@@ -53,11 +53,32 @@ class PrefillPolicySpec:
 
 
 @dataclass(frozen=True)
+class AccelGenParams:
+    """AccelGen's parameters (``prefill.accelgen_*``, set at start only): Alg. 2's γ in iterations of T_max,
+    ERA's long-prompt threshold (None: S_pf), and §4.3's P_max (iterations of T_max) and P."""
+
+    group_window_iters: float = 4.0
+    long_prompt_tokens: int | None = 4096
+    preempt_max_iters: float = 1.0
+    preempt_probability: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg: PrefillConfig) -> AccelGenParams:
+        return cls(
+            cfg.accelgen_group_window_iters,
+            cfg.accelgen_long_prompt_tokens,
+            cfg.accelgen_preempt_max_iters,
+            cfg.accelgen_preempt_probability,
+        )
+
+
+@dataclass(frozen=True)
 class PrefillPolicy:
     spec: PrefillPolicySpec
     queue: QueuePolicy
     chunking: ChunkingPolicy
     cost: CostEstimator | None = None
+    accelgen: AccelGenParams = AccelGenParams()
 
 
 def chunk_tokens(spec: PrefillPolicySpec, cost: CostEstimator | None) -> int:
@@ -66,15 +87,21 @@ def chunk_tokens(spec: PrefillPolicySpec, cost: CostEstimator | None) -> int:
     return cost.pivot_tokens if cost is not None and spec.chunking == "dynamic" else spec.chunk_size
 
 
-def build_prefill_policy(spec: PrefillPolicySpec, cost: CostEstimator | None) -> PrefillPolicy:
+def build_prefill_policy(
+    spec: PrefillPolicySpec, cost: CostEstimator | None, accelgen: AccelGenParams = AccelGenParams()
+) -> PrefillPolicy:
     """Raises ValueError naming the field when a name is unknown or a needed cost model is missing."""
     if spec.sched_batch < 1:
         raise ValueError(f"prefill.sched_batch must be >= 1, got {spec.sched_batch}")
     if spec.offload_max_tokens < 0:
         raise ValueError(f"prefill.offload_max_tokens must be >= 0, got {spec.offload_max_tokens}")
-    queue = make_queue_policy(spec.queue, cost, chunk_tokens(spec, cost))
-    chunking = make_chunking_policy(spec.chunking, spec.chunk_size, cost, spec.selection)
-    return PrefillPolicy(spec, queue, chunking, cost)
+    queue = make_queue_policy(
+        spec.queue, cost, chunk_tokens(spec, cost), accelgen.preempt_max_iters, accelgen.preempt_probability
+    )
+    chunking = make_chunking_policy(
+        spec.chunking, spec.chunk_size, cost, spec.selection, accelgen.long_prompt_tokens, accelgen.group_window_iters
+    )
+    return PrefillPolicy(spec, queue, chunking, cost, accelgen)
 
 
 def spec_from_config(cfg: PrefillConfig) -> PrefillPolicySpec:

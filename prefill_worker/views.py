@@ -25,6 +25,7 @@ class ReqView:
     computed_tokens: int = 0  # l_has: prompt tokens already prefilled (a chunked prompt in progress)
     ttft_slo_s: float | None = None
     jct_slo_s: float | None = None
+    tbt_slo_s: float | None = None  # its time-between-tokens SLO (a request already decoding: a TG task)
     queued_since: float | None = None  # when it (re-)entered the queue: arrival, or the end of its last chunk
     batch_seq: int = 0  # which PrefillSchedBatch moved it to the scheduled queue (0 while in the raw queue)
     # whether a decode worker may compute its prompt instead (prefill.offload_wait_s): not when it ends at its
@@ -39,8 +40,12 @@ class ReqView:
     def in_progress(self) -> bool:
         return 0 < self.computed_tokens < self.prompt_len
 
+    def kv_held(self, block_size: int) -> int:
+        """KV slots, in whole blocks of ``block_size`` tokens, that its computed tokens hold."""
+        return math.ceil(self.computed_tokens / block_size) * block_size
+
     def expected_output(self) -> int:
-        """Predicted output tokens (the estimate when there is one, else ``max_tokens``)."""
+        """Predicted output tokens S_g (the length predictor's estimate when there is one, else ``max_tokens``)."""
         return min(self.estimate.estimate, self.max_tokens) if self.estimate is not None else self.max_tokens
 
     def kv_tokens_upper(self) -> int:
@@ -77,3 +82,7 @@ class PrefillState:
     free_kv_blocks: int | None = None  # None: the engine did not say (no KV-aware selection)
     remaining_time: Mapping[str, float] = field(default_factory=dict)  # AccelGen T_r, when the queue policy has it
     urgent_s: float = 0.0  # a request with T_r at or below this must run in this iteration (AccelGen T_max)
+    # the other members of the engine's batch that hold KV and are not in ``ordered``: the requests already
+    # decoding on a colocated engine (AccelGen's TG tasks), which Alg. 1 may preempt; their T_r is in
+    # ``remaining_time`` too. Empty on a prefill engine, whose batch is its prompts.
+    batch: tuple[ReqView, ...] = ()

@@ -12,6 +12,10 @@ Each ``schedule()`` call:
        min(remaining, budget left), which reproduces the plan chunk for chunk
     4. ``super().schedule()``, then put the held-aside requests back
 
+With AccelGen's multi-resource selection the plan may name batch members to preempt for an urgent request
+(Alg. 1 lines 2–4): they are taken off the running list and preempted through vLLM's own
+``_preempt_request`` (their KV freed, recomputed later) before the planned requests are exposed.
+
 The plan assumes a waiting prompt starts from zero; when vLLM finds a prefix
 of it in its cache it computes less, and the rest of the budget flows to the
 next planned request.
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -34,8 +38,9 @@ from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
-from tetriserve.common.engine_tags import tags_of
+from tetriserve.common.engine_tags import TAGS_KEY, tags_of
 from tetriserve.common.iteration_log import IterationLog, IterationRecord
+from tetriserve.common.length import LengthEstimate
 from tetriserve.engine.role_scheduler import RoleScheduler
 from tetriserve.prefill_worker.planner import KVPool, PrefillPlanner
 from tetriserve.prefill_worker.policy import PrefillPolicy
@@ -96,18 +101,48 @@ class PromptPlanning:
         arrival = tags.arrival if tags.arrival is not None else float(req.arrival_time)
         if tags.request_id is not None:
             self._ext[req.request_id] = tags.request_id  # vLLM suffixes request ids; records use ours
+        engine_max = params.max_tokens if params is not None and params.max_tokens else 1
         return ReqView(
             request_id=req.request_id,
             prompt_len=req.num_prompt_tokens,
-            max_tokens=params.max_tokens if params is not None and params.max_tokens else 1,
+            # S_g reads the client's cap where the engine runs the request for fewer (the prefill role: one token)
+            max_tokens=tags.max_tokens if tags.max_tokens is not None else engine_max,
             arrival_time=arrival,
+            estimate=tags.estimate,
             priority=tags.priority,
             computed_tokens=req.num_computed_tokens,
             ttft_slo_s=tags.ttft_slo_s,
             jct_slo_s=tags.jct_slo_s,
+            tbt_slo_s=tags.tbt_slo_s,
             queued_since=self.planner.queued_since(req.request_id, arrival),
             batch_seq=tags.batch_seq,
         )
+
+    def retag(self, sched: Scheduler, request_id: str, estimate: LengthEstimate) -> bool:
+        """Give the worker's ``request_id`` a new length estimate (its prediction came while it is in the
+        engine); its view is rebuilt with it at the next iteration."""
+        for req in sched.requests.values():
+            params = req.sampling_params
+            extra_args = params.extra_args if params is not None else None
+            tags = tags_of(extra_args)
+            if tags.request_id == request_id and extra_args is not None:  # tagged: extra_args holds the tags
+                extra_args[TAGS_KEY] = replace(tags, estimate=estimate)
+                self._views.pop(req.request_id, None)
+                return True
+        return False
+
+    def _preempt(self, sched: Scheduler, victims: tuple[str, ...]) -> None:
+        """AccelGen Alg. 1 lines 2–4: the planned victims give up their KV through vLLM's own preemption (the
+        scheduler's ``_preempt_request``: a colocated engine's goes through the decode planner's swap or
+        recompute); a victim vLLM no longer runs is passed over."""
+        running = {r.request_id: r for r in sched.running}
+        now = time.time()
+        for rid in victims:
+            req = running.get(rid)
+            if req is None:
+                continue
+            sched.running.remove(req)
+            sched._preempt_request(req, now, drop_stale_output=sched.requires_kv_delivery)
 
     def expose(self, sched: Scheduler, started: float) -> _Exposed:
         """Leave in ``sched``'s queues the decoding requests and the planned prompts, in plan order, with
@@ -117,7 +152,13 @@ class PromptPlanning:
         waiting = list(sched.waiting)
         by_id = {r.request_id: r for r in (*prefilling, *waiting)}
         pool = KVPool(self.ceiling, sched.block_size, sched.kv_cache_manager.block_pool.get_num_free_blocks())
-        plan = self.planner.plan([self._view(r) for r in by_id.values()], pool, started)
+        batch = [self._build_view(r) for r in decoding] if self.planner.preempts else []
+        plan = self.planner.plan([self._view(r) for r in by_id.values()], pool, started, batch)
+        if plan.preempt:  # Alg. 1: the victims leave the running list for the waiting queue
+            self._preempt(sched, plan.preempt)
+            decoding = [r for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens]
+            prefilling = [r for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens]
+            waiting = list(sched.waiting)
         planned = [by_id[c.request_id] for c in plan.chunks]
         planned_ids = {c.request_id for c in plan.chunks}
         running_ids = {r.request_id for r in prefilling}
@@ -191,6 +232,10 @@ class TetriPrefillScheduler(RoleScheduler):
     def configure(self, policy: PrefillPolicy) -> None:
         """Swap the policy; takes effect at the next iteration (called on the engine thread, between steps)."""
         self.planner.policy = policy
+
+    def retag(self, request_id: str, estimate: LengthEstimate) -> bool:
+        """Give the worker's ``request_id`` a new length estimate (its prediction came while it is computed)."""
+        return self.prompts.retag(self, request_id, estimate)
 
     @property
     def prefill_policy(self) -> PrefillPolicy:

@@ -62,7 +62,7 @@ from tetriserve.prefill_worker.lifecycle import Phase, PrefillJob, view_of
 from tetriserve.prefill_worker.offload import Offloader
 from tetriserve.prefill_worker.pace import PrefillPace
 from tetriserve.prefill_worker.pipeline import EarlyHandoff, leaves_in_parts
-from tetriserve.prefill_worker.policy import build_prefill_policy, load_cost, spec_from_config
+from tetriserve.prefill_worker.policy import AccelGenParams, build_prefill_policy, load_cost, spec_from_config
 from tetriserve.prefill_worker.predictions import PredictionQueue, Ticket
 from tetriserve.prefill_worker.views import ReqView
 from tetriserve.transport.instructions import KVInstruction, KVMode
@@ -87,7 +87,9 @@ class PrefillWorker(EngineWorker):
         super().__init__(worker_id, config, incarnation, predecessor)
         self.cost = load_cost(config.prefill, model_path, detect_hardware())
         self.pace = PrefillPace()
-        self.policy = build_prefill_policy(spec_from_config(config.prefill), self.cost)
+        self.policy = build_prefill_policy(
+            spec_from_config(config.prefill), self.cost, AccelGenParams.from_config(config.prefill)
+        )
         self.ceiling = config.prefill.batch_ceiling(config.engine.max_model_len)
         if predecessor is None:
             self.engine = build_worker_engine(config, model_path, worker_id)
@@ -171,7 +173,7 @@ class PrefillWorker(EngineWorker):
         spec = self.policy.spec.updated(changes)
         if spec.chunk_size > self.ceiling:
             raise ValueError(f"prefill.chunk_size {spec.chunk_size} exceeds this engine's ceiling {self.ceiling}")
-        policy = build_prefill_policy(spec, self.cost)
+        policy = build_prefill_policy(spec, self.cost, self.policy.accelgen)
         from tetriserve.prefill_worker.vllm_scheduler import TetriPrefillScheduler
 
         await self.engine.call(lambda s: TetriPrefillScheduler.of(s).configure(policy))
@@ -236,9 +238,11 @@ class PrefillWorker(EngineWorker):
         req = job.req
         job.queued_ns = tracing.now_ns()
         if job.decodes:  # the estimate serves the dispatcher: a prefill-only request needs none
-            job.ticket = self.predictions.submit(
-                PredictInput(len(req.prompt_token_ids), req.sampling.max_tokens, tuple(req.prompt_token_ids))
-            )
+            item = PredictInput(len(req.prompt_token_ids), req.sampling.max_tokens, tuple(req.prompt_token_ids))
+            job.ticket = self.predictions.submit(item)
+            # the policies' S_g (AccelGen §4.3): the instant estimate now, the prediction once it is out
+            self._estimated(job, self.predictions.predictor.instant(item))
+            job.ticket.future.add_done_callback(lambda f: self._prediction_out(job, f))
         try:
             # a short prompt may go to a decode worker before it queues here; refused, it queues
             decode_id = self.offloader.offer_short(job.view) if job.ticket is not None else None
@@ -283,6 +287,30 @@ class PrefillWorker(EngineWorker):
                 if job.ticket is not None and await self._offload(job, offer.decode_id):
                     self.pace.left_queue(job.view.prompt_len, offloaded=True)
                     return None
+
+    def _estimated(self, job: PrefillJob, estimate: LengthEstimate) -> None:
+        """``estimate`` (counted from the request's first output token) becomes its view's, what is left of it
+        for a migrated request: the gate orders by it while the request queues."""
+        job.view = replace(job.view, estimate=estimate.after(len(job.req.resume)))
+        self.gate.update(job.view)
+
+    def _prediction_out(self, job: PrefillJob, future: asyncio.Future[LengthEstimate | None]) -> None:
+        """The prediction is out while the request is here: the gate's view or, once it is computing, the
+        engine's tags take it."""
+        if future.cancelled() or future.result() is None or self._jobs.get(job.req.request_id) is not job:
+            return
+        estimate = future.result()
+        assert estimate is not None
+        if job.phase is Phase.QUEUED:
+            self._estimated(job, estimate)
+        elif job.phase is Phase.COMPUTING:
+            from tetriserve.prefill_worker.vllm_scheduler import TetriPrefillScheduler
+
+            after = estimate.after(len(job.req.resume))
+            job.view = replace(job.view, estimate=after)
+            key = job.key
+            task = asyncio.ensure_future(self.engine.call(lambda s: TetriPrefillScheduler.of(s).retag(key, after)))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a request already out: no matter
 
     def _early_handoff(self, job: PrefillJob, ticket: Ticket) -> EarlyHandoff:
         several_parts = leaves_in_parts(self.policy.spec, self.policy.cost, job.view.prompt_len)
@@ -413,6 +441,8 @@ class PrefillWorker(EngineWorker):
             batch_seq=view.batch_seq,
             ttft_slo_s=view.ttft_slo_s,
             jct_slo_s=view.jct_slo_s,
+            estimate=view.estimate,
+            max_tokens=view.max_tokens,  # the engine runs it to its first token; S_g reads the client's cap
         )
         params = to_vllm(req.sampling, max_tokens=1, prior_outputs=len(req.resume), kv=kv, tags=tags)
         tokens: list[int] = []

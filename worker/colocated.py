@@ -43,6 +43,7 @@ from tetriserve.decode_worker.worker import DecodeWorker, Running
 from tetriserve.engine.hardware import detect_hardware
 from tetriserve.observability import tracing
 from tetriserve.prefill_worker.policy import (
+    AccelGenParams,
     PrefillPolicy,
     PrefillPolicySpec,
     build_prefill_policy,
@@ -69,7 +70,9 @@ class ColocatedWorker(DecodeWorker):
         incarnation: int = 0,
     ) -> None:
         self.cost = load_cost(config.prefill, model_path, detect_hardware())
-        self.prompt_policy: PrefillPolicy = build_prefill_policy(spec_from_config(config.prefill), self.cost)
+        self.prompt_policy: PrefillPolicy = build_prefill_policy(
+            spec_from_config(config.prefill), self.cost, AccelGenParams.from_config(config.prefill)
+        )
         super().__init__(worker_id, config, model_path, incarnation, None)
         self.predictor = predictor
         self.predictions = PredictionQueue(predictor, niceness=config.prefill.predictor_niceness)
@@ -166,7 +169,7 @@ class ColocatedWorker(DecodeWorker):
         policy = self.prompt_policy
         if prompt_changes:
             spec = policy.spec.updated(prompt_changes)
-            policy = build_prefill_policy(spec, self.cost)
+            policy = build_prefill_policy(spec, self.cost, self.prompt_policy.accelgen)
         if decode_changes:
             await super().set_policy(decode_changes)
         if prompt_changes:

@@ -27,7 +27,10 @@ What vLLM's scheduler cannot express, and how it is approximated here:
   policies bound what joins (admission) and the prompt tokens (the plan), which is the knob each paper turns
   on its own prefill side.
 - **Preemption is vLLM's, at allocation failure**, from the tail of the running list; the victim order is
-  carried by sorting that list (step 4), and swap-or-recompute by the decode planner's strategy.
+  carried by sorting that list (step 4), and swap-or-recompute by the decode planner's strategy. AccelGen's
+  multi-resource selection adds its own (Alg. 1 lines 2–4): the batch member with the largest remaining time,
+  prompt or decoding request, is preempted in step 3 when an urgent prompt's KV does not fit, through the same
+  ``_preempt_request`` (so the decode planner's swap or recompute and its counters apply).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
 
 from tetriserve.common.decisions import decisions_of
+from tetriserve.common.length import LengthEstimate
 from tetriserve.decode_worker.views import DecodeSnapshot
 from tetriserve.decode_worker.vllm_scheduler import TetriDecodeScheduler
 from tetriserve.prefill_worker.policy import PrefillPolicy
@@ -65,6 +69,11 @@ class TetriColocatedScheduler(TetriDecodeScheduler):
     def configure_prompts(self, policy: PrefillPolicy) -> None:
         """The prefill side's queue order and chunking (on the engine thread, between steps)."""
         self.prompts.planner.policy = policy
+
+    def retag(self, request_id: str, estimate: LengthEstimate) -> bool:
+        """A late length prediction: the decode side's tags and the prompt side's view (AccelGen's S_g) take
+        it."""
+        return self.prompts.retag(self, request_id, estimate)
 
     def snapshot(self) -> DecodeSnapshot:
         snap = super().snapshot()

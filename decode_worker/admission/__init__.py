@@ -1,10 +1,11 @@
 """Decode admission policies: greedy (vLLM's), reserve-static, reserve-dynamic (TetriInfer §3.4),
-cacheopt (CacheOpt §3.3), sola (SOLA §4.4.2, §5.1)."""
+cacheopt (CacheOpt §3.3), sola (SOLA §4.4.2, §5.1), accelgen (TBT slack order, AccelGen §4.3)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from tetriserve.decode_worker.admission.accelgen import AccelGenDecode
 from tetriserve.decode_worker.admission.base import AdmissionPolicy
 from tetriserve.decode_worker.admission.cacheopt import CacheOptAdmission
 from tetriserve.decode_worker.admission.greedy import Greedy
@@ -12,13 +13,13 @@ from tetriserve.decode_worker.admission.reserve_dynamic import ReserveDynamic
 from tetriserve.decode_worker.admission.reserve_static import ReserveStatic
 from tetriserve.decode_worker.admission.sola import SolaDecode
 
-ADMISSION_NAMES = ("greedy", "reserve-static", "reserve-dynamic", "cacheopt", "sola")
+ADMISSION_NAMES = ("greedy", "reserve-static", "reserve-dynamic", "cacheopt", "sola", "accelgen")
 
 
 def make_admission_policy(name: str, **params: object) -> AdmissionPolicy:
     """``params`` go to the policy's constructor (e.g. cacheopt's ``reserve_blocks``)."""
     classes: dict[str, Callable[..., AdmissionPolicy]] = {
-        c.name: c for c in (Greedy, ReserveStatic, ReserveDynamic, CacheOptAdmission, SolaDecode)
+        c.name: c for c in (Greedy, ReserveStatic, ReserveDynamic, CacheOptAdmission, SolaDecode, AccelGenDecode)
     }
     if name not in classes:
         raise ValueError(f"decode.admission.policy: unknown policy {name!r}; known: {list(ADMISSION_NAMES)}")

@@ -18,8 +18,15 @@ CHUNKING_NAMES = ("fixed", "none", "dynamic")
 
 
 def make_chunking_policy(
-    name: str, chunk_size: int, cost: CostEstimator | None = None, selection: Selection = "in-order"
+    name: str,
+    chunk_size: int,
+    cost: CostEstimator | None = None,
+    selection: Selection = "in-order",
+    long_prompt_tokens: int | None = None,
+    group_window_iters: float | None = None,
 ) -> ChunkingPolicy:
+    """``long_prompt_tokens`` (ERA's threshold; None: S_pf) and ``group_window_iters`` (Alg. 2's γ in
+    iterations of T_max) are dynamic chunking's."""
     if name == FixedChunking.name:
         return FixedChunking(chunk_size)
     if name == Unchunked.name:
@@ -27,7 +34,7 @@ def make_chunking_policy(
     if name == DynamicChunking.name:
         if cost is None:
             raise ValueError("prefill.chunking 'dynamic' needs a cost model (prefill.cost_profile)")
-        return DynamicChunking(cost, select=selection)
+        return DynamicChunking(cost, long_prompt_tokens, select=selection, group_window_iters=group_window_iters)
     raise ValueError(f"prefill.chunking: unknown policy {name!r}; known: {list(CHUNKING_NAMES)}")
 
 

@@ -18,8 +18,15 @@ from tetriserve.prefill_worker.queue.sola import SolaTTFT
 QUEUE_POLICY_NAMES = ("fcfs", "sjf", "ljf", "accelgen", "sola")
 
 
-def make_queue_policy(name: str, cost: CostEstimator | None = None, chunk_tokens: int | None = None) -> QueuePolicy:
-    """Build a queue policy by name; ``cost`` is required by the cost-aware ones (accelgen, sola)."""
+def make_queue_policy(
+    name: str,
+    cost: CostEstimator | None = None,
+    chunk_tokens: int | None = None,
+    preempt_max_iters: float = 0.0,
+    preempt_probability: float = 0.0,
+) -> QueuePolicy:
+    """Build a queue policy by name; ``cost`` is required by the cost-aware ones (accelgen, sola);
+    ``preempt_max_iters`` and ``preempt_probability`` are accelgen's P_max (iterations of T_max) and P."""
     if name == FCFS.name:
         return FCFS()
     if name == SJF.name:
@@ -31,7 +38,7 @@ def make_queue_policy(name: str, cost: CostEstimator | None = None, chunk_tokens
             raise ValueError(f"prefill.queue_policy {name!r} needs a cost model (prefill.cost_profile)")
         if name == SolaTTFT.name:
             return SolaTTFT(cost)
-        return AccelGenRemainingTime(cost, chunk_tokens)
+        return AccelGenRemainingTime(cost, chunk_tokens, preempt_max_iters, preempt_probability)
     raise ValueError(f"prefill.queue_policy: unknown policy {name!r}; known: {list(QUEUE_POLICY_NAMES)}")
 
 

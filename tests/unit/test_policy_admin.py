@@ -54,6 +54,7 @@ def test_decode_keys_follow_the_decode_config() -> None:
         "admission.reserve_blocks": int,
         "admission.proactive_tokens": int,
         "admission.buffer_tokens": int,
+        "admission.default_tbt_ms": str,  # a float: pydantic reads it from the string
         "preemption.order": str,
         "preemption.mode": str,
         "preemption.profile": str,

@@ -124,7 +124,9 @@ def burst(shift: int, seed: int = 0) -> list[DecodeReqView]:
 def test_every_policy_finishes_every_request_whatever_the_prediction_error(name: str, shift: int) -> None:
     res = simulate(burst(shift), num_blocks=60, block_size=BS, admission=make_admission_policy(name))
     assert res.finished == 24
-    if shift >= 0 and name != "greedy":  # exact or generous predictions: reservations never run out
+    # exact or generous predictions: reservations never run out; greedy and accelgen reserve nothing (accelgen
+    # admits by vLLM's fit test, AccelGen §4.4 batching every TG task the KV holds)
+    if shift >= 0 and name not in ("greedy", "accelgen"):
         assert res.preemptions == 0, (name, shift, res)
 
 

@@ -51,8 +51,15 @@ def test_the_view_of_a_migrated_request_counts_the_tokens_the_client_has_and_wha
     assert not view_of(Request("r", (1, 2, 3), seeded)).offloadable  # its draws belong to one engine
 
 
+class _Instant:
+    """The predictor's instant estimate: 5 tokens, whatever the prompt."""
+
+    def instant(self, item: PredictInput) -> LengthEstimate:
+        return LengthEstimate(4, 5, 6, source="instant")
+
+
 class _Predictions:
-    predictor = None
+    predictor = _Instant()
 
     def submit(self, item: PredictInput) -> Ticket:
         loop = asyncio.get_running_loop()
