@@ -103,6 +103,7 @@ class _Shell:
     published: list[tuple[str, tuple[int, ...], FinishReason | None, dict[str, Any]]] = field(default_factory=list)
     forwarded: list[str] = field(default_factory=list)
     computed: list[str] = field(default_factory=list)
+    engine_views: list[ReqView] = field(default_factory=list)  # the views the engine ran requests with
     engine_out: Delta = field(default_factory=lambda: Delta((42,), None, None, None))
     engine_holds: asyncio.Event | None = None
     handoff_result: Handed | NotHanded | None = None
@@ -133,6 +134,7 @@ def _shell(offer_taken: bool = False, offload_max_tokens: int = 0) -> _Shell:
 
     async def run_engine(req: Request, view: ReqView, park: bool) -> Delta:
         shell.computed.append(req.request_id)
+        shell.engine_views.append(view)
         if shell.engine_holds is not None:
             await shell.engine_holds.wait()
         return shell.engine_out
@@ -252,3 +254,44 @@ def test_an_abort_is_honoured_in_the_queue_in_the_handoff_and_after_it() -> None
     shell.handoff_result = Handed("decode-1", _Peer(), pipelined=False)  # type: ignore[arg-type]
     job = _run(shell, REQ)
     assert shell.worker.abort("r", REQ.attempt) and shell.forwarded == ["r"]  # handed on: the abort follows it
+
+
+def test_the_view_carries_the_instant_estimate_and_a_prediction_out_during_prefill_retags_the_engine() -> None:
+    # AccelGen §4.3's S_g: the instant estimate (4, 5, 6) on the view the engine runs the request with, less the
+    # 2 tokens a migrated request's client has: (2, 3, 4); the prediction (10, 20, 30) that comes while the prompt
+    # is computed goes to the engine's tags as (8, 18, 28)
+    shell = _shell()
+    shell.handoff_result = Handed("decode-1", _Peer(), pipelined=False)  # type: ignore[arg-type]
+    shell.engine_holds = asyncio.Event()
+    retagged: list[tuple[str, LengthEstimate]] = []
+
+    class _Sched:
+        def retag(self, key: str, estimate: LengthEstimate) -> bool:
+            retagged.append((key, estimate))
+            return True
+
+    async def call(fn: Any) -> Any:
+        return fn(_Sched())
+
+    shell.worker.engine.call = call  # type: ignore[attr-defined]
+    migrated = Request("m", tuple(range(1, 21)), SamplingSpec(max_tokens=16), resume=(7, 8))
+
+    def prediction_out(shell: _Shell, job: PrefillJob) -> None:
+        assert job.phase is Phase.COMPUTING and job.ticket is not None
+        job.ticket.future.set_result(LengthEstimate(10, 20, 30))
+        assert shell.engine_holds is not None
+        asyncio.get_running_loop().call_later(0.01, shell.engine_holds.set)
+
+    async def scenario() -> None:
+        shell.worker.submit(migrated, "fd")
+        job = shell.worker._jobs["m"]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        prediction_out(shell, job)
+        assert job.task is not None
+        await job.task
+
+    asyncio.run(scenario())
+    estimate = shell.engine_views[0].estimate
+    assert estimate is not None and (estimate.lower, estimate.estimate, estimate.upper) == (2, 3, 4)
+    assert [(k, (e.lower, e.estimate, e.upper)) for k, e in retagged] == [(migrated.kv_key, (8, 18, 28))]
