@@ -40,7 +40,7 @@ SET_KEYS_HELP = (
     "admission.length_end=lower|estimate|upper (reserve-*)  admission.horizons=all|shortest (reserve-dynamic)  "
     "admission.reserve_blocks=N  admission.proactive_tokens=N  admission.buffer_tokens=N (cacheopt)  "
     "admission.default_tbt_ms=MS (accelgen)  "
-    "preemption.order=vllm|srtf|lkvo|cacheopt  preemption.mode=recompute|swap|auto  preemption.profile=PATH  "
+    "preemption.order=vllm|srtf|lkvo|cacheopt|accelgen  preemption.mode=recompute|swap|auto  preemption.profile=PATH  "
     "max_local_prompts=N  slice_iters=N"
 )
 _PREFILL_ORDER = (

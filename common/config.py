@@ -295,12 +295,13 @@ class DecodePreemption(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    order: Literal["vllm", "srtf", "lkvo", "cacheopt"] = Field(
+    order: Literal["vllm", "srtf", "lkvo", "cacheopt", "accelgen"] = Field(
         "vllm",
         description=(
             "Which running request is preempted first when KV runs out (CacheOpt §3.4): vllm (latest arrival), "
             "srtf (longest predicted remaining), lkvo (smallest KV), cacheopt (loosest TBT SLO, then longest "
-            "remaining, then smallest KV, bucketed)."
+            "remaining, then smallest KV, bucketed), accelgen (largest remaining time to the TBT SLO, so loosest "
+            "TBT SLO first; AccelGen §4.4 Alg. 1)."
         ),
     )
     mode: Literal["recompute", "swap", "auto"] = Field(

@@ -10,6 +10,10 @@ preempted, first victim first:
     cacheopt  bucketed (§3.4): loosest TBT SLO first (buckets 0.05–0.2 s, 0.2–0.5 s, 0.5–2 s, looser;
               no SLO is loosest), then, among similar SLOs, the longest predicted remaining time
               (128-token buckets), then the smallest KV occupancy (128-token buckets)
+    accelgen  the largest remaining time first (AccelGen §4.4, Alg. 1 line 3): a running TG task's
+              T_r = SLO_TBT − T_max (§4.3, T_w = 0), so the loosest TBT SLO first, no SLO taken as the
+              reading speed 0.1875 s; among equal SLOs the latest arrival (vLLM's). An order whose first
+              victim is not vLLM's is counted as ``decided.accelgen.reordered``
 
 Every order puts a request that is mid-transfer (its KV being loaded, swapped out
 or shipped to another worker) last: freeing its blocks would lose KV in flight.
@@ -21,6 +25,8 @@ import bisect
 from collections.abc import Sequence
 from typing import ClassVar
 
+from tetriserve.common.decisions import Decisions
+from tetriserve.common.slo_config import READING_TBT_MS
 from tetriserve.decode_worker.views import DecodeReqView
 
 TBT_EDGES_S = (0.05, 0.2, 0.5, 2.0)
@@ -77,7 +83,26 @@ class CacheOptOrder(PreemptionOrder):
         )
 
 
-ORDERS: dict[str, type[PreemptionOrder]] = {c.name: c for c in (VllmOrder, SrtfOrder, LkvoOrder, CacheOptOrder)}
+class AccelGenOrder(PreemptionOrder):
+    name: ClassVar[str] = "accelgen"
+
+    def __init__(self) -> None:
+        self.decisions = Decisions("accelgen")
+
+    def key(self, r: DecodeReqView) -> tuple[float, ...]:
+        tbt = r.tbt_slo_s if r.tbt_slo_s is not None else READING_TBT_MS / 1000
+        return (-tbt, -r.arrival_time)
+
+    def victims(self, running: Sequence[DecodeReqView]) -> list[DecodeReqView]:
+        order = super().victims(running)
+        if order and order[0] is not VllmOrder().victims(running)[0]:
+            self.decisions.count("reordered")
+        return order
+
+
+ORDERS: dict[str, type[PreemptionOrder]] = {
+    c.name: c for c in (VllmOrder, SrtfOrder, LkvoOrder, CacheOptOrder, AccelGenOrder)
+}
 ORDER_NAMES = tuple(ORDERS)
 
 

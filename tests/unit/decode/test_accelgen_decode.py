@@ -1,5 +1,6 @@
 """AccelGen's decode admission (AccelGen §4.3): waiting TG tasks in ascending TBT slack T_r = SLO_TBT − T_w −
-T_max, the reading-speed default where a request has no TBT SLO, vLLM's fit test, built from config."""
+T_max, the reading-speed default where a request has no TBT SLO, vLLM's fit test, built from config; the
+preemption order of Alg. 1 line 3 (the largest remaining time first)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from tetriserve.common.config import ClusterConfig, DecodeConfig
 from tetriserve.decode_worker.admission import make_admission_policy
 from tetriserve.decode_worker.admission.accelgen import AccelGenDecode
 from tetriserve.decode_worker.policy import decode_policies
+from tetriserve.decode_worker.preemption import make_preemption_order
+from tetriserve.decode_worker.preemption.order import AccelGenOrder
 from tetriserve.decode_worker.views import DecodeReqView, DecodeState
 
 BS = 16
@@ -51,3 +54,21 @@ def test_decode_admission_accelgen_from_config() -> None:
     assert isinstance(default, AccelGenDecode) and default.default_tbt_s == 0.1875  # AccelGen §4.3: 187.5 ms
     with pytest.raises(ValueError, match="default_tbt_ms: a parameter of accelgen"):
         DecodeConfig.model_validate({"admission": {"policy": "greedy", "default_tbt_ms": 250}})
+
+
+def test_the_preemption_order_takes_the_largest_remaining_time_first() -> None:
+    # a running TG task's T_r = SLO_TBT − T_max: a (0.5 s) > c (no SLO: 0.1875 s) > b (0.1 s), T_max the same for
+    # all; vLLM would take the latest arrival, b, first
+    a = DecodeReqView("a", 16, 100, arrival_time=1.0, tbt_slo_s=0.5)
+    b = DecodeReqView("b", 16, 100, arrival_time=3.0, tbt_slo_s=0.1)
+    c = DecodeReqView("c", 16, 100, arrival_time=2.0)
+    order = make_preemption_order("accelgen")
+    assert isinstance(order, AccelGenOrder)
+    assert [v.request_id for v in order.victims([a, b, c])] == ["a", "c", "b"]
+    assert order.decisions.snapshot() == {"reordered": 1}
+    # equal SLOs: the latest arrival first, as vLLM does; nothing to count
+    same = [DecodeReqView("x", 16, 100, arrival_time=1.0), DecodeReqView("y", 16, 100, arrival_time=2.0)]
+    assert [v.request_id for v in order.victims(same)] == ["y", "x"]
+    assert order.decisions.snapshot() == {"reordered": 1}
+    cfg = ClusterConfig(decode={"preemption": {"order": "accelgen"}})
+    assert decode_policies(cfg.decode)[1].name == "accelgen"
