@@ -289,8 +289,8 @@ class PrefillWorker(EngineWorker):
                     return None
 
     def _estimated(self, job: PrefillJob, estimate: LengthEstimate) -> None:
-        """``estimate`` (counted from the request's first output token) becomes its view's, what is left of it
-        for a migrated request: the gate orders by it while the request queues."""
+        """``estimate`` (of the request's whole output) becomes its view's, less the tokens a migrated request's
+        client has already: the gate orders by it while the request queues."""
         job.view = replace(job.view, estimate=estimate.after(len(job.req.resume)))
         self.gate.update(job.view)
 

@@ -4,7 +4,8 @@
     T_e  = N_ck · T_max               remaining execution time (T_max: one iteration at the pivot size)
     TTFT SLO:  T_r = SLO − T_w − T_e  (T_w: time since arrival)
     TG task (a request already decoding, colocated):  T_r = SLO_TBT − T_max  (N_ck = 1, T_w = 0: it returns
-               from the iteration that just ran)
+               from the iteration that just ran; without a TBT SLO, §4.3's default of 0.1875 s a token,
+               the normal reading speed, unless it has a JCT SLO)
     JCT SLO:   per-iteration allowance T_it = (SLO_JCT − T_e,total) / (N_ck + S_g),
                T_e,total = N_ck·T_max + S_g·(T_max + P_max·P), S_g the predicted output length;
                T_r = T_it + carry − (time queued for this iteration), and after each iteration
@@ -27,6 +28,7 @@ from typing import ClassVar
 
 from tetriserve.common.cost_estimator import CostEstimator
 from tetriserve.common.decisions import Decisions
+from tetriserve.common.slo_config import READING_TBT_MS
 from tetriserve.prefill_worker.views import ReqView
 
 
@@ -69,9 +71,10 @@ class AccelGenRemainingTime:
 
     def remaining_time(self, r: ReqView, now: float) -> float:
         if r.remaining_tokens == 0 and r.prompt_len > 0:  # a TG task: its next token is due within its TBT SLO
-            if r.tbt_slo_s is not None:
-                return r.tbt_slo_s - self.cost.iteration_seconds()
-            return self.iteration_allowance(r) + self._carry.get(r.request_id, 0.0)
+            if r.tbt_slo_s is None and r.jct_slo_s is not None:
+                return self.iteration_allowance(r) + self._carry.get(r.request_id, 0.0)
+            tbt = r.tbt_slo_s if r.tbt_slo_s is not None else READING_TBT_MS / 1000
+            return tbt - self.cost.iteration_seconds()
         if r.ttft_slo_s is not None:
             return r.ttft_slo_s - (now - r.arrival_time) - self._chunks_left(r) * self.cost.iteration_seconds()
         if r.jct_slo_s is not None:

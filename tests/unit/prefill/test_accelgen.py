@@ -85,9 +85,12 @@ def test_alg1_on_a_colocated_engine_may_preempt_a_decoding_request_by_its_tbt_sl
     assert (_chunks(selected), selected.preempted) == ([("u", 96)], ("d",))
 
 
-def test_a_tg_task_without_slos_has_an_infinite_remaining_time() -> None:
+def test_a_tg_task_without_a_tbt_slo_takes_the_reading_speed() -> None:
+    # AccelGen §4.3's default TBT, 0.1875 s a token: T_r = 0.1875 − T_max 0.5 = −0.3125; a waiting prompt
+    # without any SLO still has T_r = ∞
     queue = AccelGenRemainingTime(linear_cost())
-    assert queue.remaining_time(ReqView("d", 40, 16, 0.0, computed_tokens=41), now=3.0) == math.inf
+    assert queue.remaining_time(ReqView("d", 40, 16, 0.0, computed_tokens=41), now=3.0) == pytest.approx(-0.3125)
+    assert queue.remaining_time(ReqView("w", 40, 16, 0.0), now=3.0) == math.inf
 
 
 def test_dynamic_chunking_counts_each_preemption_under_accelgen() -> None:
