@@ -28,6 +28,7 @@ TIMELESS = [
     "control_plane/elastic.py",
     "frontdoor/admission.py",
     "common/cost_model.py",
+    "common/sola_state.py",
 ]
 CLOCKS = {"time", "datetime"}
 
