@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from tetriserve.common.sola_state import Observed
 from tetriserve.prefill_worker.policy import PrefillPolicy, PrefillPolicySpec, build_prefill_policy
 from tetriserve.prefill_worker.views import Chunk, PrefillState, ReqView
 
@@ -28,6 +29,7 @@ class KVPool:
     max_tokens: int
     block_size: int
     free_blocks: int
+    total_blocks: int | None = None  # the engine's KV blocks in all (SOLA's m_ratio)
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,12 @@ class PrefillPlanner:
         """When the request last got a chunk; its arrival while it has had none."""
         return self._queued_since.get(request_id, arrival)
 
-    def plan(self, views: Sequence[ReqView], pool: KVPool, now: float) -> PrefillPlan:
-        """This iteration's chunks: the queue policy's order, then the chunking policy's cut of its budget."""
+    def plan(
+        self, views: Sequence[ReqView], pool: KVPool, now: float, decoding: Sequence[Observed] = ()
+    ) -> PrefillPlan:
+        """This iteration's chunks: the queue policy's order, then the chunking policy's cut of its budget.
+        ``decoding``: the requests decoding on the same engine (the colocated engine's), for a chunking policy
+        that reads them (SOLA's state monitor)."""
         policy = self.policy
         ordered = tuple(policy.queue.order(list(views), now))
         state = PrefillState(
@@ -62,6 +68,9 @@ class PrefillPlanner:
             free_kv_blocks=pool.free_blocks,
             remaining_time=policy.queue.remaining_times(ordered, now),
             urgent_s=policy.cost.iteration_seconds() if policy.cost is not None else 0.0,
+            now=now,
+            decoding=tuple(decoding),
+            total_kv_blocks=pool.total_blocks,
         )
         chunks = tuple(policy.chunking.plan(state))
         planned = {c.request_id for c in chunks}

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tetriserve.common.length import LengthEstimate
+from tetriserve.common.sola_state import Observed
 
 
 @dataclass(frozen=True)
@@ -77,3 +78,6 @@ class PrefillState:
     free_kv_blocks: int | None = None  # None: the engine did not say (no KV-aware selection)
     remaining_time: Mapping[str, float] = field(default_factory=dict)  # AccelGen T_r, when the queue policy has it
     urgent_s: float = 0.0  # a request with T_r at or below this must run in this iteration (AccelGen T_max)
+    now: float = 0.0  # the iteration's time, the clock of ``ReqView.arrival_time``
+    decoding: tuple[Observed, ...] = ()  # the requests decoding on the same engine (colocated), for SOLA's monitor
+    total_kv_blocks: int | None = None  # the engine's KV blocks in all (None: not said)
