@@ -299,8 +299,11 @@ class DecodeWorker(EngineWorker):
         run.base = len(run.generated)
         prompt = (*req.prompt_token_ids, *run.generated)
         kv = KVInstruction(KVMode.RECV, key, len(prompt) - 1) if key is not None else None
+        computes_prompt = key is None  # a colocated engine: its prompt policies read the arrival and TTFT SLO
         tags = EngineTags(  # for the decode scheduler, which knows the request by a suffixed id
             request_id=req.request_id,
+            arrival=req.arrival_time if computes_prompt else None,
+            ttft_slo_s=req.slo.ttft_ms / 1e3 if computes_prompt and req.slo.ttft_ms is not None else None,
             tbt_slo_s=req.slo.tbt_ms / 1e3 if req.slo.tbt_ms is not None else None,
             # as on first submit, counted from the prefill's token on
             estimate=run.estimate.after(run.base - 1) if run.estimate is not None else None,
