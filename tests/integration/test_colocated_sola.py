@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import own_cluster
-from tests.integration.streams import run_streams
 from tetriserve.common.cost_model import DecodeCost, PrefillCost
 from tetriserve.common.cost_profile import CostProfile, SweepPoint
-from tetriserve.common.request import SamplingSpec
+from tetriserve.common.request import SLO, Request, SamplingSpec
 
 NAMESPACE = "tetriserve-test-colocated-sola"
 SAMPLING = SamplingSpec(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -50,17 +49,38 @@ def cluster(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "prefill.queue_policy": "sola",
         "prefill.chunking": "sola",
         "decode.admission.policy": "sola",
-        "slo.ttft_ms": 3000.0,
-        "slo.tbt_ms": 1.0,
     }
     with own_cluster(model_path, overrides) as handle:
         yield handle
 
 
+def _streams(cluster: Any) -> dict[str, tuple[int, ...]]:
+    """Every prompt at once, each with a TTFT objective of 3 s and a TBT one of 1 ms."""
+    from tetriserve.frontdoor.ray_backend import RayBackend
+
+    backend = RayBackend(cluster, "tiny-llama")
+
+    async def one(rid: str, ids: tuple[int, ...]) -> tuple[int, ...]:
+        out: list[int] = []
+        async for chunk in backend.generate(Request(rid, ids, SAMPLING, slo=SLO(ttft_ms=3000.0, tbt_ms=1.0))):
+            assert chunk.finish_reason in (None, "length"), chunk.error
+            out.extend(chunk.token_ids)
+        return tuple(out)
+
+    async def run_all() -> dict[str, tuple[int, ...]]:
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*(one(r, p) for r, p in PROMPTS.items())), 300)
+        finally:
+            backend.close()
+        return dict(zip(PROMPTS, results, strict=True))
+
+    return asyncio.run(run_all())
+
+
 def test_sola_runs_from_the_config_and_counts_its_decisions(cluster: Any) -> None:
     from tetriserve.frontdoor.ray_admin import RayAdmin
 
-    got = run_streams(cluster, PROMPTS, SAMPLING, "sola")
+    got = _streams(cluster)
     assert all(len(tokens) == SAMPLING.max_tokens for tokens in got.values())
     st = asyncio.run(RayAdmin(cluster, "tiny-llama").status())
     decided: dict[str, int] = {}
