@@ -9,9 +9,10 @@ one refuse to start without a profile (``tetriserve profile`` writes it).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from tetriserve.common.cost_model import DecodeCost, OnlineCorrection, PrefillBatch, PrefillCost
-from tetriserve.common.cost_profile import CostProfile
+from tetriserve.common.cost_profile import CostProfile, default_profile_path
 
 
 class CostEstimator:
@@ -68,3 +69,12 @@ class CostEstimator:
         base = self.decode_base.predict(context_lens)
         self.decode_gamma.observe(base, seconds)
         return base
+
+
+def load_estimator(configured: str | None, model: str, hardware: str, alpha: float = 0.2) -> CostEstimator | None:
+    """The cost profile at ``configured``, else this model's default one on this hardware when it exists, else
+    None. A configured profile that is missing or malformed raises ValueError."""
+    path = Path(configured) if configured else default_profile_path(model, hardware)
+    if configured is None and not path.exists():
+        return None
+    return CostEstimator.from_profile(CostProfile.load(path), alpha)

@@ -10,10 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from tetriserve.common.cost_estimator import CostEstimator
-from tetriserve.common.cost_profile import CostProfile, default_profile_path
+from tetriserve.common.cost_estimator import CostEstimator, load_estimator
+from tetriserve.common.cost_profile import default_profile_path
 from tetriserve.common.prefill_config import PrefillConfig
 from tetriserve.prefill_worker.chunking import ChunkingPolicy, make_chunking_policy
 from tetriserve.prefill_worker.chunking.dynamic import Selection
@@ -104,8 +103,8 @@ def spec_from_config(cfg: PrefillConfig) -> PrefillPolicySpec:
 
 def load_cost(cfg: PrefillConfig, model: str, hardware: str) -> CostEstimator | None:
     """The configured cost profile, else this model's default one on this hardware when it exists, else None."""
-    path = Path(cfg.cost_profile) if cfg.cost_profile else default_profile_path(model, hardware)
-    if cfg.cost_profile is None and not path.exists():
+    cost = load_estimator(cfg.cost_profile, model, hardware, cfg.cost_alpha)
+    if cost is None:
+        path = default_profile_path(model, hardware)
         logger.info("no cost profile at %s: cost-aware policies stay off until `tetriserve profile` writes one", path)
-        return None
-    return CostEstimator.from_profile(CostProfile.load(path), cfg.cost_alpha)
+    return cost
