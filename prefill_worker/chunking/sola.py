@@ -126,13 +126,22 @@ class SolaWorkload:
         bound = self._tpot_bound(sys)
         if not bound:
             return top
-        k = 0
-        for candidate in range(top, 0, -self.tile_tokens):
-            cp = self.cost.prefill_time(_work(fill_in_order(state.ordered, candidate)))
+
+        def holds(k: int) -> bool:
+            cp = self.cost.prefill_time(_work(fill_in_order(state.ordered, k)))
             terms = [(r.t_tpot + cp / r.l_out) / (r.tpot_slo_s or 1.0) for r in bound]
-            if level_max(terms, problem.level) <= 1.0:
-                k = candidate
-                break
+            return level_max(terms, problem.level) <= 1.0
+
+        # Cᵖ grows with k (the coefficients are non-negative), so the tiles that hold are a prefix: bisect them
+        step = min(self.tile_tokens, top)
+        lo, hi = 0, top // step  # holds(lo·step) is assumed (no prompt tokens, Cᵖ = 0), hi·step = top
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if holds(mid * step):
+                lo = mid
+            else:
+                hi = mid - 1
+        k = lo * step
         if k < top and sum(r.remaining_tokens for r in state.ordered) > k:
             self.decisions.count("k_capped")
         return k
@@ -145,9 +154,10 @@ class SolaWorkload:
         decoding = [r for r in sys.requests if not r.prefilling]
         cd = self.cost.decode_time([r.l_in + r.l_out for r in decoding])
         pivot = self.cost.pivot_tokens
+        states = {r.request_id: r for r in sys.requests}
         own: list[tuple[float, float] | None] = []  # per prompt: (t^TTFT + Cᵖ(r), T^TTFT), None without an SLO
         for r in prompts:
-            rs = sys.get(r.request_id)
+            rs = states.get(r.request_id)
             if rs is None or not r.ttft_slo_s:
                 own.append(None)
                 continue
