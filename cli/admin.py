@@ -33,8 +33,9 @@ from tetriserve.cli.security import add_client_flags, connect
 
 DEFAULT_TARGET = "localhost:50051"
 SET_KEYS_HELP = (
-    "prefill: queue=fcfs|sjf|ljf|accelgen|sola  chunking=fixed|none|dynamic  chunk_size=N  "
-    "selection=in-order|multi-resource  sched_batch=N  offload_max_tokens=N;  "
+    "prefill: queue=fcfs|sjf|ljf|accelgen|sola  chunking=fixed|none|dynamic|sola  chunk_size=N  "
+    "selection=in-order|multi-resource  sched_batch=N  offload_max_tokens=N  "
+    "sola_tile_tokens=N (0: the profile's)  sola_window_iters=N (chunking=sola);  "
     "decode (--worker decode or decode-N): "
     "admission.policy=greedy|reserve-static|reserve-dynamic|cacheopt|sola|accelgen  "
     "admission.length_end=lower|estimate|upper (reserve-*)  admission.horizons=all|shortest (reserve-dynamic)  "
@@ -50,6 +51,8 @@ _PREFILL_ORDER = (
     "selection",
     "sched_batch",
     "offload_max_tokens",
+    "sola_tile_tokens",
+    "sola_window_iters",
     "dispatch",
     "predictor",
     "predictor_state",

@@ -52,6 +52,8 @@ SERVE_FLAGS: dict[str, str] = {
     "--prefill-policy": "prefill.queue_policy",
     "--chunking": "prefill.chunking",
     "--chunk-selection": "prefill.chunk_selection",
+    "--sola-tile-tokens": "prefill.sola_tile_tokens",
+    "--sola-window-iters": "prefill.sola_window_iters",
     "--max-batch-tokens": "prefill.max_batch_tokens",
     "--cost-profile": "prefill.cost_profile",
     "--dispatch-policy": "prefill.dispatch_policy",

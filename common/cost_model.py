@@ -7,8 +7,9 @@
 ``l_in`` is the number of tokens a request computes in the iteration (a chunk
 when chunked), ``l_has`` the tokens whose KV it already holds. The models are
 fitted with ``scipy.optimize.curve_fit`` on samples from ``tetriserve profile``
-(or any iteration log). The prefill scheduler adapter corrects Cᵖ online from measured iteration times
-(eq. 5); the decode model is fitted and stored with the profile, and nothing reads it while serving.
+(or any iteration log). The prompt-computing scheduler adapters correct Cᵖ online from measured iteration
+times (eq. 5); the decode model is read by SOLA's decode admission, which corrects it from the measured step
+time, and by SOLA's eq. 2 on a colocated engine.
 """
 
 from __future__ import annotations

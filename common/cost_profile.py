@@ -45,6 +45,28 @@ def find_pivot(points: Sequence[SweepPoint], saturation: float = 0.9) -> SweepPo
     return min((p for p in points if p.tokens_per_s >= saturation * best), key=lambda p: p.forward_tokens)
 
 
+def find_tile(points: Sequence[SweepPoint], tolerance: float = 0.05) -> int | None:
+    """SOLA §4.4.3's tile quantum (after Sarathi-Serve's tile quantisation): the largest power-of-two forward
+    size T of the sweep such that, for T and every smaller power of two, the midpoint 1.5·T takes at least
+    (1 − ``tolerance``) of the time 2·T takes — the tokens from 1.5·T up to 2·T come at no cost; None when the
+    smallest size already fails.
+
+    The sweep (``engine/profile_plan.py``'s ``forward_sizes``) times powers of two and their midpoints. Where
+    the hardware pads a forward to whole tiles of T, every forward up to T is padded to one tile, and 1.5·T
+    to 2·T, so each T' ≤ T passes; above the tile 1.5·T' takes about 3/4 of 2·T' and fails. Below the engine's
+    saturation the forward time is flat, so there the largest passing size is where the forward stops being
+    free, the coarser of the two quanta."""
+    by_size = {p.forward_tokens: p.seconds for p in points}
+    found: int | None = None
+    for t in sorted(by_size):
+        if t & (t - 1) or (t + t // 2) not in by_size or 2 * t not in by_size or by_size[2 * t] <= 0:
+            continue
+        if by_size[t + t // 2] < (1.0 - tolerance) * by_size[2 * t]:
+            break
+        found = t
+    return found
+
+
 @dataclass(frozen=True)
 class CostProfile:
     model: str
@@ -56,6 +78,7 @@ class CostProfile:
     prefill_fit_error: float = float("nan")  # mean |pred − meas| / meas on held-out iterations
     decode_fit_error: float = float("nan")
     sweep: tuple[SweepPoint, ...] = field(default_factory=tuple)
+    tile_tokens: int | None = None  # SOLA §4.4.3's tile quantum, from the sweep (``find_tile``); None: not found
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)
@@ -78,6 +101,7 @@ class CostProfile:
                 prefill_fit_error=_float_or_nan(data.get("prefill_fit_error")),
                 decode_fit_error=_float_or_nan(data.get("decode_fit_error")),
                 sweep=tuple(_build(SweepPoint, p) for p in _items(data.get("sweep", ()))),
+                tile_tokens=_int_or_none(data.get("tile_tokens")),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"cost profile: missing or malformed field ({exc})") from exc
@@ -98,6 +122,10 @@ class CostProfile:
         except json.JSONDecodeError as exc:
             raise ValueError(f"cost profile {p} is not valid JSON ({exc})") from exc
         return cls.from_json(data)
+
+
+def _int_or_none(value: object) -> int | None:
+    return None if value is None else as_int(value)
 
 
 def _float_or_nan(value: object) -> float:

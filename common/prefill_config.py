@@ -24,11 +24,31 @@ class PrefillConfig(BaseModel):
     sched_batch: int = Field(
         16, ge=1, description="PrefillSchedBatch: requests moved from raw to scheduled queue at once."
     )
-    chunking: Literal["fixed", "none", "dynamic"] = Field(
+    chunking: Literal["fixed", "none", "dynamic", "sola"] = Field(
         "fixed",
         description=(
             "fixed: chunk_size tokens per iteration (TetriInfer §3.3.3); none: whole prompts; dynamic: "
-            "S_b = S_pf·SLO_min/T̄_pf with Exclusive Request Allocation (AccelGen §4.2; needs a cost profile)."
+            "S_b = S_pf·SLO_min/T̄_pf with Exclusive Request Allocation (AccelGen §4.2; needs a cost profile); "
+            "sola: each iteration optimises TTFT subject to TPOT or the other way round (SOLA §4.4.1, Table 2) "
+            "and sizes its prompt work by k_i (eq. 1) or n_i (eq. 2) (SOLA §4.4.3; needs a cost profile)."
+        ),
+    )
+    sola_tile_tokens: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "SOLA §4.4.3's tile size: k_i is a multiple of it. SOLA's value is 128 on A100 GPUs; default: the tile "
+            "`tetriserve profile` measured on this hardware (the largest power-of-two forward size S whose 1.5·S "
+            "takes as long as 2·S), else 128."
+        ),
+    )
+    sola_window_iters: int = Field(
+        8,
+        ge=1,
+        description=(
+            "SOLA §4.4.2's sliding window: the switch between optimising TTFT and TPOT compares p^TTFT and "
+            "p^TPOT averaged over this many iterations. SOLA gives no length; 8 iterations is a few decode "
+            "steps of a running batch."
         ),
     )
     chunk_selection: Literal["in-order", "multi-resource"] = Field(

@@ -13,6 +13,7 @@ from pydantic_core import ErrorDetails
 
 from tetriserve.common.config import ADMISSION_PARAMS, DECODE_MONITOR_KEYS, DecodeConfig, apply_dotted
 from tetriserve.common.config_keys import leaf_keys
+from tetriserve.common.cost_estimator import CostEstimator
 from tetriserve.decode_worker.admission import AdmissionPolicy, make_admission_policy
 from tetriserve.decode_worker.preemption import (
     PreemptionCosts,
@@ -22,16 +23,22 @@ from tetriserve.decode_worker.preemption import (
 )
 
 
-def decode_policies(cfg: DecodeConfig) -> tuple[AdmissionPolicy, PreemptionOrder, PreemptionStrategy]:
-    """Build the configured policies; a ValueError names the setting that is wrong."""
+def decode_policies(
+    cfg: DecodeConfig, cost: CostEstimator | None = None
+) -> tuple[AdmissionPolicy, PreemptionOrder, PreemptionStrategy]:
+    """Build the configured policies; a ValueError names the setting that is wrong. ``cost``: the worker's cost
+    models, which ``sola`` admission reads (SOLA eq. 4) when there are some."""
     costs = None
     if cfg.preemption.profile:
         try:
             costs = PreemptionCosts.load(Path(cfg.preemption.profile))
         except ValueError as exc:
             raise ValueError(f"decode.preemption.profile: {exc}") from None
+    params = cfg.admission.policy_kwargs()
+    if cfg.admission.policy == "sola" and cost is not None:
+        params = {**params, "cost": cost}
     return (
-        make_admission_policy(cfg.admission.policy, **cfg.admission.policy_kwargs()),
+        make_admission_policy(cfg.admission.policy, **params),
         make_preemption_order(cfg.preemption.order),
         PreemptionStrategy(cfg.preemption.mode, costs),
     )

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from tetriserve.common import log_context
 from tetriserve.common.config import ClusterConfig, DecodeConfig
+from tetriserve.common.cost_estimator import CostEstimator, load_estimator
 from tetriserve.common.decisions import as_settings
 from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate
@@ -103,6 +104,8 @@ class Running:
 
 
 class DecodeWorker(EngineWorker):
+    decode_cost: CostEstimator | None = None  # the cost models sola admission reads (SOLA eq. 4), if a profile is
+
     def __init__(
         self,
         worker_id: str,
@@ -116,6 +119,7 @@ class DecodeWorker(EngineWorker):
         if predecessor is None:
             self.engine = build_worker_engine(config, model_path, worker_id)
         self._decode_cfg = config.decode
+        self.decode_cost = self._decode_cost(config, model_path)
         engine = config.engine
         layout = CoreLayout.from_env()
         self.core_claim = None if layout is None else claim_decode_cores(layout, engine.threads_per_engine)
@@ -133,6 +137,13 @@ class DecodeWorker(EngineWorker):
         self.accepting = True
         self.running: dict[str, Running] = {}
         self.mover = SliceMover(self)
+
+    def _decode_cost(self, config: ClusterConfig, model_path: str) -> CostEstimator | None:
+        """The cost profile's models, with a decode correction of this worker's own (SOLA eq. 4–5), when a
+        profile is configured or this model's default one exists."""
+        from tetriserve.engine.hardware import detect_hardware
+
+        return load_estimator(config.prefill.cost_profile, model_path, detect_hardware(), config.prefill.cost_alpha)
 
     def load(self) -> PrefillLoad | DecodeLoad:  # a colocated worker's is a PrefillLoad (worker/colocated.py)
         s = self.engine.stats()
@@ -178,17 +189,17 @@ class DecodeWorker(EngineWorker):
         installed, so a bad value (ValueError naming the setting) changes nothing.
         """
         cfg = updated_decode_config(self._decode_cfg, changes)
-        install = self._installer(cfg)
+        install = self._installer(cfg, self.decode_cost)
         await self.engine.call(lambda s: install(decode_role(s)))
         self._decode_cfg = cfg  # what the policies were last built from
         logger.info("decode %s: policy now %s", self.worker_id, self.policies())
         return self.policies()
 
     @staticmethod
-    def _installer(cfg: DecodeConfig) -> Callable[[_DecodeRole], None]:
+    def _installer(cfg: DecodeConfig, cost: CostEstimator | None = None) -> Callable[[_DecodeRole], None]:
         """Build ``cfg``'s policies now (a ValueError changes nothing); the returned function installs them
         in the engine's decode scheduler, on the engine thread."""
-        policies = decode_policies(cfg)
+        policies = decode_policies(cfg, cost)
 
         def install(scheduler: _DecodeRole) -> None:
             scheduler.configure(*policies)
@@ -199,7 +210,7 @@ class DecodeWorker(EngineWorker):
     def _first_installer(self, cfg: DecodeConfig) -> Callable[[Scheduler], None]:
         """``_installer``'s, first making the engine's scheduler, whatever role it played, the decode role's
         (a colocated worker's: its own, ``worker/colocated.py``)."""
-        install = DecodeWorker._installer(cfg)
+        install = DecodeWorker._installer(cfg, self.decode_cost)
 
         def assume(scheduler: Scheduler) -> None:
             from tetriserve.decode_worker.vllm_scheduler import TetriDecodeScheduler
@@ -300,8 +311,11 @@ class DecodeWorker(EngineWorker):
         run.base = len(run.generated)
         prompt = (*req.prompt_token_ids, *run.generated)
         kv = KVInstruction(KVMode.RECV, key, len(prompt) - 1) if key is not None else None
+        computes_prompt = key is None  # a colocated engine: its prompt policies read the arrival and TTFT SLO
         tags = EngineTags(  # for the decode scheduler, which knows the request by a suffixed id
             request_id=req.request_id,
+            arrival=req.arrival_time if computes_prompt else None,
+            ttft_slo_s=req.slo.ttft_ms / 1e3 if computes_prompt and req.slo.ttft_ms is not None else None,
             tbt_slo_s=req.slo.tbt_ms / 1e3 if req.slo.tbt_ms is not None else None,
             # the prompt side's inputs on a colocated engine (AccelGen's remaining time, §4.3)
             arrival=req.arrival_time,

@@ -2,6 +2,7 @@
 
     MeasuredStep (scenario, pieces, median seconds)
       ├─ SWEEP steps                      → SweepPoint(S, t)  → find_pivot → S_pf, T̄_pf
+      │                                                       → find_tile → SOLA §4.4.3 tile size
       ├─ SWEEP + CHUNKED steps            → (l_has, l_in)* samples ─┐
       └─ DECODE steps where all B decode  → context-length samples ─┤
                                                                     ▼
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from tetriserve.common.cost_model import PrefillBatch, fit_decode, fit_prefill, mean_abs_pct_error
-from tetriserve.common.cost_profile import CostProfile, SweepPoint, find_pivot
+from tetriserve.common.cost_profile import CostProfile, SweepPoint, find_pivot, find_tile
 from tetriserve.engine.profile_plan import ScenarioKind, Step, held_out, pure_decode
 
 X = TypeVar("X")
@@ -125,5 +126,6 @@ def calibrate(steps: Sequence[MeasuredStep], model: str, hardware: str, saturati
         prefill_fit_error=prefill.test_error,
         decode_fit_error=decode.test_error,
         sweep=tuple(sweep),
+        tile_tokens=find_tile(sweep),
     )
     return Calibration(profile, prefill, decode, saturation)

@@ -133,6 +133,9 @@ def markdown(cal: Calibration, ctx: ReportContext, png_name: str) -> str:
         f"**Pivot** (smallest S reaching {cal.saturation:.0%} of the best throughput, {best:,.0f} tokens/s): "
         f"S_pf = **{prof.pivot_tokens} tokens**, T̄_pf = **{1e3 * prof.pivot_seconds:.2f} ms**.",
         "",
+        "**Tile** (SOLA §4.4.3's k_i quantum: the largest power-of-two S whose 1.5·S takes as long as 2·S): "
+        + (f"**{prof.tile_tokens} tokens**." if prof.tile_tokens is not None else "none found in the sweep."),
+        "",
         f"![throughput, latency and fit]({png_name})",
         "",
         "## Forward-size sweep (one request, one iteration of S prompt tokens)",

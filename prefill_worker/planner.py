@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from tetriserve.common.sola_state import Observed
 from tetriserve.prefill_worker.policy import PrefillPolicy, PrefillPolicySpec, build_prefill_policy
 from tetriserve.prefill_worker.views import Chunk, PrefillState, ReqView
 
@@ -31,6 +32,7 @@ class KVPool:
     max_tokens: int
     block_size: int
     free_blocks: int
+    total_blocks: int | None = None  # the engine's KV blocks in all (SOLA's m_ratio)
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,17 @@ class PrefillPlanner:
         views of the batch's other KV holders too."""
         return bool(getattr(self.policy.chunking, "preempts", False))
 
-    def plan(self, views: Sequence[ReqView], pool: KVPool, now: float, batch: Sequence[ReqView] = ()) -> PrefillPlan:
+    def plan(
+        self,
+        views: Sequence[ReqView],
+        pool: KVPool,
+        now: float,
+        batch: Sequence[ReqView] = (),
+        decoding: Sequence[Observed] = (),
+    ) -> PrefillPlan:
         """This iteration's chunks: the queue policy's order, then the chunking policy's cut of its budget.
         ``batch``: the engine's other requests holding KV (decoding on a colocated engine), which a policy
-        that preempts may choose among."""
+        that preempts may choose among; ``decoding``: the same requests as SOLA's state monitor reads them."""
         policy = self.policy
         ordered = tuple(policy.queue.order(list(views), now))
         state = PrefillState(
@@ -75,6 +84,9 @@ class PrefillPlanner:
             remaining_time=policy.queue.remaining_times((*ordered, *batch), now),
             urgent_s=policy.cost.iteration_seconds() if policy.cost is not None else 0.0,
             batch=tuple(batch),
+            now=now,
+            decoding=tuple(decoding),
+            total_kv_blocks=pool.total_blocks,
         )
         chunks = tuple(policy.chunking.plan(state))
         planned = {c.request_id for c in chunks}

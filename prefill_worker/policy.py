@@ -10,10 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from tetriserve.common.cost_estimator import CostEstimator
-from tetriserve.common.cost_profile import CostProfile, default_profile_path
+from tetriserve.common.cost_estimator import CostEstimator, load_estimator
+from tetriserve.common.cost_profile import default_profile_path
 from tetriserve.common.prefill_config import PrefillConfig
 from tetriserve.prefill_worker.chunking import ChunkingPolicy, make_chunking_policy
 from tetriserve.prefill_worker.chunking.dynamic import Selection
@@ -30,6 +29,8 @@ class PrefillPolicySpec:
     selection: Selection = "in-order"
     sched_batch: int = 16
     offload_max_tokens: int = 512  # prompts this short go to a decode worker with room (``Offloader.offer_short``)
+    sola_tile_tokens: int = 0  # SOLA §4.4.3's tile (0: the cost profile's, else 128)
+    sola_window_iters: int = 8  # SOLA §4.4.2's sliding window, iterations
 
     def updated(self, changes: Mapping[str, object]) -> PrefillPolicySpec:
         unknown = set(changes) - set(self.__dataclass_fields__)
@@ -49,6 +50,9 @@ class PrefillPolicySpec:
             out["chunk_size"] = str(self.chunk_size)
         if self.chunking == "dynamic":
             out["selection"] = self.selection
+        if self.chunking == "sola":
+            out["sola_tile_tokens"] = str(self.sola_tile_tokens or "profile")
+            out["sola_window_iters"] = str(self.sola_window_iters)
         return out
 
 
@@ -93,27 +97,46 @@ def build_prefill_policy(
     """Raises ValueError naming the field when a name is unknown or a needed cost model is missing."""
     if spec.sched_batch < 1:
         raise ValueError(f"prefill.sched_batch must be >= 1, got {spec.sched_batch}")
+    if spec.sola_tile_tokens < 0 or spec.sola_window_iters < 1:
+        raise ValueError(
+            f"prefill.sola_tile_tokens must be >= 0 and sola_window_iters >= 1, got {spec.sola_tile_tokens}, "
+            f"{spec.sola_window_iters}"
+        )
     if spec.offload_max_tokens < 0:
         raise ValueError(f"prefill.offload_max_tokens must be >= 0, got {spec.offload_max_tokens}")
     queue = make_queue_policy(
         spec.queue, cost, chunk_tokens(spec, cost), accelgen.preempt_max_iters, accelgen.preempt_probability
     )
     chunking = make_chunking_policy(
-        spec.chunking, spec.chunk_size, cost, spec.selection, accelgen.long_prompt_tokens, accelgen.group_window_iters
+        spec.chunking,
+        spec.chunk_size,
+        cost,
+        spec.selection,
+        accelgen.long_prompt_tokens,
+        accelgen.group_window_iters,
+        spec.sola_tile_tokens,
+        spec.sola_window_iters,
     )
     return PrefillPolicy(spec, queue, chunking, cost, accelgen)
 
 
 def spec_from_config(cfg: PrefillConfig) -> PrefillPolicySpec:
     return PrefillPolicySpec(
-        cfg.queue_policy, cfg.chunking, cfg.chunk_size, cfg.chunk_selection, cfg.sched_batch, cfg.offload_max_tokens
+        cfg.queue_policy,
+        cfg.chunking,
+        cfg.chunk_size,
+        cfg.chunk_selection,
+        cfg.sched_batch,
+        cfg.offload_max_tokens,
+        cfg.sola_tile_tokens or 0,
+        cfg.sola_window_iters,
     )
 
 
 def load_cost(cfg: PrefillConfig, model: str, hardware: str) -> CostEstimator | None:
     """The configured cost profile, else this model's default one on this hardware when it exists, else None."""
-    path = Path(cfg.cost_profile) if cfg.cost_profile else default_profile_path(model, hardware)
-    if cfg.cost_profile is None and not path.exists():
+    cost = load_estimator(cfg.cost_profile, model, hardware, cfg.cost_alpha)
+    if cost is None:
+        path = default_profile_path(model, hardware)
         logger.info("no cost profile at %s: cost-aware policies stay off until `tetriserve profile` writes one", path)
-        return None
-    return CostEstimator.from_profile(CostProfile.load(path), cfg.cost_alpha)
+    return cost

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tetriserve.common.length import LengthEstimate
+from tetriserve.common.sola_state import Observed
 
 
 @dataclass(frozen=True)
@@ -86,3 +87,6 @@ class PrefillState:
     # decoding on a colocated engine (AccelGen's TG tasks), which Alg. 1 may preempt; their T_r is in
     # ``remaining_time`` too. Empty on a prefill engine, whose batch is its prompts.
     batch: tuple[ReqView, ...] = ()
+    now: float = 0.0  # the iteration's time, the clock of ``ReqView.arrival_time``
+    decoding: tuple[Observed, ...] = ()  # the requests decoding on the same engine (colocated), for SOLA's monitor
+    total_kv_blocks: int | None = None  # the engine's KV blocks in all (None: not said)

@@ -41,6 +41,7 @@ from vllm.v1.request import Request
 from tetriserve.common.engine_tags import TAGS_KEY, tags_of
 from tetriserve.common.iteration_log import IterationLog, IterationRecord
 from tetriserve.common.length import LengthEstimate
+from tetriserve.common.sola_state import Observed
 from tetriserve.engine.role_scheduler import RoleScheduler
 from tetriserve.prefill_worker.planner import KVPool, PrefillPlanner
 from tetriserve.prefill_worker.policy import PrefillPolicy
@@ -144,6 +145,22 @@ class PromptPlanning:
             sched.running.remove(req)
             sched._preempt_request(req, now, drop_stale_output=sched.requires_kv_delivery)
 
+    def _observed(self, req: Request) -> Observed:
+        """A decoding request as SOLA's state monitor reads it (its arrival on the clock of the views')."""
+        params = req.sampling_params
+        tags = tags_of(params.extra_args if params is not None else None)
+        arrival = tags.arrival if tags.arrival is not None else float(req.arrival_time)
+        return Observed(
+            req.request_id,
+            arrival,
+            req.num_prompt_tokens,
+            params.max_tokens if params is not None and params.max_tokens else 1,
+            req.num_output_tokens,
+            tags.ttft_slo_s,
+            tags.tbt_slo_s,
+            tags.estimate.estimate if tags.estimate is not None else None,
+        )
+
     def expose(self, sched: Scheduler, started: float) -> _Exposed:
         """Leave in ``sched``'s queues the decoding requests and the planned prompts, in plan order, with
         ``max_num_scheduled_tokens`` = the plan's tokens + one per decoding request."""
@@ -151,9 +168,12 @@ class PromptPlanning:
         prefilling = [r for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens]
         waiting = list(sched.waiting)
         by_id = {r.request_id: r for r in (*prefilling, *waiting)}
-        pool = KVPool(self.ceiling, sched.block_size, sched.kv_cache_manager.block_pool.get_num_free_blocks())
+        blocks = sched.kv_cache_manager.block_pool
+        pool = KVPool(self.ceiling, sched.block_size, blocks.get_num_free_blocks(), blocks.num_gpu_blocks)
         batch = [self._build_view(r) for r in decoding] if self.planner.preempts else []
-        plan = self.planner.plan([self._view(r) for r in by_id.values()], pool, started, batch)
+        reads = getattr(self.planner.policy.chunking, "reads_decoding", False)  # SOLA's state monitor
+        seen = [self._observed(r) for r in decoding] if reads else []
+        plan = self.planner.plan([self._view(r) for r in by_id.values()], pool, started, batch, seen)
         if plan.preempt:  # Alg. 1: the victims leave the running list for the waiting queue
             self._preempt(sched, plan.preempt)
             decoding = [r for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens]

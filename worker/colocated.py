@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from tetriserve.common.config import ClusterConfig, DecodeConfig
+from tetriserve.common.cost_estimator import CostEstimator
 from tetriserve.common.length import LengthPredictor, PredictInput
 from tetriserve.common.load import PrefillLoad
 from tetriserve.common.request import Request, RequestState
@@ -78,8 +79,12 @@ class ColocatedWorker(DecodeWorker):
         self.predictions = PredictionQueue(predictor, niceness=config.prefill.predictor_niceness)
         self._tickets: dict[str, Ticket] = {}  # request id -> its prediction, until it is out or the request ends
 
+    def _decode_cost(self, config: ClusterConfig, model_path: str) -> CostEstimator | None:
+        """The prompt side's cost models: one engine, one estimator, eq. 3 and eq. 4 each with its γ."""
+        return self.cost
+
     def _first_installer(self, cfg: DecodeConfig) -> Callable[[Scheduler], None]:
-        install = self._installer(cfg)
+        install = self._installer(cfg, self.decode_cost)
         policy = self.prompt_policy
 
         def assume(scheduler: Scheduler) -> None:

@@ -18,7 +18,7 @@ from tetriserve.common.cost_model import (
     mean_abs_pct_error,
     prefill_features,
 )
-from tetriserve.common.cost_profile import CostProfile, SweepPoint, default_profile_path, find_pivot
+from tetriserve.common.cost_profile import CostProfile, SweepPoint, default_profile_path, find_pivot, find_tile
 
 PREFILL = PrefillCost(a0=2e-9, b0=1.5e-8, c0=4e-5, d0=4e-3)
 DECODE = DecodeCost(a1=5e-5, b1=2e-8, c1=4e-3)
@@ -165,6 +165,28 @@ def test_cost_profile_json_round_trip(tmp_path: Path) -> None:
     prof = _profile()
     path = prof.save(tmp_path / "sub" / "p.json")
     assert CostProfile.load(path) == prof
+
+
+def test_cost_profile_round_trips_its_tile_and_reads_an_old_one_without(tmp_path: Path) -> None:
+    prof = _profile(tile_tokens=64)
+    assert CostProfile.load(prof.save(tmp_path / "t.json")) == prof
+    old = _profile().to_json()
+    del old["tile_tokens"]  # a profile written before the tile was measured
+    assert CostProfile.from_json(old).tile_tokens is None
+
+
+def test_find_tile_on_a_staircase_of_64_token_tiles() -> None:
+    # a forward of S tokens takes 1 ms per 64-token tile, ⌈S/64⌉ tiles: 16→1, 24→1, 32→1, 48→1, 64→1, 96→2,
+    # 128→2, 192→3, 256→4. T = 16, 32: 1.5T and 2T both one tile, equal; T = 64: 96 and 128 both 2 tiles,
+    # equal; T = 128: 192 takes 3 ms, 256 takes 4 ms, 3 < 0.95 · 4, so the tile is 64
+    sizes = (16, 24, 32, 48, 64, 96, 128, 192, 256)
+    sweep = [SweepPoint(s, 1e-3 * math.ceil(s / 64)) for s in sizes]
+    assert find_tile(sweep) == 64
+
+
+def test_find_tile_none_when_time_grows_with_every_token() -> None:
+    sweep = [SweepPoint(s, 1e-5 * s) for s in (16, 24, 32, 48, 64)]  # 24 takes 0.75 of 32: no tile
+    assert find_tile(sweep) is None
 
 
 def test_cost_profile_unknown_fit_error_is_json_null(tmp_path: Path) -> None:

@@ -28,6 +28,8 @@ TIMELESS = [
     "control_plane/elastic.py",
     "frontdoor/admission.py",
     "common/cost_model.py",
+    "common/sola_state.py",
+    "common/sola_strategy.py",
 ]
 CLOCKS = {"time", "datetime"}
 

@@ -43,6 +43,8 @@ def test_prefill_keys_follow_the_worker_spec() -> None:
         "selection": str,
         "sched_batch": int,
         "offload_max_tokens": int,
+        "sola_tile_tokens": int,  # SOLA §4.4.3's tile, for chunking: sola
+        "sola_window_iters": int,  # SOLA §4.4.2's sliding window
     }
 
 

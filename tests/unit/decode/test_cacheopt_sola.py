@@ -8,6 +8,8 @@ from dataclasses import replace
 import pytest
 
 from tests.unit.decode.sim import simulate, view
+from tetriserve.common.cost_estimator import CostEstimator
+from tetriserve.common.cost_model import DecodeCost, PrefillCost
 from tetriserve.common.length import LengthEstimate
 from tetriserve.decode_worker.admission import ADMISSION_NAMES, make_admission_policy
 from tetriserve.decode_worker.admission.cacheopt import CacheOptAdmission
@@ -85,8 +87,31 @@ def test_sola_orders_by_descending_predicted_tpot() -> None:
     preempted = req("pre", 16, est=100, generated=50, arrival_time=5.0)  # (5 + 0.5) / 100 = 0.055
     assert predicted_tpot(waited, state) == pytest.approx(0.11)
     assert predicted_tpot(preempted, state) == pytest.approx(0.055)
-    order = SolaDecode().order([fresh_short, long_waited, preempted, waited], state)
+    policy = SolaDecode()
+    order = policy.order([fresh_short, long_waited, preempted, waited], state)
     assert [r.request_id for r in order] == ["waited", "pre", "long", "fresh"]
+    assert policy.decisions.snapshot() == {"reordered": 1}  # arrival order: pre (5.0) before waited (9.0)
+
+
+def test_sola_reads_eq4_over_the_running_batch_corrected_by_eq5() -> None:
+    # eq. 4: Cᵈ₀ = a₁·B + b₁·Σ l_has + c₁ = 0.001·2 + 0 + 0.002 = 0.004 s for the two running requests;
+    # the measured step 0.008 s, α = 0.5: γ = 0.5·0.008/0.004 + 0.5·1.0 = 1.5, Cᵈ = 1.5·0.004 = 0.006 s
+    cost = CostEstimator(PrefillCost(0.0, 0.0, 1e-3, 0.0), DecodeCost(1e-3, 0.0, 2e-3), 512, 0.5, alpha=0.5)
+    policy = SolaDecode(cost)
+    state = DecodeState(100, BS, (running("r1", 16, est=10), running("r2", 16, est=10)), now=10.0, step_s=0.008)
+    assert policy.decode_step_s(state) == pytest.approx(0.006)
+    # the next step with the same measurement: γ = 0.5·2.0 + 0.5·1.5 = 1.75, Cᵈ = 0.007
+    assert policy.decode_step_s(state) == pytest.approx(0.007)
+    # a waiting request of 10 tokens that waited 1 s: (1.0 + Cᵈ·10)/10 with the next γ = 1.875: Cᵈ = 0.0075
+    waited, fresh = req("waited", 16, est=10, arrival_time=9.0), req("fresh", 16, est=10, arrival_time=9.5)
+    assert [r.request_id for r in policy.order([fresh, waited], state)] == ["waited", "fresh"]
+    assert policy.decisions.snapshot() == {}  # waited also arrived first: arrival order, nothing to count
+    assert predicted_tpot(waited, state, 0.0075) == pytest.approx(0.1075)  # (1.0 + 0.075)/10
+
+
+def test_sola_without_a_profile_reads_the_measured_step() -> None:
+    state = DecodeState(100, BS, (running("r1", 16, est=10),), now=10.0, step_s=0.008)
+    assert SolaDecode().decode_step_s(state) == 0.008
 
 
 def test_sola_admission_is_the_peak_memory_check_on_the_point_estimate() -> None:

@@ -94,6 +94,9 @@ def test_sola_orders_by_predicted_ttft_descending() -> None:
     # old-short: 1.0 + 0.1 = 1.1; new-long: 0.1 + 2.0 = 2.1; mid: 0.5 + 0.5 = 1.0
     assert policy.predicted_ttft(waiting[1], now=1.0) == pytest.approx(2.1)
     assert ids(policy.order(waiting, now=1.0)) == ["new-long", "old-short", "mid"]
+    assert policy.decisions.snapshot() == {"reordered": 1}  # arrival order is old-short, mid, new-long
+    policy.order([req("x", 100, arrival=0.0), req("y", 100, arrival=0.5)], now=1.0)  # x 1.1, y 0.6: arrival order
+    assert policy.decisions.snapshot() == {"reordered": 1}
 
 
 def test_sola_uses_the_online_corrected_cost() -> None:

@@ -1,0 +1,99 @@
+"""SOLA on real colocated engines, selected from the config: the predicted-TTFT order, the problem switch and
+the constrained workload (prefill.queue_policy and prefill.chunking ``sola``), the predicted-TPOT admission.
+
+A TBT objective of 1 ms, far below a CPU decode step, keeps p^TPOT above p^TTFT, so the engines optimise TPOT
+(SOLA §4.4.1) and hold prompts back by n_i (eq. 2) while decodes run; every stream still ends with its tokens,
+and ``status`` shows the policies and their decision counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import own_cluster
+from tetriserve.common.cost_model import DecodeCost, PrefillCost
+from tetriserve.common.cost_profile import CostProfile, SweepPoint
+from tetriserve.common.request import SLO, Request, SamplingSpec
+
+NAMESPACE = "tetriserve-test-colocated-sola"
+SAMPLING = SamplingSpec(max_tokens=24, temperature=0.0, ignore_eos=True)
+PROMPTS = {f"s-{i}": tuple(range(7 + i, 7 + i + 16 + 40 * i)) for i in range(6)}  # 16 to 216 tokens
+
+
+@pytest.fixture(scope="module")
+def cluster(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    # a cost profile of the tiny model's order of magnitude: 20 µs a prompt token + 2 ms, 2 ms a decode step
+    profile = CostProfile(
+        "tiny-llama",
+        "test",
+        PrefillCost(0.0, 0.0, 2e-5, 2e-3),
+        DecodeCost(1e-4, 1e-7, 2e-3),
+        pivot_tokens=128,
+        pivot_seconds=4.6e-3,
+        sweep=(SweepPoint(128, 4.6e-3),),
+        tile_tokens=32,
+    )
+    path = profile.save(Path(tmp_path_factory.mktemp("sola")) / "profile.json")
+    overrides = {
+        "namespace": NAMESPACE,
+        "mode": "colocated",
+        "num_prefill": 1,
+        "num_decode": 1,
+        "prefill.predictor": "baseline",
+        "prefill.cost_profile": str(path),
+        "prefill.queue_policy": "sola",
+        "prefill.chunking": "sola",
+        "decode.admission.policy": "sola",
+    }
+    with own_cluster(model_path, overrides) as handle:
+        yield handle
+
+
+def _streams(cluster: Any) -> dict[str, tuple[int, ...]]:
+    """Every prompt at once, each with a TTFT objective of 3 s and a TBT one of 1 ms."""
+    from tetriserve.frontdoor.ray_backend import RayBackend
+
+    backend = RayBackend(cluster, "tiny-llama")
+
+    async def one(rid: str, ids: tuple[int, ...]) -> tuple[int, ...]:
+        out: list[int] = []
+        async for chunk in backend.generate(Request(rid, ids, SAMPLING, slo=SLO(ttft_ms=3000.0, tbt_ms=1.0))):
+            assert chunk.finish_reason in (None, "length"), chunk.error
+            out.extend(chunk.token_ids)
+        return tuple(out)
+
+    async def run_all() -> dict[str, tuple[int, ...]]:
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*(one(r, p) for r, p in PROMPTS.items())), 300)
+        finally:
+            backend.close()
+        return dict(zip(PROMPTS, results, strict=True))
+
+    return asyncio.run(run_all())
+
+
+def test_sola_runs_from_the_config_and_counts_its_decisions(cluster: Any) -> None:
+    from tetriserve.frontdoor.ray_admin import RayAdmin
+
+    got = _streams(cluster)
+    assert all(len(tokens) == SAMPLING.max_tokens for tokens in got.values())
+    st = asyncio.run(RayAdmin(cluster, "tiny-llama").status())
+    decided: dict[str, int] = {}
+    for w in st.workers:
+        policy = dict(w.policy)
+        assert (w.role, policy["queue"], policy["chunking"], policy["admission.policy"]) == (
+            "colocated",
+            "sola",
+            "sola",
+            "sola",
+        ), w
+        assert policy["sola_tile_tokens"] == "profile"  # the profile's 32
+        for key, value in policy.items():
+            if key.startswith("decided.sola."):
+                decided[key] = decided.get(key, 0) + int(value)
+    assert decided.get("decided.sola.tpot_iterations", 0) > 0, decided
