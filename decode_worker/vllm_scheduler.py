@@ -156,8 +156,16 @@ class TetriDecodeScheduler(RoleScheduler):
     def preemptions(self) -> int:
         return self.planner.stats.count
 
-    def _view(self, req: Request, in_flight: set[str] | frozenset[str] = frozenset()) -> DecodeReqView:
+    def _view(
+        self, req: Request, in_flight: set[str] | frozenset[str] = frozenset(), waiting: bool = False
+    ) -> DecodeReqView:
+        """``waiting``: a request about to start decoding, whose latest token came when it was preempted, or
+        else when it came to this engine (the prefill's token, in disaggregated mode)."""
         tags = _tags(req)
+        since = None
+        if waiting:
+            preempted = self.planner.preempted_at(req.request_id)
+            since = preempted if preempted is not None else req.arrival_time
         return DecodeReqView(
             request_id=req.request_id,
             prompt_len=req.num_prompt_tokens,
@@ -168,6 +176,7 @@ class TetriDecodeScheduler(RoleScheduler):
             held_blocks=math.ceil(req.num_computed_tokens / self.block_size),
             tbt_slo_s=tags.tbt_slo_s,
             transferring=req.request_id in in_flight,
+            waited_since=since,
         )
 
     def snapshot(self) -> DecodeSnapshot:
@@ -258,9 +267,8 @@ class TetriDecodeScheduler(RoleScheduler):
 
     def _state(self, now: float) -> DecodeState:
         running = tuple(self._view(r) for r in self.running)
-        return DecodeState(
-            self.kv_cache_manager.block_pool.get_num_free_blocks(), self.block_size, running, now, self.step_s
-        )
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        return DecodeState(free, self.block_size, running, now, self.step_s, self.planner.max_step_s)
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         now = time.time()
@@ -287,7 +295,8 @@ class TetriDecodeScheduler(RoleScheduler):
         }
         if not candidates:  # the common decode step: nobody waits to start, no views to build
             return []
-        decision = self.planner.admit([self._view(req) for _, req in candidates.values()], self._state(now))
+        views = [self._view(req, waiting=True) for _, req in candidates.values()]
+        decision = self.planner.admit(views, self._state(now))
         held = [candidates[rid] for rid in decision.held]
         for queue, req in held:
             queue.remove_request(req)

@@ -51,8 +51,8 @@ def test_cacheopt_reuses_kv_a_long_runner_grows_into_only_later() -> None:
     assert CacheOptAdmission(reserve_blocks=1, buffer_tokens=0).admit(short, state)
 
 
-def test_cacheopt_proactively_grants_m_more_tokens_to_a_request_that_outlived_its_estimate() -> None:
-    pol = CacheOptAdmission(reserve_blocks=0, proactive_tokens=32, buffer_tokens=0)
+def test_cacheopt_proactively_grants_m_more_iterations_to_a_request_that_outlived_its_estimate() -> None:
+    pol = CacheOptAdmission(reserve_blocks=0, proactive_iters=32, buffer_tokens=0)  # 32 iterations, 1 token each
     outlived = running("o", 32, est=10, generated=16)  # 48 tokens, 3 blocks, estimate used up
     assert pol.remaining(outlived) == 32
     assert pol.remaining(replace(outlived, max_tokens=20)) == 4  # never past max_tokens
@@ -61,7 +61,7 @@ def test_cacheopt_proactively_grants_m_more_tokens_to_a_request_that_outlived_it
     assert pol.admit(req("n", 8, est=16), state)  # at k=16: 4 + 2 = 6 ≤ 6
     assert not pol.admit(req("n2", 32, est=16), state)  # at k=16: 4 + 3 > 6
     # without the proactive grant the outlived request would look finished and leave room for it
-    assert CacheOptAdmission(reserve_blocks=0, proactive_tokens=0, buffer_tokens=0).admit(req("n2", 32, est=16), state)
+    assert CacheOptAdmission(reserve_blocks=0, proactive_iters=0, buffer_tokens=0).admit(req("n2", 32, est=16), state)
 
 
 def test_cacheopt_with_an_empty_batch_admits_what_fits_now() -> None:
@@ -102,11 +102,12 @@ def test_shortest_job_finishing_this_very_step_frees_its_kv_for_every_peak_polic
     state = DecodeState(free_blocks=1, block_size=BS, running=(done, grows))  # capacity 6
     newcomer = req("n", 32, est=16, held=2)  # landed KV: 2 blocks held; 3 blocks at its end
     # capacity with the newcomer's blocks: 8. At k=0: 4 + 1 + 2 = 7; at k=16 "done" is gone: 2 + 3 = 5
-    exact = CacheOptAdmission(reserve_blocks=0, proactive_tokens=0, buffer_tokens=0)
+    exact = CacheOptAdmission(reserve_blocks=0, proactive_iters=0, buffer_tokens=0)
     for pol in (ReserveDynamic(end="estimate"), SolaDecode(), exact):
         assert pol.admit(newcomer, state), pol.name
     assert not ReserveDynamic(end="estimate").admit(replace(newcomer, held_blocks=0), state)  # 7 > 6
-    # CacheOpt hedges: "done" may outlive its estimate, so it keeps a proactive grant (8 tokens): 5 + 2 + 3 > 8
+    # CacheOpt hedges: "done" may outlive its estimate, so it keeps a proactive grant of m = 2 iterations (CacheOpt
+    # §5), 2 tokens: at k=2, blocks(66) + blocks(18) + blocks(34) = 5 + 2 + 3 = 10 > 8
     assert not CacheOptAdmission(reserve_blocks=0, buffer_tokens=0).admit(newcomer, state)
 
 
@@ -138,8 +139,6 @@ def test_one_bucket_low_predictions_preempt_less_with_cacheopt_reserve_and_paddi
     proactive grants absorb part of the overrun."""
     low = burst(-100)
     dyn = simulate(low, num_blocks=60, block_size=BS, admission=ReserveDynamic(end="estimate"))
-    opt = simulate(
-        low, num_blocks=60, block_size=BS, admission=CacheOptAdmission(reserve_blocks=8, proactive_tokens=16)
-    )
+    opt = simulate(low, num_blocks=60, block_size=BS, admission=CacheOptAdmission(reserve_blocks=8, proactive_iters=16))
     assert dyn.preemptions > 0
     assert opt.preemptions < dyn.preemptions
