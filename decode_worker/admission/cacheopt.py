@@ -139,20 +139,30 @@ class CacheOptAdmission:
         return out
 
     def amortises(self, req: DecodeReqView, state: DecodeState) -> bool:
-        """Whether ``req`` may start on an amortised grant: every non-critical member keeps its context + B, and a
-        running request finishes before ``req`` exhausts its grant, releasing at least ``req``'s cut."""
+        """Whether ``req`` may start on an amortised grant: every non-critical member keeps its context + B, and
+        each one whose grant runs out before its predicted finish has a running request predicted to finish
+        before then, releasing at least its cut."""
         if not state.running:
             return False
         grants = self.grants(req, state)
-        members = (*state.running, req)
-        if any(grants[r.request_id] < self.basic(r) for r in members if r.request_id not in self._critical):
-            return False
-        cut = self.demand(req) - grants[req.request_id]
-        lasts = grants[req.request_id] - req.context  # tokens it generates before its grant runs out
+        for r in (*state.running, req):
+            if r.request_id in self._critical:
+                continue
+            grant = grants[r.request_id]
+            if grant < self.basic(r):
+                return False
+            if grant < r.context + self.remaining(r) and not self._released_for(r, grant, state):
+                return False
+        return True
+
+    def _released_for(self, r: DecodeReqView, grant: float, state: DecodeState) -> bool:
+        """A running request other than ``r`` finishes before ``r`` has generated ``grant − context`` tokens and
+        releases at least ``r``'s cut Mᵢ − Aᵢ."""
+        lasts, cut = grant - r.context, self.demand(r) - grant
         return any(
-            self.remaining(r) < lasts and r.context + self.remaining(r) >= cut
-            for r in state.running
-            if r.request_id != req.request_id
+            self.remaining(j) < lasts and j.context + self.remaining(j) >= cut
+            for j in state.running
+            if j.request_id != r.request_id
         )
 
 
