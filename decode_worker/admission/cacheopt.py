@@ -23,9 +23,10 @@ to carve up, so each of the paper's allocation steps becomes a rule of whether a
   with its demand cut. The excess E_kvc = Σ Mᵢ + D_kvc − A'_kvc (tokens; A'_kvc: the batch's KV less the reserve;
   D_kvc: the critical members' basic demands) is spread over the non-critical members, the newcomer included, by
   wᵢ = RTᵢ/ΣRT × s_iᵖ/Σs^p: member i's grant is Aᵢ = Mᵢ − E_kvc · wᵢ/Σw, so a looser SLO and a longer prompt take
-  a larger cut. It starts when every such grant still covers its member's context + B, and a running request rⱼ
-  is predicted to finish before the newcomer uses up its grant, releasing at least the newcomer's cut (the
-  paper's rⱼ "that will release its KVC shortly before rᵢ exhausts its allocated KVC").
+  a larger cut. It starts when every such grant still covers its member's context + B, and each member whose
+  grant runs out before its predicted finish has a running request rⱼ predicted to finish before then, releasing
+  at least that member's cut (the paper's rⱼ "that will release its KVC shortly before rᵢ exhausts its allocated
+  KVC").
 * **proactive allocation** (§3.3.3): a running request that has outlived its padded estimate is treated as still
   needing m = ``proactive_iters`` more iterations' tokens (one token per decode iteration), granted ahead of
   need, before any newcomer is admitted, instead of being ignored until its next block allocation fails.
