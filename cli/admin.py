@@ -12,7 +12,7 @@
 Keys belong to one role, a key of the other role is rejected naming it (INVALID_ARGUMENT):
     prefill  queue chunking chunk_size selection sched_batch offload_max_tokens
     decode   admission.policy, its parameters admission.length_end admission.horizons
-             admission.reserve_blocks admission.proactive_tokens admission.buffer_tokens
+             admission.reserve_blocks admission.proactive_iters admission.buffer_tokens admission.basic_tokens
              admission.default_tbt_ms,
              preemption.order preemption.mode preemption.profile max_local_prompts slice_iters
              (the ``decode`` config section's keys below ``decode.``)
@@ -39,8 +39,8 @@ SET_KEYS_HELP = (
     "decode (--worker decode or decode-N): "
     "admission.policy=greedy|reserve-static|reserve-dynamic|cacheopt|sola|accelgen  "
     "admission.length_end=lower|estimate|upper (reserve-*)  admission.horizons=all|shortest (reserve-dynamic)  "
-    "admission.reserve_blocks=N  admission.proactive_tokens=N  admission.buffer_tokens=N (cacheopt)  "
-    "admission.default_tbt_ms=MS (accelgen)  "
+    "admission.reserve_blocks=N  admission.proactive_iters=N  admission.buffer_tokens=N  admission.basic_tokens=N "
+    "(cacheopt)  admission.default_tbt_ms=MS (accelgen)  "
     "preemption.order=vllm|srtf|lkvo|cacheopt|accelgen  preemption.mode=recompute|swap|auto  preemption.profile=PATH  "
     "max_local_prompts=N  slice_iters=N"
 )
@@ -62,8 +62,9 @@ _DECODE_ORDER = (
     "admission.length_end",
     "admission.horizons",
     "admission.reserve_blocks",
-    "admission.proactive_tokens",
+    "admission.proactive_iters",
     "admission.buffer_tokens",
+    "admission.basic_tokens",
     "admission.default_tbt_ms",
     "preemption.order",
     "preemption.mode",

@@ -190,7 +190,7 @@ ADMISSION_PARAMS: dict[str, tuple[str, ...]] = {
     "greedy": (),
     "reserve-static": ("length_end",),
     "reserve-dynamic": ("length_end", "horizons"),
-    "cacheopt": ("reserve_blocks", "proactive_tokens", "buffer_tokens"),
+    "cacheopt": ("reserve_blocks", "proactive_iters", "buffer_tokens", "basic_tokens"),
     "sola": (),
     "accelgen": ("default_tbt_ms",),
 }
@@ -240,9 +240,10 @@ class DecodeAdmission(BaseModel):
         description=(
             "Decode admission: greedy (vLLM's own), reserve-static (each request reserves its predicted KV), "
             "reserve-dynamic (admit only if KV stays free until the batch's jobs finish, by prediction; "
-            "TetriInfer §3.4), cacheopt (padded reservation with reuse, proactive grants and a global reserve; "
-            "CacheOpt §3.3), sola (predicted-TPOT order, peak-memory check; SOLA §4.4.2, §5.1), "
-            "accelgen (tightest TBT slack first, vLLM's fit test; AccelGen §4.3)."
+            "TetriInfer §3.4), cacheopt (padded reservation with reuse, TBT-slack order, critical requests on their "
+            "basic demand, amortised grants, proactive grants and a global reserve; CacheOpt §3.3), sola "
+            "(predicted-TPOT order, peak-memory check; SOLA §4.4.2, §5.1), accelgen (tightest TBT slack first, "
+            "vLLM's fit test; AccelGen §4.3)."
         ),
     )
     length_end: Literal["lower", "estimate", "upper"] = Field(
@@ -260,11 +261,31 @@ class DecodeAdmission(BaseModel):
             "job's only, TetriInfer §3.4 taken literally)."
         ),
     )
-    reserve_blocks: int = Field(4, ge=0, description="cacheopt: KV blocks kept out of admission grants.")
-    proactive_tokens: int = Field(
-        8, ge=0, description="cacheopt: tokens granted ahead of need to a request that outlived its estimate."
+    reserve_blocks: int = Field(
+        8,
+        ge=0,
+        description=(
+            "cacheopt: KV blocks kept out of admission grants, the global reservation (CacheOpt §3.3.3; §5: 8 "
+            "blocks, here of engine.block_size tokens)."
+        ),
+    )
+    proactive_iters: int = Field(
+        2,
+        ge=0,
+        description=(
+            "cacheopt: m, the iterations granted ahead of need to a request that outlived its estimate, one token "
+            "each (CacheOpt §3.3.3; §5: m = 2)."
+        ),
     )
     buffer_tokens: int = Field(8, ge=0, description="cacheopt: slack tokens per request (the paper's b).")
+    basic_tokens: int = Field(
+        8,
+        ge=0,
+        description=(
+            "cacheopt: B, the tokens beyond its context a critical request starts on, its basic demand s_p + B "
+            "(CacheOpt §3.3.2; §5: B = 8 tokens)."
+        ),
+    )
     default_tbt_ms: float = Field(
         READING_TBT_MS,
         gt=0,

@@ -23,6 +23,7 @@ policy's order: a later, smaller request does not pass a refused one).
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -32,6 +33,9 @@ from tetriserve.decode_worker.preemption.stats import PreemptionStats
 from tetriserve.decode_worker.views import DecodeReqView, DecodeState
 
 STEP_SMOOTHING = 0.2  # weight of the newest step in the step-time average
+# busy steps the longest step time is taken over (CacheOpt §3.3.2's T_I^max, "historically observed"): a window,
+# so that one slow step (a first step, a swap) does not make every waiting request critical for good
+STEP_MAX_WINDOW = 256
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class DecodePlanner:
     step_s: float = 0.0  # smoothed time between the starts of busy steps
     stats: PreemptionStats = field(default_factory=PreemptionStats)
     _last_step: float = 0.0
+    _gaps: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_MAX_WINDOW))
     _out: dict[str, tuple[float, int]] = field(default_factory=dict)  # preempted id -> (when, tokens computed)
 
     # -- the step time ------------------------------------------------------------------------------------
@@ -71,8 +76,14 @@ class DecodePlanner:
         if self._last_step and busy:
             gap = now - self._last_step
             self.step_s = gap if not self.step_s else (1 - STEP_SMOOTHING) * self.step_s + STEP_SMOOTHING * gap
+            self._gaps.append(gap)
         self._last_step = now
         return self.step_s
+
+    @property
+    def max_step_s(self) -> float:
+        """The longest of the last ``STEP_MAX_WINDOW`` busy steps (CacheOpt §3.3.2's T_I^max); 0 before any."""
+        return max(self._gaps, default=0.0)
 
     # -- admission --------------------------------------------------------------------------------------
     def admit(self, waiting: Sequence[DecodeReqView], state: DecodeState) -> Admission:
@@ -136,6 +147,11 @@ class DecodePlanner:
     @property
     def preempted_ids(self) -> tuple[str, ...]:
         return tuple(self._out)
+
+    def preempted_at(self, request_id: str) -> float | None:
+        """When ``request_id`` was preempted, while it is out (its latest token came then); None otherwise."""
+        out = self._out.get(request_id)
+        return out[0] if out is not None else None
 
     # -- SCLS slices ------------------------------------------------------------------------------------
     def slice_cuts(self, progress: Sequence[SliceProgress]) -> list[str]:

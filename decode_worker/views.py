@@ -41,6 +41,9 @@ class DecodeReqView:
     held_blocks: int = 0  # KV blocks it holds now: ⌈computed tokens / b⌉ (a waiting request: its landed KV's)
     tbt_slo_s: float | None = None  # its time-between-tokens SLO, if it has one
     transferring: bool = False  # its KV is in flight (being loaded, swapped out or shipped elsewhere)
+    # a waiting request: when its latest token came (when it came to this engine, or was preempted); None for a
+    # running member, whose latest token came with the latest step
+    waited_since: float | None = None
 
     @property
     def context(self) -> int:
@@ -48,6 +51,13 @@ class DecodeReqView:
 
     def predicted_remaining(self, end: LengthEnd = "lower") -> int:
         return predicted_remaining(self.estimate, self.max_tokens, self.generated, end)
+
+    def tbt_slack(self, now: float) -> float | None:
+        """Its remaining time to its TBT SLO at ``now`` (CacheOpt §3.3.2's RT_tbt); None without an SLO."""
+        if self.tbt_slo_s is None:
+            return None
+        since = self.waited_since if self.waited_since is not None else now
+        return self.tbt_slo_s - (now - since)
 
     def blocks_at(self, steps: int, block_size: int, end: LengthEnd = "lower") -> int:
         """KV blocks it holds ``steps`` iterations from now, if it is still running then."""
@@ -61,6 +71,7 @@ class DecodeState:
     running: tuple[DecodeReqView, ...] = ()
     now: float = 0.0  # same clock as ``DecodeReqView.arrival_time``
     step_s: float = 0.0  # the engine's recent decode iteration time
+    max_step_s: float = 0.0  # the longest recent decode iteration (CacheOpt §3.3.2's T_I^max)
 
     @property
     def capacity(self) -> int:

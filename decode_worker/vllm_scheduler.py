@@ -30,7 +30,9 @@ thread publishes (``snapshot``).
 A request that still has to pull its KV through the connector (no blocks yet) is
 never held: it must get its blocks so its KV can land; it is gated once its KV
 is in, holding those blocks. A request swapped out (CacheOpt §3.5) comes back the
-same way. Every preemption is counted and timed until the request decodes again.
+same way; one preempted by recomputation has no KV to pull and is asked like any
+other waiting request, its TBT slack counted from its preemption (CacheOpt §3.3.2).
+Every preemption is counted and timed until the request decodes again.
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ class TetriDecodeScheduler(RoleScheduler):
     def _take_role(self) -> None:
         self.planner = DecodePlanner()
         self._moving: dict[str, str] = {}  # req_id -> key its KV is parked under at its next slice boundary
+        # requests preempted by recomputation: their KV instruction is spent, so they wait to be asked like any other
+        self._recomputing: set[str] = set()
         # the worker's ids of requests preempted ("preempted") and back to decoding ("resumed"), told as they
         # happen (on the engine thread): the worker records them as the requests' states
         self.on_preemption: Callable[[str, str], None] | None = None
@@ -156,8 +160,16 @@ class TetriDecodeScheduler(RoleScheduler):
     def preemptions(self) -> int:
         return self.planner.stats.count
 
-    def _view(self, req: Request, in_flight: set[str] | frozenset[str] = frozenset()) -> DecodeReqView:
+    def _view(
+        self, req: Request, in_flight: set[str] | frozenset[str] = frozenset(), waiting: bool = False
+    ) -> DecodeReqView:
+        """``waiting``: a request about to start decoding, whose latest token came when it was preempted, or
+        else when it came to this engine (the prefill's token, in disaggregated mode)."""
         tags = _tags(req)
+        since = None
+        if waiting:
+            preempted = self.planner.preempted_at(req.request_id)
+            since = preempted if preempted is not None else req.arrival_time
         return DecodeReqView(
             request_id=req.request_id,
             prompt_len=req.num_prompt_tokens,
@@ -168,6 +180,7 @@ class TetriDecodeScheduler(RoleScheduler):
             held_blocks=math.ceil(req.num_computed_tokens / self.block_size),
             tbt_slo_s=tags.tbt_slo_s,
             transferring=req.request_id in in_flight,
+            waited_since=since,
         )
 
     def snapshot(self) -> DecodeSnapshot:
@@ -253,14 +266,18 @@ class TetriDecodeScheduler(RoleScheduler):
         return super()._get_local_prefix_cache_hit(request)
 
     def _must_pass(self, req: Request) -> bool:
-        """A request whose KV has yet to be pulled through the connector (it needs its blocks first)."""
-        return req.num_computed_tokens == 0 and req.kv_transfer_params is not None
+        """A request whose KV has yet to be pulled through the connector (it needs its blocks first); not one
+        preempted by recomputation, which has no KV to pull and recomputes it."""
+        return (
+            req.num_computed_tokens == 0
+            and req.kv_transfer_params is not None
+            and req.request_id not in self._recomputing
+        )
 
     def _state(self, now: float) -> DecodeState:
         running = tuple(self._view(r) for r in self.running)
-        return DecodeState(
-            self.kv_cache_manager.block_pool.get_num_free_blocks(), self.block_size, running, now, self.step_s
-        )
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        return DecodeState(free, self.block_size, running, now, self.step_s, self.planner.max_step_s)
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         now = time.time()
@@ -279,6 +296,8 @@ class TetriDecodeScheduler(RoleScheduler):
 
     def _gate(self, now: float) -> list[tuple[RequestQueue, Request]]:
         """Put waiting requests to the planner's admission; remove and return the ones held back this step."""
+        if self._recomputing:
+            self._recomputing.intersection_update(self.requests)  # finished or aborted meanwhile
         candidates = {
             req.request_id: (queue, req)
             for queue in (self.kv_holding_waiting, self.waiting)
@@ -287,7 +306,8 @@ class TetriDecodeScheduler(RoleScheduler):
         }
         if not candidates:  # the common decode step: nobody waits to start, no views to build
             return []
-        decision = self.planner.admit([self._view(req) for _, req in candidates.values()], self._state(now))
+        views = [self._view(req, waiting=True) for _, req in candidates.values()]
+        decision = self.planner.admit(views, self._state(now))
         held = [candidates[rid] for rid in decision.held]
         for queue, req in held:
             queue.remove_request(req)
@@ -318,6 +338,9 @@ class TetriDecodeScheduler(RoleScheduler):
             assert swapper is not None  # the planner swaps only where the connector can
             block_ids = list(self.kv_cache_manager.get_block_ids(request.request_id)[0])
             swapper.swap_out(request, block_ids, computed)
+            self._recomputing.discard(request.request_id)
+        else:
+            self._recomputing.add(request.request_id)
         super()._preempt_request(request, timestamp, drop_stale_output)
         if self.on_preemption is not None:
             self.on_preemption(self._worker_id_of(request), "preempted")

@@ -205,9 +205,10 @@ def test_cli_policy_set_and_show_decode(
     assert line.split()[1:] == [
         "decode",
         "admission.policy=cacheopt",
-        "admission.reserve_blocks=4",
-        "admission.proactive_tokens=8",
+        "admission.reserve_blocks=8",  # CacheOpt §5: 8 reserved blocks
+        "admission.proactive_iters=2",  # CacheOpt §5: m = 2 iterations
         "admission.buffer_tokens=8",
+        "admission.basic_tokens=8",  # CacheOpt §5: B = 8 tokens
         "preemption.order=srtf",
         "preemption.mode=recompute",
         "max_local_prompts=2",

@@ -102,8 +102,9 @@ def test_set_refuses_what_is_not_a_key_naming_what_is(item: str, message: str) -
 def test_a_config_file_with_a_renamed_key_is_refused_naming_the_new_one(tmp_path: Path) -> None:
     for old, new in RENAMED.items():
         path = tmp_path / "cluster.yaml"
-        parent, _, leaf = old.rpartition(".")
-        path.write_text(f"{parent}:\n  {leaf}: 1.0\n" if parent else f"{leaf}: 1.0\n")
+        *parents, leaf = old.split(".")  # nested sections as deep as the key goes
+        nest = "".join(f"{'  ' * i}{p}:\n" for i, p in enumerate(parents))
+        path.write_text(f"{nest}{'  ' * len(parents)}{leaf}: 1.0\n")
         with pytest.raises(ValueError, match=f"{old} is now {new}"):
             ClusterConfig.load(path)
         key_at(ClusterConfig, new)  # the new key exists

@@ -54,8 +54,9 @@ def test_decode_keys_follow_the_decode_config() -> None:
         "admission.length_end": str,
         "admission.horizons": str,
         "admission.reserve_blocks": int,
-        "admission.proactive_tokens": int,
+        "admission.proactive_iters": int,
         "admission.buffer_tokens": int,
+        "admission.basic_tokens": int,
         "admission.default_tbt_ms": str,  # a float: pydantic reads it from the string
         "preemption.order": str,
         "preemption.mode": str,
@@ -300,8 +301,9 @@ def test_set_policy_on_every_decode_worker() -> None:
         assert w.policy == {
             "admission.policy": "cacheopt",
             "admission.reserve_blocks": "2",
-            "admission.proactive_tokens": "8",
+            "admission.proactive_iters": "2",  # CacheOpt §5: m = 2 iterations
             "admission.buffer_tokens": "8",
+            "admission.basic_tokens": "8",  # CacheOpt §5: B = 8 tokens
             "preemption.order": "srtf",
             "preemption.mode": "recompute",
             "max_local_prompts": "2",

@@ -13,6 +13,7 @@ from tetriserve.common.cost_model import DecodeCost, PrefillCost
 from tetriserve.common.length import LengthEstimate
 from tetriserve.decode_worker.admission import ADMISSION_NAMES, make_admission_policy
 from tetriserve.decode_worker.admission.cacheopt import CacheOptAdmission
+from tetriserve.decode_worker.admission.peak import admits
 from tetriserve.decode_worker.admission.reserve_dynamic import ReserveDynamic
 from tetriserve.decode_worker.admission.sola import SolaDecode, predicted_tpot
 from tetriserve.decode_worker.views import DecodeReqView, DecodeState, blocks_for
@@ -40,7 +41,17 @@ def test_cacheopt_keeps_the_global_reserve_out_of_what_it_grants() -> None:
 def test_cacheopt_buffer_pads_each_member() -> None:
     state = DecodeState(free_blocks=6, block_size=BS, running=(running("a", 32, est=32),))
     newcomer = req("n", 32, est=32)
-    assert not CacheOptAdmission(reserve_blocks=0, buffer_tokens=1).admit(newcomer, state)  # 65 tokens = 5 blocks each
+    pol = CacheOptAdmission(reserve_blocks=0, buffer_tokens=1)
+    assert not admits(newcomer, state, pol.remaining, pad=1)  # the peak check: 65 tokens = 5 blocks each, 10 > 8
+    # §3.3.2's amortisation takes the excess out of the buffers: A' = 8 × 16 = 128 tokens, E = 65 + 65 − 128 = 2,
+    # a cut of 1 each (equal RT and prompts) leaves 64 tokens each, what each is predicted to reach
+    assert pol.grants(newcomer, state) == {"a": 64.0, "n": 64.0}
+    assert pol.admit(newcomer, state)
+    assert pol.decisions.snapshot() == {"amortised": 1}
+    # b = 3 and a longer newcomer: M = a 32 + 32 + 3 = 67, n2 32 + 40 + 3 = 75, E = 142 − 128 = 14, cuts 7 each:
+    # a's grant 60 < 64 runs out before its finish, and nothing running finishes before it to release KV
+    wider = CacheOptAdmission(reserve_blocks=0, buffer_tokens=3)
+    assert not wider.admit(req("n2", 32, est=40), state)
 
 
 def test_cacheopt_reuses_kv_a_long_runner_grows_into_only_later() -> None:
@@ -53,8 +64,8 @@ def test_cacheopt_reuses_kv_a_long_runner_grows_into_only_later() -> None:
     assert CacheOptAdmission(reserve_blocks=1, buffer_tokens=0).admit(short, state)
 
 
-def test_cacheopt_proactively_grants_m_more_tokens_to_a_request_that_outlived_its_estimate() -> None:
-    pol = CacheOptAdmission(reserve_blocks=0, proactive_tokens=32, buffer_tokens=0)
+def test_cacheopt_proactively_grants_m_more_iterations_to_a_request_that_outlived_its_estimate() -> None:
+    pol = CacheOptAdmission(reserve_blocks=0, proactive_iters=32, buffer_tokens=0)  # 32 iterations, 1 token each
     outlived = running("o", 32, est=10, generated=16)  # 48 tokens, 3 blocks, estimate used up
     assert pol.remaining(outlived) == 32
     assert pol.remaining(replace(outlived, max_tokens=20)) == 4  # never past max_tokens
@@ -63,7 +74,7 @@ def test_cacheopt_proactively_grants_m_more_tokens_to_a_request_that_outlived_it
     assert pol.admit(req("n", 8, est=16), state)  # at k=16: 4 + 2 = 6 ≤ 6
     assert not pol.admit(req("n2", 32, est=16), state)  # at k=16: 4 + 3 > 6
     # without the proactive grant the outlived request would look finished and leave room for it
-    assert CacheOptAdmission(reserve_blocks=0, proactive_tokens=0, buffer_tokens=0).admit(req("n2", 32, est=16), state)
+    assert CacheOptAdmission(reserve_blocks=0, proactive_iters=0, buffer_tokens=0).admit(req("n2", 32, est=16), state)
 
 
 def test_cacheopt_with_an_empty_batch_admits_what_fits_now() -> None:
@@ -127,11 +138,12 @@ def test_shortest_job_finishing_this_very_step_frees_its_kv_for_every_peak_polic
     state = DecodeState(free_blocks=1, block_size=BS, running=(done, grows))  # capacity 6
     newcomer = req("n", 32, est=16, held=2)  # landed KV: 2 blocks held; 3 blocks at its end
     # capacity with the newcomer's blocks: 8. At k=0: 4 + 1 + 2 = 7; at k=16 "done" is gone: 2 + 3 = 5
-    exact = CacheOptAdmission(reserve_blocks=0, proactive_tokens=0, buffer_tokens=0)
+    exact = CacheOptAdmission(reserve_blocks=0, proactive_iters=0, buffer_tokens=0)
     for pol in (ReserveDynamic(end="estimate"), SolaDecode(), exact):
         assert pol.admit(newcomer, state), pol.name
     assert not ReserveDynamic(end="estimate").admit(replace(newcomer, held_blocks=0), state)  # 7 > 6
-    # CacheOpt hedges: "done" may outlive its estimate, so it keeps a proactive grant (8 tokens): 5 + 2 + 3 > 8
+    # CacheOpt hedges: "done" may outlive its estimate, so it keeps a proactive grant of m = 2 iterations (CacheOpt
+    # §5), 2 tokens: at k=2, blocks(66) + blocks(18) + blocks(34) = 5 + 2 + 3 = 10 > 8
     assert not CacheOptAdmission(reserve_blocks=0, buffer_tokens=0).admit(newcomer, state)
 
 
@@ -165,8 +177,108 @@ def test_one_bucket_low_predictions_preempt_less_with_cacheopt_reserve_and_paddi
     proactive grants absorb part of the overrun."""
     low = burst(-100)
     dyn = simulate(low, num_blocks=60, block_size=BS, admission=ReserveDynamic(end="estimate"))
-    opt = simulate(
-        low, num_blocks=60, block_size=BS, admission=CacheOptAdmission(reserve_blocks=8, proactive_tokens=16)
-    )
+    opt = simulate(low, num_blocks=60, block_size=BS, admission=CacheOptAdmission(reserve_blocks=8, proactive_iters=16))
     assert dyn.preemptions > 0
     assert opt.preemptions < dyn.preemptions
+
+
+# -- CacheOpt §3.3.2: request selection, critical requests, amortisation ------------------------------------------
+
+
+def test_cacheopt_orders_waiting_requests_critical_first_then_by_tbt_slack() -> None:
+    # now 10 s; T_I^max = 0.02 s; ε = one smoothed step = 0.01 s: critical when RT_tbt − 0.02 < 0.01
+    state = DecodeState(free_blocks=100, block_size=BS, now=10.0, step_s=0.01, max_step_s=0.02)
+    waiting = [
+        req("a", 16, est=10, arrival_time=9.0, tbt_slo_s=0.5, waited_since=9.9),  # RT = 0.5 − 0.1 = 0.4
+        req("b", 16, est=10, arrival_time=9.1),  # no SLO: last
+        req("c", 16, est=10, arrival_time=9.2, tbt_slo_s=0.2, waited_since=9.95),  # RT = 0.2 − 0.05 = 0.15
+        # preempted 0.3 s ago: RT = 0.1 − 0.3 = −0.2, critical; basic demand 16 + 8 = 24 tokens
+        req("d", 16, est=10, arrival_time=9.3, tbt_slo_s=0.1, waited_since=9.7),
+        req("e", 16, est=10, arrival_time=9.4, tbt_slo_s=0.05, waited_since=9.99),  # RT = 0.04: 0.02 ≥ 0.01
+        # just came: RT = 0.025, 0.025 − 0.02 = 0.005 < 0.01, critical; basic demand 64 + 8 = 72 tokens
+        req("f", 64, est=10, arrival_time=9.5, tbt_slo_s=0.025, waited_since=10.0),
+    ]
+    pol = CacheOptAdmission()
+    order = pol.order(waiting, state)
+    # critical by descending basic demand (f 72, d 24), then ascending RT (e 0.04, c 0.15, a 0.4), then b
+    assert [r.request_id for r in order] == ["f", "d", "e", "c", "a", "b"]
+    assert pol.decisions.snapshot() == {"slack_order": 1}
+    # requests without SLOs keep arrival order: nothing decided differently, nothing counted
+    assert [r.request_id for r in pol.order([req("y", 16, 10, arrival_time=2.0), req("x", 16, 10)], state)] == [
+        "x",
+        "y",
+    ]
+    assert pol.decisions.snapshot() == {"slack_order": 1}
+
+
+def test_cacheopt_starts_a_critical_request_on_its_basic_demand() -> None:
+    pol = CacheOptAdmission(reserve_blocks=1, buffer_tokens=0, basic_tokens=8)
+    batch = (running("r", 64, est=200),)  # holds 4 blocks
+    state = DecodeState(free_blocks=4, block_size=BS, running=batch, now=10.0)  # capacity 8
+    late = req("x", 40, est=100, tbt_slo_s=0.05, waited_since=9.9)  # RT = 0.05 − 0.1 < 0: critical
+    assert [r.request_id for r in pol.order([late], state)] == ["x"]
+    # its padded demand alone, 40 + 100 tokens = 9 blocks, exceeds the capacity of 8, so the peak check refuses;
+    # its basic demand 40 + 8 = 48 tokens = 3 blocks fits the free 4 less the reserve of 1
+    assert pol.admit(late, state)
+    assert pol.decisions.snapshot() == {"critical": 1}
+    # a context of 41: 41 + 8 = 49 tokens = 4 blocks > 3
+    longer = replace(late, request_id="x2", prompt_len=41)
+    pol.order([longer], state)
+    assert not pol.admit(longer, state)
+    # the same request without an SLO is not critical, and the amortised grants leave it short of its basic
+    # demand: A' = (8 − 1) × 16 = 112 tokens, E = (64 + 200) + (40 + 100) − 112 = 292, equal RT, cut by prompt
+    # share 40/104: 292 × 40/104 = 112.3, grant 140 − 112.3 = 27.7 < 48
+    calm = replace(late, request_id="x3", tbt_slo_s=None)
+    pol.order([calm], state)
+    assert pol.grants(calm, state)["x3"] == pytest.approx(140 - 292 * 40 / 104)
+    assert not pol.admit(calm, state)
+    assert pol.decisions.snapshot() == {"critical": 1}
+
+
+def test_cacheopt_amortises_the_excess_demand_by_slack_and_prompt_weights() -> None:
+    """CacheOpt §3.3.2, Σ Mᵢ > A'_kvc: cuts by wᵢ = RTᵢ/ΣRT × s_iᵖ/Σs^p, each cut request covered by a release."""
+    pol = CacheOptAdmission(reserve_blocks=0, buffer_tokens=8, basic_tokens=8)
+    a = running("a", 48, est=16, tbt_slo_s=0.02)  # running: RT = its SLO
+    c = running("c", 48, est=80, tbt_slo_s=0.4)
+    state = DecodeState(free_blocks=8, block_size=BS, running=(a, c))  # capacity 8 + 3 + 3 = 14 blocks
+    n = req("n", 32, est=96, tbt_slo_s=0.5, waited_since=0.0)  # RT = 0.5
+    # the padded peak check refuses: at k = 80, c holds blocks(48 + 80 + 8) = 9 and n blocks(32 + 80 + 8) = 8: 17 > 14
+    assert not admits(n, state, pol.remaining, reserve=0, pad=8)
+    # A' = 14 × 16 = 224 tokens; M = a 48 + 16 + 8 = 72, c 48 + 80 + 8 = 136, n 32 + 96 + 8 = 136: E = 344 − 224 = 120
+    # w ∝ RT × s_p: 0.02 × 48 : 0.4 × 48 : 0.5 × 32 = 0.96 : 19.2 : 16 = 3 : 60 : 50 (of 113)
+    grants = pol.grants(n, state)
+    assert grants == {
+        "a": pytest.approx(72 - 120 * 3 / 113),  # 68.81
+        "c": pytest.approx(136 - 120 * 60 / 113),  # 72.28
+        "n": pytest.approx(136 - 120 * 50 / 113),  # 82.90
+    }
+    # every grant covers context + B (56, 56, 40); a's covers its 48 + 16 tokens; c's runs out after 72.28 − 48 =
+    # 24.3 tokens and n's after 82.90 − 32 = 50.9, both after a finishes (16) releasing 64 tokens, at least their
+    # cuts (63.72 and 53.10)
+    assert pol.admit(n, state)
+    assert pol.decisions.snapshot() == {"amortised": 1}
+    # one block less: A' = 208, E = 136, c's grant 136 − 136 × 60/113 = 63.79 runs out after 15.8 tokens, before
+    # a's finish at 16: no release covers it
+    tighter = replace(state, free_blocks=7)
+    assert pol.grants(n, tighter)["c"] == pytest.approx(136 - 136 * 60 / 113)
+    assert not pol.admit(n, tighter)
+    assert pol.decisions.snapshot() == {"amortised": 1}
+
+
+def test_cacheopt_counts_critical_members_at_their_basic_demand_in_the_excess() -> None:
+    pol = CacheOptAdmission(reserve_blocks=0, buffer_tokens=0, basic_tokens=8)
+    state = DecodeState(free_blocks=20, block_size=BS, running=(running("r", 32, est=64),), now=5.0)  # capacity 22
+    late = req("k", 64, est=200, tbt_slo_s=0.01, waited_since=4.0)  # RT = −0.99: critical
+    other = req("o", 16, est=50)
+    pol.order([late, other], state)
+    assert pol.admit(late, state)  # padded: blocks(264) = 17 + blocks(96) = 6 at k=0..64 > 22; basic 72 tokens fits
+    joined = state.with_admitted(late)
+    # A' = 22 × 16 = 352; D_kvc = 64 + 8 = 72 (k, critical); M = r 32 + 64 = 96, o 16 + 50 = 66: E = 96 + 66 + 72 − 352
+    # < 0, so r and o keep their whole demands
+    assert pol.grants(other, joined) == {"k": 72.0, "r": 96.0, "o": 66.0}
+
+
+def test_tbt_slack_counts_from_the_latest_token() -> None:
+    assert req("w", 16, 10, tbt_slo_s=0.2, waited_since=9.5).tbt_slack(10.0) == pytest.approx(-0.3)
+    assert running("r", 16, 10, tbt_slo_s=0.2).tbt_slack(10.0) == pytest.approx(0.2)  # its token came this step
+    assert req("n", 16, 10).tbt_slack(10.0) is None

@@ -18,10 +18,11 @@ def test_the_policy_is_built_with_its_own_parameters() -> None:
     cfg = DecodeConfig.model_validate({"admission": {"policy": "reserve-dynamic", "horizons": "shortest"}})
     admission, _, _ = decode_policies(cfg)
     assert isinstance(admission, ReserveDynamic) and admission.horizons == "shortest" and admission.end == "lower"
-    cfg = DecodeConfig.model_validate({"admission": {"policy": "cacheopt", "reserve_blocks": 8}})
+    cfg = DecodeConfig.model_validate({"admission": {"policy": "cacheopt", "reserve_blocks": 12}})
     admission, _, _ = decode_policies(cfg)
-    assert isinstance(admission, CacheOptAdmission)
-    assert decode_policy_settings(cfg)["admission.reserve_blocks"] == "8"
+    assert isinstance(admission, CacheOptAdmission) and admission.reserve_blocks == 12
+    assert admission.proactive_iters == 2 and admission.basic_tokens == 8  # CacheOpt §5: m = 2, B = 8 tokens
+    assert decode_policy_settings(cfg)["admission.reserve_blocks"] == "12"
     assert "admission.horizons" not in decode_policy_settings(cfg)  # only the policy in force's parameters
 
 
@@ -32,29 +33,31 @@ def test_a_parameter_of_another_policy_is_refused_naming_its_policy() -> None:
         DecodeConfig.model_validate({"admission": {"policy": "cacheopt", "length_end": "upper"}})
     # its default is no setting of another policy: a config written out whole reads back
     assert ClusterConfig.model_validate(ClusterConfig().model_dump()) == ClusterConfig()
-    DecodeConfig.model_validate({"admission": {"policy": "greedy", "reserve_blocks": 4}})
+    DecodeConfig.model_validate({"admission": {"policy": "greedy", "reserve_blocks": 8}})  # CacheOpt §5's 8
 
 
 def test_a_run_time_switch_drops_the_parameters_the_new_policy_does_not_take() -> None:
-    cfg = DecodeConfig.model_validate({"admission": {"policy": "cacheopt", "reserve_blocks": 8}})
+    cfg = DecodeConfig.model_validate({"admission": {"policy": "cacheopt", "reserve_blocks": 12}})
     greedy = updated_decode_config(cfg, {"admission.policy": "greedy"})
-    assert greedy.admission.policy == "greedy" and greedy.admission.reserve_blocks == 4
+    # back to the default, CacheOpt §5's 8 blocks
+    assert greedy.admission.policy == "greedy" and greedy.admission.reserve_blocks == 8
     literal = updated_decode_config(greedy, {"admission.policy": "reserve-dynamic", "admission.horizons": "shortest"})
     assert literal.admission.horizons == "shortest"
     with pytest.raises(ValueError, match=r"^decode\.admission\.horizons: a parameter of reserve-dynamic; the adm"):
         updated_decode_config(greedy, {"admission.horizons": "shortest"})
     with pytest.raises(ValueError, match=r"^decode\.admission\.reserve_blocks: a parameter of cacheopt"):
-        updated_decode_config(cfg, {"admission.policy": "greedy", "admission.reserve_blocks": 8})
+        updated_decode_config(cfg, {"admission.policy": "greedy", "admission.reserve_blocks": 12})
     with pytest.raises(ValueError, match=r"decode\.admission\.policy: Input should be"):
         updated_decode_config(greedy, {"admission.policy": "lifo"})
 
 
 def test_a_policy_given_over_a_file_leaves_the_files_parameters_of_another_policy_behind(tmp_path: Path) -> None:
     path = tmp_path / "preset.yaml"
-    path.write_text("decode:\n  admission: {policy: cacheopt, reserve_blocks: 8}\n")
-    assert ClusterConfig.load(path).decode.admission.reserve_blocks == 8
+    path.write_text("decode:\n  admission: {policy: cacheopt, reserve_blocks: 12}\n")
+    assert ClusterConfig.load(path).decode.admission.reserve_blocks == 12
     cfg = ClusterConfig.load(path, {"decode.admission.policy": "greedy"})
-    assert cfg.decode.admission.policy == "greedy" and cfg.decode.admission.reserve_blocks == 4
+    # back to the default, CacheOpt §5's 8 blocks
+    assert cfg.decode.admission.policy == "greedy" and cfg.decode.admission.reserve_blocks == 8
     with pytest.raises(ValueError, match="a parameter of cacheopt"):  # given with the switch: refused
         ClusterConfig.load(path, {"decode.admission.policy": "sola", "decode.admission.reserve_blocks": 6})
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tetriserve.decode_worker.admission import make_admission_policy
-from tetriserve.decode_worker.planner import Admission, DecodePlanner, SliceProgress
+from tetriserve.decode_worker.planner import STEP_MAX_WINDOW, Admission, DecodePlanner, SliceProgress
 from tetriserve.decode_worker.preemption import PreemptionStrategy, make_preemption_order
 from tetriserve.decode_worker.views import DecodeReqView, DecodeState
 
@@ -78,6 +78,19 @@ def test_the_step_time_is_a_smoothed_gap_between_busy_steps() -> None:
     assert planner.observe_step(10.3, busy=True) == pytest.approx(0.12)  # 0.8 * 0.1 + 0.2 * 0.2
     assert planner.observe_step(11.0, busy=False) == pytest.approx(0.12)  # an idle spell is no step time
     assert planner.observe_step(11.05, busy=True) == pytest.approx(0.106)  # 0.8 * 0.12 + 0.2 * 0.05
+    assert planner.max_step_s == pytest.approx(0.2)  # CacheOpt's T_I^max: the longest busy gap, 10.1 → 10.3
+
+
+def test_the_longest_step_is_taken_over_a_window_of_recent_steps() -> None:
+    planner = DecodePlanner()
+    assert planner.max_step_s == 0.0  # no step yet
+    planner.observe_step(10.0, busy=True)
+    planner.observe_step(11.0, busy=True)  # one slow step of 1 s
+    for i in range(1, STEP_MAX_WINDOW):
+        planner.observe_step(11.0 + 0.01 * i, busy=True)  # then 255 steps of 0.01 s
+    assert planner.max_step_s == pytest.approx(1.0)  # 256 gaps: the slow one is still in the window
+    planner.observe_step(11.0 + 0.01 * STEP_MAX_WINDOW, busy=True)
+    assert planner.max_step_s == pytest.approx(0.01)  # one more: it has left
 
 
 def test_preemptions_swap_only_what_was_computed_and_can_be_swapped_and_are_timed_until_resumed() -> None:
@@ -89,6 +102,7 @@ def test_preemptions_swap_only_what_was_computed_and_can_be_swapped_and_are_time
     # a is gone (finished while out); b is not running; c runs with 49 of its 50 tokens restored: not back
     planner.resumed({"b": None, "c": 49}, now=2.0)
     assert planner.preempted_ids == ("b", "c") and planner.stats.durations_s == []
+    assert planner.preempted_at("c") == 1.0 and planner.preempted_at("a") is None  # a was dropped
     planner.resumed({"b": 50, "c": 50}, now=2.5)  # both back: out 2.5 - 1.0 = 1.5 s each
     assert planner.stats.durations_s == [1.5, 1.5] and planner.preempted_ids == ()
 
