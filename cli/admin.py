@@ -12,7 +12,8 @@
 Keys belong to one role, a key of the other role is rejected naming it (INVALID_ARGUMENT):
     prefill  queue chunking chunk_size selection sched_batch offload_max_tokens
     decode   admission.policy, its parameters admission.length_end admission.horizons
-             admission.reserve_blocks admission.proactive_tokens admission.buffer_tokens,
+             admission.reserve_blocks admission.proactive_tokens admission.buffer_tokens admission.zeta
+             admission.cost_profile,
              preemption.order preemption.mode preemption.profile max_local_prompts slice_iters
              (the ``decode`` config section's keys below ``decode.``)
 
@@ -34,9 +35,10 @@ DEFAULT_TARGET = "localhost:50051"
 SET_KEYS_HELP = (
     "prefill: queue=fcfs|sjf|ljf|accelgen|sola  chunking=fixed|none|dynamic  chunk_size=N  "
     "selection=in-order|multi-resource  sched_batch=N  offload_max_tokens=N;  "
-    "decode (--worker decode or decode-N): admission.policy=greedy|reserve-static|reserve-dynamic|cacheopt|sola  "
+    "decode (--worker decode or decode-N): admission.policy=greedy|reserve-static|reserve-dynamic|cacheopt|sola|scls  "
     "admission.length_end=lower|estimate|upper (reserve-*)  admission.horizons=all|shortest (reserve-dynamic)  "
     "admission.reserve_blocks=N  admission.proactive_tokens=N  admission.buffer_tokens=N (cacheopt)  "
+    "admission.zeta=X  admission.cost_profile=PATH (scls)  "
     "preemption.order=vllm|srtf|lkvo|cacheopt  preemption.mode=recompute|swap|auto  preemption.profile=PATH  "
     "max_local_prompts=N  slice_iters=N"
 )
@@ -58,6 +60,8 @@ _DECODE_ORDER = (
     "admission.reserve_blocks",
     "admission.proactive_tokens",
     "admission.buffer_tokens",
+    "admission.zeta",
+    "admission.cost_profile",
     "preemption.order",
     "preemption.mode",
     "preemption.profile",

@@ -108,13 +108,14 @@ class MemoryEstimator:
         """Eq. 5."""
         return (li + lo) * n * self.delta
 
-    def fits(self, n: int, li: int, s: int) -> bool:
-        """Eq. 9 (eq. 7 with ζ = 1): no OOM while the batch serves its slice."""
-        return self.m_kv(n, li, s) <= self.zeta * self.m_ava
+    def fits(self, n: int, li: int, s: int, used: float = 0.0) -> bool:
+        """Eq. 9 (eq. 7 with ζ = 1): no OOM while the batch serves its slice; ``used``: KV memory that
+        requests already being served hold (0 for a static batch, which runs alone)."""
+        return self.m_kv(n, li, s) + used <= self.zeta * self.m_ava
 
-    def oom(self, n: int, li: int, s: int) -> bool:
+    def oom(self, n: int, li: int, s: int, used: float = 0.0) -> bool:
         """Algorithm 1's OOM(N, L_i, S): the negation of eq. 9."""
-        return not self.fits(n, li, s)
+        return not self.fits(n, li, s, used)
 
     def n_max(self, li: int, s: int) -> int:
         """Eq. 8 under eq. 9: the largest batch of inputs padded to ``li`` that serves a slice of ``s``."""
@@ -140,3 +141,33 @@ def fit_serving_time(
     p = _lstsq4([(n * li, n, li, 1.0) for n, li, _ in prefill], [t for *_, t in prefill])
     d = _lstsq4([(n * cached, n, cached, 1.0) for cached, n, _ in decode], [t for *_, t in decode])
     return ServingTime(*p, *d)
+
+
+@dataclass(frozen=True)
+class SclsProfile:
+    """The estimators' parameters as `tetriserve profile` fits them on one engine: eq. 3 and eq. 4's
+    coefficients, Δ (KV bytes per token) and M_ava (eq. 6: the KV pool vLLM sized, in bytes)."""
+
+    serving: ServingTime
+    kv_bytes_per_token: float
+    kv_pool_bytes: float
+
+    @property
+    def memory(self) -> MemoryEstimator:
+        return MemoryEstimator(m_ava=self.kv_pool_bytes, delta=self.kv_bytes_per_token)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "serving": self.serving.to_json(),
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_pool_bytes": self.kv_pool_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> SclsProfile:
+        serving = data["serving"]
+        if not isinstance(serving, Mapping):
+            raise TypeError("scls.serving must be an object")
+        return cls(
+            ServingTime.from_json(serving), as_float(data["kv_bytes_per_token"]), as_float(data["kv_pool_bytes"])
+        )

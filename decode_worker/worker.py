@@ -36,10 +36,12 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from tetriserve.common import log_context
 from tetriserve.common.config import ClusterConfig, DecodeConfig
+from tetriserve.common.cost_profile import default_profile_path
 from tetriserve.common.decisions import as_settings
 from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate
@@ -54,6 +56,7 @@ from tetriserve.decode_worker.role import decode_role, snapshot_of
 from tetriserve.decode_worker.slices import Order
 from tetriserve.decode_worker.spans import NO_SPANS, DecodeSpans
 from tetriserve.engine.core_layout import CoreLayout, RoleCpu, claim_decode_cores
+from tetriserve.engine.hardware import detect_hardware
 from tetriserve.engine.loop_messages import Delta, InlineSink
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.observability import tracing
@@ -99,6 +102,8 @@ class Running:
 
 
 class DecodeWorker(EngineWorker):
+    _cost_profile: Path | None = None  # this model's cost profile on this hardware (the scls estimator's)
+
     def __init__(
         self,
         worker_id: str,
@@ -112,6 +117,8 @@ class DecodeWorker(EngineWorker):
         if predecessor is None:
             self.engine = build_worker_engine(config, model_path, worker_id)
         self._decode_cfg = config.decode
+        # where the scls admission policy finds its fitted estimator unless the config names a profile
+        self._cost_profile = default_profile_path(model_path, detect_hardware())
         engine = config.engine
         layout = CoreLayout.from_env()
         self.core_claim = None if layout is None else claim_decode_cores(layout, engine.threads_per_engine)
@@ -180,11 +187,10 @@ class DecodeWorker(EngineWorker):
         logger.info("decode %s: policy now %s", self.worker_id, self.policies())
         return self.policies()
 
-    @staticmethod
-    def _installer(cfg: DecodeConfig) -> Callable[[_DecodeRole], None]:
+    def _installer(self, cfg: DecodeConfig) -> Callable[[_DecodeRole], None]:
         """Build ``cfg``'s policies now (a ValueError changes nothing); the returned function installs them
         in the engine's decode scheduler, on the engine thread."""
-        policies = decode_policies(cfg)
+        policies = decode_policies(cfg, self._cost_profile)
 
         def install(scheduler: _DecodeRole) -> None:
             scheduler.configure(*policies)
@@ -195,7 +201,7 @@ class DecodeWorker(EngineWorker):
     def _first_installer(self, cfg: DecodeConfig) -> Callable[[Scheduler], None]:
         """``_installer``'s, first making the engine's scheduler, whatever role it played, the decode role's
         (a colocated worker's: its own, ``worker/colocated.py``)."""
-        install = DecodeWorker._installer(cfg)
+        install = self._installer(cfg)
 
         def assume(scheduler: Scheduler) -> None:
             from tetriserve.decode_worker.vllm_scheduler import TetriDecodeScheduler

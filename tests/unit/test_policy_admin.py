@@ -54,6 +54,8 @@ def test_decode_keys_follow_the_decode_config() -> None:
         "admission.reserve_blocks": int,
         "admission.proactive_tokens": int,
         "admission.buffer_tokens": int,
+        "admission.zeta": str,  # scls (SCLS eq. 9); a float the config parses
+        "admission.cost_profile": str,  # scls
         "preemption.order": str,
         "preemption.mode": str,
         "preemption.profile": str,
