@@ -124,6 +124,11 @@ class MemoryEstimator:
         return max(0, math.floor(self.zeta * self.m_ava / (self.delta * (li + s))))
 
 
+def kv_bytes_per_token(layers: int, kv_heads: int, head_size: int, itemsize: int) -> int:
+    """Δ of eq. 5: one token's K and V in every layer."""
+    return 2 * layers * kv_heads * head_size * itemsize
+
+
 def _lstsq4(rows: Sequence[tuple[float, float, float, float]], ys: Sequence[float]) -> tuple[float, ...]:
     if len(ys) < 1:
         raise ValueError("SCLS estimator fit: no samples")

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tetriserve.common.scls_estimators import ZETA, MemoryEstimator, ServingTime, fit_serving_time
+from tetriserve.common.scls_estimators import (
+    ZETA,
+    MemoryEstimator,
+    ServingTime,
+    fit_serving_time,
+    kv_bytes_per_token,
+)
 
 # round coefficients, so every expected value below is short arithmetic
 EST = ServingTime(p1=0.001, p2=0.01, p3=0.002, p4=0.1, d1=0.0001, d2=0.001, d3=0.0002, d4=0.01)
@@ -65,7 +71,8 @@ def test_memory_llama2_13b_on_an_a100() -> None:
     # eq. 6: M_ava = 80 GiB − 26 GiB (13B fp16 weights) − 4 GiB (engine) = 50 GiB = 53,687,091,200 bytes
     m_ava = MemoryEstimator.available(80 * 2**30, 26 * 2**30, 4 * 2**30)
     assert m_ava == 53_687_091_200
-    # Δ = 2 (K and V) · 40 layers · 5120 hidden · 2 bytes = 819,200 bytes per token
+    # Δ = 2 (K and V) · 40 layers · 40 heads · 128 per head · 2 bytes (fp16) = 819,200 bytes per token
+    assert kv_bytes_per_token(40, 40, 128, 2) == 819_200
     mem = MemoryEstimator(m_ava=m_ava, delta=819_200)
     # eq. 8 under eq. 9: ⌊0.9 · 53,687,091,200 / (819,200 · (1024 + 128))⌋ = ⌊48,318,382,080 / 943,718,400⌋
     #   = ⌊51.2⌋
