@@ -45,9 +45,12 @@ def test_a_slice_of_128_in_closed_form() -> None:
 
 
 def test_default_estimator_is_the_tiny_models_profile() -> None:
-    # one request, a 512-token prompt: p1·512 + p4 = 5.43e-5·512 + 2.34e-3 = 0.0278016 + 0.00234
-    # (the committed profile measured 29.93 ms for the 512-token forward)
-    assert ServingTime().t_prefill(1, 512) == pytest.approx(0.0301416)
+    # one request, a 512-token prompt: p1·512 + p2 + p3·512 + p4
+    #   = 3.2e-5·512 + 5.95e-5 + 4.75e-6·512 + 2.78e-3 = 0.016384 + 0.0000595 + 0.002432 + 0.00278
+    assert ServingTime().t_prefill(1, 512) == pytest.approx(0.0216555)
+    # a slice of 128 for one request of 512: (d1 + d3)·(128·512 + 128·129/2) + 128·(d2 + d4)
+    #   = 2.9e-7·(65536 + 8256) + 128·3.17e-3 = 0.02139968 + 0.40576
+    assert ServingTime().t_decode(1, 512, 128) == pytest.approx(0.42715968)
 
 
 def test_serving_time_round_trips_json() -> None:
