@@ -24,6 +24,7 @@ from tetriserve.engine.profile_plan import (
     simulate_fcfs,
     sweep_scenarios,
 )
+from tetriserve.engine.profile_report import scls_section
 
 
 def _triples(step: tuple[Piece, ...]) -> list[tuple[int, int, int]]:
@@ -179,3 +180,5 @@ def test_calibrate_fits_the_scls_estimators() -> None:
     # Δ and M_ava as given: a pool of 32768 tokens of 2048 bytes
     assert scls.memory.n_max(1024, 128) == 25  # ⌊0.9·32768 / 1152⌋ = ⌊25.6⌋
     assert CostProfile.from_json(cal.profile.to_json()).scls == scls  # the JSON round trip
+    report = "\n".join(scls_section(cal))  # the profile report's section
+    assert "## SCLS estimators" in report and "Δ = 2,048 bytes" in report and "M_ava = 0.06 GiB" in report
