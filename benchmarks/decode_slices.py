@@ -64,6 +64,7 @@ def launch(args: argparse.Namespace, model_path: str, dispatch: str, workload: P
         "prefill.predictor": "oracle",
         "prefill.predictor_workload": str(workload),
         "decode.slice_min_interval_s": args.gamma,
+        "decode.slice_min_interval_iters": 0,  # Γ in seconds: --gamma
         "decode.slice_lambda": args.lam,
         "grpc_port": 0,
         "http_port": 0,

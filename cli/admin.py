@@ -13,7 +13,7 @@ Keys belong to one role, a key of the other role is rejected naming it (INVALID_
     prefill  queue chunking chunk_size selection sched_batch offload_max_tokens
     decode   admission.policy, its parameters admission.length_end admission.horizons
              admission.reserve_blocks admission.proactive_iters admission.buffer_tokens admission.basic_tokens
-             admission.default_tbt_ms,
+             admission.default_tbt_ms admission.zeta admission.cost_profile,
              preemption.order preemption.mode preemption.profile max_local_prompts slice_iters
              (the ``decode`` config section's keys below ``decode.``)
 
@@ -37,10 +37,10 @@ SET_KEYS_HELP = (
     "selection=in-order|multi-resource  sched_batch=N  offload_max_tokens=N  "
     "sola_tile_tokens=N (0: the profile's)  sola_window_iters=N (chunking=sola);  "
     "decode (--worker decode or decode-N): "
-    "admission.policy=greedy|reserve-static|reserve-dynamic|cacheopt|sola|accelgen  "
+    "admission.policy=greedy|reserve-static|reserve-dynamic|cacheopt|sola|accelgen|scls  "
     "admission.length_end=lower|estimate|upper (reserve-*)  admission.horizons=all|shortest (reserve-dynamic)  "
     "admission.reserve_blocks=N  admission.proactive_iters=N  admission.buffer_tokens=N  admission.basic_tokens=N "
-    "(cacheopt)  admission.default_tbt_ms=MS (accelgen)  "
+    "(cacheopt)  admission.default_tbt_ms=MS (accelgen)  admission.zeta=X  admission.cost_profile=PATH (scls)  "
     "preemption.order=vllm|srtf|lkvo|cacheopt|accelgen  preemption.mode=recompute|swap|auto  preemption.profile=PATH  "
     "max_local_prompts=N  slice_iters=N"
 )
@@ -66,6 +66,8 @@ _DECODE_ORDER = (
     "admission.buffer_tokens",
     "admission.basic_tokens",
     "admission.default_tbt_ms",
+    "admission.zeta",
+    "admission.cost_profile",
     "preemption.order",
     "preemption.mode",
     "preemption.profile",

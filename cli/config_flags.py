@@ -68,6 +68,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--slice-iters": "decode.slice_iters",
     "--slice-lambda": "decode.slice_lambda",
     "--slice-min-interval": "decode.slice_min_interval_s",
+    "--slice-min-interval-iters": "decode.slice_min_interval_iters",
     "--host": "host",
     "--grpc-port": "grpc_port",
     "--http-port": "http_port",

@@ -1,10 +1,12 @@
-"""`tetriserve profile`: calibrate the cost model on the real engine (SOLA §5.2, AccelGen §4.2, TetriInfer §3.3.3).
+"""`tetriserve profile`: calibrate the cost model on the real engine (SOLA §5.2, AccelGen §4.2, TetriInfer §3.3.3,
+SCLS §4.2–§4.3).
 
     tetriserve profile [--model DIR] [--out FILE.json] [--report-dir DIR] [--max-forward 2048] [--repeats 3]
                        [--saturation 0.9] [--hardware NAME] [--dtype auto] [--threads 1] [--enforce-eager]
 
     resolve the model (the tiny one, built on first use, like `serve`) ─▶ engine.profiler (sweeps, timed)
-      ─▶ engine.profile_fit (pivot, eq. 3 / eq. 4 on a train split, held-out error)
+      ─▶ engine.profile_fit (pivot, eq. 3 / eq. 4 on a train split, held-out error; SCLS eq. 3 / eq. 4 with the
+         engine's Δ and M_ava)
       ─▶ CostProfile JSON (default $TETRISERVE_HOME/profiles/<model>--<hardware>.json)
       ─▶ engine.profile_report: <stem>.png + <stem>.md beside it (or in --report-dir)
 
@@ -101,9 +103,10 @@ def run_profile(args: argparse.Namespace) -> int:
     t_measure = time.monotonic()
     steps = measure(engine, scenarios, repeats, progress=not args.no_progress)
     measure_s = time.monotonic() - t_measure
-    cal = calibrate(steps, name, hardware, saturation)
-    cal.profile.save(out)
     f = engine.facts
+    kv_pool = f.kv_capacity_tokens * f.kv_bytes_per_token  # SCLS eq. 6's M_ava, as vLLM sized the KV cache
+    cal = calibrate(steps, name, hardware, saturation, f.kv_bytes_per_token, kv_pool)
+    cal.profile.save(out)
     mode = "eager" if cfg.enforce_eager else "compiled"
     ctx = ReportContext(
         command=_command(args),
@@ -128,6 +131,11 @@ def _summary(cal: Calibration, out: Path, png: Path, md: Path, seconds: float) -
     print(f"  pivot        S_pf = {p.pivot_tokens} tokens, T_pf = {1e3 * p.pivot_seconds:.2f} ms")
     print(f"  prefill      a0={p.prefill.a0:.3g} b0={p.prefill.b0:.3g} c0={p.prefill.c0:.3g} d0={p.prefill.d0:.3g}")
     print(f"  decode       a1={p.decode.a1:.3g} b1={p.decode.b1:.3g} c1={p.decode.c1:.3g}")
+    if p.scls is not None and cal.scls_errors is not None:
+        s = p.scls.serving
+        print(f"  SCLS eq. 3   p1={s.p1:.3g} p2={s.p2:.3g} p3={s.p3:.3g} p4={s.p4:.3g}  err {_pct(cal.scls_errors[0])}")
+        print(f"  SCLS eq. 4   d1={s.d1:.3g} d2={s.d2:.3g} d3={s.d3:.3g} d4={s.d4:.3g}  err {_pct(cal.scls_errors[1])}")
+        print(f"  SCLS memory  Δ={p.scls.kv_bytes_per_token:.0f} B/token, M_ava={p.scls.kv_pool_bytes / 2**30:.2f} GiB")
     for label, r in (("prefill", cal.prefill), ("decode", cal.decode)):
         print(
             f"  {label:<8} err train {_pct(r.train_error)} ({r.n_train}), "

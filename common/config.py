@@ -193,6 +193,7 @@ ADMISSION_PARAMS: dict[str, tuple[str, ...]] = {
     "cacheopt": ("reserve_blocks", "proactive_iters", "buffer_tokens", "basic_tokens"),
     "sola": (),
     "accelgen": ("default_tbt_ms",),
+    "scls": ("zeta", "cost_profile"),
 }
 
 
@@ -235,7 +236,7 @@ class DecodeAdmission(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy: Literal["greedy", "reserve-static", "reserve-dynamic", "cacheopt", "sola", "accelgen"] = Field(
+    policy: Literal["greedy", "reserve-static", "reserve-dynamic", "cacheopt", "sola", "accelgen", "scls"] = Field(
         "greedy",
         description=(
             "Decode admission: greedy (vLLM's own), reserve-static (each request reserves its predicted KV), "
@@ -243,7 +244,9 @@ class DecodeAdmission(BaseModel):
             "TetriInfer §3.4), cacheopt (padded reservation with reuse, TBT-slack order, critical requests on their "
             "basic demand, amortised grants, proactive grants and a global reserve; CacheOpt §3.3), sola "
             "(predicted-TPOT order, peak-memory check; SOLA §4.4.2, §5.1), accelgen (tightest TBT slack first, "
-            "vLLM's fit test; AccelGen §4.3)."
+            "vLLM's fit test; AccelGen §4.3), scls (the waiting requests batched by serving time, the longest batch "
+            "first, each admitted while its next slice of decode.slice_iters tokens fits ζ of the KV pool; SCLS "
+            "§4.2–§4.4, Algorithm 1)."
         ),
     )
     length_end: Literal["lower", "estimate", "upper"] = Field(
@@ -294,6 +297,24 @@ class DecodeAdmission(BaseModel):
             "AccelGen §4.3's 0.1875 s a token, the normal reading speed (a reader's pace: no hardware conversion)."
         ),
     )
+    zeta: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description=(
+            "scls: ζ of SCLS eq. 9, the share of the KV pool a batch's slice may fill with the running batch's "
+            "(the paper's 0.9, §5.1)."
+        ),
+    )
+    cost_profile: str | None = Field(
+        None,
+        description=(
+            "scls: cost profile JSON whose `scls` section holds the serving-time estimator's fitted p1–p4 and "
+            "d1–d4 (SCLS eq. 3, eq. 4; `tetriserve profile` writes it). Default: this model's profile on this "
+            "hardware ($TETRISERVE_HOME/profiles/<model>--<hardware>.json) when it has that section, else the "
+            "tiny model's values on the 2-core CPU machine."
+        ),
+    )
 
     @model_validator(mode="after")
     def _params_of_the_policy(self) -> DecodeAdmission:
@@ -338,6 +359,9 @@ class DecodePreemption(BaseModel):
     )
 
 
+SCLS_SLICE_ITERS = 128  # SCLS §5.1: the slice length S
+
+
 class DecodeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -365,18 +389,43 @@ class DecodeConfig(BaseModel):
         description=(
             "SCLS slices (§4, §7): every S decode iterations a request reaches a slice boundary, where the "
             "cluster monitor's max-min rebalancing may move it, KV and all, to a less-loaded decode worker. "
-            "0 turns slicing off on this worker (its requests stay)."
+            "0 turns slicing off on this worker (its requests stay). Unset, it is 0, or the paper's 128 (§5.1) "
+            "under decode.admission.policy scls, whose batches are priced and fitted for a slice of S."
         ),
     )
     slice_lambda: float = Field(
         0.5, gt=0, le=1, description="SCLS eq. 12 λ: slice rebalancing rounds come every max(λ·least load, Γ) s."
     )
-    slice_min_interval_s: float = Field(1.0, gt=0, description="SCLS eq. 12 Γ: least seconds between those rounds.")
+    slice_min_interval_iters: int = Field(
+        128,
+        ge=0,
+        description=(
+            "SCLS eq. 12 Γ, the least time between those rounds, in decode iterations: Γ is this many steps at "
+            "the decode workers' median step time (their load reports'). The paper's Γ, 6 s on Hugging Face "
+            "workers and 3 s on DeepSpeed ones, set by their inference speed (§5.1), is about one slice of its "
+            "128 iterations on those engines (Fig. 11); 0: Γ is slice_min_interval_s."
+        ),
+    )
+    slice_min_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description=(
+            "SCLS eq. 12 Γ in seconds while no decode worker reports a step time (or slice_min_interval_iters is 0)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _scls_slice_length(self) -> DecodeConfig:
+        # SCLS §5.1: S = 128 where the scls admission policy runs and no slice length is given; left unset, so
+        # a later switch to another policy finds slice_iters at its own default again
+        if self.admission.policy == "scls" and "slice_iters" not in self.model_fields_set:
+            object.__setattr__(self, "slice_iters", SCLS_SLICE_ITERS)
+        return self
 
 
 # decode keys the cluster monitor reads, not the workers: SCLS's rebalancing period (eq. 12 λ, Γ), set at start
 # only; `tetriserve policy` neither shows nor sets them
-DECODE_MONITOR_KEYS = ("slice_lambda", "slice_min_interval_s")
+DECODE_MONITOR_KEYS = ("slice_lambda", "slice_min_interval_iters", "slice_min_interval_s")
 
 DEFAULT_MAX_REQUEST_BODY_MB = 32.0
 

@@ -4,6 +4,7 @@
     pivot S_pf = the smallest S whose throughput reaches ``saturation`` × the best  (AccelGen §4.2 S_pf,
     T̄_pf = t(S_pf)                                                                TetriInfer §3.3.3 ChunkSize)
     + the fitted SOLA cost models (common.cost_model) and their fit errors
+    + SCLS's estimators (common.scls_estimators: eq. 3/4's p1–p4, d1–d4, Δ and M_ava), where profiled
 
 Profiles live in ``$TETRISERVE_HOME/profiles/<model>--<hardware>.json`` unless a path is given.
 """
@@ -21,6 +22,7 @@ from typing import TypeVar
 
 from tetriserve.common.coerce import as_float, as_int
 from tetriserve.common.cost_model import DecodeCost, PrefillCost
+from tetriserve.common.scls_estimators import SclsProfile
 
 _T = TypeVar("_T")
 
@@ -79,10 +81,12 @@ class CostProfile:
     decode_fit_error: float = float("nan")
     sweep: tuple[SweepPoint, ...] = field(default_factory=tuple)
     tile_tokens: int | None = None  # SOLA §4.4.3's tile quantum, from the sweep (``find_tile``); None: not found
+    scls: SclsProfile | None = None  # SCLS eq. 3/4 and the memory parameters; None in a profile without them
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)
         data["sweep"] = [asdict(p) for p in self.sweep]
+        data["scls"] = self.scls.to_json() if self.scls is not None else None
         for key in ("prefill_fit_error", "decode_fit_error"):  # strict JSON has no NaN: an unknown error is null
             if math.isnan(data[key]):
                 data[key] = None
@@ -102,6 +106,7 @@ class CostProfile:
                 decode_fit_error=_float_or_nan(data.get("decode_fit_error")),
                 sweep=tuple(_build(SweepPoint, p) for p in _items(data.get("sweep", ()))),
                 tile_tokens=_int_or_none(data.get("tile_tokens")),
+                scls=_scls(data.get("scls")),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"cost profile: missing or malformed field ({exc})") from exc
@@ -126,6 +131,14 @@ class CostProfile:
 
 def _int_or_none(value: object) -> int | None:
     return None if value is None else as_int(value)
+
+
+def _scls(value: object) -> SclsProfile | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"scls must be an object, not {type(value).__name__}")
+    return SclsProfile.from_json(value)
 
 
 def _float_or_nan(value: object) -> float:

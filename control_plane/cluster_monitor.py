@@ -69,6 +69,7 @@ class ClusterMonitor:
         stale_after: int = 30,
         slice_lambda: float = 0.5,
         slice_min_interval_s: float = 1.0,
+        slice_min_interval_iters: int = 0,
         stuck_after_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         heartbeat_interval_ms: int = 1000,
@@ -82,6 +83,7 @@ class ClusterMonitor:
         self.clock = clock
         self.slice_lambda = slice_lambda
         self.slice_min_interval_s = slice_min_interval_s
+        self.slice_min_interval_iters = slice_min_interval_iters  # eq. 12 Γ in decode steps; 0: in seconds
         self.members: dict[str, _Member] = {}
         self.scheduler: SchedulerHandle | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -230,7 +232,7 @@ class ClusterMonitor:
                     order.dst,
                     order.dst_load_s,
                 )
-        return slices.next_interval(loads, self.slice_lambda, self.slice_min_interval_s)
+        return slices.next_interval(loads, self.slice_lambda, self.slice_min_interval_s, self.slice_min_interval_iters)
 
     def snapshot(self) -> list[MemberSnapshot]:
         now = self.clock()

@@ -195,6 +195,7 @@ class ActorBuilder:
                 c.report_interval_ms,
                 slice_lambda=c.decode.slice_lambda,
                 slice_min_interval_s=c.decode.slice_min_interval_s,
+                slice_min_interval_iters=c.decode.slice_min_interval_iters,
                 stuck_after_s=c.dead_after_s,
                 heartbeat_interval_ms=c.heartbeat_interval_ms,
                 report_tolerance=c.report_tolerance,

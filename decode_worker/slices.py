@@ -12,6 +12,10 @@ that is moved ships its KV to the other worker instead of recomputing it.
     on the source decode worker             pick_movers(running) ─▶ requests to move at their next boundary
     after each round                        next_interval(loads) ─▶ T ← max(λ·min_w T_load(w), Γ)   (eq. 12)
 
+Γ is given in decode iterations (the paper's 6 s and 3 s are about one 128-iteration slice on its engines,
+§5.1, Fig. 11): Γ = that many steps at the decode workers' median step time, or a number of seconds while
+no worker reports a step time.
+
 A worker's load ``T_load`` is its predicted remaining tokens (running and queued)
 times its current cost per token (decode step time / batch size): the time to
 drain what it holds at its current speed. A worker that is not decoding has no
@@ -84,13 +88,23 @@ def plan(loads: Sequence[DecodeLoad]) -> list[Order]:
     return orders
 
 
-def next_interval(loads: Sequence[DecodeLoad], lam: float, gamma_s: float) -> float:
-    """Eq. 12: T ← max(λ · min_w T_load(w), Γ); Γ while no worker's time per token is known (loads are
-    then in tokens, not seconds)."""
-    if not any(token_cost_s(ld) is not None for ld in loads):
+def min_interval(loads: Sequence[DecodeLoad], gamma_s: float, gamma_iters: int = 0) -> float:
+    """Eq. 12's Γ: ``gamma_iters`` steps at the median step time of the workers that report one; ``gamma_s``
+    seconds while none does, or where ``gamma_iters`` is 0."""
+    steps = [ld.step_s for ld in loads if ld.step_s > 0]
+    if gamma_iters <= 0 or not steps:
         return gamma_s
+    return gamma_iters * statistics.median(steps)
+
+
+def next_interval(loads: Sequence[DecodeLoad], lam: float, gamma_s: float, gamma_iters: int = 0) -> float:
+    """Eq. 12: T ← max(λ · min_w T_load(w), Γ), Γ from ``min_interval``; Γ while no worker's time per token
+    is known (loads are then in tokens, not seconds)."""
+    gamma = min_interval(loads, gamma_s, gamma_iters)
+    if not any(token_cost_s(ld) is not None for ld in loads):
+        return gamma
     costs = token_costs(loads)
-    return max(lam * min(load_s(ld, costs[ld.worker_id]) for ld in loads), gamma_s)
+    return max(lam * min(load_s(ld, costs[ld.worker_id]) for ld in loads), gamma)
 
 
 def pick_movers(running: Sequence[DecodeReqView], order: Order, slice_iters: int) -> list[str]:

@@ -36,11 +36,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from tetriserve.common import log_context
 from tetriserve.common.config import ClusterConfig, DecodeConfig
 from tetriserve.common.cost_estimator import CostEstimator, load_estimator
+from tetriserve.common.cost_profile import default_profile_path
 from tetriserve.common.decisions import as_settings
 from tetriserve.common.engine_tags import EngineTags
 from tetriserve.common.length import LengthEstimate
@@ -55,6 +57,7 @@ from tetriserve.decode_worker.role import decode_role, snapshot_of
 from tetriserve.decode_worker.slices import Order
 from tetriserve.decode_worker.spans import NO_SPANS, DecodeSpans
 from tetriserve.engine.core_layout import CoreLayout, RoleCpu, claim_decode_cores
+from tetriserve.engine.hardware import detect_hardware
 from tetriserve.engine.loop_messages import Delta, InlineSink
 from tetriserve.engine.worker_base import EngineWorker, build_worker_engine
 from tetriserve.observability import tracing
@@ -105,6 +108,7 @@ class Running:
 
 class DecodeWorker(EngineWorker):
     decode_cost: CostEstimator | None = None  # the cost models sola admission reads (SOLA eq. 4), if a profile is
+    _cost_profile: Path | None = None  # this model's cost profile on this hardware (the scls estimator's)
 
     def __init__(
         self,
@@ -120,6 +124,8 @@ class DecodeWorker(EngineWorker):
             self.engine = build_worker_engine(config, model_path, worker_id)
         self._decode_cfg = config.decode
         self.decode_cost = self._decode_cost(config, model_path)
+        # where the scls admission policy finds its fitted estimator unless the config names a profile
+        self._cost_profile = default_profile_path(model_path, detect_hardware())
         engine = config.engine
         layout = CoreLayout.from_env()
         self.core_claim = None if layout is None else claim_decode_cores(layout, engine.threads_per_engine)
@@ -189,17 +195,16 @@ class DecodeWorker(EngineWorker):
         installed, so a bad value (ValueError naming the setting) changes nothing.
         """
         cfg = updated_decode_config(self._decode_cfg, changes)
-        install = self._installer(cfg, self.decode_cost)
+        install = self._installer(cfg)
         await self.engine.call(lambda s: install(decode_role(s)))
         self._decode_cfg = cfg  # what the policies were last built from
         logger.info("decode %s: policy now %s", self.worker_id, self.policies())
         return self.policies()
 
-    @staticmethod
-    def _installer(cfg: DecodeConfig, cost: CostEstimator | None = None) -> Callable[[_DecodeRole], None]:
+    def _installer(self, cfg: DecodeConfig) -> Callable[[_DecodeRole], None]:
         """Build ``cfg``'s policies now (a ValueError changes nothing); the returned function installs them
         in the engine's decode scheduler, on the engine thread."""
-        policies = decode_policies(cfg, cost)
+        policies = decode_policies(cfg, self.decode_cost, self._cost_profile)
 
         def install(scheduler: _DecodeRole) -> None:
             scheduler.configure(*policies)
@@ -210,7 +215,7 @@ class DecodeWorker(EngineWorker):
     def _first_installer(self, cfg: DecodeConfig) -> Callable[[Scheduler], None]:
         """``_installer``'s, first making the engine's scheduler, whatever role it played, the decode role's
         (a colocated worker's: its own, ``worker/colocated.py``)."""
-        install = DecodeWorker._installer(cfg, self.decode_cost)
+        install = self._installer(cfg)
 
         def assume(scheduler: Scheduler) -> None:
             from tetriserve.decode_worker.vllm_scheduler import TetriDecodeScheduler
@@ -311,13 +316,10 @@ class DecodeWorker(EngineWorker):
         run.base = len(run.generated)
         prompt = (*req.prompt_token_ids, *run.generated)
         kv = KVInstruction(KVMode.RECV, key, len(prompt) - 1) if key is not None else None
-        computes_prompt = key is None  # a colocated engine: its prompt policies read the arrival and TTFT SLO
         tags = EngineTags(  # for the decode scheduler, which knows the request by a suffixed id
             request_id=req.request_id,
-            arrival=req.arrival_time if computes_prompt else None,
-            ttft_slo_s=req.slo.ttft_ms / 1e3 if computes_prompt and req.slo.ttft_ms is not None else None,
             tbt_slo_s=req.slo.tbt_ms / 1e3 if req.slo.tbt_ms is not None else None,
-            # the prompt side's inputs on a colocated engine (AccelGen's remaining time, §4.3)
+            # the prompt side's inputs on a colocated engine (AccelGen's remaining time §4.3, SOLA's state §4.3)
             arrival=req.arrival_time,
             ttft_slo_s=req.slo.ttft_ms / 1e3 if req.slo.ttft_ms is not None else None,
             jct_slo_s=req.slo.jct_ms / 1e3 if req.slo.jct_ms is not None else None,

@@ -159,8 +159,34 @@ def markdown(cal: Calibration, ctx: ReportContext, png_name: str) -> str:
         "mean |t − median| / median of the same iteration over the repeats (n/a with one repeat), the floor "
         "no model of the composition can beat.",
         "",
+        *scls_section(cal),
     ]
     return "\n".join(lines)
+
+
+def scls_section(cal: Calibration) -> list[str]:
+    """SCLS's estimators (SCLS §4.2 eq. 3 / eq. 4, §4.3 Δ and M_ava), where the profile has them."""
+    scls, errors = cal.profile.scls, cal.scls_errors
+    if scls is None or errors is None:
+        return []
+    st = scls.serving
+    p_values = ", ".join(f"{v:.4g}" for v in (st.p1, st.p2, st.p3, st.p4))
+    d_values = ", ".join(f"{v:.4g}" for v in (st.d1, st.d2, st.d3, st.d4))
+    rows = [
+        ["eq. 3 T_prefill(N, L_i)", "p1 (N·L_i), p2 (N), p3 (L_i), p4", p_values, _pct(errors[0])],
+        ["eq. 4 τ_decode(l, N)", "d1 (N·l), d2 (N), d3 (l), d4", d_values, _pct(errors[1])],
+    ]
+    return [
+        "## SCLS estimators (SCLS §4.2, §4.3)",
+        "",
+        *_table(["model", "coefficients", "values (s)", "error, all samples"], rows, "lllr"),
+        "",
+        f"Δ = {scls.kv_bytes_per_token:,.0f} bytes of KV per token; M_ava = {scls.kv_pool_bytes / 2**30:.2f} GiB "
+        "(the KV pool vLLM sized). Eq. 3 is fitted on the iterations that start prompts together (L_i the "
+        "longest), eq. 4 on the pure decode ones (l the longest context), by least squares weighted by 1/t "
+        "with non-negative coefficients.",
+        "",
+    ]
 
 
 def write_report(cal: Calibration, ctx: ReportContext, report_dir: Path, stem: str) -> tuple[Path, Path]:

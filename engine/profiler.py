@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tetriserve.common.config import EngineConfig
+from tetriserve.common.scls_estimators import kv_bytes_per_token
 from tetriserve.engine.profile_fit import MeasuredStep
 from tetriserve.engine.profile_plan import (
     Scenario,
@@ -38,6 +39,7 @@ from tetriserve.engine.settings import EngineRole, build_engine_args, engine_env
 from tetriserve.engine.vllm_engine import InProcessEngine, open_engine
 
 if TYPE_CHECKING:
+    from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import SchedulerOutput
 
 
@@ -49,6 +51,7 @@ class EngineFacts:
     max_num_seqs: int
     kv_capacity_tokens: int
     vocab_size: int
+    kv_bytes_per_token: int = 0  # SCLS §4.3 Δ: K and V of every layer, at the model's dtype
 
 
 class ProfileEngine:
@@ -82,6 +85,7 @@ class ProfileEngine:
             max_num_seqs=int(self.scheduler.max_num_running_reqs),
             kv_capacity_tokens=int(blocks) * int(vcfg.cache_config.block_size),
             vocab_size=int(vcfg.model_config.get_vocab_size()),
+            kv_bytes_per_token=_kv_bytes_per_token(vcfg),
         )
         self._rng = np.random.default_rng(seed)
         self._serial = 0
@@ -147,6 +151,16 @@ class ProfileEngine:
                 f"scenario {sc.name} iteration {i}: vLLM scheduled (request, l_has, l_in) {seen}, "
                 f"the FCFS derivation says {want}"
             )
+
+
+def _kv_bytes_per_token(vcfg: VllmConfig) -> int:
+    import torch
+
+    mc, pc = vcfg.model_config, vcfg.parallel_config
+    if not isinstance(mc.dtype, torch.dtype):  # vLLM resolves it while it builds the engine
+        raise TypeError(f"the engine's model dtype is unresolved ({mc.dtype!r})")
+    itemsize = torch.empty((), dtype=mc.dtype).element_size()
+    return kv_bytes_per_token(mc.get_num_layers(pc), mc.get_num_kv_heads(pc), mc.get_head_size(), itemsize)
 
 
 def plan_scenarios(facts: EngineFacts, max_forward: int) -> list[Scenario]:

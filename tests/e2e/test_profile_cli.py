@@ -35,6 +35,9 @@ def test_profile_writes_json_png_and_markdown(tmp_path: Path) -> None:
     assert prof.pivot_tokens in {p.forward_tokens for p in prof.sweep} and prof.pivot_seconds > 0
     assert prof.prefill.predict([(0, 64)]) > 0 and prof.decode.predict([64, 64]) > 0
     assert prof.prefill_fit_error < 1.0 and prof.decode_fit_error < 1.0  # a fit, not noise: errors below 100%
+    assert prof.scls is not None and prof.scls.serving.t_serve(2, 64, 16) > 0  # SCLS eq. 1–4 fitted too
+    assert prof.scls.kv_bytes_per_token > 0 and prof.scls.kv_pool_bytes > 0  # its Δ and M_ava
+    assert "SCLS eq. 3" in done.stdout
 
     png = report / "profile.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -42,6 +42,7 @@ def cluster(model_path: str) -> Iterator[Any]:
         "flip.drain_timeout_s": 120,
         "decode.slice_iters": SLICE,  # the slice moves'; no request moves without an order, and they give them
         "decode.slice_min_interval_s": 3600.0,
+        "decode.slice_min_interval_iters": 0,  # Γ in seconds, the hour above, whatever the step time
     }
     with own_cluster(model_path, overrides) as handle:
         yield handle

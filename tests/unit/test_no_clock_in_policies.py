@@ -30,6 +30,7 @@ TIMELESS = [
     "common/cost_model.py",
     "common/sola_state.py",
     "common/sola_strategy.py",
+    "common/scls_estimators.py",
 ]
 CLOCKS = {"time", "datetime"}
 

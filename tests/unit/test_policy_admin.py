@@ -58,6 +58,8 @@ def test_decode_keys_follow_the_decode_config() -> None:
         "admission.buffer_tokens": int,
         "admission.basic_tokens": int,
         "admission.default_tbt_ms": str,  # a float: pydantic reads it from the string
+        "admission.zeta": str,  # scls (SCLS eq. 9); a float the config parses
+        "admission.cost_profile": str,  # scls
         "preemption.order": str,
         "preemption.mode": str,
         "preemption.profile": str,

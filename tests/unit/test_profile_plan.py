@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from tetriserve.common.cost_model import DecodeCost, PrefillCost
+from tetriserve.common.cost_profile import CostProfile
+from tetriserve.common.scls_estimators import ServingTime
 from tetriserve.engine.profile_fit import MeasuredStep, calibrate
 from tetriserve.engine.profile_plan import (
     Piece,
@@ -21,6 +24,7 @@ from tetriserve.engine.profile_plan import (
     simulate_fcfs,
     sweep_scenarios,
 )
+from tetriserve.engine.profile_report import scls_section
 
 
 def _triples(step: tuple[Piece, ...]) -> list[tuple[int, int, int]]:
@@ -151,3 +155,30 @@ def test_calibrate_recovers_models_and_pivot() -> None:
     assert prof.pivot_tokens == min(s.forward_tokens for s in prof.sweep if s.tokens_per_s >= 0.9 * best)
     assert prof.pivot_seconds == pytest.approx(p.predict([(0, prof.pivot_tokens)]))
     assert prof.prefill_fit_error == cal.prefill.test_error
+
+
+def test_calibrate_fits_the_scls_estimators() -> None:
+    # iterations timed by SCLS's own eq. 3 (prompts started together, padded to the longest piece) and eq. 4
+    # (pure decode at the longest context); the other (chunked) iterations by SOLA's model, which SCLS skips
+    want = ServingTime(p1=2e-5, p2=3e-4, p3=1e-5, p4=4e-3, d1=3e-8, d2=6e-5, d3=2e-8, d4=5e-3)
+    sola = PrefillCost(2e-9, 1e-8, 3e-5, 4e-3)
+    steps = []
+    for s in _synthetic_steps(sola, DecodeCost(6e-5, 3e-8, 5e-3)):
+        if all(x.decode for x in s.pieces):
+            t = want.tau_decode(max(x.has for x in s.pieces), len(s.pieces))
+        elif all(x.has == 0 and not x.decode for x in s.pieces):
+            t = want.t_prefill(len(s.pieces), max(x.new for x in s.pieces))
+        else:
+            t = s.seconds
+        steps.append(replace(s, seconds=t))
+    cal = calibrate(steps, "tiny-llama", "cpu", kv_bytes_per_token=2048.0, kv_pool_bytes=2048.0 * 32768)
+    scls = cal.profile.scls
+    assert scls is not None and cal.scls_errors is not None
+    for name, value in want.to_json().items():
+        assert getattr(scls.serving, name) == pytest.approx(value, rel=1e-6, abs=1e-12), name
+    assert cal.scls_errors[0] < 1e-6 and cal.scls_errors[1] < 1e-6
+    # Δ and M_ava as given: a pool of 32768 tokens of 2048 bytes
+    assert scls.memory.n_max(1024, 128) == 25  # ⌊0.9·32768 / 1152⌋ = ⌊25.6⌋
+    assert CostProfile.from_json(cal.profile.to_json()).scls == scls  # the JSON round trip
+    report = "\n".join(scls_section(cal))  # the profile report's section
+    assert "## SCLS estimators" in report and "Δ = 2,048 bytes" in report and "M_ava = 0.06 GiB" in report

@@ -10,7 +10,16 @@ import pytest
 
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.load import DecodeLoad
-from tetriserve.decode_worker.slices import Order, SliceMoves, load_s, next_interval, pick_movers, plan, token_costs
+from tetriserve.decode_worker.slices import (
+    Order,
+    SliceMoves,
+    load_s,
+    min_interval,
+    next_interval,
+    pick_movers,
+    plan,
+    token_costs,
+)
 from tetriserve.decode_worker.views import DecodeReqView
 
 
@@ -70,6 +79,21 @@ def test_interval_is_gamma_while_no_worker_has_a_time_per_token_yet() -> None:
     # a burst whose requests all still wait for their KV: loads are in tokens, not seconds
     waiting = [_load("a", 2000, running=0, step_s=0.0), _load("b", 900, running=0, step_s=0.0)]
     assert next_interval(waiting, lam=0.5, gamma_s=1.0) == 1.0
+
+
+def test_gamma_in_decode_iterations_at_the_median_step_time() -> None:
+    # Γ = 128 steps: the median of 0.02, 0.03 and 0.05 s is 0.03 s, so Γ = 128·0.03 = 3.84 s
+    loads = [_load("a", 1000, 2, 0.02), _load("b", 1000, 2, 0.05), _load("c", 1000, 2, 0.03)]
+    assert min_interval(loads, gamma_s=1.0, gamma_iters=128) == pytest.approx(3.84)
+    # least load: 1000 tokens at 0.01 s each = 10 s; λ·10 = 5 s > Γ = 3.84 s
+    assert next_interval(loads, lam=0.5, gamma_s=1.0, gamma_iters=128) == pytest.approx(5.0)
+    # λ = 0.1: 1 s < Γ = 3.84 s
+    assert next_interval(loads, lam=0.1, gamma_s=1.0, gamma_iters=128) == pytest.approx(3.84)
+    # no step time reported yet, or Γ given in seconds: gamma_s
+    idle = [_load("a", 100, 0, 0.0)]
+    assert min_interval(idle, gamma_s=1.0, gamma_iters=128) == 1.0
+    assert min_interval(loads, gamma_s=1.0, gamma_iters=0) == 1.0
+    assert next_interval(idle, lam=0.5, gamma_s=1.0, gamma_iters=128) == 1.0
 
 
 # ---- max-min pairing -------------------------------------------------------------------------
