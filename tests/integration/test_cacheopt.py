@@ -82,6 +82,5 @@ def test_cacheopt_selected_from_the_config_decides_and_status_shows_it(cluster: 
     decided = {
         k.removeprefix("decided.cacheopt."): int(v) for k, v in policy.items() if k.startswith("decided.cacheopt.")
     }
-    print("DECIDED", decided)
     assert decided and sum(decided.values()) > 0, policy
     assert set(decided) <= {"slack_order", "critical", "amortised"}, decided
