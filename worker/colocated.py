@@ -84,7 +84,7 @@ class ColocatedWorker(DecodeWorker):
         return self.cost
 
     def _first_installer(self, cfg: DecodeConfig) -> Callable[[Scheduler], None]:
-        install = self._installer(cfg, self.decode_cost)
+        install = self._installer(cfg)
         policy = self.prompt_policy
 
         def assume(scheduler: Scheduler) -> None:

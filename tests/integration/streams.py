@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from tetriserve.common.request import Request, SamplingSpec
+from tetriserve.common.request import SLO, Request, SamplingSpec
 
 Progress = dict[str, int]  # prompt -> tokens received so far
 
@@ -19,10 +19,13 @@ def run_streams(
     action: Callable[[Any], Awaitable[Any]] | None = None,
     ready: Callable[[Progress], bool] | None = None,
     finals: dict[str, Mapping[str, float]] | None = None,
+    slo: Callable[[int], SLO] | None = None,
+    stagger_s: float = 0.0,
 ) -> dict[str, tuple[int, ...]]:
     """Every prompt at once (request ids ``<prompt>-<tag>``); ``action(admin)`` runs once ``ready(progress)``
     (default: every stream has 8 tokens). Every stream must end with ``length``; returns each one's tokens, and
-    puts each one's last chunk's per-request metrics in ``finals``."""
+    puts each one's last chunk's per-request metrics in ``finals``. ``slo(i)``: the i-th prompt's objectives;
+    ``stagger_s``: the i-th prompt is sent i × this late (so they arrive in order)."""
     from tetriserve.frontdoor.ray_admin import RayAdmin
     from tetriserve.frontdoor.ray_backend import RayBackend
 
@@ -30,9 +33,11 @@ def run_streams(
     progress: Progress = {}
     is_ready = ready or (lambda p: len(p) == len(prompts) and min(p.values()) >= 8)
 
-    async def one(rid: str, ids: tuple[int, ...]) -> tuple[int, ...]:
+    async def one(i: int, rid: str, ids: tuple[int, ...]) -> tuple[int, ...]:
+        await asyncio.sleep(stagger_s * i)
         out: list[int] = []
-        async for chunk in backend.generate(Request(f"{rid}-{tag}", ids, sampling)):
+        objectives = slo(i) if slo is not None else SLO()
+        async for chunk in backend.generate(Request(f"{rid}-{tag}", ids, sampling, slo=objectives)):
             assert chunk.finish_reason in (None, "length"), chunk.error
             out.extend(chunk.token_ids)
             progress[rid] = len(out)
@@ -49,7 +54,9 @@ def run_streams(
 
     async def run_all() -> dict[str, tuple[int, ...]]:
         try:
-            *results, _ = await asyncio.wait_for(asyncio.gather(*(one(r, p) for r, p in prompts.items()), act()), 300)
+            *results, _ = await asyncio.wait_for(
+                asyncio.gather(*(one(i, r, p) for i, (r, p) in enumerate(prompts.items())), act()), 300
+            )
         finally:
             backend.close()
         return dict(zip(prompts, results, strict=True))

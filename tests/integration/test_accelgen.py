@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import own_cluster
+from tests.integration.streams import run_streams
 from tetriserve.common.cost_model import DecodeCost, PrefillCost
 from tetriserve.common.cost_profile import CostProfile
-from tetriserve.common.request import SLO, Request, SamplingSpec
+from tetriserve.common.request import SLO, SamplingSpec
 
 NAMESPACE = "tetriserve-test-accelgen"
 SAMPLING = SamplingSpec(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -60,28 +61,8 @@ def cluster(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def _run(cluster: Any) -> dict[str, tuple[int, ...]]:
-    from tetriserve.frontdoor.ray_backend import RayBackend
-
-    backend = RayBackend(cluster, "tiny-llama")
-
-    async def one(i: int, rid: str, ids: tuple[int, ...]) -> tuple[int, ...]:
-        await asyncio.sleep(0.005 * i)  # sent in order, so arrival order is the order of loosening SLOs reversed
-        out: list[int] = []
-        async for chunk in backend.generate(Request(rid, ids, SAMPLING, slo=_slo(i))):
-            assert chunk.finish_reason in (None, "length"), chunk.error
-            out.extend(chunk.token_ids)
-        return tuple(out)
-
-    async def run_all() -> dict[str, tuple[int, ...]]:
-        try:
-            results = await asyncio.wait_for(
-                asyncio.gather(*(one(i, rid, p) for i, (rid, p) in enumerate(PROMPTS.items()))), 300
-            )
-        finally:
-            backend.close()
-        return dict(zip(PROMPTS, results, strict=True))
-
-    return asyncio.run(run_all())
+    # sent in order, so arrival order is the order of loosening SLOs reversed
+    return run_streams(cluster, PROMPTS, SAMPLING, "accelgen", slo=_slo, stagger_s=0.005)
 
 
 def test_accelgen_from_config_serves_every_stream_and_status_counts_its_decisions(cluster: Any) -> None:

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import own_cluster
+from tests.integration.streams import run_streams
 from tetriserve.common.cost_model import DecodeCost, PrefillCost
 from tetriserve.common.cost_profile import CostProfile, SweepPoint
-from tetriserve.common.request import SLO, Request, SamplingSpec
+from tetriserve.common.request import SLO, SamplingSpec
 
 NAMESPACE = "tetriserve-test-colocated-sola"
 SAMPLING = SamplingSpec(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -56,25 +57,7 @@ def cluster(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def _streams(cluster: Any) -> dict[str, tuple[int, ...]]:
     """Every prompt at once, each with a TTFT objective of 3 s and a TBT one of 1 ms."""
-    from tetriserve.frontdoor.ray_backend import RayBackend
-
-    backend = RayBackend(cluster, "tiny-llama")
-
-    async def one(rid: str, ids: tuple[int, ...]) -> tuple[int, ...]:
-        out: list[int] = []
-        async for chunk in backend.generate(Request(rid, ids, SAMPLING, slo=SLO(ttft_ms=3000.0, tbt_ms=1.0))):
-            assert chunk.finish_reason in (None, "length"), chunk.error
-            out.extend(chunk.token_ids)
-        return tuple(out)
-
-    async def run_all() -> dict[str, tuple[int, ...]]:
-        try:
-            results = await asyncio.wait_for(asyncio.gather(*(one(r, p) for r, p in PROMPTS.items())), 300)
-        finally:
-            backend.close()
-        return dict(zip(PROMPTS, results, strict=True))
-
-    return asyncio.run(run_all())
+    return run_streams(cluster, PROMPTS, SAMPLING, "sola", slo=lambda i: SLO(ttft_ms=3000.0, tbt_ms=1.0))
 
 
 def test_sola_runs_from_the_config_and_counts_its_decisions(cluster: Any) -> None:

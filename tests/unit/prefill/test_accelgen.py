@@ -252,7 +252,8 @@ class _Sched:
     def __init__(self, running: list[Any], waiting: list[Any], free_blocks: int) -> None:
         self.running, self.waiting = list(running), _Queue(waiting)
         self.block_size, self.requires_kv_delivery = 32, False
-        self.kv_cache_manager = SimpleNamespace(block_pool=SimpleNamespace(get_num_free_blocks=lambda: free_blocks))
+        pool = SimpleNamespace(get_num_free_blocks=lambda: free_blocks, num_gpu_blocks=max(64, free_blocks))
+        self.kv_cache_manager = SimpleNamespace(block_pool=pool)
         self.max_num_scheduled_tokens = 8192
         self.preempted: list[str] = []
 
