@@ -46,14 +46,14 @@ from typing import TYPE_CHECKING, Protocol, TypeGuard
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from tetriserve.common.decisions import decisions_of
-from tetriserve.common.engine_tags import TAGS_KEY, EngineTags, tags_of
+from tetriserve.common.engine_tags import EngineTags, tags_of
 from tetriserve.common.length import LengthEstimate
 from tetriserve.decode_worker.admission import AdmissionPolicy
 from tetriserve.decode_worker.planner import DecodePlanner, SliceProgress
 from tetriserve.decode_worker.preemption import PreemptionOrder, PreemptionStrategy
 from tetriserve.decode_worker.preemption.stats import PreemptionStats
 from tetriserve.decode_worker.views import DecodeReqView, DecodeSnapshot, DecodeState, predicted_remaining
-from tetriserve.engine.role_scheduler import RoleScheduler
+from tetriserve.engine.role_scheduler import RoleScheduler, retag
 from tetriserve.transport.instructions import KVMode, instruction_of
 
 if TYPE_CHECKING:
@@ -216,14 +216,7 @@ class TetriDecodeScheduler(RoleScheduler):
 
     def retag(self, request_id: str, estimate: LengthEstimate) -> bool:
         """Give the worker's ``request_id`` a new length estimate (its prediction came after its handoff)."""
-        for req in self.requests.values():
-            params = req.sampling_params
-            extra_args = params.extra_args if params is not None else None
-            tags = tags_of(extra_args)
-            if tags.request_id == request_id and extra_args is not None:  # tagged: extra_args holds the tags
-                extra_args[TAGS_KEY] = replace(tags, estimate=estimate)
-                return True
-        return False
+        return retag(self, request_id, estimate) is not None
 
     def mark_moving(self, request_id: str, key: str) -> None:
         """End the worker's ``request_id`` at its next slice boundary with its KV parked under ``key`` (SCLS §7)."""

@@ -9,10 +9,14 @@ The engine loop hands calls vLLM's ``Scheduler``; ``of`` gives it the role's typ
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Self, cast
 
 from vllm.multimodal import MULTIMODAL_REGISTRY, MultiModalRegistry
 from vllm.v1.core.sched.scheduler import Scheduler
+
+from tetriserve.common.engine_tags import TAGS_KEY, tags_of
+from tetriserve.common.length import LengthEstimate
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -54,3 +58,16 @@ class RoleScheduler(Scheduler):
     def _take_role(self) -> None:
         """Set up the role's own state (at construction, and on every flip to the role)."""
         raise NotImplementedError
+
+
+def retag(scheduler: Scheduler, request_id: str, estimate: LengthEstimate) -> str | None:
+    """Give the worker's ``request_id`` a new length estimate in its engine tags; the engine's id of the request
+    retagged, None where the engine does not hold it."""
+    for req in scheduler.requests.values():
+        params = req.sampling_params
+        extra_args = params.extra_args if params is not None else None
+        tags = tags_of(extra_args)
+        if tags.request_id == request_id and extra_args is not None:  # tagged: extra_args holds the tags
+            extra_args[TAGS_KEY] = replace(tags, estimate=estimate)
+            return req.request_id
+    return None

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -38,11 +38,11 @@ from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
-from tetriserve.common.engine_tags import TAGS_KEY, tags_of
+from tetriserve.common.engine_tags import tags_of
 from tetriserve.common.iteration_log import IterationLog, IterationRecord
 from tetriserve.common.length import LengthEstimate
 from tetriserve.common.sola_state import Observed
-from tetriserve.engine.role_scheduler import RoleScheduler
+from tetriserve.engine.role_scheduler import RoleScheduler, retag
 from tetriserve.prefill_worker.planner import KVPool, PrefillPlanner
 from tetriserve.prefill_worker.policy import PrefillPolicy
 from tetriserve.prefill_worker.views import ReqView
@@ -122,15 +122,10 @@ class PromptPlanning:
     def retag(self, sched: Scheduler, request_id: str, estimate: LengthEstimate) -> bool:
         """Give the worker's ``request_id`` a new length estimate (its prediction came while it is in the
         engine); its view is rebuilt with it at the next iteration."""
-        for req in sched.requests.values():
-            params = req.sampling_params
-            extra_args = params.extra_args if params is not None else None
-            tags = tags_of(extra_args)
-            if tags.request_id == request_id and extra_args is not None:  # tagged: extra_args holds the tags
-                extra_args[TAGS_KEY] = replace(tags, estimate=estimate)
-                self._views.pop(req.request_id, None)
-                return True
-        return False
+        engine_id = retag(sched, request_id, estimate)
+        if engine_id is not None:
+            self._views.pop(engine_id, None)
+        return engine_id is not None
 
     def _preempt(self, sched: Scheduler, victims: tuple[str, ...]) -> None:
         """AccelGen Alg. 1 lines 2–4: the planned victims give up their KV through vLLM's own preemption (the
