@@ -124,6 +124,13 @@ def own_cluster(model_path: str, overrides: dict[str, Any]) -> Iterator[Any]:
         handle.shutdown()
 
 
+def colocated(namespace: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """``own_cluster``'s overrides for two colocated workers (``num_prefill + num_decode`` = 1 + 1) with the
+    baseline predictor in ``namespace``, and ``settings``."""
+    base = {"namespace": namespace, "mode": "colocated", "num_prefill": 1, "num_decode": 1}
+    return {**base, "prefill.predictor": "baseline", **settings}
+
+
 @pytest.fixture(scope="session")
 def trace_collector() -> Iterator[Collector]:
     with running_collector() as receiver:

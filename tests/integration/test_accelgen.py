@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import own_cluster
+from tests.integration.conftest import colocated, own_cluster
 from tests.integration.streams import run_streams
 from tetriserve.common.cost_model import DecodeCost, PrefillCost
 from tetriserve.common.cost_profile import CostProfile
@@ -44,18 +44,16 @@ def cluster(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         pivot_seconds=0.02,
     )
     path = profile.save(Path(tmp_path_factory.mktemp("profile")) / "tiny.json")
-    overrides = {
-        "namespace": NAMESPACE,
-        "mode": "colocated",
-        "num_prefill": 1,
-        "num_decode": 1,
-        "prefill.predictor": "baseline",
-        "prefill.cost_profile": str(path),
-        "prefill.queue_policy": "accelgen",
-        "prefill.chunking": "dynamic",
-        "prefill.chunk_selection": "multi-resource",
-        "decode.admission.policy": "accelgen",
-    }
+    overrides = colocated(
+        NAMESPACE,
+        {
+            "prefill.cost_profile": str(path),
+            "prefill.queue_policy": "accelgen",
+            "prefill.chunking": "dynamic",
+            "prefill.chunk_selection": "multi-resource",
+            "decode.admission.policy": "accelgen",
+        },
+    )
     with own_cluster(model_path, overrides) as handle:
         yield handle
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import own_cluster
+from tests.integration.conftest import colocated, own_cluster
 from tests.integration.streams import run_streams, same_tokens
 from tetriserve.common.request import SamplingSpec
 
@@ -27,16 +27,14 @@ PROMPTS = {f"c-{i}": tuple(range(5 + 3 * i, 5 + 3 * i + 20 + 56 * i)) for i in r
 
 @pytest.fixture(scope="module")
 def cluster(model_path: str) -> Iterator[Any]:
-    overrides = {
-        "namespace": NAMESPACE,
-        "mode": "colocated",
-        "num_prefill": 1,
-        "num_decode": 1,
-        "prefill.predictor": "baseline",
-        "prefill.chunk_size": 128,
-        "prefill.queue_policy": "sjf",
-        "decode.admission.policy": "reserve-dynamic",
-    }
+    overrides = colocated(
+        NAMESPACE,
+        {
+            "prefill.chunk_size": 128,
+            "prefill.queue_policy": "sjf",
+            "decode.admission.policy": "reserve-dynamic",
+        },
+    )
     with own_cluster(model_path, overrides) as handle:
         yield handle
 

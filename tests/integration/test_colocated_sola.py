@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import own_cluster
+from tests.integration.conftest import colocated, own_cluster
 from tests.integration.streams import run_streams
 from tetriserve.common.cost_model import DecodeCost, PrefillCost
 from tetriserve.common.cost_profile import CostProfile, SweepPoint
@@ -40,17 +40,15 @@ def cluster(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         tile_tokens=32,
     )
     path = profile.save(Path(tmp_path_factory.mktemp("sola")) / "profile.json")
-    overrides = {
-        "namespace": NAMESPACE,
-        "mode": "colocated",
-        "num_prefill": 1,
-        "num_decode": 1,
-        "prefill.predictor": "baseline",
-        "prefill.cost_profile": str(path),
-        "prefill.queue_policy": "sola",
-        "prefill.chunking": "sola",
-        "decode.admission.policy": "sola",
-    }
+    overrides = colocated(
+        NAMESPACE,
+        {
+            "prefill.cost_profile": str(path),
+            "prefill.queue_policy": "sola",
+            "prefill.chunking": "sola",
+            "decode.admission.policy": "sola",
+        },
+    )
     with own_cluster(model_path, overrides) as handle:
         yield handle
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import own_cluster
+from tests.integration.conftest import colocated, own_cluster
 from tests.integration.streams import run_streams
 from tetriserve.common.request import SamplingSpec
 
@@ -35,16 +35,14 @@ def cluster(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     scls = {"serving": SERVING, "kv_bytes_per_token": 2048.0, "kv_pool_bytes": 2048.0 * 16384}
     body = {"model": "tiny-llama", "hardware": "test", **sola, "pivot_tokens": 128, "pivot_seconds": 0.01}
     profile.write_text(json.dumps({**body, "scls": scls}))
-    overrides = {
-        "namespace": NAMESPACE,
-        "mode": "colocated",
-        "num_prefill": 1,
-        "num_decode": 1,
-        "prefill.predictor": "baseline",
-        "prefill.chunk_size": 128,
-        "decode.admission.policy": "scls",
-        "decode.admission.cost_profile": str(profile),
-    }
+    overrides = colocated(
+        NAMESPACE,
+        {
+            "prefill.chunk_size": 128,
+            "decode.admission.policy": "scls",
+            "decode.admission.cost_profile": str(profile),
+        },
+    )
     with own_cluster(model_path, overrides) as handle:
         yield handle
 
