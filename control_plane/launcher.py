@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.control_plane.cluster_monitor import ClusterMonitor
@@ -147,16 +147,45 @@ def init_ray(config: ClusterConfig) -> tuple[bool, str]:
         os.environ.setdefault("RAY_worker_niceness", "0")
     else:
         use_ray_token_if_present()
-    ctx = ray.init(
-        address=config.ray_address,
-        namespace=config.namespace,
-        include_dashboard=None,
-        dashboard_host=config.security.dashboard_host,  # a local cluster's; localhost unless configured
-        logging_level=logging.WARNING,
-        log_to_driver=True,
-    )
+
+    def start() -> Any:
+        return ray.init(
+            address=config.ray_address,
+            namespace=config.namespace,
+            include_dashboard=None,
+            dashboard_host=config.security.dashboard_host,  # a local cluster's; localhost unless configured
+            logging_level=logging.WARNING,
+            log_to_driver=True,
+        )
+
+    began = time.time()
+    try:
+        ctx = start()
+    except Exception as exc:
+        # Ray gives a local raylet a fixed 30 s to register with the GCS; on a loaded machine (or one where the
+        # previous cluster's processes are still exiting) it can miss that once. A second start, after removing
+        # what the first left, is what one would do by hand. A joined cluster's errors are the user's to see.
+        if config.ray_address is not None or "timed out during startup" not in str(exc):
+            raise
+        logger.warning("the local Ray node did not start in time (%s); starting it once more", exc)
+        ray.shutdown()
+        _kill_children_since(began)
+        ctx = start()
     url = getattr(ctx, "dashboard_url", "") or ""
     return config.ray_address is None, (f"http://{url}" if url and not url.startswith("http") else url)
+
+
+def _kill_children_since(began: float) -> None:
+    """Kill this process's descendants started at or after ``began`` (a failed local Ray start's GCS, raylet and
+    helpers: ``ray.init`` raised before it kept a handle to stop them with)."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.create_time() >= began - 1.0:
+                child.kill()
+        except psutil.Error:  # gone already
+            continue
 
 
 def use_ray_token_if_present() -> None:
