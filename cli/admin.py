@@ -182,13 +182,18 @@ def run_status(args: argparse.Namespace) -> int:
             "model": st.model,
             "requests_in_flight": st.requests_in_flight,
             "dashboard_url": st.dashboard_url,
+            "preset": st.preset or None,
+            "mode": st.mode,
             "workers": workers,
         }
         print(json.dumps(status, indent=2))
         return 0
     policies = [format_policy(w.policy) for w in st.workers]
     width = max([len("policy"), *map(len, policies)])
-    print(f"model {st.model}   in flight {st.requests_in_flight}   dashboard {st.dashboard_url or '-'}")
+    print(
+        f"model {st.model}   preset {st.preset or '-'}   mode {st.mode or '-'}   in flight {st.requests_in_flight}   "
+        f"dashboard {st.dashboard_url or '-'}"
+    )
     print(
         f"{'worker':<12} {'role':<8} {'state':<10} {'life':>4} {'restarts':>8} {'flips':>5} {'last_flip':>9} "
         f"{'swap':>8} {'kv':<4} {'policy':<{width}} load"

@@ -8,7 +8,7 @@ Only the flag's name is written here. A flag overrides the config file; a flag n
 value (or the default) alone. ``--set`` of an unknown key is refused naming the closest keys, and of a renamed
 key naming its new name; a string key takes the text after ``=`` as it is. Two flags read more than one value:
 ``--api-key`` is repeatable and takes comma lists (it replaces ``security.api_keys``; the keys file and
-``$TETRISERVE_API_KEY`` are added to them), and a tracing endpoint (``--otlp-endpoint`` or ``--set
+``$TETRISERVE_API_KEY`` are added to them), ``--preset`` without a name lists the presets, and a tracing endpoint (``--otlp-endpoint`` or ``--set
 tracing.endpoint=...``) turns tracing on unless ``--no-tracing`` is given.
 """
 
@@ -23,6 +23,8 @@ import yaml
 from tetriserve.client.credentials import API_KEY_ENV
 from tetriserve.common.config import ClusterConfig
 from tetriserve.common.config_keys import ConfigKey, key_at, value_type
+
+LIST_PRESETS = object()  # ``--preset`` given without a name
 
 # flag -> dotted config key
 SERVE_FLAGS: dict[str, str] = {
@@ -43,6 +45,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--reserve-decode-cores": "engine.cpu.reserve_decode_cores",
     "--stream-interval-ms": "engine.stream_interval_ms",
     "--enforce-eager": "engine.enforce_eager",
+    "--preset": "preset",
     "--mode": "mode",
     "--num-prefill": "num_prefill",
     "--num-decode": "num_decode",
@@ -130,6 +133,12 @@ def add_flag(parser: argparse.ArgumentParser, flag: str, path: str) -> None:
     help_text, dest, metavar = flag_help(key), flag_dest(flag), flag[2:].upper().replace("-", "_")
     if typ is bool:
         parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+    elif path == "preset":  # with no name: list the presets (``LIST_PRESETS``)
+        choices = typing.get_args(typ)
+        parser.add_argument(
+            flag, dest=dest, nargs="?", const=LIST_PRESETS, type=_one_of(path, choices), choices=choices,
+            default=None, help=help_text,
+        )  # fmt: skip
     elif typing.get_origin(typ) is typing.Literal:
         choices = typing.get_args(typ)
         parser.add_argument(flag, dest=dest, type=_one_of(path, choices), choices=choices, default=None, help=help_text)
@@ -211,7 +220,7 @@ def config_overrides(args: argparse.Namespace, flags: dict[str, str] = SERVE_FLA
     overrides: dict[str, object] = {}
     for flag, path in flags.items():
         value = getattr(args, flag_dest(flag), None)
-        if value is not None:
+        if value is not None and value is not LIST_PRESETS:
             overrides[path] = value
     if getattr(args, "cfg_api_key", None):
         overrides["security.api_keys"] = [k.strip() for arg in args.cfg_api_key for k in arg.split(",") if k.strip()]

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from tetriserve.cli.admin import add_policy_parser, run_policy, run_status
-from tetriserve.cli.config_flags import SECURITY_FLAGS, add_config_flags, config_overrides
+from tetriserve.cli.config_flags import LIST_PRESETS, SECURITY_FLAGS, add_config_flags, config_overrides
 from tetriserve.cli.elastic import add_elastic_parsers, run_flip, run_scale
 from tetriserve.cli.predictor import add_predictor_parser, run_predictor
 from tetriserve.cli.profile import add_profile_parser, run_profile
@@ -80,6 +80,11 @@ def _serve(args: argparse.Namespace) -> int:
     from tetriserve.cli.serve import serve
     from tetriserve.common.config import ClusterConfig
 
+    if args.cfg_preset is LIST_PRESETS:
+        from tetriserve.common.presets import preset_listing
+
+        print(preset_listing())
+        return 0
     overrides = config_overrides(args)
     serve(ClusterConfig.load(args.config, overrides))
     return 0

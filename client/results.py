@@ -172,6 +172,8 @@ class ClusterStatus:
     workers: tuple[WorkerInfo, ...]
     requests_in_flight: int
     dashboard_url: str
+    preset: str = ""  # the paper's configuration the service runs ("" for none)
+    mode: str = ""  # disaggregated | colocated
 
     @classmethod
     def from_proto(cls, msg: pb.ClusterStatusResponse) -> ClusterStatus:
@@ -199,6 +201,8 @@ class ClusterStatus:
             workers=workers,
             requests_in_flight=msg.requests_in_flight,
             dashboard_url=msg.dashboard_url,
+            preset=msg.preset,
+            mode=msg.mode,
         )
 
 

@@ -18,6 +18,7 @@ from tetriserve.common.config_keys import renamed_in
 from tetriserve.common.flip_config import FlipConfig, ScaleConfig
 from tetriserve.common.load import DEFAULT_REPORT_TOLERANCE
 from tetriserve.common.prefill_config import PrefillConfig
+from tetriserve.common.presets import PRESETS, PresetName
 from tetriserve.common.security_config import SecurityConfig
 from tetriserve.common.slo_config import READING_TBT_MS, SloConfig
 from tetriserve.common.tracing_config import TracingConfig
@@ -224,6 +225,35 @@ def apply_dotted(data: dict[str, object], changes: Mapping[str, object], below: 
         own = {"policy", *ADMISSION_PARAMS.get(str(admission.get("policy")), ()), *_below(changes, section)}
         for key in [k for k in admission if k not in own]:
             del admission[key]
+
+
+def under_preset(data: dict[str, object]) -> dict[str, object]:
+    """``data`` (a config's mapping naming a ``preset``) laid over the preset's settings: what ``data`` sets wins.
+    A ``decode.admission`` section that names its own policy replaces the preset's whole (the preset's
+    parameters belong to the preset's policy). A mode the preset does not serve in is refused."""
+    name = data["preset"]
+    preset = PRESETS.get(str(name))
+    if preset is None:
+        raise ValueError(f"preset: unknown {name!r}; known: {', '.join(PRESETS)}")
+    mode = data.get("mode", preset.modes[0])
+    if mode not in preset.modes:
+        raise ValueError(f"preset {preset.name} serves in {' or '.join(preset.modes)} mode, not {mode}")
+    base: dict[str, object] = {"mode": preset.modes[0]}
+    apply_dotted(base, preset.settings)
+    decode = data.get("decode")
+    if isinstance(decode, dict) and isinstance(decode.get("admission"), dict) and "policy" in decode["admission"]:
+        base_decode = base.get("decode")
+        if isinstance(base_decode, dict):
+            base_decode.pop("admission", None)
+    return _merged(base, data)
+
+
+def _merged(base: dict[str, object], over: Mapping[str, object]) -> dict[str, object]:
+    out = dict(base)
+    for key, value in over.items():
+        below = out.get(key)
+        out[key] = _merged(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return out
 
 
 def _below(changes: Mapping[str, object], section: str) -> set[str]:
@@ -435,6 +465,15 @@ class ClusterConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    preset: PresetName | None = Field(
+        None,
+        description=(
+            "A paper's configuration (docs/policies/presets.md): tetriinfer, accelgen, sola, scls or cacheopt sets "
+            "every policy and parameter the way that paper's evaluation does, and the mode it serves in; a setting "
+            "given in the config file or on the command line wins over the preset's. `tetriserve serve --preset` "
+            "with no name lists them."
+        ),
+    )
     mode: Literal["disaggregated", "colocated"] = Field(
         "disaggregated",
         description=(
@@ -617,4 +656,6 @@ class ClusterConfig(BaseModel):
         renamed = renamed_in(data)
         if renamed:
             raise ValueError(f"{path or 'config'}: " + "; ".join(renamed))
+        if data.get("preset") is not None:
+            data = under_preset(data)
         return cls.model_validate(data)

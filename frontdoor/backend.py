@@ -76,6 +76,8 @@ class ClusterStatus:
     workers: tuple[WorkerStatus, ...]
     requests_in_flight: int
     dashboard_url: str = ""
+    preset: str = ""  # the config's preset, "" for none
+    mode: str = ""  # disaggregated | colocated
 
 
 class RequestRouter(Protocol):

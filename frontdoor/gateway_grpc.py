@@ -185,7 +185,11 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
     ) -> pb.ClusterStatusResponse:
         status = await self._front.admin.status()
         reply = pb.ClusterStatusResponse(
-            model=status.model, requests_in_flight=status.requests_in_flight, dashboard_url=status.dashboard_url
+            model=status.model,
+            requests_in_flight=status.requests_in_flight,
+            dashboard_url=status.dashboard_url,
+            preset=status.preset,
+            mode=status.mode,
         )
         for w in status.workers:
             reply.workers.add(

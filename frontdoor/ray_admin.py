@@ -77,7 +77,15 @@ class RayAdmin:
                     **lifecycle_fields(lives.get(wid)),
                 )
             )
-        return ClusterStatus(self._model_name, tuple(workers), int(sched["in_flight"]), self.cluster.dashboard_url)
+        config = self.cluster.config
+        return ClusterStatus(
+            self._model_name,
+            tuple(workers),
+            int(sched["in_flight"]),
+            self.cluster.dashboard_url,
+            preset=config.preset or "",
+            mode=config.mode,
+        )
 
     async def worker_stats(self) -> dict[str, dict[str, object]]:
         """Every worker's ``stats()`` (engine, transport, length scores), asked in parallel; one that fails or is

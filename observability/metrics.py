@@ -130,6 +130,12 @@ class ClusterStatusView(Protocol):
     @property
     def requests_in_flight(self) -> int: ...
 
+    @property
+    def preset(self) -> str: ...
+
+    @property
+    def mode(self) -> str: ...
+
 
 class AdminView(Protocol):
     """What the exporter needs of the front door's admin client (``frontdoor/backend.py``'s ``AdminClient``);
@@ -189,7 +195,9 @@ class MetricsExporter:
         workers = tuple(worker_stats(w, raw.get(w.worker_id)) for w in status.workers)
         router = getattr(self.front, "backend", None)  # this front door's lost attempts are its router's count
         migrations = dict(getattr(router, "migrations", {}) or {})
-        return ClusterStats(workers, int(status.requests_in_flight), counts, migrations)
+        return ClusterStats(
+            workers, int(status.requests_in_flight), counts, migrations, preset=status.preset, mode=status.mode
+        )
 
     async def run_ray(self, interval_s: float = RAY_INTERVAL_S) -> None:
         """Publish through ``ray.util.metrics`` at once (which also makes this process's first, slow Ray calls

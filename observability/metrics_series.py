@@ -53,6 +53,13 @@ SPECS: tuple[MetricSpec, ...] = (
     # -- the cluster ------------------------------------------------------------------------------------
     MetricSpec("cluster_up", GAUGE, "1 when the cluster answered this scrape."),
     MetricSpec("requests_in_flight", GAUGE, "Requests in the GlobalScheduler's table."),
+    MetricSpec(
+        "cluster_info",
+        GAUGE,
+        "1, labelled with the service's preset (the paper's configuration it runs; none: no preset) and mode "
+        "(disaggregated, colocated).",
+        ("preset", "mode"),
+    ),
     MetricSpec("scheduler_requests", COUNTER, "The GlobalScheduler's request counts.", ("outcome",)),
     MetricSpec("num_requests_running", GAUGE, "Requests running on the worker.", W),
     MetricSpec("num_requests_waiting", GAUGE, "Requests queued on the worker.", W),
@@ -177,6 +184,7 @@ def series(snap: MetricsSnapshot) -> Iterator[Series]:
     migrations["slice_move"] = int(cl.scheduler_counts.get("moved", 0))
     yield from (Series("request_migrations", (("reason", k),), v) for k, v in sorted(migrations.items()))
     yield Series("requests_in_flight", (), cl.requests_in_flight)
+    yield Series("cluster_info", (("preset", cl.preset or "none"), ("mode", cl.mode)), 1)
     yield from (Series("scheduler_requests", (("outcome", k),), v) for k, v in sorted(cl.scheduler_counts.items()))
     for w in cl.workers:
         yield from _worker_series(w)

@@ -140,6 +140,8 @@ class ClusterStats:
     requests_in_flight: int = 0  # the GlobalScheduler's table
     scheduler_counts: Mapping[str, int] = field(default_factory=dict)  # admitted, finished, moved, refused, ...
     migrations: Mapping[str, int] = field(default_factory=dict)  # this front door's lost attempts, by cause
+    preset: str = ""  # the config's preset ("" for none)
+    mode: str = ""  # disaggregated | colocated
 
 
 @dataclass(frozen=True)

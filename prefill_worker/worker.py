@@ -244,6 +244,8 @@ class PrefillWorker(EngineWorker):
             self._estimated(job, self.predictions.predictor.instant(item))
             job.ticket.future.add_done_callback(lambda f: self._prediction_out(job, f))
         try:
+            if job.ticket is not None and not await self._await_prediction(job):
+                return
             # a short prompt may go to a decode worker before it queues here; refused, it queues
             decode_id = self.offloader.offer_short(job.view) if job.ticket is not None else None
             if decode_id is not None and await self._offload(job, decode_id):
@@ -263,6 +265,18 @@ class PrefillWorker(EngineWorker):
                 self.predictions.withdraw(job.ticket)
                 job.ticket = None
         await self._hand_off(job, (*req.resume, *out.token_ids), chosen, refinement)
+
+    async def _await_prediction(self, job: PrefillJob) -> bool:
+        """Wait up to ``prefill.predictor_queue_wait_ms`` for the prediction before the request queues (its view
+        takes the prediction in ``_prediction_out``); False where it was aborted meanwhile (and is ended)."""
+        wait_s = self.config.prefill.predictor_queue_wait_ms / 1000
+        if wait_s > 0 and job.ticket is not None and not job.ticket.future.done():
+            await asyncio.wait([job.ticket.future], timeout=wait_s)
+        if job.abort_requested:
+            job.advance(Phase.ABORTED)
+            self._end(job, FinishReason.ABORT)
+            return False
+        return True
 
     async def _compute(self, job: PrefillJob) -> Delta | None:
         """QUEUED → COMPUTING: its PrefillSchedBatch turn, then the engine's chunked prefill. None where it left
@@ -468,6 +482,8 @@ class PrefillWorker(EngineWorker):
         if job.done:
             return True
         job.abort_requested = True  # whichever step comes next ends it (an offer's take, a send, the handoff)
+        if job.phase is Phase.QUEUED and job.ticket is not None:
+            self.predictions.withdraw(job.ticket)  # ends a wait for the prediction (``_await_prediction``) now
         self.endpoint.discard(job.key)
         if self.gate.cancel(job.key):
             return True

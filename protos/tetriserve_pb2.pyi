@@ -217,16 +217,20 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., load: _Optional[_Mapping[str, float]] = ..., policy: _Optional[_Mapping[str, str]] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., health: _Optional[str] = ..., lifecycle: _Optional[str] = ..., flips: _Optional[int] = ..., last_flip_ms: _Optional[float] = ..., last_flip_switch_ms: _Optional[float] = ..., last_flip_engine_ms: _Optional[float] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("model", "workers", "requests_in_flight", "dashboard_url")
+    __slots__ = ("model", "workers", "requests_in_flight", "dashboard_url", "preset", "mode")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
+    PRESET_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
     model: str
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     requests_in_flight: int
     dashboard_url: str
-    def __init__(self, model: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., requests_in_flight: _Optional[int] = ..., dashboard_url: _Optional[str] = ...) -> None: ...
+    preset: str
+    mode: str
+    def __init__(self, model: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., requests_in_flight: _Optional[int] = ..., dashboard_url: _Optional[str] = ..., preset: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class FlipRequest(_message.Message):
     __slots__ = ("worker_id", "role")

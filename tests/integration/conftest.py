@@ -124,10 +124,14 @@ def own_cluster(model_path: str, overrides: dict[str, Any]) -> Iterator[Any]:
         handle.shutdown()
 
 
-def colocated(namespace: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """``own_cluster``'s overrides for two colocated workers (``num_prefill + num_decode`` = 1 + 1) with the
-    baseline predictor in ``namespace``, and ``settings``."""
-    base = {"namespace": namespace, "mode": "colocated", "num_prefill": 1, "num_decode": 1}
+MODES = ("colocated", "disaggregated")
+
+
+def in_mode(mode: str, namespace: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """``own_cluster``'s overrides for two workers in ``mode``: two colocated ones (``num_prefill + num_decode`` =
+    1 + 1), or one prefill and one decode worker; with the baseline predictor, in the namespace
+    ``<namespace>-<mode>``, and ``settings``."""
+    base = {"namespace": f"{namespace}-{mode}", "mode": mode, "num_prefill": 1, "num_decode": 1}
     return {**base, "prefill.predictor": "baseline", **settings}
 
 

@@ -1,10 +1,12 @@
-"""CacheOpt admission on a real cluster (CacheOpt §3.3): selected from the config, it shows in ``status`` with its
-parameters and the decisions it took.
+"""CacheOpt admission on real engines in both modes (CacheOpt §3.3): selected from the config, it shows in
+``status`` with its parameters and the decisions it took, and ``/metrics`` exports them under
+``policy="cacheopt"``.
 
-One prefill and one decode engine with a KV cache of 40 blocks (0.005 GiB of the tiny model's 128 KiB blocks,
-1280 tokens), and eight greedy streams of 32 to 88 prompt tokens and 200 output tokens each (2,000 to 2,300
-tokens of KV together), half of them with a TBT SLO of 1 ms, which no step meets: on the decode worker they
-are critical (§3.3.2) whenever they wait, and the waiting queue is put to admission by TBT slack, not arrival.
+Two engines, one prefill and one decode or two colocated ones, each with a KV cache of 40 blocks (0.005 GiB of the
+tiny model's 128 KiB blocks, 1280 tokens), and eight greedy streams of 32 to 88 prompt tokens and 200 output
+tokens each (2,000 to 2,300 tokens of KV together), half of them with a TBT SLO of 1 ms, which no step meets:
+where they wait for the engine (the decode worker's queue; a colocated worker's, prompts included) they are
+critical (§3.3.2), and the waiting queue is put to admission by TBT slack, not arrival.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import own_cluster
+from tests.integration.conftest import MODES, in_mode, own_cluster
+from tests.integration.policy_view import policy_view
 from tetriserve.common.request import SLO, Request, SamplingSpec
 
 NAMESPACE = "tetriserve-test-cacheopt"
@@ -24,18 +27,18 @@ PROMPTS = {f"co-{i}": tuple(range(7 + i, 7 + i + 32 + 8 * i)) for i in range(8)}
 TIGHT_MS, LOOSE_MS = 1.0, 60_000.0
 
 
-@pytest.fixture(scope="module")
-def cluster(model_path: str) -> Iterator[Any]:
-    overrides = {
-        "namespace": NAMESPACE,
-        "num_prefill": 1,
-        "num_decode": 1,
-        "engine.max_model_len": 512,
-        "engine.kv_cache_gb": 0.005,
-        "prefill.predictor": "baseline",
-        "decode.admission.policy": "cacheopt",
-        "decode.preemption.order": "cacheopt",
-    }
+@pytest.fixture(scope="module", params=MODES)
+def cluster(request: pytest.FixtureRequest, model_path: str) -> Iterator[Any]:
+    overrides = in_mode(
+        request.param,
+        NAMESPACE,
+        {
+            "engine.max_model_len": 512,
+            "engine.kv_cache_gb": 0.005,
+            "decode.admission.policy": "cacheopt",
+            "decode.preemption.order": "cacheopt",
+        },
+    )
     with own_cluster(model_path, overrides) as handle:
         yield handle
 
@@ -65,22 +68,19 @@ def _streams(cluster: Any, tag: str) -> dict[str, int]:
 
 
 def test_cacheopt_selected_from_the_config_decides_and_status_shows_it(cluster: Any) -> None:
-    from tetriserve.frontdoor.ray_admin import RayAdmin
-
     # the first round teaches the baseline predictor the outputs' length (it starts from no history); in the
     # second the padded demands, 200 tokens of output each, hold requests back
     for tag in ("learn", "decide"):
         got = _streams(cluster, tag)
         assert got == dict.fromkeys(PROMPTS, SAMPLING.max_tokens)  # every stream ends with all its tokens
-    st = asyncio.run(RayAdmin(cluster, "tiny-llama").status())
-    (decode,) = [w for w in st.workers if w.role == "decode"]
-    policy = dict(decode.policy)
-    assert policy["admission.policy"] == "cacheopt"
-    # CacheOpt §5's defaults: 8 reserved blocks, m = 2 iterations, B = 8 tokens
-    assert (policy["admission.reserve_blocks"], policy["admission.proactive_iters"]) == ("8", "2")
-    assert policy["admission.basic_tokens"] == "8"
-    decided = {
-        k.removeprefix("decided.cacheopt."): int(v) for k, v in policy.items() if k.startswith("decided.cacheopt.")
-    }
-    assert decided and sum(decided.values()) > 0, policy
+    view = policy_view(cluster)
+    admitting = [w for w, role in view.roles.items() if role != "prefill"]
+    assert admitting == (["colocated-0", "colocated-1"] if cluster.config.mode == "colocated" else ["decode-0"])
+    for worker in admitting:
+        policy = view.policies[worker]
+        assert policy["admission.policy"] == "cacheopt"
+        # CacheOpt §5's defaults: 8 reserved blocks, m = 2 iterations, B = 8 tokens
+        assert (policy["admission.reserve_blocks"], policy["admission.proactive_iters"]) == ("8", "2")
+        assert policy["admission.basic_tokens"] == "8"
+    decided = view.check_decided("cacheopt")
     assert set(decided) <= {"slack_order", "critical", "amortised"}, decided

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import colocated, own_cluster
+from tests.integration.conftest import in_mode, own_cluster
 from tests.integration.streams import run_streams, same_tokens
 from tetriserve.common.request import SamplingSpec
 
@@ -27,7 +27,8 @@ PROMPTS = {f"c-{i}": tuple(range(5 + 3 * i, 5 + 3 * i + 20 + 56 * i)) for i in r
 
 @pytest.fixture(scope="module")
 def cluster(model_path: str) -> Iterator[Any]:
-    overrides = colocated(
+    overrides = in_mode(
+        "colocated",
         NAMESPACE,
         {
             "prefill.chunk_size": 128,

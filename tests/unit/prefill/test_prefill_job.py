@@ -295,3 +295,63 @@ def test_the_view_carries_the_instant_estimate_and_a_prediction_out_during_prefi
     estimate = shell.engine_views[0].estimate
     assert estimate is not None and (estimate.lower, estimate.estimate, estimate.upper) == (2, 3, 4)
     assert [(k, (e.lower, e.estimate, e.upper)) for k, e in retagged] == [(migrated.kv_key, (8, 18, 28))]
+
+
+def _waiting_shell(wait_ms: float) -> _Shell:
+    shell = _shell()
+    shell.worker.config = ClusterConfig(
+        prefill={"offload_wait_s": 1.0, "predictor_queue_wait_ms": wait_ms}, transport={"pipeline": False}
+    )
+    shell.handoff_result = Handed("decode-1", _Peer(), pipelined=False)  # type: ignore[arg-type]
+    return shell
+
+
+def test_with_a_queue_wait_a_request_queues_on_its_prediction_once_it_is_out() -> None:
+    # predictor_queue_wait_ms 10 s: the request waits for its prediction (10, 20, 30), out after 10 ms, and the
+    # engine runs it with that, not the instant (4, 5, 6)
+    shell = _waiting_shell(10_000)
+
+    async def scenario() -> None:
+        shell.worker.submit(REQ, "fd")
+        job = shell.worker._jobs["r"]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not shell.computed and job.phase is Phase.QUEUED  # waiting for its prediction, not in the queue
+        assert job.ticket is not None
+        ticket = job.ticket
+        asyncio.get_running_loop().call_later(0.01, lambda: ticket.future.set_result(LengthEstimate(10, 20, 30)))
+        assert job.task is not None
+        await job.task
+
+    asyncio.run(scenario())
+    estimate = shell.engine_views[0].estimate
+    assert estimate is not None and (estimate.lower, estimate.estimate, estimate.upper) == (10, 20, 30)
+
+
+def test_past_the_queue_wait_a_request_queues_on_the_instant_estimate() -> None:
+    # predictor_queue_wait_ms 20: no prediction comes, so after 20 ms the engine runs it with the instant (4, 5, 6)
+    shell = _waiting_shell(20)
+
+    async def scenario() -> float:
+        start = asyncio.get_running_loop().time()
+        shell.worker.submit(REQ, "fd")
+        task = shell.worker._jobs["r"].task
+        assert task is not None
+        await task
+        return asyncio.get_running_loop().time() - start
+
+    assert asyncio.run(scenario()) >= 0.02
+    estimate = shell.engine_views[0].estimate
+    assert estimate is not None and (estimate.lower, estimate.estimate, estimate.upper) == (4, 5, 6)
+
+
+def test_an_abort_ends_a_wait_for_the_prediction_at_once() -> None:
+    shell = _waiting_shell(60_000)  # a minute's wait, ended by the abort
+
+    def abort(shell: _Shell, job: PrefillJob) -> None:
+        assert job.phase is Phase.QUEUED and not shell.computed
+        assert shell.worker.abort("r")
+
+    job = _run(shell, REQ, abort)
+    assert job.history == [Phase.QUEUED, Phase.ABORTED] and shell.published[-1][2] is FinishReason.ABORT
+    assert not shell.computed
