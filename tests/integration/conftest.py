@@ -114,10 +114,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @contextmanager
 def own_cluster(model_path: str, overrides: dict[str, Any]) -> Iterator[Any]:
-    """A cluster of a test module's own (``overrides`` on top of ``CONFIG_OVERRIDES``; give it its own namespace)."""
+    """A cluster of a test module's own (``overrides`` on top of ``CONFIG_OVERRIDES``; give it its own namespace).
+    With a ``preset`` among ``overrides``, the keys it sets are the preset's, not ``CONFIG_OVERRIDES``'."""
+    from tetriserve.common.presets import PRESETS
     from tetriserve.control_plane.launcher import launch
 
-    handle = launch(ClusterConfig.load(overrides={**CONFIG_OVERRIDES, **overrides}), model_path)
+    preset = PRESETS[overrides["preset"]].settings if "preset" in overrides else {}
+    base = {key: value for key, value in CONFIG_OVERRIDES.items() if key not in preset}
+    handle = launch(ClusterConfig.load(overrides={**base, **overrides}), model_path)
     try:
         yield handle
     finally:

@@ -1,6 +1,6 @@
-"""What a cluster says of its policies, read where users read it: each worker's policy items in ``status`` and the
-``policy_decisions`` series of ``GET /metrics`` (rendered by the front door's exporter over the same admin
-client, parsed with prometheus_client's parser)."""
+"""What a cluster says of its policies, read where users read it: the preset and mode and each worker's policy
+items in ``status``, and the ``cluster_info`` and ``policy_decisions`` series of ``GET /metrics`` (rendered by the
+front door's exporter over the same admin client, parsed with prometheus_client's parser)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,14 @@ class PolicyView:
     policies: dict[str, dict[str, str]]  # worker -> its policy items in ``status``
     roles: dict[str, str]  # worker -> its role in ``status``
     series: Series  # the /metrics policy_decisions counters
+    preset: str  # status's
+    mode: str  # status's
+    info: tuple[tuple[str, str], ...]  # the /metrics cluster_info series' (preset, mode) labels
+
+    def check_preset(self, preset: str, mode: str) -> None:
+        """``status`` and ``/metrics`` both name ``preset`` and ``mode``."""
+        assert (self.preset, self.mode) == (preset, mode), (self.preset, self.mode)
+        assert self.info == ((preset, mode),), self.info
 
     def decided(self, policy: str) -> dict[str, int]:
         """``status``'s ``decided.<policy>.<decision>`` counts, summed over the workers: decision -> count."""
@@ -60,11 +68,19 @@ def policy_view(cluster: Any) -> PolicyView:
 
     status, text = asyncio.run(both())
     series: Series = {}
+    info: list[tuple[str, str]] = []
     for family in text_string_to_metric_families(text.decode()):
         for sample in family.samples:
+            labels = sample.labels
             if sample.name == "tetriserve:policy_decisions_total":
-                labels = sample.labels
                 series[(labels["worker"], labels["policy"], labels["decision"])] = sample.value
+            elif sample.name == "tetriserve:cluster_info" and sample.value == 1:
+                info.append((labels["preset"], labels["mode"]))
     return PolicyView(
-        {w.worker_id: dict(w.policy) for w in status.workers}, {w.worker_id: w.role for w in status.workers}, series
+        {w.worker_id: dict(w.policy) for w in status.workers},
+        {w.worker_id: w.role for w in status.workers},
+        series,
+        status.preset,
+        status.mode,
+        tuple(info),
     )

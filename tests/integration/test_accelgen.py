@@ -1,4 +1,4 @@
-"""AccelGen selected from config on real engines, in both modes: the prompt side's remaining-time order with dynamic
+"""AccelGen's preset on real engines, in both modes: the prompt side's remaining-time order with dynamic
 chunking and multi-resource selection (AccelGen §4.2–§4.4), the decode side's TBT-slack order (§4.3). Colocated,
 every worker runs both sides, as the paper's one engine does; disaggregated, the prefill worker runs the prompt side
 and the decode worker the decode side.
@@ -49,11 +49,8 @@ def cluster(request: pytest.FixtureRequest, model_path: str, tmp_path_factory: p
         request.param,
         NAMESPACE,
         {
+            "preset": "accelgen",
             "prefill.cost_profile": str(path),
-            "prefill.queue_policy": "accelgen",
-            "prefill.chunking": "dynamic",
-            "prefill.chunk_selection": "multi-resource",
-            "decode.admission.policy": "accelgen",
         },
     )
     with own_cluster(model_path, overrides) as handle:
@@ -66,13 +63,14 @@ def _run(cluster: Any) -> dict[str, tuple[int, ...]]:
 
 
 PROMPT_SIDE = {"queue": "accelgen", "chunking": "dynamic", "selection": "multi-resource"}
-DECODE_SIDE = {"admission.policy": "accelgen"}
+DECODE_SIDE = {"admission.policy": "accelgen", "preemption.order": "accelgen"}
 
 
 def test_accelgen_from_config_serves_every_stream_and_counts_its_decisions(cluster: Any) -> None:
     streams = _run(cluster)
     assert all(len(tokens) == SAMPLING.max_tokens for tokens in streams.values())
     view = policy_view(cluster)
+    view.check_preset("accelgen", cluster.config.mode)
     colocated = cluster.config.mode == "colocated"
     assert sorted(view.policies) == (["colocated-0", "colocated-1"] if colocated else ["decode-0", "prefill-0"])
     for worker, policy in view.policies.items():

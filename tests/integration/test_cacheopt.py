@@ -1,4 +1,4 @@
-"""CacheOpt admission on real engines in both modes (CacheOpt §3.3): selected from the config, it shows in
+"""CacheOpt admission on real engines in both modes (CacheOpt §3.3): selected by its preset, it shows in
 ``status`` with its parameters and the decisions it took, and ``/metrics`` exports them under
 ``policy="cacheopt"``.
 
@@ -35,8 +35,7 @@ def cluster(request: pytest.FixtureRequest, model_path: str) -> Iterator[Any]:
         {
             "engine.max_model_len": 512,
             "engine.kv_cache_gb": 0.005,
-            "decode.admission.policy": "cacheopt",
-            "decode.preemption.order": "cacheopt",
+            "preset": "cacheopt",
         },
     )
     with own_cluster(model_path, overrides) as handle:
@@ -74,6 +73,7 @@ def test_cacheopt_selected_from_the_config_decides_and_status_shows_it(cluster: 
         got = _streams(cluster, tag)
         assert got == dict.fromkeys(PROMPTS, SAMPLING.max_tokens)  # every stream ends with all its tokens
     view = policy_view(cluster)
+    view.check_preset("cacheopt", cluster.config.mode)
     admitting = [w for w, role in view.roles.items() if role != "prefill"]
     assert admitting == (["colocated-0", "colocated-1"] if cluster.config.mode == "colocated" else ["decode-0"])
     for worker in admitting:

@@ -1,9 +1,9 @@
-"""SCLS's batching (§4.4, Algorithm 1) selected from the config, on real engines in both modes.
+"""SCLS's batching (§4.4, Algorithm 1) from its preset, on real engines in both modes, with per-request SLOs.
 
 A burst of prompts of very different lengths reaches a waiting queue together: each colocated worker's, whose
 queue holds the prompts to compute; or, disaggregated, the decode worker's, given a KV cache too small for the
-burst (40 blocks, 1,280 tokens, for about 2,500 tokens of prompts and outputs of 96 tokens), so that handed-off requests wait
-there together instead of starting one by one as their KV lands. With a cost profile whose serving-time
+burst (40 blocks, 1,280 tokens, for about 2,500 tokens of prompts and outputs of 96 tokens), so that handed-off
+requests wait there together instead of starting one by one as their KV lands. With a cost profile whose serving-time
 estimator makes padding dear (eq. 3 and eq. 4 with large per-token terms), the batching splits them by length,
 admits the batch with the longest estimated serving time first and holds the rest a step: ``status`` names the
 policy with the paper's slice length and counts its decisions, and ``/metrics`` exports them under
@@ -21,7 +21,7 @@ import pytest
 from tests.integration.conftest import MODES, in_mode, own_cluster
 from tests.integration.policy_view import policy_view
 from tests.integration.streams import run_streams
-from tetriserve.common.request import SamplingSpec
+from tetriserve.common.request import SLO, SamplingSpec
 
 NAMESPACE = "tetriserve-test-scls"
 SAMPLING = SamplingSpec(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -47,8 +47,8 @@ def cluster(request: pytest.FixtureRequest, model_path: str, tmp_path_factory: p
         NAMESPACE,
         {
             **short_kv,
+            "preset": "scls",
             "prefill.chunk_size": 128,
-            "decode.admission.policy": "scls",
             "decode.admission.cost_profile": str(profile),
         },
     )
@@ -58,9 +58,10 @@ def cluster(request: pytest.FixtureRequest, model_path: str, tmp_path_factory: p
 
 def test_status_names_scls_and_counts_its_decisions(cluster: Any) -> None:
     sampling = SAMPLING if cluster.config.mode == "colocated" else LINGERING
-    streams = run_streams(cluster, PROMPTS, sampling, "burst")
+    streams = run_streams(cluster, PROMPTS, sampling, "burst", slo=lambda i: SLO(ttft_ms=5000.0, tbt_ms=500.0))
     assert all(len(tokens) == sampling.max_tokens for tokens in streams.values())
     view = policy_view(cluster)
+    view.check_preset("scls", cluster.config.mode)
     admitting = [w for w, role in view.roles.items() if role != "prefill"]
     assert admitting == (["colocated-0", "colocated-1"] if cluster.config.mode == "colocated" else ["decode-0"])
     for worker in admitting:

@@ -1,4 +1,4 @@
-"""SOLA on real engines in both modes, selected from the config: the predicted-TTFT order, the problem switch and
+"""SOLA's preset on real engines in both modes: the predicted-TTFT order, the problem switch and
 the constrained workload (prefill.queue_policy and prefill.chunking ``sola``), the predicted-TPOT admission.
 
 A TBT objective of 1 ms, far below a CPU decode step, keeps p^TPOT above p^TTFT. On colocated engines, the
@@ -46,10 +46,8 @@ def cluster(request: pytest.FixtureRequest, model_path: str, tmp_path_factory: p
         request.param,
         NAMESPACE,
         {
+            "preset": "sola",
             "prefill.cost_profile": str(path),
-            "prefill.queue_policy": "sola",
-            "prefill.chunking": "sola",
-            "decode.admission.policy": "sola",
         },
     )
     with own_cluster(model_path, overrides) as handle:
@@ -65,6 +63,7 @@ def test_sola_runs_from_the_config_and_counts_its_decisions(cluster: Any) -> Non
     got = _streams(cluster)
     assert all(len(tokens) == SAMPLING.max_tokens for tokens in got.values())
     view = policy_view(cluster)
+    view.check_preset("sola", cluster.config.mode)
     for worker, policy in view.policies.items():
         role = view.roles[worker]
         if role != "decode":
