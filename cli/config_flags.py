@@ -8,8 +8,9 @@ Only the flag's name is written here. A flag overrides the config file; a flag n
 value (or the default) alone. ``--set`` of an unknown key is refused naming the closest keys, and of a renamed
 key naming its new name; a string key takes the text after ``=`` as it is. Two flags read more than one value:
 ``--api-key`` is repeatable and takes comma lists (it replaces ``security.api_keys``; the keys file and
-``$TETRISERVE_API_KEY`` are added to them), ``--preset`` without a name lists the presets, and a tracing endpoint (``--otlp-endpoint`` or ``--set
-tracing.endpoint=...``) turns tracing on unless ``--no-tracing`` is given.
+``$TETRISERVE_API_KEY`` are added to them), ``--preset`` without a name lists the presets, and a tracing
+endpoint (``--otlp-endpoint`` or ``--set tracing.endpoint=...``) turns tracing on unless ``--no-tracing`` is
+given.
 """
 
 from __future__ import annotations

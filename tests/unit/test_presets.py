@@ -88,7 +88,7 @@ def test_the_docs_page_shows_every_setting_of_every_preset() -> None:
         section = re.search(rf"^## `{name}`\n(.*?)(?=^## |\Z)", text, re.S | re.M)
         assert section is not None, name
         for dotted, value in preset.settings.items():
-            shown = str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else value
+            shown = f"{value:g}" if isinstance(value, float) else value
             assert f"`{dotted}: {shown}`" in section.group(1), (name, dotted, shown)
 
 
