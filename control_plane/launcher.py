@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tetriserve.common.config import ClusterConfig
 from tetriserve.control_plane.cluster_monitor import ClusterMonitor
@@ -148,7 +148,7 @@ def init_ray(config: ClusterConfig) -> tuple[bool, str]:
     else:
         use_ray_token_if_present()
 
-    def start() -> Any:
+    def start() -> object:
         return ray.init(
             address=config.ray_address,
             namespace=config.namespace,
