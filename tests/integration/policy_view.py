@@ -27,6 +27,12 @@ class PolicyView:
         assert (self.preset, self.mode) == (preset, mode), (self.preset, self.mode)
         assert self.info == ((preset, mode),), self.info
 
+    def admitting(self) -> list[str]:
+        """The workers that admit decodes, checked against the mode: the two colocated ones, or the decode one."""
+        workers = [w for w, role in self.roles.items() if role != "prefill"]
+        assert workers == (["colocated-0", "colocated-1"] if self.mode == "colocated" else ["decode-0"]), workers
+        return workers
+
     def decided(self, policy: str) -> dict[str, int]:
         """``status``'s ``decided.<policy>.<decision>`` counts, summed over the workers: decision -> count."""
         out: dict[str, int] = {}
