@@ -160,12 +160,11 @@ class PrefillConfig(BaseModel):
         0,
         ge=0,
         description=(
-            "How long a request may wait for its length prediction before it queues on a prefill worker, so that the "
-            "queue's order (AccelGen's remaining time, SOLA's predicted TTFT, the length orders) starts from the "
+            "How long a request may wait for its length prediction before it queues for its prefill (on a prefill "
+            "or a colocated worker), so that the queue's order (AccelGen's remaining time, SOLA's predicted TTFT, the length orders) starts from the "
             "prediction rather than the instant estimate; past that it queues on the instant estimate and the "
             "prediction replaces it when done. The wait adds to the request's TTFT "
-            "(benchmarks/results/predictor_queue_wait.md measures how much). 0: every request queues at once. A "
-            "colocated worker starts every request at once whatever this says."
+            "(benchmarks/results/predictor_queue_wait.md measures how much). 0: every request queues at once."
         ),
     )
     predictor_niceness: int = Field(

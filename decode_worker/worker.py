@@ -91,7 +91,7 @@ class Running:
     base: int = 0  # of those, the ones its engine request has as prompt (generated before it started here)
     kv_key: str | None = None  # where its KV arrives (the request id from prefill, ``move:...`` after a move)
     move: Move | None = None
-    task: asyncio.Task[None] | None = None  # a slice hand-over in progress
+    task: asyncio.Task[None] | None = None  # a slice hand-over, or (colocated) a wait for the prediction
     decoding: bool = False  # produced a token on this worker
     spans: DecodeSpans = NO_SPANS  # its spans here (tracing on only)
 
@@ -433,7 +433,7 @@ class DecodeWorker(EngineWorker):
             self.endpoint.discard(run.kv_key)
         if run.move is not None:
             self.endpoint.discard(run.move.key)
-        if run.task is not None and not run.task.done():  # between engines (slice hand-over)
+        if run.task is not None and not run.task.done():  # between engines (slice hand-over), or not started
             run.task.cancel()
             self._publish(run, (), FinishReason.ABORT, index=len(run.generated))
         self.engine.abort(run.request.kv_key)

@@ -15,7 +15,8 @@ worker, and computes their prompts itself; no KV moves between workers.
 
 The length estimate: a request starts at once with the predictor's ``instant`` estimate, and the configured
 predictor's own estimate, computed on the worker's prediction thread (``prefill_worker/predictions.py``),
-replaces it as soon as it is out (``refine``), so no request waits for the predictor.
+replaces it as soon as it is out (``refine``), so no request waits for the predictor; with
+``prefill.predictor_queue_wait_ms`` a request first waits up to that long for the prediction.
 
 The control plane places requests on colocated workers as it does on prefill workers: each reports a
 ``PrefillLoad`` (its prompts not yet at their first token, and their tokens). It reports no queue wait of its
@@ -109,9 +110,23 @@ class ColocatedWorker(DecodeWorker):
         req.length_estimate = self.predictor.instant(item)  # the prediction replaces it when out (``refine``)
         run = self._track(req, subscriber, list(req.resume), tracing.now_ns())
         self.event(req.request_id, RequestState.PREFILLING, self.worker_id, estimate=req.length_estimate)
-        self._start(run, None)  # None: no KV comes, the engine computes the prompt
         ticket = self._tickets[req.request_id] = self.predictions.submit(item)
+        wait_s = self.config.prefill.predictor_queue_wait_ms / 1000
+        if wait_s > 0:  # an abort cancels the wait (``run.task``) and ends the stream
+            run.task = asyncio.get_running_loop().create_task(self._start_on_prediction(run, ticket, wait_s))
+        else:
+            self._start(run, None)  # None: no KV comes, the engine computes the prompt
         asyncio.get_running_loop().create_task(self._refine_when_out(req, ticket))
+
+    async def _start_on_prediction(self, run: Running, ticket: Ticket, wait_s: float) -> None:
+        """Start ``run`` once its prediction is out, or after ``wait_s`` (``prefill.predictor_queue_wait_ms``) on
+        the instant estimate."""
+        await asyncio.wait([ticket.future], timeout=wait_s)
+        future = ticket.future
+        if future.done() and not future.cancelled() and (estimate := future.result()) is not None:
+            run.request.length_estimate = estimate
+            run.heavy = estimate.is_heavy(self.config.prefill.heavy_threshold_tokens)
+        self._start(run, None)
 
     async def _refine_when_out(self, req: Request, ticket: Ticket) -> None:
         estimate = await self.predictions.later(ticket.future)
