@@ -271,6 +271,13 @@ REGISTRY: tuple[Entry, ...] = (
         _files("predictor_serving", ".md", ".json"),
     ),
     Entry(
+        "predictor_queue_wait",
+        _bench("predictor_queue_wait"),
+        "what a request's wait for its length prediction before it queues adds to TTFT, both modes",
+        12,
+        _files("predictor_queue_wait", ".md", ".json"),
+    ),
+    Entry(
         "tracing_overhead",
         _bench("tracing_overhead"),
         "what tracing costs a request, off (the default) and on",
