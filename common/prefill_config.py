@@ -161,8 +161,8 @@ class PrefillConfig(BaseModel):
         ge=0,
         description=(
             "How long a request may wait for its length prediction before it queues for its prefill (on a prefill "
-            "or a colocated worker), so that the queue's order (AccelGen's remaining time, SOLA's predicted TTFT, the length orders) starts from the "
-            "prediction rather than the instant estimate; past that it queues on the instant estimate and the "
+            "or a colocated worker), so that the queue's order (AccelGen's remaining time to a JCT SLO) starts from "
+            "the prediction rather than the instant estimate; past that it queues on the instant estimate and the "
             "prediction replaces it when done. The wait adds to the request's TTFT "
             "(benchmarks/results/predictor_queue_wait.md measures how much). 0: every request queues at once."
         ),
