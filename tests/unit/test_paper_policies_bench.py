@@ -85,8 +85,8 @@ def test_percentile_counters_and_rotation() -> None:
 def test_the_verdict_says_which_way_each_metric_moved() -> None:
     base = {"attain_both": 0.5, "jct_mean_s": 2.5}
     line = pp.verdict("accelgen", {"attain_both": 0.75, "jct_mean_s": 2.0}, base)
-    assert line.startswith("- AccelGen predicts (§6): ")
-    assert "SLO attainment up: measured 1.50x (0.75 vs 0.5), moved as predicted" in line  # 0.75 / 0.5
-    assert "mean JCT down: measured 0.80x (2 vs 2.5), moved as predicted" in line  # 2.0 / 2.5
+    assert line.startswith("- AccelGen predicts SLO attainment moves up (§6): ")
+    assert "SLO attainment moves up (§6): measured 1.50x (0.75 vs 0.5), moved as predicted" in line  # 0.75 / 0.5
+    assert "mean JCT moves down (§6): measured 0.80x (2 vs 2.5), moved as predicted" in line  # 2.0 / 2.5
     worse = pp.verdict("accelgen", {"attain_both": 0.25, "jct_mean_s": 2.5}, base)
     assert "0.50x (0.25 vs 0.5), moved the other way" in worse and "1.00x (2.5 vs 2.5), unchanged" in worse
