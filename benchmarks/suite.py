@@ -80,8 +80,7 @@ REGISTRY: tuple[Entry, ...] = (
         "vllm_bench_serve_seed1",
         _bench(
             "vllm_bench_serve",
-            "--num-prompts 300 --request-rate 2.0 --single-prompts 50 --seed 1 "
-            "--rounds 3 --out vllm_bench_serve_seed1",
+            "--num-prompts 300 --request-rate 2.0 --single-prompts 50 --seed 1 --rounds 3 --out vllm_bench_serve_seed1",
         ),
         "the same side by side on another seed and 300 prompts",
         110,
@@ -166,8 +165,7 @@ REGISTRY: tuple[Entry, ...] = (
         "failure_signals_float32",
         _bench(
             "failure_signals",
-            "--streams 12 --max-tokens 1000 --flags '--dtype float32' "
-            "--out failure_signals_float32",
+            "--streams 12 --max-tokens 1000 --flags '--dtype float32' --out failure_signals_float32",
         ),
         "the same in float32, where a moved greedy stream's text must match the undisturbed one",
         12,
@@ -226,8 +224,7 @@ REGISTRY: tuple[Entry, ...] = (
         "decode_dispatch_oracle",
         _bench(
             "decode_dispatch",
-            "--engines 2 4 --estimates oracle --heavy 345 "
-            "--out benchmarks/results/decode_dispatch_oracle",
+            "--engines 2 4 --estimates oracle --heavy 345 --out benchmarks/results/decode_dispatch_oracle",
         ),
         "the same dispatch with exact lengths and heavy at the workload's median",
         15,
@@ -244,12 +241,19 @@ REGISTRY: tuple[Entry, ...] = (
         "decode_slices_2",
         _bench(
             "decode_slices",
-            "--decode 2 --dispatch round-robin max-min imbalance "
-            "--out benchmarks/results/decode_slices_2",
+            "--decode 2 --dispatch round-robin max-min imbalance --out benchmarks/results/decode_slices_2",
         ),
         "the same with 2 decode workers, imbalance dispatch included",
         8,
         _files("decode_slices_2", ".md", ".json"),
+    ),
+    Entry(
+        "paper_policies",
+        _bench("paper_policies", "--num-prompts 750 --rate 10 --seed 0 --rounds 1"),
+        "each paper's policies (AccelGen, SOLA, SCLS, CacheOpt) against the default on one ShareGPT workload with "
+        "per-request SLOs, colocated and disaggregated: SLO attainment, TTFT, TBT, JCT, throughput, preemptions",
+        23,
+        _files("paper_policies", ".md", ".json"),
     ),
     Entry(
         "length_predictor",
