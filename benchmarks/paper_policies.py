@@ -445,21 +445,25 @@ def medians(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+NOISE = 0.05  # a ratio this close to 1 is not read as a move
+
+
 def verdict(paper: str, row: dict[str, Any], base: dict[str, Any]) -> str:
     """``<paper> predicts <metric> moves <way> (<section>): measured <ratio vs default>``, one clause per metric,
-    each followed by whether it moved the predicted way."""
+    each followed by whether it moved the predicted way. A change within ``NOISE`` of the default's value is
+    called no clear move: one round on this machine moves a figure by that much on its own."""
     section, claims = CLAIMS[paper]
     parts = []
     for key, way, label in claims:
         v, b = float(row[key]), float(base[key])
-        if b == 0:
-            ratio = "n/a (default 0)" if v == 0 else f"{v:g} vs 0"
-            moved = (v > b) if way == "up" else (v < b)
+        ratio = f"{v / b:.2f}x ({v:.3g} vs {b:.3g})" if b else "n/a (default 0)" if v == 0 else f"{v:g} vs 0"
+        moved = (v > b) if way == "up" else (v < b)
+        if v == b:
+            word = "unchanged"
+        elif b and abs(v / b - 1) <= NOISE:
+            word = f"within {NOISE:.0%} of the default: no clear move"
         else:
-            ratio = f"{v / b:.2f}x ({v:.3g} vs {b:.3g})"
-            moved = (v > b) if way == "up" else (v < b)
-        same = v == b
-        word = "unchanged" if same else ("moved as predicted" if moved else "moved the other way")
+            word = "moved as predicted" if moved else "moved the other way"
         parts.append(f"{label} moves {way} ({section}): measured {ratio}, {word}")
     return f"- {PAPER[paper]} predicts " + "; ".join(parts)
 

@@ -90,3 +90,8 @@ def test_the_verdict_says_which_way_each_metric_moved() -> None:
     assert "mean JCT moves down (§6): measured 0.80x (2 vs 2.5), moved as predicted" in line  # 2.0 / 2.5
     worse = pp.verdict("accelgen", {"attain_both": 0.25, "jct_mean_s": 2.5}, base)
     assert "0.50x (0.25 vs 0.5), moved the other way" in worse and "1.00x (2.5 vs 2.5), unchanged" in worse
+    close = pp.verdict(
+        "scls", {"throughput_tok_s": 1030.0, "jct_mean_s": 2.0}, {"throughput_tok_s": 1000.0, "jct_mean_s": 2.5}
+    )
+    assert "1.03x (1.03e+03 vs 1e+03), within 5% of the default: no clear move" in close  # 1030 / 1000
+    assert "0.80x (2 vs 2.5), moved as predicted" in close
