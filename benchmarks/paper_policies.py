@@ -5,9 +5,9 @@ attainment, preemption stalls).
     python benchmarks/paper_policies.py            # 2 modes x 5 configurations, about 20 min on 2 cores
 
 For each mode (``colocated``: two engines that each prefill and decode; ``disaggregated``: one prefill and one
-decode worker) and each configuration (``default``, ``accelgen``, ``sola``, ``scls``, ``cacheopt``), a cluster
-is launched in this process (``launcher.launch``), one workload is replayed through ``RayBackend``, the cluster
-is shut down, and the next starts. Every configuration gets the same requests: ShareGPT first-turn prompts
+decode worker) and each configuration (``default``, or a paper's preset: ``accelgen``, ``sola``, ``scls``,
+``cacheopt``), a cluster is launched in this process (``launcher.launch``), one workload is replayed through
+``RayBackend``, the cluster is shut down, and the next starts. Every configuration gets the same requests: ShareGPT first-turn prompts
 (seeded, ``common.sharegpt``), ``max_tokens`` the ShareGPT answer's length in the tiny model's tokens capped at
 ``--max-tokens``, ``ignore_eos``, Poisson arrivals at ``--rate``, and per request a TTFT and a TBT objective drawn
 from the SLO classes (``--slo-classes``; tight and loose), so the SLO-aware policies have something to decide.
@@ -68,24 +68,15 @@ BASE_OVERRIDES: dict[str, Any] = {
 
 
 def policy_overrides(name: str, profile: str | None, scls_profile: bool) -> dict[str, Any]:
-    """The config keys that select a paper's policies (those of its integration test), on top of the default."""
+    """The paper's preset (``common/presets.py``: every policy the way the paper's evaluation sets it), or
+    nothing for the default; SCLS is given the run's profile for its eq. 3/4 when the profile has that section."""
     if name == "default":
         return {}
-    if name == "accelgen":  # AccelGen §4.2-§4.4: remaining-time order, dynamic chunks, multi-resource selection
-        return {
-            "prefill.queue_policy": "accelgen",
-            "prefill.chunking": "dynamic",
-            "prefill.chunk_selection": "multi-resource",
-            "decode.admission.policy": "accelgen",
-        }
-    if name == "sola":  # SOLA §4.3-§4.4: predicted-TTFT order, the switch and n_i / k_i, predicted-TPOT order
-        return {"prefill.queue_policy": "sola", "prefill.chunking": "sola", "decode.admission.policy": "sola"}
-    if name == "scls":  # SCLS §4.2-§4.5: the DP batching as admission, slices of 128, max-min dispatch
-        own = {"decode.admission.cost_profile": profile} if profile and scls_profile else {}
-        return {"decode.admission.policy": "scls", "prefill.dispatch_policy": "max-min", **own}
-    if name == "cacheopt":  # CacheOpt §3.3-§3.4: confidence-padded admission with reserve, its victim order
-        return {"decode.admission.policy": "cacheopt", "decode.preemption.order": "cacheopt"}
-    raise ValueError(f"unknown configuration {name!r}; known: {', '.join(CONFIGS)}")
+    if name not in CONFIGS:
+        raise ValueError(f"unknown configuration {name!r}; known: {', '.join(CONFIGS)}")
+    if name == "scls" and profile and scls_profile:
+        return {"preset": name, "decode.admission.policy": "scls", "decode.admission.cost_profile": profile}
+    return {"preset": name}
 
 
 def cluster_overrides(mode: str, name: str, profile: str | None, scls_profile: bool) -> dict[str, Any]:

@@ -38,6 +38,7 @@ def test_every_configuration_shares_the_base_and_the_profile() -> None:
         assert {k: o[k] for k in pp.BASE_OVERRIDES} == pp.BASE_OVERRIDES
     assert pp.cluster_overrides("colocated", "scls", "/p.json", True)["decode.admission.cost_profile"] == "/p.json"
     assert "decode.admission.cost_profile" not in pp.cluster_overrides("colocated", "scls", "/p.json", False)
+    assert pp.cluster_overrides("colocated", "sola", "/p.json", True)["preset"] == "sola"  # the paper's preset
 
 
 def test_slo_classes_parse() -> None:
