@@ -1,6 +1,6 @@
 """One preset per paper: every policy and parameter the way that paper's evaluation sets them.
 
-``preset: <name>`` in the config file (``--preset <name>``, the Helm value ``preset``) lays the preset's settings
+``preset: <name>`` in the config file (``--preset <name>``, the Helm value ``serve.preset``) lays the preset's settings
 under the configuration: a setting given in the file or on the command line wins over the preset's. A preset names
 the modes it serves in; the first is the mode it sets. Parameters that have a paper default of their own (CacheOpt's
 reserve of 8 blocks and m = 2, SCLS's ζ = 0.9 and slice length 128, AccelGen's γ and P_max as iterations, SOLA's
