@@ -7,10 +7,11 @@ attainment, preemption stalls).
 For each mode (``colocated``: two engines that each prefill and decode; ``disaggregated``: one prefill and one
 decode worker) and each configuration (``default``, or a paper's preset: ``accelgen``, ``sola``, ``scls``,
 ``cacheopt``), a cluster is launched in this process (``launcher.launch``), one workload is replayed through
-``RayBackend``, the cluster is shut down, and the next starts. Every configuration gets the same requests: ShareGPT first-turn prompts
-(seeded, ``common.sharegpt``), ``max_tokens`` the ShareGPT answer's length in the tiny model's tokens capped at
-``--max-tokens``, ``ignore_eos``, Poisson arrivals at ``--rate``, and per request a TTFT and a TBT objective drawn
-from the SLO classes (``--slo-classes``; tight and loose), so the SLO-aware policies have something to decide.
+``RayBackend``, the cluster is shut down, and the next starts. Every configuration gets the same requests:
+ShareGPT first-turn prompts (seeded, ``common.sharegpt``), ``max_tokens`` the ShareGPT answer's length in the
+tiny model's tokens capped at ``--max-tokens``, ``ignore_eos``, Poisson arrivals at ``--rate``, and per request a
+TTFT and a TBT objective drawn from the SLO classes (``--slo-classes``; tight and loose), so the SLO-aware
+policies have something to decide.
 
 The policies read one cost profile: ``tetriserve profile`` runs once at the start (``--cost-profile`` reuses a
 profile instead) and every configuration is given it (``prefill.cost_profile``; SCLS's
@@ -547,6 +548,35 @@ def cost_profile(args: argparse.Namespace) -> tuple[str, bool]:
     return str(path.resolve()), json.loads(path.read_text()).get("scls") is not None
 
 
+def add_workload_args(ap: argparse.ArgumentParser, out_stem: str) -> None:
+    """The workload's and the profile's flags, shared with the benchmarks that replay this workload
+    (``predictor_queue_wait.py``); the request count and rate are each benchmark's own."""
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-prompt", type=int, default=512, help="prompt tokens kept")
+    ap.add_argument("--max-tokens", type=int, default=128, help="cap on a request's output tokens")
+    ap.add_argument("--slo-classes", default=DEFAULT_CLASSES, help="name:ttft_ms:tbt_ms,... drawn per request")
+    ap.add_argument("--cost-profile", default=None, help="reuse this profile instead of running tetriserve profile")
+    ap.add_argument("--profile-repeats", type=int, default=1, help="tetriserve profile --repeats")
+    ap.add_argument("--out", default=str(RESULTS / out_stem), help="results stem (.md and .json)")
+
+
+def prepare(args: argparse.Namespace) -> tuple[str, str, bool, list[Arrival]]:
+    """What a replaying benchmark starts from: the tiny model's path, the cost profile (and whether it has the
+    ``scls`` section), and the workload the flags describe."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
+
+    model_path = str(build_tiny_model(default_tiny_model_dir()))
+    profile, scls_profile = cost_profile(args)
+    pairs = sharegpt_pairs(args.num_prompts, args.seed, model_path, args.max_prompt, args.max_tokens)
+    return (
+        model_path,
+        profile,
+        scls_profile,
+        build_workload(pairs, args.rate, args.seed, parse_classes(args.slo_classes)),
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
@@ -560,25 +590,12 @@ def main() -> int:
         "every request met the tight SLOs and a TBT stayed about one decode step; at 12 the TBT median doubled "
         "and every request was still served; 10 loads it without overloading it)",
     )
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=1, help="with more than 1, the configuration order rotates")
-    ap.add_argument("--max-prompt", type=int, default=512, help="prompt tokens kept")
-    ap.add_argument("--max-tokens", type=int, default=128, help="cap on a request's output tokens")
-    ap.add_argument("--slo-classes", default=DEFAULT_CLASSES, help="name:ttft_ms:tbt_ms,... drawn per request")
-    ap.add_argument("--cost-profile", default=None, help="reuse this profile instead of running tetriserve profile")
-    ap.add_argument("--profile-repeats", type=int, default=1, help="tetriserve profile --repeats")
-    ap.add_argument("--out", default=str(RESULTS / "paper_policies"), help="results stem (.md and .json)")
+    add_workload_args(ap, "paper_policies")
     args = ap.parse_args()
     facts = run_facts()
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
-    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
-
-    model_path = str(build_tiny_model(default_tiny_model_dir()))
-    profile, scls_profile = cost_profile(args)
+    model_path, profile, scls_profile, arrivals = prepare(args)
     classes = parse_classes(args.slo_classes)
-    pairs = sharegpt_pairs(args.num_prompts, args.seed, model_path, args.max_prompt, args.max_tokens)
-    arrivals = build_workload(pairs, args.rate, args.seed, classes)
     plens, outs = [len(a.prompt) for a in arrivals], [a.max_tokens for a in arrivals]
     workload = {
         "requests": len(arrivals),

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -27,18 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from bench_results import RESULTS, provenance, run_facts, shown  # noqa: E402
-from paper_policies import (  # noqa: E402
-    BASE_OVERRIDES,
-    DEFAULT_CLASSES,
-    build_workload,
-    cost_profile,
-    parse_classes,
-    replay,
-    sharegpt_pairs,
-    summarize,
-    warm_up,
-)
+from bench_results import provenance, run_facts, shown  # noqa: E402
+from paper_policies import BASE_OVERRIDES, add_workload_args, prepare, replay, summarize, warm_up  # noqa: E402
 
 SHOWN = ("ttft_p50_ms", "ttft_p99_ms", "jct_mean_s", "attain_ttft", "attain_both", "incomplete")
 
@@ -106,23 +95,10 @@ def main() -> int:
     )
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--rate", type=float, default=5.0, help="Poisson arrivals per second")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-prompt", type=int, default=512, help="prompt tokens kept")
-    ap.add_argument("--max-tokens", type=int, default=128, help="cap on a request's output tokens")
-    ap.add_argument("--slo-classes", default=DEFAULT_CLASSES, help="name:ttft_ms:tbt_ms,... drawn per request")
-    ap.add_argument("--cost-profile", default=None, help="reuse this profile instead of running tetriserve profile")
-    ap.add_argument("--profile-repeats", type=int, default=1, help="tetriserve profile --repeats")
-    ap.add_argument("--out", default=str(RESULTS / "predictor_queue_wait"), help="results stem (.md and .json)")
+    add_workload_args(ap, "predictor_queue_wait")
     args = ap.parse_args()
     facts = run_facts()
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
-    from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
-
-    model_path = str(build_tiny_model(default_tiny_model_dir()))
-    profile, _ = cost_profile(args)
-    pairs = sharegpt_pairs(args.num_prompts, args.seed, model_path, args.max_prompt, args.max_tokens)
-    arrivals = build_workload(pairs, args.rate, args.seed, parse_classes(args.slo_classes))
+    model_path, profile, _, arrivals = prepare(args)
     outputs = statistics.mean(a.max_tokens for a in arrivals)
     workload = (
         f"{len(arrivals)} ShareGPT requests (seed {args.seed}), Poisson at {args.rate:g}/s over "
