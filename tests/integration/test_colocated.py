@@ -88,7 +88,7 @@ def test_a_colocated_worker_killed_under_streams_loses_nothing(
     import ray
 
     async def kill(admin: Any) -> None:
-        ray.kill(ray.get_actor("colocated-0", namespace=NAMESPACE), no_restart=True)
+        ray.kill(ray.get_actor("colocated-0", namespace=cluster.config.namespace), no_restart=True)
 
     got = run_streams(cluster, PROMPTS, SAMPLING, "kill", kill)
     same_tokens(got, undisturbed)
