@@ -137,9 +137,17 @@ def measure_or_reload(
     else:
         WORK.mkdir(parents=True, exist_ok=True)
         data = {**run_facts(), **measure()}
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=1))
+    return write_result(RESULTS / name, data, report)
+
+
+def write_result(stem: Path, data: dict[str, Any], report: Callable[[dict[str, Any]], str]) -> int:
+    """Write ``data`` as ``<stem>.json`` and its report as ``<stem>.md`` (a bare name lies in ``RESULTS``), print
+    the report; 0, a benchmark's exit status."""
+    if not stem.is_absolute() and stem.parent == Path("."):
+        stem = RESULTS / stem
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
     md = report(data)
-    (RESULTS / f"{name}.md").write_text(md)
+    stem.with_suffix(".md").write_text(md)
     print(md)
     return 0

@@ -43,7 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from bench_results import RESULTS, WORK, provenance, run_cli, run_facts, shown  # noqa: E402
+from bench_results import RESULTS, WORK, provenance, run_cli, run_facts, shown, write_result  # noqa: E402
 
 MODEL_NAME = "tiny-llama"
 MODES = ("colocated", "disaggregated")
@@ -638,15 +638,7 @@ def main() -> int:
         "summary": summary,
         "runs": runs,
     }
-    out = Path(args.out)
-    if not out.is_absolute() and out.parent == Path("."):
-        out = RESULTS / out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
-    md = report(data)
-    out.with_suffix(".md").write_text(md)
-    print(md)
-    return 0
+    return write_result(Path(args.out), data, report)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ was). Writes ``benchmarks/results/predictor_queue_wait.{md,json}``; a line per r
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -26,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from bench_results import provenance, run_facts, shown  # noqa: E402
+from bench_results import provenance, run_facts, shown, write_result  # noqa: E402
 from paper_policies import BASE_OVERRIDES, add_workload_args, prepare, replay, summarize, warm_up  # noqa: E402
 
 SHOWN = ("ttft_p50_ms", "ttft_p99_ms", "jct_mean_s", "attain_ttft", "attain_both", "incomplete")
@@ -115,12 +114,7 @@ def main() -> int:
             flush=True,
         )
     data = {**facts, "args": vars(args), "profile": shown(Path(profile)), "workload": workload, "runs": runs}
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
-    md = report(data)
-    out.with_suffix(".md").write_text(md)
-    print(md)
-    return 0
+    return write_result(Path(args.out), data, report)
 
 
 if __name__ == "__main__":

@@ -275,10 +275,14 @@ class DecodeWorker(EngineWorker):
         run = self.running.get(request_id)
         if run is None or run.request.attempt != attempt:
             return False  # finished, moved on, or a later attempt is here
-        run.request.length_estimate = estimate
-        run.heavy = estimate.is_heavy(self.config.prefill.heavy_threshold_tokens)
+        self._estimated(run, estimate)
         after = estimate.after(run.base - 1)
         return await self.engine.call(lambda s: decode_role(s).retag(request_id, after))
+
+    def _estimated(self, run: Running, estimate: LengthEstimate) -> None:
+        """``estimate`` is ``run``'s request's from now on (the engine's tags are the caller's to update)."""
+        run.request.length_estimate = estimate
+        run.heavy = estimate.is_heavy(self.config.prefill.heavy_threshold_tokens)
 
     async def adopt(self, req: Request, generated: tuple[int, ...], key: str, subscriber: str) -> bool:
         """Go on decoding a request moved here at a slice boundary (SCLS §7): ``generated`` is every token it

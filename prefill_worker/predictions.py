@@ -105,6 +105,15 @@ class PredictionQueue:
         self._take_back(ticket)
         ticket.future.cancel()
 
+    @staticmethod
+    async def within(ticket: Ticket, wait_s: float) -> LengthEstimate | None:
+        """``ticket``'s prediction if it is out within ``wait_s`` (None: not by then, failed or withdrawn); the
+        ticket is left as it is."""
+        future = ticket.future
+        if wait_s > 0 and not future.done():
+            await asyncio.wait([future], timeout=wait_s)
+        return future.result() if future.done() and not future.cancelled() else None
+
     async def estimate(
         self, ticket: Ticket, wait_s: float = 0.0
     ) -> tuple[LengthEstimate, asyncio.Future[LengthEstimate | None] | None]:
@@ -112,8 +121,7 @@ class PredictionQueue:
         is final, else the future of the prediction still being computed (``wait_s`` was not enough)."""
         refinement = None
         if not self._take_back(ticket):
-            if wait_s > 0 and not ticket.future.done():
-                await asyncio.wait([ticket.future], timeout=wait_s)
+            await self.within(ticket, wait_s)
             if not ticket.future.done():
                 refinement = ticket.future
             elif not ticket.future.cancelled() and (estimate := ticket.future.result()) is not None:

@@ -269,9 +269,8 @@ class PrefillWorker(EngineWorker):
     async def _await_prediction(self, job: PrefillJob) -> bool:
         """Wait up to ``prefill.predictor_queue_wait_ms`` for the prediction before the request queues (its view
         takes the prediction in ``_prediction_out``); False where it was aborted meanwhile (and is ended)."""
-        wait_s = self.config.prefill.predictor_queue_wait_ms / 1000
-        if wait_s > 0 and job.ticket is not None and not job.ticket.future.done():
-            await asyncio.wait([job.ticket.future], timeout=wait_s)
+        if job.ticket is not None:
+            await self.predictions.within(job.ticket, self.config.prefill.predictor_queue_wait_ms / 1000)
         if job.abort_requested:
             job.advance(Phase.ABORTED)
             self._end(job, FinishReason.ABORT)

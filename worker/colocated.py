@@ -121,11 +121,8 @@ class ColocatedWorker(DecodeWorker):
     async def _start_on_prediction(self, run: Running, ticket: Ticket, wait_s: float) -> None:
         """Start ``run`` once its prediction is out, or after ``wait_s`` (``prefill.predictor_queue_wait_ms``) on
         the instant estimate."""
-        await asyncio.wait([ticket.future], timeout=wait_s)
-        future = ticket.future
-        if future.done() and not future.cancelled() and (estimate := future.result()) is not None:
-            run.request.length_estimate = estimate
-            run.heavy = estimate.is_heavy(self.config.prefill.heavy_threshold_tokens)
+        if (estimate := await self.predictions.within(ticket, wait_s)) is not None:
+            self._estimated(run, estimate)
         self._start(run, None)
 
     async def _refine_when_out(self, req: Request, ticket: Ticket) -> None:

@@ -21,7 +21,7 @@ from tetriserve.prefill_worker.lifecycle import IllegalTransition, Phase, Prefil
 from tetriserve.prefill_worker.offload import Offloader
 from tetriserve.prefill_worker.pace import PrefillPace
 from tetriserve.prefill_worker.policy import PrefillPolicySpec
-from tetriserve.prefill_worker.predictions import Ticket
+from tetriserve.prefill_worker.predictions import PredictionQueue, Ticket
 from tetriserve.prefill_worker.queue.fcfs import FCFS
 from tetriserve.prefill_worker.views import ReqView
 from tetriserve.prefill_worker.worker import PrefillWorker
@@ -67,6 +67,8 @@ class _Predictions:
 
     def withdraw(self, ticket: Ticket) -> None:
         ticket.future.cancel()
+
+    within = staticmethod(PredictionQueue.within)
 
     async def estimate(self, ticket: Ticket, wait_s: float = 0.0) -> tuple[LengthEstimate, None]:
         return ESTIMATE, None
