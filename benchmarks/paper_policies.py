@@ -502,7 +502,8 @@ def report(data: dict[str, Any]) -> str:
         )
         + ". Tiny model, enforce_eager, "
         f"{BASE_OVERRIDES['engine.kv_cache_gb']} GiB of KV per engine, baseline length predictor; cost profile "
-        f"`{data['profile']}`{'' if data['scls_profile'] else ' (no scls section: SCLS uses its built-in values)'}. "
+        f"{profile_text(data['profile'])}"
+        f"{'' if data['scls_profile'] else ' (no scls section: SCLS uses its built-in values)'}. "
         f"Each run: a fresh cluster, 4 warm-up requests, the replay. {a['rounds']} round(s)"
         + (", configuration order rotated; figures are medians over rounds." if a["rounds"] > 1 else ".")
         + " TBT is a request's mean gap between tokens; attainment is the share of all requests (an incomplete "
@@ -536,16 +537,42 @@ def report(data: dict[str, Any]) -> str:
 # -- main ------------------------------------------------------------------------------------------------------
 
 
+def profile_text(record: dict[str, Any]) -> str:
+    """A profile record as the report's sentence shows it."""
+    where = f"`{record['given']}`" if "given" in record else f"measured at the start of the run (`{record['command']}`)"
+    return where + (f", pivot {record['pivot_tokens']} tokens" if "pivot_tokens" in record else "")
+
+
 def cost_profile(args: argparse.Namespace) -> tuple[str, bool]:
-    """The profile every configuration reads (``--cost-profile``, else one ``tetriserve profile`` run now), and
-    whether it has the ``scls`` section."""
+    """The profile every configuration reads (``--cost-profile``, else one ``tetriserve profile`` run now, into the
+    scratch folder), and whether it has the ``scls`` section."""
     path = Path(args.cost_profile) if args.cost_profile else PROFILE
     if not args.cost_profile:
         WORK.mkdir(parents=True, exist_ok=True)
-        cli = ["profile", "--out", shown(path), "--threads", "1", "--repeats", str(args.profile_repeats)]
-        if run_cli(cli, {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}) != 0:
+        if run_cli(profile_command(args, shown(path)), {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}) != 0:
             raise SystemExit("tetriserve profile failed")
     return str(path.resolve()), json.loads(path.read_text()).get("scls") is not None
+
+
+def profile_command(args: argparse.Namespace, out: str) -> list[str]:
+    return ["profile", "--out", out, "--threads", "1", "--repeats", str(args.profile_repeats)]
+
+
+def profile_record(args: argparse.Namespace, profile: str) -> dict[str, Any]:
+    """What a result says of the profile it ran on: where it came from and its fit. A profile this run measured
+    lives in the scratch folder, which a result must not name (a clean checkout has no such file), so the record
+    holds the command and the fitted coefficients instead."""
+    fit = json.loads(Path(profile).read_text())
+    origin = (
+        {"given": shown(Path(profile))}
+        if args.cost_profile
+        else {"command": " ".join(["tetriserve", *profile_command(args, "<scratch>")])}
+    )
+    return {
+        **origin,
+        **{k: fit[k] for k in ("prefill", "decode", "pivot_tokens", "pivot_seconds") if k in fit},
+        "scls_section": fit.get("scls") is not None,
+    }
 
 
 def add_workload_args(ap: argparse.ArgumentParser, out_stem: str) -> None:
@@ -632,7 +659,7 @@ def main() -> int:
         **facts,
         "args": vars(args),
         "modes": args.modes,
-        "profile": shown(Path(profile)),
+        "profile": profile_record(args, profile),
         "scls_profile": scls_profile,
         "workload": workload,
         "summary": summary,

@@ -25,8 +25,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from bench_results import provenance, run_facts, shown, write_result  # noqa: E402
-from paper_policies import BASE_OVERRIDES, add_workload_args, prepare, replay, summarize, warm_up  # noqa: E402
+from bench_results import provenance, run_facts, write_result  # noqa: E402
+from paper_policies import (  # noqa: E402
+    BASE_OVERRIDES,
+    add_workload_args,
+    prepare,
+    profile_record,
+    replay,
+    summarize,
+    warm_up,
+)
 
 SHOWN = ("ttft_p50_ms", "ttft_p99_ms", "jct_mean_s", "attain_ttft", "attain_both", "incomplete")
 
@@ -113,7 +121,7 @@ def main() -> int:
             f"{res['ttft_p50_ms']:.0f} ms, p99 {res['ttft_p99_ms']:.0f} ms; total {time.monotonic() - began:.0f} s",
             flush=True,
         )
-    data = {**facts, "args": vars(args), "profile": shown(Path(profile)), "workload": workload, "runs": runs}
+    data = {**facts, "args": vars(args), "profile": profile_record(args, profile), "workload": workload, "runs": runs}
     return write_result(Path(args.out), data, report)
 
 

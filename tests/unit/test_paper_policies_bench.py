@@ -3,7 +3,10 @@ configurations' overrides, and the per-run arithmetic (percentiles, SLO attainme
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+from pathlib import Path
 
 from benchmarks import paper_policies as pp
 
@@ -96,3 +99,20 @@ def test_the_verdict_says_which_way_each_metric_moved() -> None:
     )
     assert "1.03x (1.03e+03 vs 1e+03), within 5% of the default: no clear move" in close  # 1030 / 1000
     assert "0.80x (2 vs 2.5), moved as predicted" in close
+
+
+def test_a_measured_profile_is_recorded_by_its_command_and_fit(tmp_path: Path) -> None:
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"prefill": {"a0": 1.0}, "decode": {"a1": 2.0}, "pivot_tokens": 96, "sweep": []}))
+    args = argparse.Namespace(cost_profile=None, profile_repeats=2)
+    record = pp.profile_record(args, str(profile))
+    assert record == {
+        "command": "tetriserve profile --out <scratch> --threads 1 --repeats 2",
+        "prefill": {"a0": 1.0},
+        "decode": {"a1": 2.0},
+        "pivot_tokens": 96,
+        "scls_section": False,
+    }
+    assert str(tmp_path) not in pp.profile_text(record) and "pivot 96 tokens" in pp.profile_text(record)
+    given = pp.profile_record(argparse.Namespace(cost_profile=str(profile), profile_repeats=1), str(profile))
+    assert given["given"] == str(profile) and "command" not in given
