@@ -35,7 +35,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -80,12 +80,17 @@ def policy_overrides(name: str, profile: str | None, scls_profile: bool) -> dict
     return {"preset": name}
 
 
-def cluster_overrides(mode: str, name: str, profile: str | None, scls_profile: bool) -> dict[str, Any]:
+def cluster_overrides(
+    mode: str, name: str, profile: str | None, scls_profile: bool, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A configuration's cluster: the base, the mode, the profile, its preset, and ``extra`` (``--set``) over all
+    of them (an explicit setting wins over a preset's)."""
     return {
         **BASE_OVERRIDES,
         "mode": mode,
         "prefill.cost_profile": profile,
         **policy_overrides(name, profile, scls_profile),
+        **(extra or {}),
     }
 
 
@@ -126,47 +131,40 @@ def build_workload(
     pairs: Sequence[tuple[tuple[int, ...], int]], rate: float, seed: int, classes: Sequence[SloClass]
 ) -> list[Arrival]:
     """One arrival per (prompt, max_tokens) pair, in order: Poisson arrivals at ``rate`` per second (the first
-    at 0) and an SLO class drawn uniformly per request, both from one ``random.Random(seed)``."""
+    at 0, ``common/workload.poisson``), then an SLO class drawn uniformly per request, both from one
+    ``random.Random(seed)``."""
+    from tetriserve.common.workload import poisson
+
     rng = random.Random(seed)
-    out, t = [], 0.0
-    for i, (prompt, max_tokens) in enumerate(pairs):
-        if i > 0:
-            t += rng.expovariate(rate)
-        out.append(Arrival(f"pp-{i}", prompt, max_tokens, t, rng.choice(list(classes))))
-    return out
+    offsets = poisson(rate, len(pairs), rng)
+    return [
+        Arrival(f"pp-{i}", prompt, max_tokens, t, rng.choice(list(classes)))
+        for i, ((prompt, max_tokens), t) in enumerate(zip(pairs, offsets, strict=True))
+    ]
 
 
 def sharegpt_pairs(
     n: int, seed: int, model_path: str, max_prompt: int, max_tokens: int, min_tokens: int = 4
 ) -> list[tuple[tuple[int, ...], int]]:
-    """``n`` ShareGPT conversations drawn by ``seed``: each one's first human turn (its first ``max_prompt``
-    tokens) and the length of the gpt answer after it in the tiny model's tokens, capped at ``max_tokens``."""
+    """``n`` ShareGPT conversations drawn by ``seed`` from ``common/workload.sharegpt_pool`` (a pool of 20 times
+    ``n``): each one's first human turn, its first ``max_prompt`` tokens in the tiny model's tokenizer, and the
+    length of the gpt answer after it, capped at ``max_tokens``."""
     from transformers import AutoTokenizer
 
-    from tetriserve.common.sharegpt import first_human_prompt, iter_conversations
+    from tetriserve.common.workload import sharegpt_pool
 
     tok = AutoTokenizer.from_pretrained(model_path)
-    records = []
-    for rec in iter_conversations():
-        prompt = first_human_prompt(rec) if isinstance(rec, dict) else None
-        if prompt is None:
-            continue
-        turns = rec["conversations"]
-        start = next(i for i, t in enumerate(turns) if isinstance(t, dict) and t.get("value") == prompt)
-        answer = next(t["value"] for t in turns[start + 1 :] if isinstance(t, dict) and t.get("from") == "gpt")
-        records.append((prompt, str(answer)))
-        if len(records) >= 20 * n:  # a pool 20 times the sample is drawn from, not the whole file
-            break
+    pool = sharegpt_pool(lambda text: len(tok.encode(text, add_special_tokens=False)), limit=20 * n)
     rng = random.Random(seed)
     out: list[tuple[tuple[int, ...], int]] = []
-    for prompt, answer in rng.sample(records, len(records)):
-        ids = tuple(tok.encode(prompt)[:max_prompt])
-        length = min(len(tok.encode(answer, add_special_tokens=False)), max_tokens)
+    for sample in rng.sample(pool, len(pool)):
+        ids = tuple(tok.encode(sample.prompt)[:max_prompt])
+        length = min(sample.output_tokens, max_tokens)
         if length >= min_tokens and len(ids) >= 2:
             out.append((ids, length))
         if len(out) == n:
             return out
-    raise ValueError(f"only {len(out)} usable ShareGPT conversations among {len(records)}")
+    raise ValueError(f"only {len(out)} usable ShareGPT conversations among {len(pool)}")
 
 
 # -- per-request outcomes and their summary (pure) -------------------------------------------------------------
@@ -360,12 +358,15 @@ def run_one(
     profile: str | None,
     scls_profile: bool,
     tag: str,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     from tetriserve.common.config import ClusterConfig
     from tetriserve.control_plane.launcher import launch
 
     t0 = time.monotonic()
-    cluster = launch(ClusterConfig.load(overrides=cluster_overrides(mode, name, profile, scls_profile)), model_path)
+    cluster = launch(
+        ClusterConfig.load(overrides=cluster_overrides(mode, name, profile, scls_profile, extra)), model_path
+    )
     try:
         launch_s = time.monotonic() - t0
         warm_up(cluster, arrivals)
@@ -437,6 +438,39 @@ def medians(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def by_class(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per SLO class, over every round's requests pooled: the share meeting its TTFT and its TBT objective, and
+    the mean JCT of its complete requests (a policy that favours one class over the other shows here)."""
+    outcomes = [Outcome(*row) for r in runs for row in r["outcomes"]]
+    out: dict[str, dict[str, float]] = {}
+    for name in dict.fromkeys(o.slo for o in outcomes):
+        mine = [o for o in outcomes if o.slo == name]
+        jct = [o.jct_s for o in mine if o.complete and o.jct_s is not None]
+        out[name] = {
+            "requests": float(len(mine)),
+            "attain_ttft": sum(o.met_ttft for o in mine) / len(mine),
+            "attain_tbt": sum(o.met_tbt for o in mine) / len(mine),
+            "jct_mean_s": statistics.mean(jct) if jct else float("nan"),
+        }
+    return out
+
+
+def class_table(runs: Mapping[str, Sequence[dict[str, Any]]]) -> list[str]:
+    """The report's per-class table of one mode: a row per configuration, TTFT met, TBT met and mean JCT per
+    class."""
+    classes = {name: by_class(rs) for name, rs in runs.items() if rs}
+    names = list(dict.fromkeys(c for per in classes.values() for c in per))
+    head = [f"{c} {label}" for c in names for label in ("TTFT met", "TBT met", "JCT mean s")]
+    lines = ["", "By SLO class, every round's requests pooled:", "", "| configuration | " + " | ".join(head) + " |"]
+    lines.append("|---|" + "---|" * len(head))
+    for name, per in classes.items():
+        cells = [
+            fmt(per[c][k], k) if c in per else "-" for c in names for k in ("attain_ttft", "attain_tbt", "jct_mean_s")
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 NOISE = 0.05  # a ratio this close to 1 is not read as a move
 
 
@@ -503,8 +537,9 @@ def report(data: dict[str, Any]) -> str:
         + ". Tiny model, enforce_eager, "
         f"{BASE_OVERRIDES['engine.kv_cache_gb']} GiB of KV per engine, baseline length predictor; cost profile "
         f"{profile_text(data['profile'])}"
-        f"{'' if data['scls_profile'] else ' (no scls section: SCLS uses its built-in values)'}. "
-        f"Each run: a fresh cluster, 4 warm-up requests, the replay. {a['rounds']} round(s)"
+        f"{'' if data['scls_profile'] else ' (no scls section: SCLS uses its built-in values)'}."
+        + (f" Set over every configuration: {', '.join(f'`{x}`' for x in a['set'])}." if a.get("set") else "")
+        + f" Each run: a fresh cluster, 4 warm-up requests, the replay. {a['rounds']} round(s)"
         + (", configuration order rotated; figures are medians over rounds." if a["rounds"] > 1 else ".")
         + " TBT is a request's mean gap between tokens; attainment is the share of all requests (an incomplete "
         "one misses) that meet their own objective.",
@@ -522,6 +557,7 @@ def report(data: dict[str, Any]) -> str:
         ]
         for name, row in rows.items():
             lines.append(f"| {name} | " + " | ".join(fmt(row[k], k) for k, _ in cols) + " |")
+        lines += class_table(data["runs"][mode])
         lines += ["", "Decisions counted over the replay (`decided.<policy>.<decision>`, summed over workers):", ""]
         for name, row in rows.items():
             dec = ", ".join(f"{k} {v}" for k, v in row["decided"].items()) or "none"
@@ -618,8 +654,22 @@ def main() -> int:
         "and every request was still served; 10 loads it without overloading it)",
     )
     ap.add_argument("--rounds", type=int, default=1, help="with more than 1, the configuration order rotates")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config key set over every configuration, its preset's included (repeatable; an ablation, e.g. "
+        "--set decode.preemption.order=vllm)",
+    )
     add_workload_args(ap, "paper_policies")
     args = ap.parse_args()
+    from tetriserve.cli.config_flags import parse_set
+
+    try:
+        extra = dict(parse_set(item) for item in args.set)
+    except ValueError as exc:
+        ap.error(str(exc))
     facts = run_facts()
     model_path, profile, scls_profile, arrivals = prepare(args)
     classes = parse_classes(args.slo_classes)
@@ -644,7 +694,7 @@ def main() -> int:
         for mode in args.modes:
             for name in rotated(args.configs, r):
                 k += 1
-                res = run_one(mode, name, arrivals, model_path, profile, scls_profile, f"r{r}-{mode}-{name}")
+                res = run_one(mode, name, arrivals, model_path, profile, scls_profile, f"r{r}-{mode}-{name}", extra)
                 runs[mode][name].append(res)
                 print(
                     f"[{k}/{total}] round {r} {mode:13s} {name:9s} {res['elapsed_s']:5.0f} s "

@@ -73,6 +73,24 @@ def test_attainment_on_a_hand_built_run() -> None:
     assert math.isclose(s["tbt_p50_ms"], 20.0)  # of 20, 10, 200 ms
 
 
+def test_the_class_breakdown_pools_the_rounds_per_class() -> None:
+    tight, loose = CLASSES
+    run1 = [_o("a", tight, 10, 0.100, 0.020, 1.0), _o("c", loose, 10, 1.000, 0.200, 3.0)]
+    run2 = [_o("b", tight, 10, 0.300, 0.010, 2.0), _o("d", loose, 5, 0.010, 0.001, 0.5)]
+    rounds = [{"outcomes": [[getattr(o, f) for f in pp.OUTCOME_FIELDS] for o in run]} for run in (run1, run2)]
+    per = pp.by_class(rounds)
+    # tight: a (both met, JCT 1 s) and b (TTFT missed, JCT 2 s); loose: c (TBT missed, JCT 3 s), d incomplete
+    assert per["tight"] == {"requests": 2.0, "attain_ttft": 0.5, "attain_tbt": 1.0, "jct_mean_s": 1.5}
+    assert per["loose"] == {"requests": 2.0, "attain_ttft": 0.5, "attain_tbt": 0.0, "jct_mean_s": 3.0}
+    table = pp.class_table({"default": rounds})
+    assert "| default | 50% | 100% | 1.50 | 50% | 0% | 3.00 |" in table
+
+
+def test_a_set_override_wins_over_the_preset() -> None:
+    o = pp.cluster_overrides("disaggregated", "accelgen", None, False, {"decode.preemption.order": "vllm"})
+    assert o["preset"] == "accelgen" and o["decode.preemption.order"] == "vllm"
+
+
 def test_one_token_has_no_gap_and_meets_its_tbt() -> None:
     one = pp.Outcome("x", "tight", 250.0, 30.0, 1, 1, 0.05, None, 0.05)
     assert one.met_tbt and one.met_ttft
