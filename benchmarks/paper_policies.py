@@ -606,7 +606,7 @@ def profile_record(args: argparse.Namespace, profile: str) -> dict[str, Any]:
     )
     return {
         **origin,
-        **{k: fit[k] for k in ("prefill", "decode", "pivot_tokens", "pivot_seconds") if k in fit},
+        **{k: fit[k] for k in ("prefill", "decode", "pivot_tokens", "pivot_seconds", "scls") if k in fit},
         "scls_section": fit.get("scls") is not None,
     }
 

@@ -249,10 +249,10 @@ REGISTRY: tuple[Entry, ...] = (
     ),
     Entry(
         "paper_policies",
-        _bench("paper_policies", "--num-prompts 750 --rate 10 --seed 0 --rounds 1"),
+        _bench("paper_policies", "--num-prompts 750 --rate 10 --seed 0 --rounds 3"),
         "each paper's policies (AccelGen, SOLA, SCLS, CacheOpt) against the default on one ShareGPT workload with "
         "per-request SLOs, colocated and disaggregated: SLO attainment, TTFT, TBT, JCT, throughput, preemptions",
-        23,
+        55,
         _files("paper_policies", ".md", ".json"),
     ),
     Entry(

@@ -48,7 +48,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -260,9 +260,12 @@ def warmed_server(
             stop(proc)
 
 
-def vllm_server(model: str, port: int, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+def vllm_server(
+    model: str, port: int, env: dict[str, str], threads: int | None = None, extra: Sequence[str] = ()
+) -> tuple[list[str], dict[str, str]]:
     """A plain vLLM OpenAI server on ``port`` (command, environment): same model, dtype, context and block size
-    as tetriserve's engines, its KV cache sized like theirs."""
+    as tetriserve's engines, its KV cache sized like theirs. ``threads``: its engine's threads, unbound as
+    tetriserve's engines are (None: vLLM binds one to each core, two here); ``extra``: more server flags."""
     from tetriserve.common.config import ClusterConfig
     from tetriserve.engine.settings import engine_dtype
 
@@ -283,12 +286,16 @@ def vllm_server(model: str, port: int, env: dict[str, str]) -> tuple[list[str], 
         "--port",
         str(port),
         "--disable-uvicorn-access-log",
+        *extra,
     ]
     # idle HTTP connections kept as long as tetriserve's front door keeps them (``http_keepalive_s``, 75 s), not
     # vLLM's 5 s: the client pools its connections for 60 s, and one the server closes as the client reuses it
     # fails that request (``ServerDisconnectedError``)
     keepalive = str(math.ceil(ClusterConfig().http_keepalive_s))
-    return cmd, dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2", VLLM_HTTP_TIMEOUT_KEEP_ALIVE=keepalive)
+    senv = dict(env, OMP_NUM_THREADS="2", VLLM_CPU_KVCACHE_SPACE="2", VLLM_HTTP_TIMEOUT_KEEP_ALIVE=keepalive)
+    if threads is not None:
+        senv.update(OMP_NUM_THREADS=str(threads), VLLM_CPU_OMP_THREADS_BIND="nobind")
+    return cmd, senv
 
 
 def serve_and_bench(

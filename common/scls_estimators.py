@@ -39,9 +39,10 @@ ZETA = 0.9  # SCLS §5.1: ζ of eq. 9
 class ServingTime:
     """Eq. 1–4: seconds to serve a static batch, from the fitted prefill (p) and decode-iteration (d) terms.
 
-    The defaults are this project's tiny model on the 2-core CPU machine (bfloat16, one thread), as `tetriserve
-    profile` fitted them there (mean relative error 14.9% for eq. 3 and 10.3% for eq. 4, over a measurement
-    noise of 23% and 40%), to three significant figures; the profile of another model or machine replaces them.
+    The defaults are this project's tiny model on the 2-core CPU machine (bfloat16, one thread), as one
+    ``tetriserve profile --threads 1`` run fitted them there (mean relative error 14.9% for eq. 3 and 10.3% for
+    eq. 4, over a measurement noise of 23% and 40%), to three significant figures; a fit moves from run to run
+    (docs/policies/scls.md), and the profile of another model or machine replaces them.
     """
 
     p1: float = 3.2e-5

@@ -120,7 +120,7 @@ class WorkloadRequest:
 # ── request sources ──────────────────────────────────────────────────────────────────────────────
 
 
-def _answer_after_first_human(record: Mapping[str, object]) -> str | None:
+def answer_after_first_human(record: Mapping[str, object]) -> str | None:
     """The first gpt turn after the record's first human turn (``first_human_prompt`` vouched that one exists,
     in a list of turns)."""
     turns = record["conversations"]
@@ -153,7 +153,7 @@ def sharegpt_pool(
     for record in iter_conversations(path):
         scanned += 1
         prompt = first_human_prompt(record)
-        answer = _answer_after_first_human(record) if prompt is not None else None
+        answer = answer_after_first_human(record) if prompt is not None else None
         if prompt is not None and answer is not None:
             prompt_tokens, output_tokens = count_tokens(prompt), count_tokens(answer)
             if prompt_tokens >= 1 and output_tokens >= 1:

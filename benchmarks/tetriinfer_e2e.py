@@ -1,0 +1,437 @@
+"""TetriInfer §5.1 live: its five workloads on the ``tetriinfer`` preset against this service colocated and
+against plain vLLM, on the same cores, with vLLM's own benchmark client.
+
+TetriInfer §5.1 (Figure 16) runs five workloads of 128 ShareGPT requests against vLLM and reports average TTFT,
+average JCT and perf/$: LPLD, LPHD, HPLD, HPHD and Mixed, a prompt over 512 tokens being heavy prefill and an
+answer over 128 tokens heavy decode (``common/workload.classify``), Mixed drawn from the whole pool. Each request
+asks for its ShareGPT answer's length (``--ignore-eos``: the client sends the answer's token count as max_tokens).
+
+Systems, each a fresh server whose processes run in a session of their own:
+
+    tetriinfer         tetriserve serve --preset tetriinfer: 1 prefill + 1 decode engine of one thread each
+    tetriinfer-oracle  the same with the true output lengths (--predictor oracle): the policies apart from
+                       the prediction, as the paper's Figure 18 separates them
+    colocated          tetriserve serve --mode colocated: two one-thread engines that each run both phases (the
+                       same cores as tetriinfer: the effect of disaggregation itself)
+    vllm               plain vLLM, one engine thread
+    vllm-nochunk       plain vLLM, one thread, chunked prefill off (the paper's vLLM had none)
+    vllm-2t            plain vLLM, two threads (for reference)
+
+On each server, after a warm-up of ``WARMUP`` requests (not measured), two scenarios:
+
+    burst    the workload at once: its makespan gives the capacity, and the CPU-seconds of the server's process
+             tree over it the resource usage; perf/$ is output tokens per server CPU-second
+    poisson  Poisson arrivals at ``--load`` (0.7) of the colocated server's burst capacity, in requests per
+             second, for the same seed and workload: average TTFT and JCT
+
+The colocated server runs first for each (seed, workload), since the rate is taken from it; the others follow in
+an order rotated from one workload to the next. Seeds are interleaved (every workload of seed 0, then of seed 1,
+...), so machine drift spreads over all systems. A ratio (tetriinfer / a vLLM baseline) is taken per seed; the
+report gives its mean over seeds with a 95% confidence interval (Student's t over the seeds), and claims a
+direction only where the interval of the relative change excludes zero. The load generator's CPU-seconds are
+recorded apart (``client_cpu_s``), never in a server's.
+
+    python benchmarks/tetriinfer_e2e.py --seeds 0 1 2
+
+Writes ``benchmarks/results/tetriinfer_e2e.{md,json}`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from bench_results import RESULTS, WORK, provenance, run_facts, write_result  # noqa: E402
+
+WORKLOADS = ("LPLD", "LPHD", "HPLD", "HPHD", "Mixed")
+SYSTEMS = ("tetriinfer", "tetriinfer-oracle", "colocated", "vllm", "vllm-nochunk", "vllm-2t")
+BASELINES = ("vllm", "vllm-nochunk", "vllm-2t")
+WARMUP = 8
+PORT = 8100
+MAX_MODEL_LEN = 2048
+# vLLM's benchmark client keeps a ShareGPT pair only when the prompt has 4-1024 tokens, the answer at least 4 and
+# both at most 2048 (vllm.benchmarks.datasets.is_valid_sequence): every request chosen here passes, so the client
+# sends exactly the chosen ones
+CLIENT_MIN, CLIENT_MAX_PROMPT, CLIENT_MAX_TOTAL = 4, 1024, 2048
+
+# TetriInfer §5.1 against vLLM: the relative change of average TTFT and JCT, and perf/$ as a factor (None: the
+# paper gives no figure; HPHD's TTFT gain is only called "more pronounced" than HPLD's)
+PAPER: dict[str, tuple[float | None, float | None, float | None]] = {
+    "LPLD": (-0.44, -0.40, 1.4),
+    "LPHD": (-0.97, -0.47, 2.4),
+    "HPLD": (-0.09, -0.23, 0.86),
+    "HPHD": (None, -0.19, 1.1),
+    "Mixed": (-0.85, -0.50, 1.9),
+}
+
+
+# -- the workloads (pure) --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A ShareGPT prompt and its answer, with their lengths as vLLM's client counts them (its tokenizer's ids,
+    special tokens included)."""
+
+    prompt: str
+    answer: str
+    prompt_tokens: int
+    answer_tokens: int
+
+    @property
+    def workload(self) -> str:
+        heavy_prefill, heavy_decode = self.prompt_tokens > 512, self.answer_tokens > 128
+        return ("HP" if heavy_prefill else "LP") + ("HD" if heavy_decode else "LD")
+
+    @property
+    def client_keeps(self) -> bool:
+        p, a = self.prompt_tokens, self.answer_tokens
+        return CLIENT_MIN <= p <= CLIENT_MAX_PROMPT and a >= CLIENT_MIN and p + a <= CLIENT_MAX_TOTAL
+
+
+def choose(pairs: Sequence[Pair], workload: str, n: int, seed: int) -> list[Pair]:
+    """``n`` pairs of ``workload`` (Mixed: of any) drawn without replacement by ``seed`` among those vLLM's
+    client keeps; ValueError when the pool has fewer."""
+    kept = [p for p in pairs if p.client_keeps and (workload == "Mixed" or p.workload == workload)]
+    if len(kept) < n:
+        raise ValueError(f"{workload}: {len(kept)} usable ShareGPT pairs, {n} wanted")
+    return random.Random(f"{workload}-{seed}").sample(kept, n)
+
+
+def sharegpt_file(chosen: Sequence[Pair]) -> list[dict[str, Any]]:
+    """The chosen pairs in the format vLLM's client reads (``--dataset-name sharegpt``)."""
+    return [
+        {"id": f"t{i}", "conversations": [{"from": "human", "value": p.prompt}, {"from": "gpt", "value": p.answer}]}
+        for i, p in enumerate(chosen)
+    ]
+
+
+def oracle_lines(chosen: Sequence[Pair]) -> list[str]:
+    """The oracle predictor's workload (``prefill.predictor_workload``): each prompt's text and its true length."""
+    return [json.dumps({"prompt": p.prompt, "response_len": p.answer_tokens}) for p in chosen]
+
+
+# -- one run's figures and the comparison (pure) ---------------------------------------------------------------
+
+
+def figures(result: Mapping[str, Any]) -> dict[str, float]:
+    """What the report reads of the client's saved JSON (``--save-detailed``): means over the completed requests
+    of TTFT and of JCT (the client's end-to-end latency), the makespan and the output tokens."""
+    ttfts = [t for t in result.get("ttfts", []) if t]
+    lats = [t for t in result.get("latencies", []) if t]
+    return {
+        "completed": float(result["completed"]),
+        "failed": float(result.get("failed", 0)),
+        "duration_s": float(result["duration"]),
+        "output_tokens": float(result["total_output_tokens"]),
+        "ttft_mean_ms": 1e3 * statistics.mean(ttfts) if ttfts else math.nan,
+        "jct_mean_ms": 1e3 * statistics.mean(lats) if lats else math.nan,
+    }
+
+
+def capacity(burst: Mapping[str, float]) -> float:
+    """Requests per second a burst was served at: completed over its makespan."""
+    return burst["completed"] / burst["duration_s"] if burst["duration_s"] > 0 else math.nan
+
+
+def perf_per_cpu(burst: Mapping[str, float]) -> float:
+    """perf/$ here: output tokens per CPU-second of the server's processes over the burst."""
+    return burst["output_tokens"] / burst["server_cpu_s"] if burst.get("server_cpu_s") else math.nan
+
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def interval(xs: Sequence[float]) -> tuple[float, float, float]:
+    """Mean of ``xs`` and its 95% confidence interval by Student's t (nan bounds with one value)."""
+    xs = [x for x in xs if not math.isnan(x)]
+    if not xs:
+        return math.nan, math.nan, math.nan
+    m = statistics.mean(xs)
+    if len(xs) < 2:
+        return m, math.nan, math.nan
+    half = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return m, m - half, m + half
+
+
+def direction(lo: float, hi: float, lower_is_better: bool) -> str:
+    """What an interval of relative change claims: better, worse, or nothing (it spans zero or is unknown)."""
+    if math.isnan(lo) or math.isnan(hi) or lo <= 0 <= hi:
+        return "no claim"
+    return "better" if (hi < 0) == lower_is_better else "worse"
+
+
+# what a row compares: (key, label, lower is better, the per-seed value from a system's two runs)
+METRICS: tuple[tuple[str, str, bool, Callable[[Mapping[str, Any]], float]], ...] = (
+    ("ttft", "TTFT", True, lambda run: run["poisson"]["ttft_mean_ms"]),
+    ("jct", "JCT", True, lambda run: run["poisson"]["jct_mean_ms"]),
+    ("perf", "perf/$", False, lambda run: perf_per_cpu(run["burst"])),
+)
+
+
+def compare(
+    runs: Mapping[str, Mapping[str, Mapping[str, Any]]], workload: str, ours: str, base: str
+) -> dict[str, dict[str, float | str]]:
+    """Per metric, ``ours`` against ``base`` on ``workload`` over the seeds (``runs[seed][workload][system]``):
+    the relative change's mean and 95% interval, and the direction it claims."""
+    out: dict[str, dict[str, float | str]] = {}
+    for key, _, lower, value in METRICS:
+        changes = []
+        for by_workload in runs.values():
+            systems = by_workload.get(workload, {})
+            if ours in systems and base in systems:
+                a, b = value(systems[ours]), value(systems[base])
+                changes.append(a / b - 1 if b and not math.isnan(a) and not math.isnan(b) else math.nan)
+        m, lo, hi = interval(changes)
+        out[key] = {"change": m, "lo": lo, "hi": hi, "seeds": float(len(changes)), "claim": direction(lo, hi, lower)}
+    return out
+
+
+def rotated(names: Sequence[str], k: int) -> list[str]:
+    k = k % len(names) if names else 0
+    return [*names[k:], *names[:k]]
+
+
+def run_order(systems: Sequence[str], k: int) -> list[str]:
+    """The order the systems run in for the ``k``-th (seed, workload): colocated first (the others' Poisson rate
+    is taken from its burst), the rest rotated by ``k``."""
+    rest = [s for s in systems if s != "colocated"]
+    return (["colocated"] if "colocated" in systems else []) + rotated(rest, k)
+
+
+# -- the report ------------------------------------------------------------------------------------------------
+
+
+def pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{100 * x:+.0f}%"
+
+
+def cell(c: Mapping[str, float | str], factor: bool = False) -> str:
+    """A comparison's cell: the mean change (perf/$ as a factor) and its interval, then the claim."""
+    m, lo, hi = (float(c[k]) for k in ("change", "lo", "hi"))
+    if math.isnan(m):
+        return "-"
+    if factor:
+        body = f"{1 + m:.2f}×" + ("" if math.isnan(lo) else f" [{1 + lo:.2f}, {1 + hi:.2f}]")
+    else:
+        body = pct(m) + ("" if math.isnan(lo) else f" [{pct(lo)}, {pct(hi)}]")
+    return f"{body} {c['claim']}"
+
+
+def paper_cell(w: str) -> str:
+    ttft, jct, perf = PAPER[w]
+    return " / ".join(["-" if ttft is None else pct(ttft), "-" if jct is None else pct(jct), f"{perf:g}×"])
+
+
+def report(data: dict[str, Any]) -> str:
+    a = data["args"]
+    runs = data["runs"]
+    lines = [
+        "# TetriInfer §5.1 live: the tetriinfer preset against plain vLLM and against colocated",
+        "",
+        *provenance(data),
+        "",
+        f"{a['num_prompts']} ShareGPT requests per workload and seed (seeds {', '.join(map(str, a['seeds']))}), each "
+        "asking for its answer's length (ignore_eos); the tiny model, one thread per engine; a burst of all "
+        f"requests (capacity, CPU-seconds) and Poisson arrivals at {a['load']:g} of the colocated server's burst "
+        "capacity (TTFT, JCT). Changes are means over seeds with 95% intervals (Student's t); a direction is "
+        "claimed only where the interval excludes zero. perf/$ is output tokens per CPU-second of the server's "
+        "process tree over the burst. The paper's figures are against vLLM on GPUs with an emulated 200 Gb/s "
+        "link (TTFT / JCT / perf/$).",
+    ]
+    for ours in [s for s in ("tetriinfer", "tetriinfer-oracle", "colocated") if s in a["systems"]]:
+        for base in [b for b in (*BASELINES, "colocated") if b in a["systems"] and b != ours]:
+            rows = [
+                w for w in a["workloads"] if any(w in by and ours in by[w] and base in by[w] for by in runs.values())
+            ]
+            if not rows:
+                continue
+            lines += ["", f"## {ours} against {base}", ""]
+            lines += ["| workload | TTFT | JCT | perf/$ | the paper (vs vLLM) |", "|---|---|---|---|---|"]
+            for w in rows:
+                c = compare(runs, w, ours, base)
+                lines.append(
+                    f"| {w} | {cell(c['ttft'])} | {cell(c['jct'])} | {cell(c['perf'], True)} | {paper_cell(w)} |"
+                )
+    lines += ["", "## Every run", ""]
+    lines += [
+        "| seed | workload | system | capacity req/s | Poisson rate | TTFT ms | JCT ms | server CPU-s | perf/$ "
+        "| failed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for seed, by_workload in runs.items():
+        for w, systems in by_workload.items():
+            for name, run in systems.items():
+                b, p = run["burst"], run["poisson"]
+                lines.append(
+                    f"| {seed} | {w} | {name} | {capacity(b):.2f} | {run['rate']:.2f} | {p['ttft_mean_ms']:.0f} | "
+                    f"{p['jct_mean_ms']:.0f} | {b.get('server_cpu_s', math.nan):.1f} | {perf_per_cpu(b):.1f} | "
+                    f"{int(b['failed'] + p['failed'])} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+# -- running it ------------------------------------------------------------------------------------------------
+
+
+def server(name: str, model: str, env: dict[str, str], oracle: Path) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of system ``name`` on ``PORT``."""
+    from vllm_bench_serve import tetriserve_cmd, vllm_server
+
+    one = ["--threads-per-engine", "1", "--num-prefill", "1", "--num-decode", "1", "--max-model-len", "2048"]
+    if name == "tetriinfer":
+        return tetriserve_cmd("--preset", "tetriinfer", *one), env
+    if name == "tetriinfer-oracle":
+        return tetriserve_cmd(
+            "--preset", "tetriinfer", *one, "--predictor", "oracle", "--predictor-workload", str(oracle)
+        ), env
+    if name == "colocated":
+        return tetriserve_cmd("--mode", "colocated", *one), env
+    threads = 2 if name == "vllm-2t" else 1
+    extra = ["--no-enable-chunked-prefill"] if name == "vllm-nochunk" else []
+    return vllm_server(model, PORT, env, threads=threads, extra=extra)
+
+
+def bench(
+    name: str, scenario: str, dataset: Path, model: str, n: int, rate: float, seed: int
+) -> tuple[dict[str, Any], float]:
+    """One run of vLLM's client against ``PORT``: its saved JSON, and the client's own CPU-seconds."""
+    from vllm_bench_report import saved
+
+    out = WORK / f"bench_{name}_{scenario}.json"
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+        "from vllm.benchmarks.serve import add_cli_args, main; "
+        "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))",
+        "--backend", "openai", "--base-url", f"http://127.0.0.1:{PORT}", "--model", "tiny-llama",
+        "--tokenizer", model, "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
+        "--num-prompts", str(n), "--request-rate", "inf" if math.isinf(rate) else f"{rate:.4f}",
+        "--seed", str(seed), "--ignore-eos", "--save-result", "--save-detailed",
+        "--result-dir", str(WORK), "--result-filename", out.name,
+    ]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    client = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return saved(name, scenario), client
+
+
+def serve_workload(
+    name: str, model: str, env: dict[str, str], dataset: Path, oracle: Path, n: int, seed: int,
+    load: float, base: Mapping[str, float] | None,
+) -> dict[str, Any]:  # fmt: skip
+    """Start ``name``, warm it up, run the burst (CPU measured) and the Poisson run at ``load`` of the capacity of
+    burst ``base`` (None: of its own burst)."""
+    from vllm_bench_serve import session_cpu, stop, wait_ready
+
+    cmd, senv = server(name, model, env, oracle)
+    tag = f"{name}_s{seed}_{dataset.stem}"
+    with open(WORK / f"server_{tag}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=senv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_ready(f"http://127.0.0.1:{PORT}", proc)
+            bench(tag, "warmup", dataset, model, WARMUP, math.inf, seed)
+            before = session_cpu(proc.pid)
+            result, client_burst = bench(tag, "burst", dataset, model, n, math.inf, seed)
+            after = session_cpu(proc.pid)
+            burst = figures(result)
+            burst["server_cpu_s"] = sum(cpu - before.get(pid, ("", 0.0))[1] for pid, (_, cpu) in after.items())
+            burst["client_cpu_s"] = client_burst
+            rate = load * capacity(base if base is not None else burst)
+            result, client_poisson = bench(tag, "poisson", dataset, model, n, rate, seed)
+            poisson = figures(result)
+            poisson["client_cpu_s"] = client_poisson
+            return {"burst": burst, "poisson": poisson, "rate": rate}
+        finally:
+            stop(proc)
+
+
+def pool(model: str, need: int) -> list[Pair]:
+    """ShareGPT's first exchanges (a record's first human turn and the gpt answer after it), counted by the
+    client's tokenizer, read until every workload has ``need`` pairs the client keeps, or the file ends."""
+    from transformers import AutoTokenizer
+
+    from tetriserve.common.sharegpt import first_human_prompt, iter_conversations
+    from tetriserve.common.workload import answer_after_first_human
+
+    tok = AutoTokenizer.from_pretrained(model)
+    out: list[Pair] = []
+    found = dict.fromkeys(WORKLOADS[:4], 0)
+    for rec in iter_conversations():
+        prompt = first_human_prompt(rec)
+        answer = answer_after_first_human(rec) if prompt is not None else None
+        if prompt is None or answer is None:
+            continue
+        pair = Pair(prompt, answer, len(tok(prompt).input_ids), len(tok(answer).input_ids))
+        out.append(pair)
+        if pair.client_keeps:
+            found[pair.workload] += 1
+            if min(found.values()) >= need:
+                break
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--num-prompts", type=int, default=128, help="requests per workload (the paper: 128)")
+    ap.add_argument("--load", type=float, default=0.7, help="Poisson rate as a share of colocated's burst capacity")
+    ap.add_argument("--out", default=str(RESULTS / "tetriinfer_e2e"), help="results stem (.md and .json)")
+    args = ap.parse_args()
+    if "colocated" not in args.systems:
+        ap.error("--systems must include colocated: the Poisson rate is a share of its burst capacity")
+    facts = run_facts()
+    from vllm_bench_serve import prepare
+
+    model, _, env = prepare()
+    pairs = pool(model, 2 * args.num_prompts)
+    runs: dict[str, dict[str, dict[str, Any]]] = {}
+    total, k, began = len(args.seeds) * len(args.workloads) * len(args.systems), 0, time.monotonic()
+    for seed in args.seeds:
+        for wi, workload in enumerate(args.workloads):
+            chosen = choose(pairs, workload, args.num_prompts, seed)
+            dataset, oracle = (
+                WORK / f"tetriinfer_{workload}_s{seed}.json",
+                WORK / f"tetriinfer_{workload}_s{seed}.jsonl",
+            )
+            dataset.write_text(json.dumps(sharegpt_file(chosen)))
+            oracle.write_text("\n".join(oracle_lines(chosen)) + "\n")
+            by_system: dict[str, Any] = {}
+            for name in run_order(args.systems, wi + seed):
+                k += 1
+
+                base = by_system["colocated"]["burst"] if "colocated" in by_system else None
+                by_system[name] = serve_workload(
+                    name, model, env, dataset, oracle, args.num_prompts, seed, args.load, base
+                )
+                run = by_system[name]
+                print(
+                    f"[{k}/{total}] seed {seed} {workload:5s} {name:17s} capacity {capacity(run['burst']):.2f} req/s, "
+                    f"TTFT {run['poisson']['ttft_mean_ms']:.0f} ms, JCT {run['poisson']['jct_mean_ms']:.0f} ms at "
+                    f"{run['rate']:.2f} req/s; {time.monotonic() - began:.0f} s",
+                    flush=True,
+                )
+            runs.setdefault(str(seed), {})[workload] = by_system
+    return write_result(Path(args.out), {**facts, "args": vars(args), "runs": runs}, report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
