@@ -201,14 +201,11 @@ def compare(
     return out
 
 
-def rotated(names: Sequence[str], k: int) -> list[str]:
-    k = k % len(names) if names else 0
-    return [*names[k:], *names[:k]]
-
-
 def run_order(systems: Sequence[str], k: int) -> list[str]:
     """The order the systems run in for the ``k``-th (seed, workload): colocated first (the others' Poisson rate
     is taken from its burst), the rest rotated by ``k``."""
+    from paper_policies import rotated
+
     rest = [s for s in systems if s != "colocated"]
     return (["colocated"] if "colocated" in systems else []) + rotated(rest, k)
 
@@ -292,15 +289,15 @@ def server(name: str, model: str, env: dict[str, str], oracle: Path) -> tuple[li
     """The command and environment of system ``name`` on ``PORT``."""
     from vllm_bench_serve import tetriserve_cmd, vllm_server
 
-    one = ["--threads-per-engine", "1", "--num-prefill", "1", "--num-decode", "1", "--max-model-len", "2048"]
+    engines = ["--threads-per-engine", "1", "--num-prefill", "1", "--num-decode", "1", "--max-model-len", "2048"]
     if name == "tetriinfer":
-        return tetriserve_cmd("--preset", "tetriinfer", *one), env
+        return tetriserve_cmd("--preset", "tetriinfer", *engines), env
     if name == "tetriinfer-oracle":
         return tetriserve_cmd(
-            "--preset", "tetriinfer", *one, "--predictor", "oracle", "--predictor-workload", str(oracle)
+            "--preset", "tetriinfer", *engines, "--predictor", "oracle", "--predictor-workload", str(oracle)
         ), env
     if name == "colocated":
-        return tetriserve_cmd("--mode", "colocated", *one), env
+        return tetriserve_cmd("--mode", "colocated", *engines), env
     threads = 2 if name == "vllm-2t" else 1
     extra = ["--no-enable-chunked-prefill"] if name == "vllm-nochunk" else []
     return vllm_server(model, PORT, env, threads=threads, extra=extra)
@@ -311,20 +308,10 @@ def bench(
 ) -> tuple[dict[str, Any], float]:
     """One run of vLLM's client against ``PORT``: its saved JSON, and the client's own CPU-seconds."""
     from vllm_bench_report import saved
+    from vllm_bench_serve import client_command
 
-    out = WORK / f"bench_{name}_{scenario}.json"
-    cmd = [
-        sys.executable,
-        "-c",
-        "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
-        "from vllm.benchmarks.serve import add_cli_args, main; "
-        "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))",
-        "--backend", "openai", "--base-url", f"http://127.0.0.1:{PORT}", "--model", "tiny-llama",
-        "--tokenizer", model, "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
-        "--num-prompts", str(n), "--request-rate", "inf" if math.isinf(rate) else f"{rate:.4f}",
-        "--seed", str(seed), "--ignore-eos", "--save-result", "--save-detailed",
-        "--result-dir", str(WORK), "--result-filename", out.name,
-    ]  # fmt: skip
+    load = ["--num-prompts", str(n), "--request-rate", "inf" if math.isinf(rate) else f"{rate:.4f}"]
+    cmd = client_command(PORT, model, dataset, f"bench_{name}_{scenario}.json", load, seed, ignore_eos=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

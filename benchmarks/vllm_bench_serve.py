@@ -176,11 +176,12 @@ def scenario_args(scenario: str, args: argparse.Namespace) -> list[str]:
     return ["--num-prompts", str(args.num_prompts), "--request-rate", "inf"]
 
 
-def run_bench(
-    name: str, scenario: str, port: int, args: argparse.Namespace, model: str, dataset: Path
-) -> dict[str, float]:
-    out = WORK / f"bench_{name}_{scenario}.json"
-    cmd = [
+def client_command(
+    port: int, model: str, dataset: Path, result: str, load: Sequence[str], seed: int, ignore_eos: bool
+) -> list[str]:
+    """vLLM's benchmark client against ``port`` on a ShareGPT file, ``load`` its request count and rate flags,
+    saving its summary and per-request detail as ``WORK/<result>``."""
+    return [
         sys.executable,
         "-c",
         "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
@@ -198,17 +199,25 @@ def run_bench(
         "sharegpt",
         "--dataset-path",
         str(dataset),
-        *scenario_args(scenario, args),
+        *load,
         "--seed",
-        str(args.seed),
+        str(seed),
         "--save-result",
         "--result-dir",
         str(WORK),
         "--result-filename",
-        out.name,
+        result,
         "--save-detailed",
-        *(["--ignore-eos"] if getattr(args, "ignore_eos", False) else []),
+        *(["--ignore-eos"] if ignore_eos else []),
     ]
+
+
+def run_bench(
+    name: str, scenario: str, port: int, args: argparse.Namespace, model: str, dataset: Path
+) -> dict[str, float]:
+    out = WORK / f"bench_{name}_{scenario}.json"
+    load = scenario_args(scenario, args)
+    cmd = client_command(port, model, dataset, out.name, load, args.seed, getattr(args, "ignore_eos", False))
     print(f"[{name} / {scenario}] {' '.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
     return summary(name, scenario)
