@@ -140,14 +140,15 @@ def measure_or_reload(
     return write_result(RESULTS / name, data, report)
 
 
-def write_result(stem: Path, data: dict[str, Any], report: Callable[[dict[str, Any]], str]) -> int:
+def write_result(stem: Path, data: dict[str, Any], report: Callable[[dict[str, Any]], str], echo: bool = True) -> int:
     """Write ``data`` as ``<stem>.json`` and its report as ``<stem>.md`` (a bare name lies in ``RESULTS``), print
-    the report; 0, a benchmark's exit status."""
+    the report (``echo``); 0, a benchmark's exit status."""
     if not stem.is_absolute() and stem.parent == Path("."):
         stem = RESULTS / stem
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
     md = report(data)
     stem.with_suffix(".md").write_text(md)
-    print(md)
+    if echo:
+        print(md)
     return 0

@@ -6,7 +6,7 @@ average JCT and perf/$: LPLD, LPHD, HPLD, HPHD and Mixed, a prompt over 512 toke
 answer over 128 tokens heavy decode (``common/workload.classify``), Mixed drawn from the whole pool. Each request
 asks for its ShareGPT answer's length (``--ignore-eos``: the client sends the answer's token count as max_tokens).
 
-Systems, each a fresh server whose processes run in a session of their own:
+Systems, each a fresh server per seed whose processes run in a session of their own:
 
     tetriinfer         tetriserve serve --preset tetriinfer: 1 prefill + 1 decode engine of one thread each
     tetriinfer-oracle  the same with the true output lengths (--predictor oracle): the policies apart from
@@ -17,19 +17,19 @@ Systems, each a fresh server whose processes run in a session of their own:
     vllm-nochunk       plain vLLM, one thread, chunked prefill off (the paper's vLLM had none)
     vllm-2t            plain vLLM, two threads (for reference)
 
-On each server, after a warm-up of ``WARMUP`` requests (not measured), two scenarios:
+On each server, after a warm-up of ``WARMUP`` requests (not measured), two scenarios per workload, in turn:
 
     burst    the workload at once: its makespan gives the capacity, and the CPU-seconds of the server's process
              tree over it the resource usage; perf/$ is output tokens per server CPU-second
     poisson  Poisson arrivals at ``--load`` (0.7) of the colocated server's burst capacity, in requests per
              second, for the same seed and workload: average TTFT and JCT
 
-The colocated server runs first for each (seed, workload), since the rate is taken from it; the others follow in
-an order rotated from one workload to the next. Seeds are interleaved (every workload of seed 0, then of seed 1,
-...), so machine drift spreads over all systems. A ratio (tetriinfer / a vLLM baseline) is taken per seed; the
-report gives its mean over seeds with a 95% confidence interval (Student's t over the seeds), and claims a
-direction only where the interval of the relative change excludes zero. The load generator's CPU-seconds are
-recorded apart (``client_cpu_s``), never in a server's.
+A seed draws every request it sends (warm-up, and each workload's burst and Poisson sets) without repeating a
+prompt, so no system gains from its prefix cache. The colocated server runs first for each seed, since the rates
+are taken from it; the others follow in an order rotated from one seed to the next. A ratio (tetriinfer / a vLLM
+baseline) is taken per seed; the report gives its mean over seeds with a 95% confidence interval (Student's t
+over the seeds), and claims a direction only where the interval of the relative change excludes zero. The load
+generator's CPU-seconds are recorded apart (``client_cpu_s``), never in a server's.
 
     python benchmarks/tetriinfer_e2e.py --seeds 0 1 2
 
@@ -103,13 +103,48 @@ class Pair:
         return CLIENT_MIN <= p <= CLIENT_MAX_PROMPT and a >= CLIENT_MIN and p + a <= CLIENT_MAX_TOTAL
 
 
-def choose(pairs: Sequence[Pair], workload: str, n: int, seed: int) -> list[Pair]:
+def choose(
+    pairs: Sequence[Pair], workload: str, n: int, seed: int, exclude: frozenset[str] = frozenset()
+) -> list[Pair]:
     """``n`` pairs of ``workload`` (Mixed: of any) drawn without replacement by ``seed`` among those vLLM's
-    client keeps; ValueError when the pool has fewer."""
-    kept = [p for p in pairs if p.client_keeps and (workload == "Mixed" or p.workload == workload)]
+    client keeps, one per prompt text and none whose prompt is in ``exclude``; ValueError when the pool has fewer."""
+    kept = list(
+        {
+            p.prompt: p
+            for p in pairs
+            if p.client_keeps and p.prompt not in exclude and (workload == "Mixed" or p.workload == workload)
+        }.values()
+    )
     if len(kept) < n:
         raise ValueError(f"{workload}: {len(kept)} usable ShareGPT pairs, {n} wanted")
     return random.Random(f"{workload}-{seed}").sample(kept, n)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One seed's requests: per workload a burst set and a Poisson set, and the warm-up requests; no prompt twice
+    (a prompt seen before would hit the prefix cache of every system, ours and vLLM's, and flatter its TTFT)."""
+
+    warmup: list[Pair]
+    burst: dict[str, list[Pair]]
+    poisson: dict[str, list[Pair]]
+
+    def every(self) -> list[Pair]:
+        return [*self.warmup, *(p for w in self.burst for p in (*self.burst[w], *self.poisson[w]))]
+
+
+def draw(pairs: Sequence[Pair], workloads: Sequence[str], n: int, seed: int) -> Draw:
+    """``n`` burst and ``n`` Poisson requests of each workload and ``WARMUP`` warm-up requests, all prompts distinct:
+    the four classes first, then Mixed and the warm-up from what is left."""
+    used: set[str] = set()
+    burst: dict[str, list[Pair]] = {}
+    poisson: dict[str, list[Pair]] = {}
+    for w in sorted(workloads, key=lambda w: w == "Mixed"):
+        chosen = choose(pairs, w, 2 * n, seed, frozenset(used))
+        burst[w], poisson[w] = chosen[:n], chosen[n:]
+        used.update(p.prompt for p in chosen)
+    warmup = choose(pairs, "Mixed", WARMUP, seed, frozenset(used))
+    return Draw(warmup, {w: burst[w] for w in workloads}, {w: poisson[w] for w in workloads})
 
 
 def sharegpt_file(chosen: Sequence[Pair]) -> list[dict[str, Any]]:
@@ -202,8 +237,8 @@ def compare(
 
 
 def run_order(systems: Sequence[str], k: int) -> list[str]:
-    """The order the systems run in for the ``k``-th (seed, workload): colocated first (the others' Poisson rate
-    is taken from its burst), the rest rotated by ``k``."""
+    """The order the systems run in for seed number ``k``: colocated first (the others' Poisson rates are taken
+    from its bursts), the rest rotated by ``k``."""
     from paper_policies import rotated
 
     rest = [s for s in systems if s != "colocated"]
@@ -250,6 +285,12 @@ def report(data: dict[str, Any]) -> str:
         "process tree over the burst. The paper's figures are against vLLM on GPUs with an emulated 200 Gb/s "
         "link (TTFT / JCT / perf/$).",
     ]
+    done, total = data.get("done", (0, 0))
+    if done < total:
+        lines += [
+            "",
+            f"**Cut short: {done} of {total} (seed, workload, system) runs finished; the tables hold those.**",
+        ]
     for ours in [s for s in ("tetriinfer", "tetriinfer-oracle", "colocated") if s in a["systems"]]:
         for base in [b for b in (*BASELINES, "colocated") if b in a["systems"] and b != ours]:
             rows = [
@@ -319,32 +360,38 @@ def bench(
     return saved(name, scenario), client
 
 
-def serve_workload(
-    name: str, model: str, env: dict[str, str], dataset: Path, oracle: Path, n: int, seed: int,
-    load: float, base: Mapping[str, float] | None,
-) -> dict[str, Any]:  # fmt: skip
-    """Start ``name``, warm it up, run the burst (CPU measured) and the Poisson run at ``load`` of the capacity of
-    burst ``base`` (None: of its own burst)."""
+def serve_system(
+    name: str, model: str, env: dict[str, str], files: Mapping[str, Path], oracle: Path, n: int, seed: int,
+    load: float, bases: Mapping[str, Mapping[str, float]], progress: Callable[[str, str, dict[str, Any]], None],
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Start ``name``, warm it up, then per workload the burst (server CPU measured) and the Poisson run at
+    ``load`` of the capacity of burst ``bases[workload]`` (absent: of its own burst). ``files``: the client's
+    datasets by ``warmup`` and ``<workload>-burst`` / ``<workload>-poisson``."""
     from vllm_bench_serve import session_cpu, stop, wait_ready
 
     cmd, senv = server(name, model, env, oracle)
-    tag = f"{name}_s{seed}_{dataset.stem}"
+    tag = f"{name}_s{seed}"
+    out: dict[str, dict[str, Any]] = {}
     with open(WORK / f"server_{tag}.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=senv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_ready(f"http://127.0.0.1:{PORT}", proc)
-            bench(tag, "warmup", dataset, model, WARMUP, math.inf, seed)
-            before = session_cpu(proc.pid)
-            result, client_burst = bench(tag, "burst", dataset, model, n, math.inf, seed)
-            after = session_cpu(proc.pid)
-            burst = figures(result)
-            burst["server_cpu_s"] = sum(cpu - before.get(pid, ("", 0.0))[1] for pid, (_, cpu) in after.items())
-            burst["client_cpu_s"] = client_burst
-            rate = load * capacity(base if base is not None else burst)
-            result, client_poisson = bench(tag, "poisson", dataset, model, n, rate, seed)
-            poisson = figures(result)
-            poisson["client_cpu_s"] = client_poisson
-            return {"burst": burst, "poisson": poisson, "rate": rate}
+            bench(tag, "warmup", files["warmup"], model, WARMUP, math.inf, seed)
+            for workload in [w for w in files if w != "warmup" and w.endswith("-burst")]:
+                w = workload.removesuffix("-burst")
+                before = session_cpu(proc.pid)
+                result, client_burst = bench(f"{tag}_{w}", "burst", files[workload], model, n, math.inf, seed)
+                after = session_cpu(proc.pid)
+                burst = figures(result)
+                burst["server_cpu_s"] = sum(cpu - before.get(pid, ("", 0.0))[1] for pid, (_, cpu) in after.items())
+                burst["client_cpu_s"] = client_burst
+                rate = load * capacity(bases.get(w, burst))
+                result, client_poisson = bench(f"{tag}_{w}", "poisson", files[f"{w}-poisson"], model, n, rate, seed)
+                poisson = figures(result)
+                poisson["client_cpu_s"] = client_poisson
+                out[w] = {"burst": burst, "poisson": poisson, "rate": rate}
+                progress(name, w, out[w])
+            return out
         finally:
             stop(proc)
 
@@ -389,35 +436,46 @@ def main() -> int:
     from vllm_bench_serve import prepare
 
     model, _, env = prepare()
-    pairs = pool(model, 2 * args.num_prompts)
+    pairs = pool(model, 2 * args.num_prompts + WARMUP)
     runs: dict[str, dict[str, dict[str, Any]]] = {}
     total, k, began = len(args.seeds) * len(args.workloads) * len(args.systems), 0, time.monotonic()
-    for seed in args.seeds:
-        for wi, workload in enumerate(args.workloads):
-            chosen = choose(pairs, workload, args.num_prompts, seed)
-            dataset, oracle = (
-                WORK / f"tetriinfer_{workload}_s{seed}.json",
-                WORK / f"tetriinfer_{workload}_s{seed}.jsonl",
-            )
-            dataset.write_text(json.dumps(sharegpt_file(chosen)))
-            oracle.write_text("\n".join(oracle_lines(chosen)) + "\n")
-            by_system: dict[str, Any] = {}
-            for name in run_order(args.systems, wi + seed):
-                k += 1
 
-                base = by_system["colocated"]["burst"] if "colocated" in by_system else None
-                by_system[name] = serve_workload(
-                    name, model, env, dataset, oracle, args.num_prompts, seed, args.load, base
-                )
-                run = by_system[name]
-                print(
-                    f"[{k}/{total}] seed {seed} {workload:5s} {name:17s} capacity {capacity(run['burst']):.2f} req/s, "
-                    f"TTFT {run['poisson']['ttft_mean_ms']:.0f} ms, JCT {run['poisson']['jct_mean_ms']:.0f} ms at "
-                    f"{run['rate']:.2f} req/s; {time.monotonic() - began:.0f} s",
-                    flush=True,
-                )
-            runs.setdefault(str(seed), {})[workload] = by_system
-    return write_result(Path(args.out), {**facts, "args": vars(args), "runs": runs}, report)
+    def progress(name: str, workload: str, run: dict[str, Any]) -> None:
+        nonlocal k
+        k += 1
+        print(
+            f"[{k}/{total}] seed {seed} {workload:5s} {name:17s} capacity {capacity(run['burst']):.2f} req/s, "
+            f"TTFT {run['poisson']['ttft_mean_ms']:.0f} ms, JCT {run['poisson']['jct_mean_ms']:.0f} ms at "
+            f"{run['rate']:.2f} req/s; {time.monotonic() - began:.0f} s",
+            flush=True,
+        )
+
+    def save(data: dict[str, Any], echo: bool = True) -> int:
+        return write_result(Path(args.out), data, report, echo)
+
+    for seed in args.seeds:
+        d = draw(pairs, args.workloads, args.num_prompts, seed)
+        files = {"warmup": WORK / f"tetriinfer_warmup_s{seed}.json"}
+        for w in args.workloads:
+            files[f"{w}-burst"] = WORK / f"tetriinfer_{w}_burst_s{seed}.json"
+            files[f"{w}-poisson"] = WORK / f"tetriinfer_{w}_poisson_s{seed}.json"
+        chosen = {"warmup": d.warmup}
+        for w in args.workloads:
+            chosen |= {f"{w}-burst": d.burst[w], f"{w}-poisson": d.poisson[w]}
+        for key, path in files.items():
+            path.write_text(json.dumps(sharegpt_file(chosen[key])))
+        oracle = WORK / f"tetriinfer_oracle_s{seed}.jsonl"
+        oracle.write_text("\n".join(oracle_lines(d.every())) + "\n")
+        by_system: dict[str, dict[str, Any]] = {}
+        for name in run_order(args.systems, seed):
+            bases = {w: run["burst"] for w, run in by_system.get("colocated", {}).items()}
+            by_system[name] = serve_system(
+                name, model, env, files, oracle, args.num_prompts, seed, args.load, bases, progress
+            )
+            runs[str(seed)] = {w: {name: by_system[name][w] for name in by_system} for w in args.workloads}
+            if k < total:  # what has run so far, so that a run cut short still leaves its figures
+                save({**facts, "args": vars(args), "runs": runs, "done": [k, total]}, echo=False)
+    return save({**facts, "args": vars(args), "runs": runs, "done": [k, total]})
 
 
 if __name__ == "__main__":

@@ -35,6 +35,20 @@ def test_choose_draws_only_the_workload_the_client_keeps_and_is_seeded() -> None
         te.choose(pairs, "HPLD", 4, seed=0)
 
 
+def test_a_seed_never_sends_a_prompt_twice() -> None:
+    assert te.WARMUP == 8
+    pairs = [_pair(100, 50, i) for i in range(16)] + [_pair(600, 50, i) for i in range(4)]
+    pairs += [_pair(100, 50, 0)]  # the same prompt text again: drawn once at most
+    d = te.draw(pairs, ["LPLD", "HPLD", "Mixed"], 2, seed=0)
+    prompts = [p.prompt for p in d.every()]
+    # burst + Poisson of 2 each for three workloads (12), then the warm-up's 8: all 20 distinct prompts
+    assert len(prompts) == len(set(prompts)) == 20
+    assert all(p.workload == "HPLD" for p in d.burst["HPLD"] + d.poisson["HPLD"])
+    assert list(d.burst) == ["LPLD", "HPLD", "Mixed"] and all(len(v) == 2 for v in d.poisson.values())
+    with pytest.raises(ValueError, match="Mixed: 7 usable ShareGPT pairs, 8 wanted"):  # the warm-up: 15 - 4 - 4
+        te.draw(pairs[1:-1], ["LPLD", "HPLD", "Mixed"], 2, seed=0)
+
+
 def test_the_files_the_client_and_the_oracle_read() -> None:
     chosen = [_pair(100, 50, 1)]
     assert te.sharegpt_file(chosen) == [
