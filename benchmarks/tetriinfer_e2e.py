@@ -67,6 +67,9 @@ MAX_MODEL_LEN = 2048
 # both at most 2048 (vllm.benchmarks.datasets.is_valid_sequence): every request chosen here passes, so the client
 # sends exactly the chosen ones
 CLIENT_MIN, CLIENT_MAX_PROMPT, CLIENT_MAX_TOTAL = 4, 1024, 2048
+# The Poisson run sends the burst's requests again, each prompt led by TAG: the first KV block then differs, so
+# no system finds the burst's prompts in its prefix cache. A pair is kept only with room for TAG_TOKENS more.
+TAG, TAG_TOKENS = "(again) ", 8
 
 # TetriInfer §5.1 against vLLM: the relative change of average TTFT and JCT, and perf/$ as a factor (None: the
 # paper gives no figure; HPHD's TTFT gain is only called "more pronounced" than HPLD's)
@@ -100,14 +103,25 @@ class Pair:
     @property
     def client_keeps(self) -> bool:
         p, a = self.prompt_tokens, self.answer_tokens
-        return CLIENT_MIN <= p <= CLIENT_MAX_PROMPT and a >= CLIENT_MIN and p + a <= CLIENT_MAX_TOTAL
+        room = TAG_TOKENS
+        return CLIENT_MIN <= p <= CLIENT_MAX_PROMPT - room and a >= CLIENT_MIN and p + a <= CLIENT_MAX_TOTAL - room
+
+    def tagged(self) -> Pair:
+        """The pair as the Poisson run sends it (``TAG`` first; the lengths are the untagged ones)."""
+        return Pair(TAG + self.prompt, self.answer, self.prompt_tokens, self.answer_tokens)
 
 
 def choose(
-    pairs: Sequence[Pair], workload: str, n: int, seed: int, exclude: frozenset[str] = frozenset()
+    pairs: Sequence[Pair],
+    workload: str,
+    n: int,
+    seed: int,
+    exclude: frozenset[str] = frozenset(),
+    short_ok: bool = False,
 ) -> list[Pair]:
     """``n`` pairs of ``workload`` (Mixed: of any) drawn without replacement by ``seed`` among those vLLM's
-    client keeps, one per prompt text and none whose prompt is in ``exclude``; ValueError when the pool has fewer."""
+    client keeps, one per prompt text and none whose prompt is in ``exclude``. When the pool has fewer: all it
+    has with ``short_ok`` (at least one), else ValueError."""
     kept = list(
         {
             p.prompt: p
@@ -115,36 +129,39 @@ def choose(
             if p.client_keeps and p.prompt not in exclude and (workload == "Mixed" or p.workload == workload)
         }.values()
     )
-    if len(kept) < n:
+    if len(kept) < n and not (short_ok and kept):
         raise ValueError(f"{workload}: {len(kept)} usable ShareGPT pairs, {n} wanted")
-    return random.Random(f"{workload}-{seed}").sample(kept, n)
+    return random.Random(f"{workload}-{seed}").sample(kept, min(n, len(kept)))
 
 
 @dataclass(frozen=True)
 class Draw:
-    """One seed's requests: per workload a burst set and a Poisson set, and the warm-up requests; no prompt twice
-    (a prompt seen before would hit the prefix cache of every system, ours and vLLM's, and flatter its TTFT)."""
+    """One seed's requests: per workload a burst set and the Poisson set (the same pairs, tagged), and the warm-up
+    requests; no prompt is sent twice (a prompt seen before would hit the prefix cache of every system, ours and
+    vLLM's, and flatter its TTFT)."""
 
     warmup: list[Pair]
     burst: dict[str, list[Pair]]
-    poisson: dict[str, list[Pair]]
+
+    @property
+    def poisson(self) -> dict[str, list[Pair]]:
+        return {w: [p.tagged() for p in chosen] for w, chosen in self.burst.items()}
 
     def every(self) -> list[Pair]:
-        return [*self.warmup, *(p for w in self.burst for p in (*self.burst[w], *self.poisson[w]))]
+        poisson = self.poisson
+        return [*self.warmup, *(p for w in self.burst for p in (*self.burst[w], *poisson[w]))]
 
 
 def draw(pairs: Sequence[Pair], workloads: Sequence[str], n: int, seed: int) -> Draw:
-    """``n`` burst and ``n`` Poisson requests of each workload and ``WARMUP`` warm-up requests, all prompts distinct:
-    the four classes first, then Mixed and the warm-up from what is left."""
+    """``n`` requests of each workload (of a class the pool holds fewer of: all it has) and ``WARMUP`` warm-up
+    requests, all prompts distinct: the four classes first, then Mixed and the warm-up from what is left."""
     used: set[str] = set()
     burst: dict[str, list[Pair]] = {}
-    poisson: dict[str, list[Pair]] = {}
     for w in sorted(workloads, key=lambda w: w == "Mixed"):
-        chosen = choose(pairs, w, 2 * n, seed, frozenset(used))
-        burst[w], poisson[w] = chosen[:n], chosen[n:]
-        used.update(p.prompt for p in chosen)
+        burst[w] = choose(pairs, w, n, seed, frozenset(used), short_ok=True)
+        used.update(p.prompt for p in burst[w])
     warmup = choose(pairs, "Mixed", WARMUP, seed, frozenset(used))
-    return Draw(warmup, {w: burst[w] for w in workloads}, {w: poisson[w] for w in workloads})
+    return Draw(warmup, {w: burst[w] for w in workloads})
 
 
 def sharegpt_file(chosen: Sequence[Pair]) -> list[dict[str, Any]]:
@@ -283,8 +300,20 @@ def report(data: dict[str, Any]) -> str:
         "capacity (TTFT, JCT). Changes are means over seeds with 95% intervals (Student's t); a direction is "
         "claimed only where the interval excludes zero. perf/$ is output tokens per CPU-second of the server's "
         "process tree over the burst. The paper's figures are against vLLM on GPUs with an emulated 200 Gb/s "
-        "link (TTFT / JCT / perf/$).",
+        "link (TTFT / JCT / perf/$). The Poisson run sends the burst's requests again, each prompt led by "
+        f"`{TAG.strip()}` so that no system finds it in its prefix cache.",
     ]
+    short = sorted(
+        {
+            f"{w} {int(run['burst']['completed'] + run['burst']['failed'])}"
+            for by_workload in runs.values()
+            for w, systems in by_workload.items()
+            for run in systems.values()
+            if run["burst"]["completed"] + run["burst"]["failed"] < a["num_prompts"]
+        }
+    )
+    if short:
+        lines[-1] += f" Workloads the ShareGPT file holds fewer usable pairs of, all of which run: {', '.join(short)}."
     done, total = data.get("done", (0, 0))
     if done < total:
         lines += [
@@ -361,12 +390,13 @@ def bench(
 
 
 def serve_system(
-    name: str, model: str, env: dict[str, str], files: Mapping[str, Path], oracle: Path, n: int, seed: int,
+    name: str, model: str, env: dict[str, str], files: Mapping[str, Path], oracle: Path, sizes: Mapping[str, int],
+    seed: int,
     load: float, bases: Mapping[str, Mapping[str, float]], progress: Callable[[str, str, dict[str, Any]], None],
 ) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Start ``name``, warm it up, then per workload the burst (server CPU measured) and the Poisson run at
     ``load`` of the capacity of burst ``bases[workload]`` (absent: of its own burst). ``files``: the client's
-    datasets by ``warmup`` and ``<workload>-burst`` / ``<workload>-poisson``."""
+    datasets by ``warmup`` and ``<workload>-burst`` / ``<workload>-poisson``; ``sizes``: each workload's requests."""
     from vllm_bench_serve import session_cpu, stop, wait_ready
 
     cmd, senv = server(name, model, env, oracle)
@@ -380,13 +410,15 @@ def serve_system(
             for workload in [w for w in files if w != "warmup" and w.endswith("-burst")]:
                 w = workload.removesuffix("-burst")
                 before = session_cpu(proc.pid)
-                result, client_burst = bench(f"{tag}_{w}", "burst", files[workload], model, n, math.inf, seed)
+                result, client_burst = bench(f"{tag}_{w}", "burst", files[workload], model, sizes[w], math.inf, seed)
                 after = session_cpu(proc.pid)
                 burst = figures(result)
                 burst["server_cpu_s"] = sum(cpu - before.get(pid, ("", 0.0))[1] for pid, (_, cpu) in after.items())
                 burst["client_cpu_s"] = client_burst
                 rate = load * capacity(bases.get(w, burst))
-                result, client_poisson = bench(f"{tag}_{w}", "poisson", files[f"{w}-poisson"], model, n, rate, seed)
+                result, client_poisson = bench(
+                    f"{tag}_{w}", "poisson", files[f"{w}-poisson"], model, sizes[w], rate, seed
+                )
                 poisson = figures(result)
                 poisson["client_cpu_s"] = client_poisson
                 out[w] = {"burst": burst, "poisson": poisson, "rate": rate}
@@ -436,7 +468,7 @@ def main() -> int:
     from vllm_bench_serve import prepare
 
     model, _, env = prepare()
-    pairs = pool(model, 2 * args.num_prompts + WARMUP)
+    pairs = pool(model, args.num_prompts)
     runs: dict[str, dict[str, dict[str, Any]]] = {}
     total, k, began = len(args.seeds) * len(args.workloads) * len(args.systems), 0, time.monotonic()
 
@@ -470,7 +502,16 @@ def main() -> int:
         for name in run_order(args.systems, seed):
             bases = {w: run["burst"] for w, run in by_system.get("colocated", {}).items()}
             by_system[name] = serve_system(
-                name, model, env, files, oracle, args.num_prompts, seed, args.load, bases, progress
+                name,
+                model,
+                env,
+                files,
+                oracle,
+                {w: len(d.burst[w]) for w in args.workloads},
+                seed,
+                args.load,
+                bases,
+                progress,
             )
             runs[str(seed)] = {w: {name: by_system[name][w] for name in by_system} for w in args.workloads}
             if k < total:  # what has run so far, so that a run cut short still leaves its figures

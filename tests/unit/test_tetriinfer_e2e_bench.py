@@ -21,8 +21,9 @@ def test_a_pair_is_classed_as_tetriinfer_does_and_kept_as_the_client_keeps_it() 
     assert _pair(513, 129).workload == "HPHD"
     assert _pair(100, 300).workload == "LPHD" and _pair(900, 20).workload == "HPLD"
     assert _pair(4, 4).client_keeps and not _pair(3, 50).client_keeps and not _pair(50, 3).client_keeps
-    assert not _pair(1025, 10).client_keeps  # prompt over 1024
-    assert _pair(1000, 1048).client_keeps and not _pair(1000, 1049).client_keeps  # 2048 in all at most
+    # the client's bounds less the Poisson run's tag (8 tokens): prompts of 1016 at most, 2040 in all at most
+    assert _pair(1016, 10).client_keeps and not _pair(1017, 10).client_keeps
+    assert _pair(1000, 1040).client_keeps and not _pair(1000, 1041).client_keeps
 
 
 def test_choose_draws_only_the_workload_the_client_keeps_and_is_seeded() -> None:
@@ -37,16 +38,18 @@ def test_choose_draws_only_the_workload_the_client_keeps_and_is_seeded() -> None
 
 def test_a_seed_never_sends_a_prompt_twice() -> None:
     assert te.WARMUP == 8
-    pairs = [_pair(100, 50, i) for i in range(16)] + [_pair(600, 50, i) for i in range(4)]
+    pairs = [_pair(100, 50, i) for i in range(16)] + [_pair(600, 50, i) for i in range(3)]
     pairs += [_pair(100, 50, 0)]  # the same prompt text again: drawn once at most
-    d = te.draw(pairs, ["LPLD", "HPLD", "Mixed"], 2, seed=0)
+    d = te.draw(pairs, ["LPLD", "HPLD", "Mixed"], 4, seed=0)
     prompts = [p.prompt for p in d.every()]
-    # burst + Poisson of 2 each for three workloads (12), then the warm-up's 8: all 20 distinct prompts
-    assert len(prompts) == len(set(prompts)) == 20
-    assert all(p.workload == "HPLD" for p in d.burst["HPLD"] + d.poisson["HPLD"])
-    assert list(d.burst) == ["LPLD", "HPLD", "Mixed"] and all(len(v) == 2 for v in d.poisson.values())
+    # LPLD 4, HPLD 3 (all the pool has), Mixed 4, each twice (burst, then tagged), and the warm-up's 8: 30 distinct
+    assert len(prompts) == len(set(prompts)) == 2 * (4 + 3 + 4) + 8
+    assert [len(v) for v in d.burst.values()] == [4, 3, 4] and list(d.burst) == ["LPLD", "HPLD", "Mixed"]
+    assert all(p.workload == "HPLD" for p in d.burst["HPLD"])
+    again = d.poisson["LPLD"][0]
+    assert again.prompt == "(again) " + d.burst["LPLD"][0].prompt and again.answer_tokens == 50
     with pytest.raises(ValueError, match="Mixed: 7 usable ShareGPT pairs, 8 wanted"):  # the warm-up: 15 - 4 - 4
-        te.draw(pairs[1:-1], ["LPLD", "HPLD", "Mixed"], 2, seed=0)
+        te.draw(pairs[1:-1] + [_pair(600, 50, 9)], ["LPLD", "HPLD", "Mixed"], 4, seed=0)
 
 
 def test_the_files_the_client_and_the_oracle_read() -> None:
