@@ -49,7 +49,7 @@ def test_a_seed_never_sends_a_prompt_twice() -> None:
     again = d.poisson["LPLD"][0]
     assert again.prompt == "(again) " + d.burst["LPLD"][0].prompt and again.answer_tokens == 50
     with pytest.raises(ValueError, match="Mixed: 7 usable ShareGPT pairs, 8 wanted"):  # the warm-up: 15 - 4 - 4
-        te.draw(pairs[1:-1] + [_pair(600, 50, 9)], ["LPLD", "HPLD", "Mixed"], 4, seed=0)
+        te.draw([*pairs[1:-1], _pair(600, 50, 9)], ["LPLD", "HPLD", "Mixed"], 4, seed=0)
 
 
 def test_the_files_the_client_and_the_oracle_read() -> None:
