@@ -78,6 +78,8 @@ _DECODE_ORDER = (
     "recomputed",
     "preemption_median_ms",
     "preemption_p99_ms",
+    "admission_steps",
+    "admission_mean_us",
     "slice_moved_out",
     "slice_moved_in",
     "slice_kept",

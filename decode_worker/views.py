@@ -99,3 +99,4 @@ class DecodeSnapshot:
     running: tuple[DecodeReqView, ...]  # by the worker's ids; only while slices are on
     preemption: dict[str, str]
     decisions: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # policy -> decision -> count
+    admission_cost: dict[str, str] = field(default_factory=dict)  # the engine thread's time in admission

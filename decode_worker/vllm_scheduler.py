@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -104,6 +104,23 @@ def _max_tokens(req: Request) -> int:
     return params.max_tokens if params is not None and params.max_tokens else 1
 
 
+@dataclass
+class AdmissionCost:
+    """The engine thread's time in admission: the steps some request waited to start, and the time building
+    their views and asking the policy took (``status``'s ``admission_steps``, ``admission_mean_us``)."""
+
+    steps: int = 0
+    seconds: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.steps += 1
+        self.seconds += seconds
+
+    def summary(self) -> dict[str, str]:
+        mean = f"{self.seconds / self.steps * 1e6:.0f}" if self.steps else "-"
+        return {"admission_steps": str(self.steps), "admission_mean_us": mean}
+
+
 class TetriDecodeScheduler(RoleScheduler):
     @classmethod
     def assume(cls, scheduler: Scheduler) -> TetriDecodeScheduler:
@@ -125,6 +142,7 @@ class TetriDecodeScheduler(RoleScheduler):
         # the worker's ids of requests preempted ("preempted") and back to decoding ("resumed"), told as they
         # happen (on the engine thread): the worker records them as the requests' states
         self.on_preemption: Callable[[str, str], None] | None = None
+        self.admission_cost = AdmissionCost()
 
     def configure(
         self,
@@ -188,7 +206,9 @@ class TetriDecodeScheduler(RoleScheduler):
         running = tuple(self.running_views()) if self.slice_iters > 0 else ()
         step_s = self.step_s if self.running else 0.0
         decisions = decisions_of((self.planner.admission, self.planner.victim_order, self.planner.strategy))
-        return DecodeSnapshot(self.remaining_tokens(), step_s, running, self.stats.summary(), decisions)
+        return DecodeSnapshot(
+            self.remaining_tokens(), step_s, running, self.stats.summary(), decisions, self.admission_cost.summary()
+        )
 
     def remaining_tokens(self) -> int:
         """Σ predicted tokens still to generate over running and queued requests. Published every
@@ -299,8 +319,10 @@ class TetriDecodeScheduler(RoleScheduler):
         }
         if not candidates:  # the common decode step: nobody waits to start, no views to build
             return []
+        started = time.perf_counter()
         views = [self._view(req, waiting=True) for _, req in candidates.values()]
         decision = self.planner.admit(views, self._state(now))
+        self.admission_cost.add(time.perf_counter() - started)
         held = [candidates[rid] for rid in decision.held]
         for queue, req in held:
             queue.remove_request(req)

@@ -179,9 +179,11 @@ class DecodeWorker(EngineWorker):
         return sum(1 for r in self.running.values() if r.computing_prompt)
 
     def policies(self) -> dict[str, str]:
-        """The settings ``set_policy`` takes, by the same names, and the preemption counters."""
+        """The settings ``set_policy`` takes, by the same names, the preemption counters and the time admission
+        takes."""
         snap = snapshot_of(self.engine.snapshot.extra)
-        stats = {**(snap.preemption if snap is not None else {}), **self.mover.counts.summary()}
+        engine = {**snap.preemption, **snap.admission_cost} if snap is not None else {}
+        stats = {**engine, **self.mover.counts.summary()}
         return {**decode_policy_settings(self._decode_cfg), **stats, **as_settings(self.decisions())}
 
     def decisions(self) -> dict[str, dict[str, int]]:

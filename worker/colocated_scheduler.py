@@ -36,6 +36,7 @@ What vLLM's scheduler cannot express, and how it is approximated here:
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -79,9 +80,7 @@ class TetriColocatedScheduler(TetriDecodeScheduler):
         snap = super().snapshot()
         prompt_policy = self.prompts.planner.policy
         mine = decisions_of((prompt_policy.queue, prompt_policy.chunking))
-        return DecodeSnapshot(
-            snap.remaining_tokens, snap.step_s, snap.running, snap.preemption, {**snap.decisions, **mine}
-        )
+        return replace(snap, decisions={**snap.decisions, **mine})
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         t0 = time.perf_counter()

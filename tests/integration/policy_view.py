@@ -31,6 +31,8 @@ class PolicyView:
         """The workers that admit decodes, checked against the mode: the two colocated ones, or the decode one."""
         workers = [w for w, role in self.roles.items() if role != "prefill"]
         assert workers == (["colocated-0", "colocated-1"] if self.mode == "colocated" else ["decode-0"]), workers
+        for worker in workers:  # every engine that admits reports what admission costs its thread
+            assert {"admission_steps", "admission_mean_us"} <= set(self.policies[worker]), self.policies[worker]
         return workers
 
     def decided(self, policy: str) -> dict[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from tetriserve.common.length import LengthEstimate
 from tetriserve.decode_worker.admission import ADMISSION_NAMES, make_admission_policy
 from tetriserve.decode_worker.admission.greedy import Greedy
+from tetriserve.decode_worker.admission.peak import peak_fits
 from tetriserve.decode_worker.admission.reserve_dynamic import ReserveDynamic
 from tetriserve.decode_worker.admission.reserve_static import ReserveStatic
 from tetriserve.decode_worker.views import DecodeReqView, DecodeState, blocks_for
@@ -107,6 +109,44 @@ def test_every_prediction_one_bucket_off(shift: int) -> None:
     assert ReserveDynamic().admit(new, state) is (shift < 0)
     # static reserves whole predictions: low 8 + 14 + 11 = 33 ≤ 33; high 20 + 26 + 23 > 33
     assert ReserveStatic().admit(new, state) is (shift < 0)
+
+
+def _peak_by_definition(
+    members: tuple[DecodeReqView, ...], capacity: int, horizons: set[int] | None, pad: int
+) -> bool:
+    """The module docstring's definition, summed member by member."""
+    ks = horizons if horizons is not None else {r.predicted_remaining() for r in members} | {0}
+    return all(
+        sum(blocks_for(r.context + k + pad, BS) for r in members if r.predicted_remaining() >= k) <= capacity
+        for k in ks
+    )
+
+
+def test_peak_fits_by_hand() -> None:
+    a, b = run("a", 30, lower=40), run("b", 10, lower=5)  # contexts 30 and 10; 40 and 5 tokens to go
+    remaining = DecodeReqView.predicted_remaining
+    # k=0: 2 + 1 = 3; k=5: 3 + 1 = 4; k=40: 5 (b done)
+    assert peak_fits((a, b), remaining, capacity=5, block_size=BS)
+    assert not peak_fits((a, b), remaining, capacity=4, block_size=BS)
+    assert peak_fits((a, b), remaining, capacity=4, block_size=BS, horizons=[0, 5])
+    assert peak_fits((a, b), remaining, capacity=3, block_size=BS, horizons=[0])
+    assert not peak_fits((a, b), remaining, capacity=3, block_size=BS, horizons=[0], pad=3)  # 3 + 1 > 3
+    assert peak_fits((), remaining, capacity=0, block_size=BS) and not peak_fits((), remaining, -1, BS)
+    assert peak_fits((a, b), remaining, capacity=0, block_size=BS, horizons=[])  # no horizon to check
+
+
+def test_peak_fits_matches_its_definition() -> None:
+    rng = random.Random(7)
+    remaining = DecodeReqView.predicted_remaining
+    for _ in range(500):
+        members = tuple(
+            run(f"r{i}", rng.randint(1, 300), lower=rng.randint(0, 400), generated=rng.randint(0, 50))
+            for i in range(rng.randint(0, 8))
+        )
+        capacity, pad = rng.randint(-2, 120), rng.choice([0, 0, 8, 31])
+        horizons = None if rng.random() < 0.6 else {rng.randint(0, 500) for _ in range(rng.randint(0, 4))}
+        expected = _peak_by_definition(members, capacity, horizons, pad)
+        assert peak_fits(members, remaining, capacity, BS, horizons, pad) is expected
 
 
 def test_admitting_folds_into_the_state_for_the_next_decision() -> None:

@@ -43,3 +43,13 @@ def test_only_a_request_whose_kv_is_still_to_land_passes_admission_unasked() -> 
     assert not TetriDecodeScheduler._must_pass(scheduler, _req("again", 1.0, kv=recv))  # type: ignore[arg-type]
     assert not TetriDecodeScheduler._must_pass(scheduler, _req("landed", 1.0, computed=20, kv=recv))  # type: ignore[arg-type]
     assert not TetriDecodeScheduler._must_pass(scheduler, _req("local", 1.0))  # type: ignore[arg-type]
+
+
+def test_admission_cost_counts_the_steps_admission_ran_and_their_mean() -> None:
+    from tetriserve.decode_worker.vllm_scheduler import AdmissionCost
+
+    cost = AdmissionCost()
+    assert cost.summary() == {"admission_steps": "0", "admission_mean_us": "-"}
+    cost.add(0.000_100)
+    cost.add(0.000_300)
+    assert cost.summary() == {"admission_steps": "2", "admission_mean_us": "200"}
