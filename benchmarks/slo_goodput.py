@@ -8,8 +8,9 @@ bracket is bisected ``--steps`` times; every point sends ``--requests`` (at leas
 bracket [highest rate that met, lowest that missed], given per engine thread (our systems run two one-thread
 engines, plain vLLM one).
 
-SLOs per request, as multiples of its unloaded latency here. Before anything else, plain vLLM (one thread)
-serves ``--calibration`` requests one at a time; from them
+Every server first serves ``WARMUP`` requests at once, not measured. SLOs per request, as multiples of its
+unloaded latency here: before anything else is measured, plain vLLM (one thread) serves ``--calibration``
+requests one at a time; from them
 
     TTFT₀(p) = a + b·p          least squares over the prompt length p
     TBT₀     = the median of the requests' mean gaps between tokens
@@ -70,6 +71,7 @@ PRESET_MODES: dict[str, tuple[str, ...]] = {
 }
 SYSTEMS = ("vllm", *(f"{p}-{m}" for p, modes in PRESET_MODES.items() for m in modes))
 THREADS = {"vllm": 1}  # engine threads per system; every other system: 2
+WARMUP = 32  # requests each server serves at once, not measured, before its first measured request
 
 
 # -- SLOs from the unloaded latency (pure) ---------------------------------------------------------------------
@@ -225,6 +227,12 @@ def arrivals(pairs: Sequence[tuple[tuple[int, ...], int]], rate: float, seed: in
     offsets = poisson(rate, len(pairs), random.Random(f"{seed}-{rate:.6f}"))
     lead = (100 + point % 3000, 100 + (point // 3000) % 3000)
     return [Arrival(t, (*lead, *ids), n) for t, (ids, n) in zip(offsets, pairs, strict=True)]
+
+
+def warmup_arrivals(pairs: Sequence[tuple[tuple[int, ...], int]], n: int = WARMUP) -> list[Arrival]:
+    """The warm-up: the first ``n`` pairs at once, each prompt led by an id of 4000-4095 (a point's lead ids are
+    100-3099, the calibration's 3100-3999), so that no measured request finds a warm-up prompt cached."""
+    return [Arrival(0.0, (4000 + i % 96, 4001, *ids), out) for i, (ids, out) in enumerate(pairs[:n])]
 
 
 # -- talking to a server ---------------------------------------------------------------------------------------
@@ -448,6 +456,7 @@ def main() -> int:
             )
             try:
                 wait_ready(f"http://127.0.0.1:{PORT}", proc)
+                send(warmup_arrivals(pairs), None, args.timeout)  # a cold engine's first steps are not its speed
                 if "unloaded" not in data:
                     data["unloaded"] = asdict(calibrate(pairs, args.calibration, args.timeout))
                 if name not in args.systems:

@@ -256,6 +256,18 @@ REGISTRY: tuple[Entry, ...] = (
         _files("paper_policies", ".md", ".json"),
     ),
     Entry(
+        "tetriinfer_e2e",
+        _bench(
+            "tetriinfer_e2e",
+            "--seeds 0 1 2 --num-prompts 64 --systems tetriinfer tetriinfer-oracle colocated vllm vllm-nochunk",
+        ),
+        "TetriInfer §5.1 live: its five workloads on the tetriinfer preset (predicted and true lengths) against "
+        "colocated on the same two engines and plain vLLM with and without chunked prefill: burst capacity, "
+        "perf/$ per CPU-second, TTFT and JCT under Poisson arrivals, three seeds with 95% intervals",
+        100,
+        _files("tetriinfer_e2e", ".md", ".json"),
+    ),
+    Entry(
         "length_predictor",
         _bench("length_predictor", "--granularity 100 200 400"),
         "the length predictor's held-out bucket accuracy, calibration and padded-estimate provisioning",

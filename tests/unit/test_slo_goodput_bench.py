@@ -88,3 +88,11 @@ def test_every_point_leads_its_prompts_with_its_own_ids() -> None:
     again = sg.arrivals(pairs, rate=2.0, seed=0, point=0)
     assert [x.offset_s for x in again] == [x.offset_s for x in a]  # the same arrival times at a rate
     assert again[0].prompt[:2] == (100, 100)
+
+
+def test_the_warm_up_leads_its_prompts_with_ids_no_measured_request_uses() -> None:
+    pairs = [((i, i + 1), 4) for i in range(200)]
+    warm = sg.warmup_arrivals(pairs)
+    assert len(warm) == sg.WARMUP and all(a.offset_s == 0.0 for a in warm)  # all at once
+    assert {a.prompt[0] for a in warm} <= set(range(4000, 4096)) and all(a.prompt[1] == 4001 for a in warm)
+    assert warm[0].prompt[2:] == pairs[0][0] and warm[0].max_tokens == 4
