@@ -27,7 +27,8 @@ and ``<preset>-<mode>`` for every preset in each mode it serves (``tetriinfer-di
 resends the workload with two leading token ids unique to the point (scale, rate), so no point finds another's
 prompts in a prefix cache. Workload: ShareGPT first-turn prompts (``paper_policies.sharegpt_pairs``: at most
 ``--max-prompt`` tokens, ``max_tokens`` the answer's length capped at ``--max-tokens``), ignore_eos, greedy; the
-same requests and arrival times for every system at a given rate.
+same requests and arrival times for every system at a given rate. Our systems read one cost profile
+(``--cost-profile``, else one ``tetriserve profile`` run at the start), which AccelGen's and SOLA's policies need.
 
 Per point: attainment of TTFT, TBT, JCT and all three; p50 and p99 of TTFT, TPOT (a request's mean gap) and JCT;
 preemptions (the servers' ``*preemptions_total`` counters over the point).
@@ -302,14 +303,21 @@ def preemptions() -> float:
     )
 
 
-def server(name: str, model: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+def server(
+    name: str, model: str, env: dict[str, str], profile: str, scls_profile: bool
+) -> tuple[list[str], dict[str, str]]:
+    """The server of system ``name``; ours read the run's cost profile (AccelGen's and SOLA's cost models,
+    SCLS's eq. 3/4 where the profile has that section), as ``paper_policies.py``'s configurations do."""
     from vllm_bench_serve import tetriserve_cmd, vllm_server
 
     if name == "vllm":
         return vllm_server(model, PORT, env, threads=1)
     preset, mode = name.rsplit("-", 1)
     engines = ["--threads-per-engine", "1", "--num-prefill", "1", "--num-decode", "1", "--max-model-len", "2048"]
-    return tetriserve_cmd("--preset", preset, "--mode", mode, *engines), env
+    costs = ["--set", f"prefill.cost_profile={profile}"]
+    if preset == "scls" and scls_profile:
+        costs += ["--set", f"decode.admission.cost_profile={profile}"]
+    return tetriserve_cmd("--preset", preset, "--mode", mode, *engines, *costs), env
 
 
 # -- the report ------------------------------------------------------------------------------------------------
@@ -332,6 +340,10 @@ def report(data: dict[str, Any]) -> str:
         "their TTFT, TBT and JCT objectives, found by doubling then bisecting the rate; shown as the bracket "
         "[met, missed] in requests per second per engine thread.",
     ]
+    if "profile" in data:
+        from paper_policies import profile_text
+
+        lines[-1] += f" Our systems' cost profile: {profile_text(data['profile'])}."
     if u:
         lines[-1] += (
             f" Unloaded latency (plain vLLM, one request at a time): TTFT₀ = {1e3 * u['ttft_a_s']:.1f} ms + "
@@ -435,21 +447,24 @@ def main() -> int:
     ap.add_argument("--max-prompt", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--timeout", type=float, default=600, help="seconds a request may take before it counts failed")
+    ap.add_argument("--cost-profile", default=None, help="reuse this profile instead of running tetriserve profile")
+    ap.add_argument("--profile-repeats", type=int, default=1, help="tetriserve profile --repeats")
     ap.add_argument("--out", default=str(RESULTS / "slo_goodput"), help="results stem (.md and .json)")
     args = ap.parse_args()
     if args.requests < 300:
         ap.error("--requests: at least 300 requests a point (fewer make the 90% line noise)")
-    from paper_policies import sharegpt_pairs
+    from paper_policies import cost_profile, profile_record, sharegpt_pairs
     from vllm_bench_serve import prepare, stop, wait_ready
 
     facts = run_facts()
     model, _, env = prepare()
+    profile, scls_profile = cost_profile(args)
     pairs = sharegpt_pairs(args.requests, args.seed, model, args.max_prompt, args.max_tokens)
-    data: dict[str, Any] = {**facts, "args": vars(args), "systems": {}}
+    data: dict[str, Any] = {**facts, "args": vars(args), "profile": profile_record(args, profile), "systems": {}}
     order = ["vllm", *[s for s in args.systems if s != "vllm"]]  # vLLM first: the calibration runs on it
     began = time.monotonic()
     for name in order:
-        cmd, senv = server(name, model, env)
+        cmd, senv = server(name, model, env, profile, scls_profile)
         with open(WORK / f"slo_goodput_{name}.log", "w") as log:
             proc = subprocess.Popen(
                 cmd, cwd=ROOT, env=senv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
