@@ -96,3 +96,12 @@ def test_the_warm_up_leads_its_prompts_with_ids_no_measured_request_uses() -> No
     assert len(warm) == sg.WARMUP and all(a.offset_s == 0.0 for a in warm)  # all at once
     assert {a.prompt[0] for a in warm} <= set(range(4000, 4096)) and all(a.prompt[1] == 4001 for a in warm)
     assert warm[0].prompt[2:] == pairs[0][0] and warm[0].max_tokens == 4
+
+
+def test_a_stream_whose_tokens_came_together_did_not_stream() -> None:
+    def outcome(chunks: int, tokens: int = 10) -> sg.Outcome:
+        return sg.Outcome(100, 10, tokens, 0.01, 0.002, 0.03, None, chunks)
+
+    assert outcome(10).streamed and outcome(9).streamed  # a token or so merged on the way
+    assert not outcome(2).streamed  # the answer held up and sent at once: the server's delay, not the engine's
+    assert not outcome(10, tokens=9).streamed  # incomplete
