@@ -344,6 +344,7 @@ def report(data: dict[str, Any]) -> str:
         "# Goodput under per-request SLOs: each preset against plain vLLM",
         "",
         *provenance(data),
+        *(f"Resumed: `{r['command']}` on {r['commit']}, {r['date']}  " for r in data.get("resumed", [])),
         "",
         f"{a['requests']} ShareGPT requests a point (seed {a['seed']}; prompts cut at {a['max_prompt']} tokens, "
         f"max_tokens the answer's length capped at {a['max_tokens']}), ignore_eos; the tiny model, one thread per "
@@ -395,15 +396,19 @@ def report(data: dict[str, Any]) -> str:
 # -- running it ------------------------------------------------------------------------------------------------
 
 
+def spread(pairs: Sequence[tuple[tuple[int, ...], int]], n: int) -> list[tuple[tuple[int, ...], int]]:
+    """``n`` of the pairs spread evenly over their prompt lengths, shortest first."""
+    ordered = sorted(pairs, key=lambda p: len(p[0]))
+    return [ordered[round(i * (len(ordered) - 1) / max(1, n - 1))] for i in range(n)]
+
+
 def calibrate(pairs: Sequence[tuple[tuple[int, ...], int]], n: int, timeout_s: float) -> tuple[Unloaded, int]:
     """``n`` requests spread over the prompt lengths, one at a time, on the running server, each tried
     ``CALIBRATION_TRIES`` times (a fresh lead id each time): its sample is the fastest try that streamed
     (``Outcome.streamed``; plain vLLM's server on two cores at times sends a whole answer at once). The fit,
     and how many requests never streamed (left out)."""
-    ordered = sorted(pairs, key=lambda p: len(p[0]))
-    chosen = [ordered[round(i * (len(ordered) - 1) / max(1, n - 1))] for i in range(n)]
     samples, left_out = [], 0
-    for i, (ids, out) in enumerate(chosen):
+    for i, (ids, out) in enumerate(spread(pairs, n)):
         tries = [
             send([Arrival(0.0, (3100 + (i * CALIBRATION_TRIES + k) % 900, *ids), out)], None, timeout_s)[0]
             for k in range(CALIBRATION_TRIES)
@@ -427,12 +432,20 @@ def search_system(
     points = itertools.count()
     for scale in args.scales:
         slos = [unloaded.slo_ms(len(ids) + 2, n, scale, args.multiple) for ids, n in pairs]
+        saved = {p["rate"]: p for p in data["systems"].get(name, {}).get(f"{scale:g}", {}).get("points", [])}
         run: dict[str, Any] = {"points": []}
         data["systems"].setdefault(name, {})[f"{scale:g}"] = run
 
         def probe(
-            rate: float, scale: float = scale, slos: list[dict[str, float]] = slos, run: dict[str, Any] = run
+            rate: float,
+            scale: float = scale,
+            slos: list[dict[str, float]] = slos,
+            run: dict[str, Any] = run,
+            saved: dict[float, dict[str, Any]] = saved,
         ) -> float:
+            if rate in saved:  # measured by the run this one resumes
+                run["points"].append(saved[rate])
+                return float(saved[rate]["attain_all"])
             if name == "vllm" and rate in memo:
                 outcomes, preempted = memo[rate]
             else:
@@ -455,6 +468,30 @@ def search_system(
         run["bracket"] = {"met": b.met, "missed": b.missed}
 
 
+SAME_RUN = ("requests", "seed", "multiple", "target", "max_prompt", "max_tokens", "start_rate", "steps", "calibration")
+
+
+def resumed(args: argparse.Namespace, facts: dict[str, str]) -> tuple[dict[str, Any], str, bool]:
+    """The result at ``--out`` to go on with (its workload's flags must be this run's), the cost profile its
+    systems ran on (the scratch profile, when its fit is the one recorded; else measured again), and whether
+    that has SCLS's section. The resuming run's facts are added under ``resumed``."""
+    from paper_policies import PROFILE, cost_profile, profile_record
+
+    data: dict[str, Any] = json.loads(Path(args.out).with_suffix(".json").read_text())
+    differ = [k for k in SAME_RUN if data["args"].get(k) != getattr(args, k)]
+    if differ:
+        raise SystemExit(f"--resume: the saved run differs in {', '.join(differ)}")
+    record = data.get("profile", {})
+    if args.cost_profile is None and PROFILE.exists() and profile_record(args, str(PROFILE)) == record:
+        profile = str(PROFILE.resolve())
+    else:
+        profile, _ = cost_profile(args)
+    data["args"]["systems"] = list(dict.fromkeys([*data["args"]["systems"], *args.systems]))
+    data["args"]["scales"] = list(dict.fromkeys([*data["args"]["scales"], *args.scales]))
+    data.setdefault("resumed", []).append(facts)
+    return data, profile, json.loads(Path(profile).read_text()).get("scls") is not None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
@@ -472,6 +509,9 @@ def main() -> int:
     ap.add_argument("--cost-profile", default=None, help="reuse this profile instead of running tetriserve profile")
     ap.add_argument("--profile-repeats", type=int, default=1, help="tetriserve profile --repeats")
     ap.add_argument("--out", default=str(RESULTS / "slo_goodput"), help="results stem (.md and .json)")
+    ap.add_argument(
+        "--resume", action="store_true", help="go on with the result at --out: keep its calibration and points"
+    )
     args = ap.parse_args()
     if args.requests < 300:
         ap.error("--requests: at least 300 requests a point (fewer make the 90% line noise)")
@@ -480,12 +520,17 @@ def main() -> int:
 
     facts = run_facts()
     model, _, env = prepare()
-    profile, scls_profile = cost_profile(args)
     pairs = sharegpt_pairs(args.requests, args.seed, model, args.max_prompt, args.max_tokens)
-    data: dict[str, Any] = {**facts, "args": vars(args), "profile": profile_record(args, profile), "systems": {}}
+    if args.resume:
+        data, profile, scls_profile = resumed(args, facts)
+    else:
+        profile, scls_profile = cost_profile(args)
+        data = {**facts, "args": vars(args), "profile": profile_record(args, profile), "systems": {}}
     order = ["vllm", *[s for s in args.systems if s != "vllm"]]  # vLLM first: the calibration runs on it
     began = time.monotonic()
     for name in order:
+        if name not in args.systems and "unloaded" in data:  # plain vLLM ran only to calibrate, which is done
+            continue
         cmd, senv = server(name, model, env, profile, scls_profile)
         with open(WORK / f"slo_goodput_{name}.log", "w") as log:
             proc = subprocess.Popen(

@@ -5,7 +5,9 @@
        while an urgent request's KV does not fit A_m, preempt the batch member
        with the largest T_r (above the urgent one's), which frees its KV     (Alg. 1 lines 2–4)
     2. group = waiting requests with T_r ≤ T_r¹ + γ                   (Alg. 2 line 3)
-       a long prompt in the group gets a chunk of min(A_c, what fits in A_m)   (lines 4–6)
+       a long prompt in the group gets a chunk of min(A_c, what fits in A_m)   (lines 4–6),
+       and so does a prompt longer than S_b itself
+
        while some member fits (D_c ≤ A_c and D_m ≤ A_m):
            take the one with least √((A_c − D_c)² + (A_m − D_m)²)     (lines 7–12)
     3. next group, until compute or KV runs out
@@ -20,6 +22,11 @@ resource: urgent requests take A_c in ascending T_r, so when they overflow it
 the one left out is the one with the largest T_r, as line 3 asks. ERA holds
 here too: one long prompt at a time. Without remaining times (another queue
 policy) the whole queue is one group, nothing is urgent and nothing is preempted.
+
+Alg. 2 cuts only long prompts (ERA's, above 4K tokens), since on the paper's GPUs an SLO-sized budget S_b holds
+any shorter one. A small engine's S_b can be shorter than an ordinary prompt (384 tokens on the CPU profile the
+SLO benchmark runs with), and such a prompt would never fit D_c ≤ A_c: it is cut like a long prompt, chunk by
+chunk, without counting as long for ERA.
 
     free KV 2 blocks of 32; urgent u (T_r 0.1) needs 96 tokens → 3 blocks
     batch: p (in progress, 64 computed → 2 blocks, T_r 4.0), q (in progress, 32 → 1 block, T_r 9.0)
@@ -43,10 +50,13 @@ class Selected:
     preempted: tuple[str, ...] = ()
 
 
-def _demand(r: ReqView, a_c: int, a_m: float, block_size: int, long_prompt_tokens: int | None) -> tuple[int, int]:
-    """(D_c, D_m) of ``r`` now: a long prompt is cut to what compute and KV allow."""
+def _demand(
+    r: ReqView, a_c: int, a_m: float, block_size: int, long_prompt_tokens: int | None, budget: int
+) -> tuple[int, int]:
+    """(D_c, D_m) of ``r`` now: a long prompt, or one larger than the whole budget S_b, is cut to what compute
+    and KV allow."""
     d_c = r.remaining_tokens
-    if is_long(r, long_prompt_tokens):
+    if is_long(r, long_prompt_tokens) or d_c > budget:
         d_c = min(d_c, a_c, kv_fit(r, a_m, block_size))
     return d_c, kv_tokens(r, d_c, block_size)
 
@@ -118,7 +128,7 @@ def select(state: PrefillState, budget: int, long_prompt_tokens: int | None, win
             for r in group:
                 if not allowed(r):
                     continue
-                d_c, d_m = _demand(r, a_c, a_m, bs, long_prompt_tokens)
+                d_c, d_m = _demand(r, a_c, a_m, bs, long_prompt_tokens, budget)
                 if d_c <= 0 or d_c > a_c or d_m > a_m:
                     continue
                 dist = math.hypot(a_c - d_c, 0.0 if math.isinf(a_m) else a_m - d_m)

@@ -105,3 +105,9 @@ def test_a_stream_whose_tokens_came_together_did_not_stream() -> None:
     assert outcome(10).streamed and outcome(9).streamed  # a token or so merged on the way
     assert not outcome(2).streamed  # the answer held up and sent at once: the server's delay, not the engine's
     assert not outcome(10, tokens=9).streamed  # incomplete
+
+
+def test_calibration_requests_spread_over_the_prompt_lengths() -> None:
+    pairs = [((0,) * n, 4) for n in (5, 1, 9, 3, 7)]
+    assert [len(ids) for ids, _ in sg.spread(pairs, 3)] == [1, 5, 9]
+    assert [len(ids) for ids, _ in sg.spread(pairs, 1)] == [1]

@@ -116,6 +116,19 @@ def test_the_planner_hands_alg1_victims_to_the_adapter() -> None:
 # -- Alg. 2's groups: γ in iterations of T_max ----------------------------------------------------------------------
 
 
+def test_a_prompt_longer_than_the_whole_budget_is_cut_and_finishes() -> None:
+    # no remaining times (one group, nothing urgent); S_b = 384 tokens, ERA's threshold 4096: a 514-token prompt
+    # never has D_c ≤ A_c whole, so it is cut to 384, then its last 130 tokens go whole with the next prompt
+    big = req("big", 514, arrival=1.0)
+    first = select(state([big], block_size=32), 384, long_prompt_tokens=4096, window_s=1.0)
+    assert _chunks(first) == [("big", 384)]
+    after = req("big", 514, arrival=1.0, computed_tokens=384)
+    second = select(state([after, req("s", 100, arrival=2.0)], block_size=32), 384, 4096, 1.0)
+    assert _chunks(second) == [("big", 130), ("s", 100)]
+    # a prompt at most S_b long is still taken whole or not at all
+    assert _chunks(select(state([req("b", 300), req("c", 200)], block_size=32), 384, 4096, 1.0)) == [("b", 300)]
+
+
 def test_alg2_groups_within_gamma_given_in_iterations_of_t_max() -> None:
     # γ = 4 iterations · T_max 0.5 s = 2.0 s (AccelGen §6.1's 0.75 s is four iterations of at most 0.1875 s).
     # T_r: g1 1.0, g2 2.9, h1 3.5. First group: T_r ≤ 1.0 + 2.0 = 3.0 → {g1, g2}. A_c = S_b = 512:
