@@ -363,6 +363,9 @@ def report(data: dict[str, Any]) -> str:
             f"s × {a['multiple']:g} × these; each calibration request's fastest of {CALIBRATION_TRIES} tries that "
             f"came token by token ({u.get('left_out', 0)} of {a['calibration']} never did and are left out)."
         )
+    missing = [n for n in a["systems"] if n not in data["systems"]]
+    if missing:
+        lines.append(f"Not run yet (`--resume --systems {' '.join(missing)}` goes on): {', '.join(missing)}.")
     lines += ["", "| system | " + " | ".join(f"scale {s:g}" for s in a["scales"]) + " |"]
     lines.append("|---|" + "---|" * len(a["scales"]))
     for name, by_scale in data["systems"].items():

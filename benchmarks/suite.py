@@ -268,6 +268,15 @@ REGISTRY: tuple[Entry, ...] = (
         _files("tetriinfer_e2e", ".md", ".json"),
     ),
     Entry(
+        "slo_goodput",
+        _bench("slo_goodput", "--scales 1 2"),
+        "each preset in each mode it serves against plain vLLM under per-request TTFT, TBT and JCT SLOs set from "
+        "the unloaded latency at two SLO scales: DistServe's goodput (90% meeting all three) as a bracket per "
+        "engine thread, attainment per objective, p50/p99 latencies, preemptions",
+        90,
+        _files("slo_goodput", ".md", ".json"),
+    ),
+    Entry(
         "length_predictor",
         _bench("length_predictor", "--granularity 100 200 400"),
         "the length predictor's held-out bucket accuracy, calibration and padded-estimate provisioning",

@@ -7,8 +7,9 @@ The decode engine asks its admission policy about every waiting request at every
 running batch of ``--running`` requests with length predictions, ``--waiting`` requests queued, a KV pool about
 half free — and times ``admit`` on each policy with its defaults, the median step's in microseconds. The
 policies that check the batch's KV peak (reserve-dynamic, SOLA, CacheOpt; ``decode_worker/admission/peak.py``)
-are also timed with the peak summed member by member, as that module's docstring defines it, to show what its
-array form saves. Writes ``decode_policy_cost.{md,json}`` (in ``benchmarks/_work/diagnostics``).
+are also timed with the peak summed member by member (``peak.peak_fits_by_sum``, the module docstring's
+definition), to show what its array form saves. Writes ``decode_policy_cost.{md,json}`` (in
+``benchmarks/_work/diagnostics``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -60,25 +61,10 @@ def states(rng: random.Random, running: int, waiting: int, n: int) -> list[tuple
     return out
 
 
-def _peak_by_definition(
-    members: tuple[DecodeReqView, ...],
-    remaining: Callable[[DecodeReqView], int],
-    capacity: int,
-    block_size: int,
-    horizons: Any = None,
-    pad: int = 0,
-) -> bool:
-    ks = set(horizons) if horizons is not None else {remaining(r) for r in members} | {0}
-    return all(
-        sum(blocks_for(r.context + k + pad, block_size) for r in members if remaining(r) >= k) <= capacity
-        for k in ks
-    )
-
-
 @contextmanager
 def member_by_member() -> Iterator[None]:
     fast = peak.peak_fits
-    peak.peak_fits = _peak_by_definition  # type: ignore[assignment]
+    peak.peak_fits = peak.peak_fits_by_sum
     try:
         yield
     finally:

@@ -10,7 +10,7 @@ import pytest
 from tetriserve.common.length import LengthEstimate
 from tetriserve.decode_worker.admission import ADMISSION_NAMES, make_admission_policy
 from tetriserve.decode_worker.admission.greedy import Greedy
-from tetriserve.decode_worker.admission.peak import peak_fits
+from tetriserve.decode_worker.admission.peak import peak_fits, peak_fits_by_sum
 from tetriserve.decode_worker.admission.reserve_dynamic import ReserveDynamic
 from tetriserve.decode_worker.admission.reserve_static import ReserveStatic
 from tetriserve.decode_worker.views import DecodeReqView, DecodeState, blocks_for
@@ -111,17 +111,6 @@ def test_every_prediction_one_bucket_off(shift: int) -> None:
     assert ReserveStatic().admit(new, state) is (shift < 0)
 
 
-def _peak_by_definition(
-    members: tuple[DecodeReqView, ...], capacity: int, horizons: set[int] | None, pad: int
-) -> bool:
-    """The module docstring's definition, summed member by member."""
-    ks = horizons if horizons is not None else {r.predicted_remaining() for r in members} | {0}
-    return all(
-        sum(blocks_for(r.context + k + pad, BS) for r in members if r.predicted_remaining() >= k) <= capacity
-        for k in ks
-    )
-
-
 def test_peak_fits_by_hand() -> None:
     a, b = run("a", 30, lower=40), run("b", 10, lower=5)  # contexts 30 and 10; 40 and 5 tokens to go
     remaining = DecodeReqView.predicted_remaining
@@ -145,7 +134,7 @@ def test_peak_fits_matches_its_definition() -> None:
         )
         capacity, pad = rng.randint(-2, 120), rng.choice([0, 0, 8, 31])
         horizons = None if rng.random() < 0.6 else {rng.randint(0, 500) for _ in range(rng.randint(0, 4))}
-        expected = _peak_by_definition(members, capacity, horizons, pad)
+        expected = peak_fits_by_sum(members, remaining, capacity, BS, horizons, pad)
         assert peak_fits(members, remaining, capacity, BS, horizons, pad) is expected
 
 
