@@ -361,7 +361,8 @@ def report(data: dict[str, Any]) -> str:
             f" Unloaded latency (plain vLLM, one request at a time): TTFT₀ = {1e3 * u['ttft_a_s']:.1f} ms + "
             f"{1e6 * u['ttft_b_s']:.1f} µs per prompt token, TBT₀ = {1e3 * u['tbt_s']:.2f} ms; SLOs at scale s are "
             f"s × {a['multiple']:g} × these; each calibration request's fastest of {CALIBRATION_TRIES} tries that "
-            f"came token by token ({u.get('left_out', 0)} of {a['calibration']} never did and are left out)."
+            f"came token by token ({data.get('calibration_left_out', 0)} of {a['calibration']} never did and are "
+            "left out)."
         )
     missing = [n for n in a["systems"] if n not in data["systems"]]
     if missing:
@@ -544,11 +545,10 @@ def main() -> int:
                 send(warmup_arrivals(pairs), None, args.timeout)  # a cold engine's first steps are not its speed
                 if "unloaded" not in data:
                     unloaded, left_out = calibrate(pairs, args.calibration, args.timeout)
-                    data["unloaded"] = {**asdict(unloaded), "left_out": left_out}
+                    data["unloaded"], data["calibration_left_out"] = asdict(unloaded), left_out
                 if name not in args.systems:
                     continue
-                fit = {k: v for k, v in data["unloaded"].items() if k != "left_out"}
-                search_system(name, args, pairs, Unloaded(**fit), data, began)
+                search_system(name, args, pairs, Unloaded(**data["unloaded"]), data, began)
             finally:
                 stop(proc)
     return write_result(Path(args.out), data, report)

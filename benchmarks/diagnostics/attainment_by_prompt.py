@@ -4,7 +4,7 @@
         [--configs sola scls] [--edges 64 128 256]
 
 ``paper_policies.py`` keeps every request's outcome (TTFT, mean TBT, its SLO class) but not its prompt. This
-rebuilds the benchmark's workload from the flags the result records (the same ShareGPT draw, tokenizer and
+rebuilds the benchmark's workload from the arguments the result records (the same ShareGPT draw, tokenizer and
 seed), joins each outcome to its prompt's length, and reports per mode, configuration and prompt-length
 bucket — over every round's requests — the median TTFT, the median mean-TBT and the share meeting both SLOs,
 beside the default's. It answers whether a policy's lower attainment comes from how it orders requests (the
@@ -29,16 +29,6 @@ from paper_policies import sharegpt_pairs
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "paper_policies.json"
 
 
-def _workload_flags(command: str) -> dict[str, int]:
-    """The workload's flags out of the result's command (the defaults of ``add_workload_args`` otherwise)."""
-    flags = {"num-prompts": 0, "seed": 0, "max-prompt": 512, "max-tokens": 128}
-    words = command.split()
-    for i, word in enumerate(words[:-1]):
-        if word.startswith("--") and word[2:] in flags:
-            flags[word[2:]] = int(words[i + 1])
-    return flags
-
-
 def bucket_of(length: int, edges: list[int]) -> str:
     lo = 0
     for edge in edges:
@@ -52,10 +42,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from tetriserve.cli.model_builder import build_tiny_model, default_tiny_model_dir
 
     data = json.loads(Path(args.results).read_text())
-    flags = _workload_flags(data["command"])
-    n = flags["num-prompts"] or int(data["workload"]["requests"])
+    a = data["args"]  # the workload's flags as the benchmark recorded them
     model = str(build_tiny_model(default_tiny_model_dir()))
-    pairs = sharegpt_pairs(n, flags["seed"], model, flags["max-prompt"], flags["max-tokens"])
+    pairs = sharegpt_pairs(a["num_prompts"], a["seed"], model, a["max_prompt"], a["max_tokens"])
     prompt_len = {f"pp-{i}": len(prompt) for i, (prompt, _) in enumerate(pairs)}
     out: dict[str, Any] = {}
     for mode, by_config in data["runs"].items():

@@ -43,9 +43,8 @@ def one_system(
             time.sleep(args.idle)
             for i, (ids, out) in enumerate(sg.spread(pairs, args.requests)):
                 (o,) = sg.send([sg.Arrival(0.0, (3100 + i % 900, *ids), out)], None, 600)
-                ttft_ms = 1e3 * (o.ttft_s or 0.0)
-                rows.append({"prompt": len(ids), "tokens": o.tokens, "events": o.chunks, "ttft_ms": ttft_ms})
-                rows[-1]["streamed"] = o.streamed
+                row = {"prompt": len(ids), "tokens": o.tokens, "events": o.chunks, "streamed": o.streamed}
+                rows.append({**row, "ttft_ms": 1e3 * (o.ttft_s or 0.0)})
         finally:
             stop(proc)
     return {"rows": rows}
