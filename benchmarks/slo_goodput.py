@@ -49,7 +49,6 @@ import json
 import math
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -520,7 +519,7 @@ def main() -> int:
     if args.requests < 300:
         ap.error("--requests: at least 300 requests a point (fewer make the 90% line noise)")
     from paper_policies import cost_profile, profile_record, sharegpt_pairs
-    from vllm_bench_serve import prepare, stop, wait_ready
+    from vllm_bench_serve import prepare, serving
 
     facts = run_facts()
     model, _, env = prepare()
@@ -536,21 +535,14 @@ def main() -> int:
         if name not in args.systems and "unloaded" in data:  # plain vLLM ran only to calibrate, which is done
             continue
         cmd, senv = server(name, model, env, profile, scls_profile)
-        with open(WORK / f"slo_goodput_{name}.log", "w") as log:
-            proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=senv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-            try:
-                wait_ready(f"http://127.0.0.1:{PORT}", proc)
-                send(warmup_arrivals(pairs), None, args.timeout)  # a cold engine's first steps are not its speed
-                if "unloaded" not in data:
-                    unloaded, left_out = calibrate(pairs, args.calibration, args.timeout)
-                    data["unloaded"], data["calibration_left_out"] = asdict(unloaded), left_out
-                if name not in args.systems:
-                    continue
-                search_system(name, args, pairs, Unloaded(**data["unloaded"]), data, began)
-            finally:
-                stop(proc)
+        with serving(cmd, senv, WORK / f"slo_goodput_{name}.log", PORT):
+            send(warmup_arrivals(pairs), None, args.timeout)  # a cold engine's first steps are not its speed
+            if "unloaded" not in data:
+                unloaded, left_out = calibrate(pairs, args.calibration, args.timeout)
+                data["unloaded"], data["calibration_left_out"] = asdict(unloaded), left_out
+            if name not in args.systems:
+                continue
+            search_system(name, args, pairs, Unloaded(**data["unloaded"]), data, began)
     return write_result(Path(args.out), data, report)
 
 

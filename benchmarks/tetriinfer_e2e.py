@@ -11,6 +11,8 @@ Systems, each a fresh server per seed whose processes run in a session of their 
     tetriinfer         tetriserve serve --preset tetriinfer: 1 prefill + 1 decode engine of one thread each
     tetriinfer-oracle  the same with the true output lengths (--predictor oracle): the policies apart from
                        the prediction, as the paper's Figure 18 separates them
+    tetriinfer-shared  the preset with the decode engine sharing every core (--no-reserve-decode-cores: at
+                       niceness 5, below the prefill engine's -10) instead of a core of its own
     colocated          tetriserve serve --mode colocated: two one-thread engines that each run both phases (the
                        same cores as tetriinfer: the effect of disaggregation itself)
     vllm               plain vLLM, one engine thread
@@ -58,7 +60,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from bench_results import RESULTS, WORK, provenance, run_facts, write_result  # noqa: E402
 
 WORKLOADS = ("LPLD", "LPHD", "HPLD", "HPHD", "Mixed")
-SYSTEMS = ("tetriinfer", "tetriinfer-oracle", "colocated", "vllm", "vllm-nochunk", "vllm-2t")
+SYSTEMS = ("tetriinfer", "tetriinfer-oracle", "tetriinfer-shared", "colocated", "vllm", "vllm-nochunk", "vllm-2t")
 BASELINES = ("vllm", "vllm-nochunk", "vllm-2t")
 WARMUP = 8
 PORT = 8100
@@ -320,8 +322,10 @@ def report(data: dict[str, Any]) -> str:
             "",
             f"**Cut short: {done} of {total} (seed, workload, system) runs finished; the tables hold those.**",
         ]
-    for ours in [s for s in ("tetriinfer", "tetriinfer-oracle", "colocated") if s in a["systems"]]:
-        for base in [b for b in (*BASELINES, "colocated") if b in a["systems"] and b != ours]:
+    variants = ("tetriinfer-oracle", "tetriinfer-shared")  # also compared with the preset itself
+    for ours in [s for s in ("tetriinfer", *variants, "colocated") if s in a["systems"]]:
+        bases = (*BASELINES, "colocated", *(("tetriinfer",) if ours in variants else ()))
+        for base in [b for b in bases if b in a["systems"] and b != ours]:
             rows = [
                 w for w in a["workloads"] if any(w in by and ours in by[w] and base in by[w] for by in runs.values())
             ]
@@ -366,6 +370,8 @@ def server(name: str, model: str, env: dict[str, str], oracle: Path) -> tuple[li
         return tetriserve_cmd(
             "--preset", "tetriinfer", *engines, "--predictor", "oracle", "--predictor-workload", str(oracle)
         ), env
+    if name == "tetriinfer-shared":
+        return tetriserve_cmd("--preset", "tetriinfer", *engines, "--no-reserve-decode-cores"), env
     if name == "colocated":
         return tetriserve_cmd("--mode", "colocated", *engines), env
     threads = 2 if name == "vllm-2t" else 1
@@ -397,35 +403,28 @@ def serve_system(
     """Start ``name``, warm it up, then per workload the burst (server CPU measured) and the Poisson run at
     ``load`` of the capacity of burst ``bases[workload]`` (absent: of its own burst). ``files``: the client's
     datasets by ``warmup`` and ``<workload>-burst`` / ``<workload>-poisson``; ``sizes``: each workload's requests."""
-    from vllm_bench_serve import session_cpu, stop, wait_ready
+    from vllm_bench_serve import serving, session_cpu
 
     cmd, senv = server(name, model, env, oracle)
     tag = f"{name}_s{seed}"
     out: dict[str, dict[str, Any]] = {}
-    with open(WORK / f"server_{tag}.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=senv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_ready(f"http://127.0.0.1:{PORT}", proc)
-            bench(tag, "warmup", files["warmup"], model, WARMUP, math.inf, seed)
-            for workload in [w for w in files if w != "warmup" and w.endswith("-burst")]:
-                w = workload.removesuffix("-burst")
-                before = session_cpu(proc.pid)
-                result, client_burst = bench(f"{tag}_{w}", "burst", files[workload], model, sizes[w], math.inf, seed)
-                after = session_cpu(proc.pid)
-                burst = figures(result)
-                burst["server_cpu_s"] = sum(cpu - before.get(pid, ("", 0.0))[1] for pid, (_, cpu) in after.items())
-                burst["client_cpu_s"] = client_burst
-                rate = load * capacity(bases.get(w, burst))
-                result, client_poisson = bench(
-                    f"{tag}_{w}", "poisson", files[f"{w}-poisson"], model, sizes[w], rate, seed
-                )
-                poisson = figures(result)
-                poisson["client_cpu_s"] = client_poisson
-                out[w] = {"burst": burst, "poisson": poisson, "rate": rate}
-                progress(name, w, out[w])
-            return out
-        finally:
-            stop(proc)
+    with serving(cmd, senv, WORK / f"server_{tag}.log", PORT) as proc:
+        bench(tag, "warmup", files["warmup"], model, WARMUP, math.inf, seed)
+        for workload in [w for w in files if w != "warmup" and w.endswith("-burst")]:
+            w = workload.removesuffix("-burst")
+            before = session_cpu(proc.pid)
+            result, client_burst = bench(f"{tag}_{w}", "burst", files[workload], model, sizes[w], math.inf, seed)
+            after = session_cpu(proc.pid)
+            burst = figures(result)
+            burst["server_cpu_s"] = sum(cpu - before.get(pid, ("", 0.0))[1] for pid, (_, cpu) in after.items())
+            burst["client_cpu_s"] = client_burst
+            rate = load * capacity(bases.get(w, burst))
+            result, client_poisson = bench(f"{tag}_{w}", "poisson", files[f"{w}-poisson"], model, sizes[w], rate, seed)
+            poisson = figures(result)
+            poisson["client_cpu_s"] = client_poisson
+            out[w] = {"burst": burst, "poisson": poisson, "rate": rate}
+            progress(name, w, out[w])
+    return out
 
 
 def pool(model: str, need: int) -> list[Pair]:

@@ -246,6 +246,19 @@ def tetriserve_cmd(*extra: str) -> list[str]:
 
 
 @contextmanager
+def serving(cmd: Sequence[str], env: dict[str, str], log: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """Server ``cmd`` in a session of its own (stdout and stderr to ``log``), answering on ``port`` when entered;
+    stopped, every process of its session gone, on exit."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_ready(f"http://127.0.0.1:{port}", proc)
+            yield proc
+        finally:
+            stop(proc)
+
+
+@contextmanager
 def warmed_server(
     name: str,
     flags: str,
@@ -258,15 +271,9 @@ def warmed_server(
     """A fresh ``tetriserve serve`` (extra ``flags``) on the benchmark ports (``tetriserve_cmd``), answering and
     warmed up by scenario ``warmup`` (``WARMUP_PROMPTS`` at once, not measured; ``smoke``: two single prompts), its
     log in ``_work/server_<name>.log``; stopped on exit."""
-    with open(WORK / f"server_{name}.log", "w") as log:
-        cmd = tetriserve_cmd(*shlex.split(flags))
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_ready(f"http://127.0.0.1:{TETRISERVE_PORT}", proc)
-            run_bench(name, warmup, TETRISERVE_PORT, args, model, dataset)
-            yield proc
-        finally:
-            stop(proc)
+    with serving(tetriserve_cmd(*shlex.split(flags)), env, WORK / f"server_{name}.log", TETRISERVE_PORT) as proc:
+        run_bench(name, warmup, TETRISERVE_PORT, args, model, dataset)
+        yield proc
 
 
 def vllm_server(

@@ -235,6 +235,12 @@ def _flat(run: dict) -> dict[str, float]:
     return out
 
 
+def median_row(label: str, values: list[list[float]]) -> str:
+    """A report's row: per column the median of its repeats' values, each repeat's value after it ("-": none)."""
+    cells = [f"{statistics.median(v):.4g} ({', '.join(f'{x:.4g}' for x in v)})" if v else "-" for v in values]
+    return f"| {label} | " + " | ".join(cells) + " |"
+
+
 def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
     names = list(runs)
     keys = sorted({k for rs in runs.values() for r in rs for k in _flat(r)})
@@ -263,13 +269,7 @@ def write_report(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         "| figure | " + " | ".join(n + PINNED.get(pinning(n, args) or "", "") for n in names) + " |",
         "| --- |" + " ---: |" * len(names),
     ]
-    for key in keys:
-        cells = []
-        for n in names:
-            vals = [_flat(r).get(key) for r in runs[n]]
-            vals = [v for v in vals if v is not None]
-            cells.append(f"{statistics.median(vals):.4g} ({', '.join(f'{v:.4g}' for v in vals)})" if vals else "-")
-        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    lines += [median_row(key, [[f[key] for r in runs[n] if key in (f := _flat(r))] for n in names]) for key in keys]
     lines += competitors(runs)
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"args": sys.argv[1:], "runs": runs}, indent=1) + "\n")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,22 +30,17 @@ from bench_results import WORK, measure_or_reload
 def one_system(
     name: str, args: argparse.Namespace, model: str, env: dict[str, str], pairs: Any, profile: tuple[str, bool]
 ) -> dict[str, Any]:
-    from vllm_bench_serve import stop, wait_ready
+    from vllm_bench_serve import serving
 
     cmd, senv = sg.server(name, model, env, *profile)
     rows = []
-    with open(WORK / f"stream_events_{name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, env=senv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_ready(f"http://127.0.0.1:{sg.PORT}", proc)
-            sg.send(sg.warmup_arrivals(pairs), None, 600)
-            time.sleep(args.idle)
-            for i, (ids, out) in enumerate(sg.spread(pairs, args.requests)):
-                (o,) = sg.send([sg.Arrival(0.0, (3100 + i % 900, *ids), out)], None, 600)
-                row = {"prompt": len(ids), "tokens": o.tokens, "events": o.chunks, "streamed": o.streamed}
-                rows.append({**row, "ttft_ms": 1e3 * (o.ttft_s or 0.0)})
-        finally:
-            stop(proc)
+    with serving(cmd, senv, WORK / f"stream_events_{name}.log", sg.PORT):
+        sg.send(sg.warmup_arrivals(pairs), None, 600)
+        time.sleep(args.idle)
+        for i, (ids, out) in enumerate(sg.spread(pairs, args.requests)):
+            (o,) = sg.send([sg.Arrival(0.0, (3100 + i % 900, *ids), out)], None, 600)
+            row = {"prompt": len(ids), "tokens": o.tokens, "events": o.chunks, "streamed": o.streamed}
+            rows.append({**row, "ttft_ms": 1e3 * (o.ttft_s or 0.0)})
     return {"rows": rows}
 
 

@@ -112,3 +112,16 @@ def test_colocated_runs_first_and_the_rest_rotate() -> None:
     systems = ["tetriinfer", "colocated", "vllm", "vllm-2t"]
     assert te.run_order(systems, 0) == ["colocated", "tetriinfer", "vllm", "vllm-2t"]
     assert te.run_order(systems, 1) == ["colocated", "vllm", "vllm-2t", "tetriinfer"]
+
+
+def test_a_variant_of_the_preset_is_also_compared_with_the_preset() -> None:
+    runs = {
+        s: {"HPLD": {"tetriinfer": _run(100, 1000, 200, 20), "tetriinfer-shared": _run(80, 900, 200, 10)}}
+        for s in ("0", "1")
+    }
+    text = te.report({"args": {"num_prompts": 4, "seeds": [0, 1], "load": 0.7, "workloads": ["HPLD"],
+                               "systems": ["tetriinfer", "tetriinfer-shared"]}, "runs": runs})  # fmt: skip
+    assert "## tetriinfer-shared against tetriinfer" in text
+    assert "## tetriinfer against tetriinfer-shared" not in text
+    # the same change in both seeds: TTFT 80 / 100 - 1 = -20%, a zero-width interval that excludes zero
+    assert "| HPLD | -20% [-20%, -20%] better |" in text
