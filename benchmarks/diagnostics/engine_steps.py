@@ -181,6 +181,30 @@ def pinning(name: str, args: argparse.Namespace) -> str | None:
     return next((mode for mode in PINNED if name in getattr(args, mode)), None)
 
 
+def engine_figures(
+    before: dict[tuple[str, str, str], float], after: dict[tuple[str, str, str], float], span_s: float
+) -> dict[str, dict[str, float]]:
+    """Per worker, what its engine did between two ``worker_series`` scrapes: steps, the share of ``span_s``
+    spent inside steps (``busy_share``), time per step by the wall and the CPU clock, tokens per step, borrowed
+    cores, offloaded prompts, context switches per step."""
+    engines = {}
+    for worker in sorted({w for _, w, _ in after if w}):
+        d = {key: after.get((k, worker, c), 0) - before.get((k, worker, c), 0) for key, (k, c) in _KEYS.items()}
+        steps = max(d["steps"], 1)
+        engines[worker] = {
+            "steps": d["steps"],
+            "busy_share": d["wall"] / span_s,
+            "ms_per_step_wall": 1e3 * d["wall"] / steps,
+            "ms_per_step_cpu": 1e3 * d["cpu"] / steps,
+            "tokens_per_step": d["tokens"] / steps,
+            "borrowed_share": d["borrowed"] / steps,
+            "prompts_offloaded": d["offloaded"],
+            "sleeps_per_step": d["slept"] / steps,
+            "preemptions_per_step": d["preempted"] / steps,
+        }
+    return engines
+
+
 def measure(name: str, flags: str, scenario: str, args: argparse.Namespace, env: Any) -> dict:
     model, dataset = args.model, args.dataset
     bench_args = client_args(args)
@@ -196,21 +220,7 @@ def measure(name: str, flags: str, scenario: str, args: argparse.Namespace, env:
         busy = timeline.stop()
         time.sleep(2)
         after = worker_series()
-    engines = {}
-    for worker in sorted({w for _, w, _ in after if w}):
-        d = {key: after.get((k, worker, c), 0) - before.get((k, worker, c), 0) for key, (k, c) in _KEYS.items()}
-        steps = max(d["steps"], 1)
-        engines[worker] = {
-            "steps": d["steps"],
-            "busy_share": d["wall"] / seconds,
-            "ms_per_step_wall": 1e3 * d["wall"] / steps,
-            "ms_per_step_cpu": 1e3 * d["cpu"] / steps,
-            "tokens_per_step": d["tokens"] / steps,
-            "borrowed_share": d["borrowed"] / steps,
-            "prompts_offloaded": d["offloaded"],
-            "sleeps_per_step": d["slept"] / steps,
-            "preemptions_per_step": d["preempted"] / steps,
-        }
+    engines = engine_figures(before, after, seconds)
     waits = {}
     for tid, tname in steppers.items():
         if tid in t_after:

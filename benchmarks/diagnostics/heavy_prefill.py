@@ -1,9 +1,8 @@
 """Where plain vLLM's lead on a heavy-prefill burst comes from: each system's CPU by process and thread, and
 each engine's steps.
 
-    python benchmarks/diagnostics/heavy_prefill.py --workload HPLD --repeats 2 \
-        --variant vllm=vllm --variant tetriinfer="--preset tetriinfer" --variant chunk2048="--preset tetriinfer \
-        --set prefill.chunk_size=2048"
+    python benchmarks/diagnostics/heavy_prefill.py --workload HPLD --variant vllm=vllm \
+        --variant tetriinfer="--preset tetriinfer" --variant no_reserve="--preset tetriinfer --no-reserve-decode-cores"
 
 Each ``--variant NAME=FLAGS`` is a fresh server: ``vllm`` (or ``vllm-nochunk``) as FLAGS is plain vLLM on one
 engine thread, as ``tetriinfer_e2e.py`` starts it; anything else is ``tetriserve serve FLAGS`` on 1 prefill + 1
@@ -11,8 +10,9 @@ decode engine of one thread each (``--mode colocated`` among the flags: two engi
 ``tetriinfer_e2e.py``'s warm-up requests, then one burst of ``--workload`` (seed ``--seed``'s draw, as there)
 with vLLM's client. Reported per run: the burst's capacity (requests over the makespan); CPU seconds of each
 process of the server's session and of the heaviest threads (by OS name: ``eng-<worker>`` is an engine's
-stepping thread); for tetriserve, each engine's steps, seconds inside steps by the wall and the stepping
-thread's CPU clock, and tokens per step (``/metrics``). Variants alternate from one repeat to the next. Writes
+stepping thread); for tetriserve, each engine's figures from ``/metrics`` as ``engine_steps.py`` reads them (its
+share of the makespan inside steps, time per step by the wall and the CPU clock, tokens per step, ...) and its
+stepping thread's wait for a core. Variants alternate from one repeat to the next. Writes
 ``<out>.{md,json}`` (in ``benchmarks/_work/diagnostics``).
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import probe_setup  # noqa: F401  (sys.path; reports go to benchmarks/_work/diagnostics)
 from bench_results import command_line, run_facts
-from engine_steps import median_row, worker_series
+from engine_steps import engine_figures, median_row, worker_series
 from tetriinfer_e2e import (
     MAX_MODEL_LEN,
     PORT,
@@ -55,8 +55,6 @@ ENGINES = [
     *("--max-model-len", str(MAX_MODEL_LEN)),
 ]
 TOP_THREADS = 8  # threads listed per run, by CPU seconds
-_KEYS = {"steps": ("engine_steps", ""), "tokens": ("engine_generation_tokens", ""),
-         "wall": ("engine_step_seconds", "wall"), "cpu": ("engine_step_seconds", "cpu")}  # fmt: skip
 
 
 def command(flags: str, model: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -85,26 +83,15 @@ def measure(name: str, flags: str, files: dict[str, Path], n: int, seed: int, mo
         t1, cpu1 = threads(proc.pid), session_cpu(proc.pid)
         time.sleep(2)  # the last steps counted before the scrape
         series1 = worker_series()
-    makespan = figures(result)["duration_s"]
-    engines = {}
-    for worker in sorted({w for _, w, _ in series1 if w}):
-        d = {k: series1.get((s, worker, c), 0) - series.get((s, worker, c), 0) for k, (s, c) in _KEYS.items()}
-        steps = max(d["steps"], 1)
-        engines[worker] = {
-            "steps": d["steps"],
-            "busy_share": round(d["wall"] / makespan, 3),
-            "ms_per_step_wall": round(1e3 * d["wall"] / steps, 2),
-            "ms_per_step_cpu": round(1e3 * d["cpu"] / steps, 2),
-            "tokens_per_step": round(d["tokens"] / steps, 2),
-        }
+    burst = figures(result)
+    engines = engine_figures(series, series1, burst["duration_s"])
     for tid, tname in engine_threads(t1).items():
-        if tname.removeprefix("eng-") in engines and tid in t0:
-            wait = (t1[tid][1][1] - t0[tid][1][1]) / 1e9
-            engines[tname.removeprefix("eng-")]["runqueue_wait_s"] = round(wait, 2)
+        if (worker := tname.removeprefix("eng-")) in engines and tid in t0:
+            engines[worker]["runqueue_wait_s"] = (t1[tid][1][1] - t0[tid][1][1]) / 1e9
     by_process = {k: round(v * seconds, 2) for k, v in cpu_by_process(cpu0, cpu1, seconds).items()}
     return {
-        "capacity": round(capacity(figures(result)), 2),
-        "makespan_s": round(makespan, 2),
+        "capacity": round(capacity(burst), 2),
+        "makespan_s": round(burst["duration_s"], 2),
         "seconds": round(seconds, 2),
         "server_cpu_s": round(sum(by_process.values()), 2),
         "client_cpu_s": round(client_cpu, 2),
