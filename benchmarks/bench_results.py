@@ -140,15 +140,23 @@ def measure_or_reload(
     return write_result(RESULTS / name, data, report)
 
 
-def write_result(stem: Path, data: dict[str, Any], report: Callable[[dict[str, Any]], str], echo: bool = True) -> int:
-    """Write ``data`` as ``<stem>.json`` and its report as ``<stem>.md`` (a bare name lies in ``RESULTS``), print
-    the report (``echo``); 0, a benchmark's exit status."""
+def write_result(
+    stem: Path,
+    data: dict[str, Any],
+    report: Callable[[dict[str, Any]], str],
+    echo: bool = True,
+    plot: Callable[[dict[str, Any], Path], None] | None = None,
+) -> int:
+    """Write ``data`` as ``<stem>.json`` and its report as ``<stem>.md`` (a bare name lies in ``RESULTS``), and
+    with ``plot`` its figure as ``<stem>.png``; print the report (``echo``); 0, a benchmark's exit status."""
     if not stem.is_absolute() and stem.parent == Path("."):
         stem = RESULTS / stem
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
     md = report(data)
     stem.with_suffix(".md").write_text(md)
+    if plot is not None:
+        plot(data, stem.with_suffix(".png"))
     if echo:
         print(md)
     return 0

@@ -175,9 +175,7 @@ def fmt(v: float | None, spec: str = ".2f") -> str:
     return "–" if v is None else format(v, spec)
 
 
-def report(
-    cap: float, runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, facts: dict[str, str]
-) -> None:
+def report(cap: float, runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, facts: dict[str, str]) -> None:
     data = {**facts, "args": vars(args), "capacity_rps": cap, "runs": runs}
     RESULTS.joinpath("overload_goodput.json").write_text(json.dumps(data, indent=1))
     lines = [

@@ -37,7 +37,8 @@ preemptions (the servers' ``*preemptions_total`` counters over the point).
     python benchmarks/slo_goodput.py
     python benchmarks/slo_goodput.py --systems vllm tetriinfer-disaggregated --scales 1   # one pair, one scale
 
-Writes ``benchmarks/results/slo_goodput.{md,json}`` (``--out``), saved after every point; a line per point.
+Writes ``benchmarks/results/slo_goodput.{md,json,png}`` (``--out``), saved after every point; a line per point;
+``--report-only`` rewrites the report and the plot from the saved JSON.
 """
 
 from __future__ import annotations
@@ -375,6 +376,7 @@ def report(data: dict[str, Any]) -> str:
             b = by_scale.get(f"{s:g}", {}).get("bracket")
             cells.append("-" if b is None else f"[{per_thread(b['met'], threads)}, {per_thread(b['missed'], threads)}]")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", f"![SLO attainment against rate, per scale]({Path(a.get('out') or 'slo_goodput').name}.png)"]
     lines += [
         "",
         "## Every point",
@@ -394,6 +396,46 @@ def report(data: dict[str, Any]) -> str:
                     f"{p['jct_p50_ms']:.0f} / {p['jct_p99_ms']:.0f} | {p['preemptions']:.0f} | {p['incomplete']:.0f} |"
                 )
     return "\n".join(lines) + "\n"
+
+
+def plot(data: dict[str, Any], png: Path) -> None:
+    """One panel per SLO scale, as DistServe draws it: per system the share of requests meeting all their SLOs
+    against the Poisson rate per engine thread, every point the search measured, and the target as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    a = data["args"]
+    scales = [f"{s:g}" for s in a["scales"]]
+    fig, axes = plt.subplots(1, len(scales), figsize=(6.2 * len(scales), 4.4), squeeze=False)
+    for ax, scale in zip(axes[0], scales, strict=True):
+        for name, by_scale in data["systems"].items():
+            points = sorted(by_scale.get(scale, {}).get("points", []), key=lambda p: p["rate"])
+            if not points:
+                continue
+            threads = THREADS.get(name, 2)
+            style = "--" if name.endswith("-colocated") else "-"
+            ax.plot(
+                [p["rate"] / threads for p in points],
+                [100 * p["attain_all"] for p in points],
+                style,
+                marker="o",
+                markersize=3,
+                linewidth=1.5 if name == "vllm" else 1,
+                color="black" if name == "vllm" else None,
+                label=name,
+            )
+        ax.axhline(100 * a["target"], color="gray", linewidth=0.7, linestyle=":")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 102)
+        ax.set_xlabel("requests per second per engine thread")
+        ax.set_ylabel("requests meeting all SLOs, %")
+        ax.set_title(f"SLO scale {scale}")
+    axes[0, 0].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
 
 
 # -- running it ------------------------------------------------------------------------------------------------
@@ -459,7 +501,7 @@ def search_system(
                 memo[rate] = outcomes, preempted
             summary = summarize(outcomes, slos) | {"rate": rate, "preemptions": preempted}
             run["points"].append(summary)
-            write_result(Path(args.out), data, report, echo=False)
+            write_result(Path(args.out), data, report, echo=False, plot=plot)
             print(
                 f"{name} scale {scale:g} rate {rate:.2f}: all SLOs met {summary['attain_all']:.0%}; "
                 f"{time.monotonic() - began:.0f} s",
@@ -515,7 +557,12 @@ def main() -> int:
     ap.add_argument(
         "--resume", action="store_true", help="go on with the result at --out: keep its calibration and points"
     )
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report and plot from the saved JSON")
     args = ap.parse_args()
+    if args.report_only:
+        return write_result(
+            Path(args.out), json.loads(Path(args.out).with_suffix(".json").read_text()), report, plot=plot
+        )
     if args.requests < 300:
         ap.error("--requests: at least 300 requests a point (fewer make the 90% line noise)")
     from paper_policies import cost_profile, profile_record, sharegpt_pairs
@@ -543,7 +590,7 @@ def main() -> int:
             if name not in args.systems:
                 continue
             search_system(name, args, pairs, Unloaded(**data["unloaded"]), data, began)
-    return write_result(Path(args.out), data, report)
+    return write_result(Path(args.out), data, report, plot=plot)
 
 
 if __name__ == "__main__":

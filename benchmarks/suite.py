@@ -265,7 +265,7 @@ REGISTRY: tuple[Entry, ...] = (
         "colocated on the same two engines and plain vLLM with and without chunked prefill: burst capacity, "
         "perf/$ per CPU-second, TTFT and JCT under Poisson arrivals, three seeds with 95% intervals",
         100,
-        _files("tetriinfer_e2e", ".md", ".json"),
+        _files("tetriinfer_e2e", ".md", ".json", ".png"),
     ),
     Entry(
         "slo_goodput",
@@ -274,7 +274,7 @@ REGISTRY: tuple[Entry, ...] = (
         "the unloaded latency at two SLO scales: DistServe's goodput (90% meeting all three) as a bracket per "
         "engine thread, attainment per objective, p50/p99 latencies, preemptions",
         90,
-        _files("slo_goodput", ".md", ".json"),
+        _files("slo_goodput", ".md", ".json", ".png"),
     ),
     Entry(
         "length_predictor",

@@ -35,7 +35,8 @@ generator's CPU-seconds are recorded apart (``client_cpu_s``), never in a server
 
     python benchmarks/tetriinfer_e2e.py --seeds 0 1 2
 
-Writes ``benchmarks/results/tetriinfer_e2e.{md,json}`` (``--out``).
+Writes ``benchmarks/results/tetriinfer_e2e.{md,json,png}`` (``--out``); ``--report-only`` rewrites the report and
+the plot from the saved JSON.
 """
 
 from __future__ import annotations
@@ -338,6 +339,10 @@ def report(data: dict[str, Any]) -> str:
                 lines.append(
                     f"| {w} | {cell(c['ttft'])} | {cell(c['jct'])} | {cell(c['perf'], True)} | {paper_cell(w)} |"
                 )
+    lines += [
+        "",
+        f"![each change with its interval, beside the paper's]({Path(a.get('out') or 'tetriinfer_e2e').name}.png)",
+    ]
     lines += ["", "## Every run", ""]
     lines += [
         "| seed | workload | system | capacity req/s | Poisson rate | TTFT ms | JCT ms | server CPU-s | perf/$ "
@@ -354,6 +359,60 @@ def report(data: dict[str, Any]) -> str:
                     f"{int(b['failed'] + p['failed'])} |"
                 )
     return "\n".join(lines) + "\n"
+
+
+# what the figure shows per workload: each pair's change, beside the paper's (which is against vLLM)
+PLOTTED = (
+    ("tetriinfer", "vllm"),
+    ("tetriinfer", "vllm-nochunk"),
+    ("tetriinfer", "vllm-2t"),
+    ("tetriinfer", "colocated"),
+    ("tetriinfer-oracle", "vllm"),
+    ("tetriinfer-shared", "vllm"),
+)
+
+
+def plot(data: dict[str, Any], png: Path) -> None:
+    """One panel per metric (TTFT, JCT, perf/$): per workload a bar per pair of ``PLOTTED`` that ran, its mean
+    relative change over the seeds with the 95% interval, and the paper's change as a black diamond. The axis
+    is symmetric-log in percent: the intervals of three seeds span orders of magnitude."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    a, runs = data["args"], data["runs"]
+    pairs = [(o, b) for o, b in PLOTTED if o in a["systems"] and b in a["systems"]]
+    workloads = list(a["workloads"])
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(5.2 * len(METRICS), 4.2), squeeze=False)
+    width = 0.8 / max(len(pairs), 1)
+    for col, (key, label, lower, _) in enumerate(METRICS):
+        ax = axes[0, col]
+        for i, (ours, base) in enumerate(pairs):
+            xs, ys, errs = [], [], [[], []]
+            for j, w in enumerate(workloads):
+                c = compare(runs, w, ours, base)[key]
+                m, lo, hi = (100 * float(c[k]) for k in ("change", "lo", "hi"))
+                if math.isnan(m):
+                    continue
+                xs.append(j - 0.4 + width * (i + 0.5))
+                ys.append(m)
+                errs[0].append(0.0 if math.isnan(lo) else m - lo)
+                errs[1].append(0.0 if math.isnan(hi) else hi - m)
+            ax.bar(xs, ys, width, yerr=errs, capsize=2, label=f"{ours} / {base}", error_kw={"linewidth": 0.7})
+        paper = [PAPER[w][col] for w in workloads]
+        px = [j for j, v in enumerate(paper) if v is not None]
+        py = [100 * (v - 1 if key == "perf" else v) for v in paper if v is not None]
+        ax.scatter(px, py, marker="D", color="black", zorder=3, label="the paper (vs vLLM)")
+        ax.axhline(0, color="gray", linewidth=0.6)
+        ax.set_yscale("symlog", linthresh=100)
+        ax.set_xticks(range(len(workloads)), workloads)
+        ax.set_title(f"{label}: change, % ({'lower' if lower else 'higher'} is better)")
+    axes[0, 0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"TetriInfer §5.1 live: mean over seeds {', '.join(map(str, a['seeds']))} with 95% intervals")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
 
 
 # -- running it ------------------------------------------------------------------------------------------------
@@ -459,8 +518,13 @@ def main() -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--num-prompts", type=int, default=128, help="requests per workload (the paper: 128)")
     ap.add_argument("--load", type=float, default=0.7, help="Poisson rate as a share of colocated's burst capacity")
-    ap.add_argument("--out", default=str(RESULTS / "tetriinfer_e2e"), help="results stem (.md and .json)")
+    ap.add_argument("--out", default=str(RESULTS / "tetriinfer_e2e"), help="results stem (.md, .json and .png)")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report and plot from the saved JSON")
     args = ap.parse_args()
+    if args.report_only:
+        return write_result(
+            Path(args.out), json.loads(Path(args.out).with_suffix(".json").read_text()), report, plot=plot
+        )
     if "colocated" not in args.systems:
         ap.error("--systems must include colocated: the Poisson rate is a share of its burst capacity")
     facts = run_facts()
@@ -482,7 +546,7 @@ def main() -> int:
         )
 
     def save(data: dict[str, Any], echo: bool = True) -> int:
-        return write_result(Path(args.out), data, report, echo)
+        return write_result(Path(args.out), data, report, echo, plot)
 
     for seed in args.seeds:
         d = draw(pairs, args.workloads, args.num_prompts, seed)

@@ -88,7 +88,6 @@ def stream_one(port: int, prompt: list[int], max_tokens: int) -> dict[str, float
     }
 
 
-
 def breakdown(n: int) -> tuple[list[dict[str, float]], float]:
     """The last ``n`` finished requests' spans (ms) from the GlobalScheduler's table, and the KV bytes the
     decode worker has loaded per request."""

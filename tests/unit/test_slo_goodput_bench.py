@@ -4,6 +4,7 @@ objectives a request met, a point's summary, and DistServe's goodput search."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -111,3 +112,13 @@ def test_calibration_requests_spread_over_the_prompt_lengths() -> None:
     pairs = [((0,) * n, 4) for n in (5, 1, 9, 3, 7)]
     assert [len(ids) for ids, _ in sg.spread(pairs, 3)] == [1, 5, 9]
     assert [len(ids) for ids, _ in sg.spread(pairs, 1)] == [1]
+
+
+def test_the_plot_draws_every_point_per_scale(tmp_path: Any) -> None:
+    point = {"rate": 4.0, "attain_all": 0.95}
+    data = {
+        "args": {"scales": [1.0, 2.0], "target": 0.9},
+        "systems": {"vllm": {"1": {"points": [point, {**point, "rate": 8.0, "attain_all": 0.5}]}}},
+    }
+    sg.plot(data, tmp_path / "g.png")
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"

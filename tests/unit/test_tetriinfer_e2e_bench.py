@@ -125,3 +125,12 @@ def test_a_variant_of_the_preset_is_also_compared_with_the_preset() -> None:
     assert "## tetriinfer against tetriinfer-shared" not in text
     # the same change in both seeds: TTFT 80 / 100 - 1 = -20%, a zero-width interval that excludes zero
     assert "| HPLD | -20% [-20%, -20%] better |" in text
+
+
+def test_the_plot_is_written_beside_the_report(tmp_path: Any) -> None:
+    runs = {s: {"LPLD": {"tetriinfer": _run(60, 600, 200, 10), "vllm": _run(100, 1000, 200, 20)}} for s in "01"}
+    data = {"args": {"num_prompts": 4, "seeds": [0, 1], "load": 0.7, "systems": ["tetriinfer", "vllm"],
+                     "workloads": ["LPLD"], "out": str(tmp_path / "e2e")}, "runs": runs}  # fmt: skip
+    assert "![each change with its interval, beside the paper's](e2e.png)" in te.report(data)
+    te.plot(data, tmp_path / "e2e.png")
+    assert (tmp_path / "e2e.png").read_bytes()[:4] == b"\x89PNG"
