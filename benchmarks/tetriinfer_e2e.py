@@ -35,8 +35,14 @@ generator's CPU-seconds are recorded apart (``client_cpu_s``), never in a server
 
     python benchmarks/tetriinfer_e2e.py --seeds 0 1 2
 
+Around each burst it also reads the engines' busy seconds (this service: time in engine steps on ``/metrics``;
+plain vLLM: its engine process's CPU-seconds) and the server's CPU-seconds by process.
+
 Writes ``benchmarks/results/tetriinfer_e2e.{md,json,png}`` (``--out``); ``--report-only`` rewrites the report and
-the plot from the saved JSON.
+the plot from the saved JSON; ``--resume --systems ...`` runs more systems on the saved seeds (the draws are the
+same per seed; the Poisson rates come from the saved colocated bursts) and adds them:
+
+    python benchmarks/tetriinfer_e2e.py --seeds 0 1 2 --num-prompts 64 --resume --systems vllm-2t
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ WORKLOADS = ("LPLD", "LPHD", "HPLD", "HPHD", "Mixed")
 SYSTEMS = ("tetriinfer", "tetriinfer-oracle", "tetriinfer-shared", "colocated", "vllm", "vllm-nochunk", "vllm-2t")
 BASELINES = ("vllm", "vllm-nochunk", "vllm-2t")
 WARMUP = 8
+VLLM_ENGINE = "VLLM::EngineCore"  # plain vLLM's engine process, as its process title names it
 PORT = 8100
 MAX_MODEL_LEN = 2048
 # vLLM's benchmark client keeps a ShareGPT pair only when the prompt has 4-1024 tokens, the answer at least 4 and
@@ -289,6 +296,49 @@ def paper_cell(w: str) -> str:
     return " / ".join(["-" if ttft is None else pct(ttft), "-" if jct is None else pct(jct), f"{perf:g}×"])
 
 
+def cpu_table(data: Mapping[str, Any], top: int = 4) -> list[str]:
+    """The report's resource section: per system, the bursts' engine-busy seconds and the server's CPU-seconds
+    by process (the ``top`` largest, the rest together) and the load generator's apart, each summed over the
+    workloads and averaged over the seeds that recorded it; empty when no run recorded them."""
+    sums: dict[str, dict[str, list[float]]] = {}
+    for by_workload in data["runs"].values():
+        seed_sums: dict[str, dict[str, float]] = {}
+        for systems in by_workload.values():
+            for name, run in systems.items():
+                if "server_cpu_by_process" not in run:
+                    continue
+                acc = seed_sums.setdefault(name, {})
+                for label, cpu in run["server_cpu_by_process"].items():
+                    acc[label] = acc.get(label, 0.0) + cpu
+                for key in ("engine_busy_s", "client_cpu_s"):
+                    acc[key] = acc.get(key, 0.0) + run["burst"][key]
+        for name, acc in seed_sums.items():
+            for key, v in acc.items():
+                sums.setdefault(name, {}).setdefault(key, []).append(v)
+    if not sums:
+        return []
+    lines = [
+        "",
+        "## Resources over the bursts",
+        "",
+        "Per system, summed over the workloads' bursts and averaged over the seeds: the engines' busy seconds "
+        "(this service: time in engine steps by wall clock; plain vLLM: CPU-seconds of its engine process, which "
+        "uses a CPU only while busy), the server's CPU-seconds by process, and the load generator's apart.",
+        "",
+        "| system | engine-busy s | server CPU-s | by process | load generator CPU-s |",
+        "|---|---|---|---|---|",
+    ]
+    for name, acc in sums.items():
+        mean = {k: statistics.mean(v) for k, v in acc.items()}
+        busy, client = mean.pop("engine_busy_s"), mean.pop("client_cpu_s")
+        ranked = sorted(mean.items(), key=lambda kv: -kv[1])
+        parts = [f"{label} {cpu:.1f}" for label, cpu in ranked[:top]]
+        if len(ranked) > top:
+            parts.append(f"the rest {sum(c for _, c in ranked[top:]):.1f}")
+        lines.append(f"| {name} | {busy:.1f} | {sum(mean.values()):.1f} | {'; '.join(parts)} | {client:.1f} |")
+    return lines
+
+
 def report(data: dict[str, Any]) -> str:
     a = data["args"]
     runs = data["runs"]
@@ -296,6 +346,7 @@ def report(data: dict[str, Any]) -> str:
         "# TetriInfer §5.1 live: the tetriinfer preset against plain vLLM and against colocated",
         "",
         *provenance(data),
+        *(f"Resumed: `{r['command']}` on {r['commit']}, {r['date']}  " for r in data.get("resumed", [])),
         "",
         f"{a['num_prompts']} ShareGPT requests per workload and seed (seeds {', '.join(map(str, a['seeds']))}), each "
         "asking for its answer's length (ignore_eos); the tiny model, one thread per engine; a burst of all "
@@ -343,20 +394,22 @@ def report(data: dict[str, Any]) -> str:
         "",
         f"![each change with its interval, beside the paper's]({Path(a.get('out') or 'tetriinfer_e2e').name}.png)",
     ]
+    lines += cpu_table(data)
     lines += ["", "## Every run", ""]
     lines += [
-        "| seed | workload | system | capacity req/s | Poisson rate | TTFT ms | JCT ms | server CPU-s | perf/$ "
-        "| failed |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| seed | workload | system | capacity req/s | Poisson rate | TTFT ms | JCT ms | server CPU-s | engine-busy s "
+        "| perf/$ | failed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for seed, by_workload in runs.items():
         for w, systems in by_workload.items():
             for name, run in systems.items():
                 b, p = run["burst"], run["poisson"]
+                busy = f"{b['engine_busy_s']:.1f}" if "engine_busy_s" in b else "-"
                 lines.append(
                     f"| {seed} | {w} | {name} | {capacity(b):.2f} | {run['rate']:.2f} | {p['ttft_mean_ms']:.0f} | "
-                    f"{p['jct_mean_ms']:.0f} | {b.get('server_cpu_s', math.nan):.1f} | {perf_per_cpu(b):.1f} | "
-                    f"{int(b['failed'] + p['failed'])} |"
+                    f"{p['jct_mean_ms']:.0f} | {b.get('server_cpu_s', math.nan):.1f} | {busy} | "
+                    f"{perf_per_cpu(b):.1f} | {int(b['failed'] + p['failed'])} |"
                 )
     return "\n".join(lines) + "\n"
 
@@ -454,6 +507,27 @@ def bench(
     return saved(name, scenario), client
 
 
+def cpu_by_label(before: Mapping[str, tuple[str, float]], after: Mapping[str, tuple[str, float]]) -> dict[str, float]:
+    """CPU-seconds each kind of server process used between two ``session_cpu`` readings, by its label (Ray's
+    actor names, vLLM's engine process, the serve command), largest first."""
+    used: dict[str, float] = {}
+    for pid, (label, cpu) in after.items():
+        used[label] = used.get(label, 0.0) + cpu - before.get(pid, ("", 0.0))[1]
+    return dict(sorted(used.items(), key=lambda kv: -kv[1]))
+
+
+def engine_busy(name: str, cpu: Mapping[str, tuple[str, float]]) -> float:
+    """The engines' busy seconds so far, beside ``cpu`` (a ``session_cpu`` reading of the server taken now): for
+    this service the seconds its engines spent in steps (``engine_step_seconds`` by wall clock on ``/metrics``,
+    summed over the workers); for plain vLLM the CPU-seconds of its engine process (``VLLM_ENGINE``: its loop
+    blocks on its input queue when idle, so it uses a CPU only while busy)."""
+    if name.startswith("vllm"):
+        return sum(c for label, c in cpu.values() if label == VLLM_ENGINE)
+    from vllm_bench_serve import worker_series
+
+    return sum(v for (_, _, clock), v in worker_series(names=("engine_step_seconds",)).items() if clock == "wall")
+
+
 def serve_system(
     name: str, model: str, env: dict[str, str], files: Mapping[str, Path], oracle: Path, sizes: Mapping[str, int],
     seed: int,
@@ -472,16 +546,19 @@ def serve_system(
         for workload in [w for w in files if w != "warmup" and w.endswith("-burst")]:
             w = workload.removesuffix("-burst")
             before = session_cpu(proc.pid)
+            busy = engine_busy(name, before)
             result, client_burst = bench(f"{tag}_{w}", "burst", files[workload], model, sizes[w], math.inf, seed)
             after = session_cpu(proc.pid)
             burst = figures(result)
-            burst["server_cpu_s"] = sum(cpu - before.get(pid, ("", 0.0))[1] for pid, (_, cpu) in after.items())
+            burst["engine_busy_s"] = engine_busy(name, after) - busy
+            by_process = cpu_by_label(before, after)
+            burst["server_cpu_s"] = sum(by_process.values())
             burst["client_cpu_s"] = client_burst
             rate = load * capacity(bases.get(w, burst))
             result, client_poisson = bench(f"{tag}_{w}", "poisson", files[f"{w}-poisson"], model, sizes[w], rate, seed)
             poisson = figures(result)
             poisson["client_cpu_s"] = client_poisson
-            out[w] = {"burst": burst, "poisson": poisson, "rate": rate}
+            out[w] = {"burst": burst, "poisson": poisson, "rate": rate, "server_cpu_by_process": by_process}
             progress(name, w, out[w])
     return out
 
@@ -520,20 +597,27 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=0.7, help="Poisson rate as a share of colocated's burst capacity")
     ap.add_argument("--out", default=str(RESULTS / "tetriinfer_e2e"), help="results stem (.md, .json and .png)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report and plot from the saved JSON")
+    ap.add_argument(
+        "--resume", action="store_true", help="run --systems on the saved result's seeds and add them to it"
+    )
     args = ap.parse_args()
     if args.report_only:
         return write_result(
             Path(args.out), json.loads(Path(args.out).with_suffix(".json").read_text()), report, plot=plot
         )
-    if "colocated" not in args.systems:
+    if args.resume:
+        data = resumed(args, run_facts())
+    elif "colocated" not in args.systems:
         ap.error("--systems must include colocated: the Poisson rate is a share of its burst capacity")
-    facts = run_facts()
+    else:
+        data = {**run_facts(), "args": vars(args), "runs": {}, "done": [0, 0]}
     from vllm_bench_serve import prepare
 
     model, _, env = prepare()
     pairs = pool(model, args.num_prompts)
-    runs: dict[str, dict[str, dict[str, Any]]] = {}
-    total, k, began = len(args.seeds) * len(args.workloads) * len(args.systems), 0, time.monotonic()
+    runs: dict[str, dict[str, dict[str, Any]]] = data["runs"]
+    k, total = data["done"][0], data["done"][1] + len(args.seeds) * len(args.workloads) * len(args.systems)
+    began = time.monotonic()
 
     def progress(name: str, workload: str, run: dict[str, Any]) -> None:
         nonlocal k
@@ -545,7 +629,8 @@ def main() -> int:
             flush=True,
         )
 
-    def save(data: dict[str, Any], echo: bool = True) -> int:
+    def save(echo: bool = True) -> int:
+        data["done"] = [k, total]
         return write_result(Path(args.out), data, report, echo, plot)
 
     for seed in args.seeds:
@@ -561,10 +646,10 @@ def main() -> int:
             path.write_text(json.dumps(sharegpt_file(chosen[key])))
         oracle = WORK / f"tetriinfer_oracle_s{seed}.jsonl"
         oracle.write_text("\n".join(oracle_lines(d.every())) + "\n")
-        by_system: dict[str, dict[str, Any]] = {}
+        by_workload = runs.setdefault(str(seed), {w: {} for w in args.workloads})
         for name in run_order(args.systems, seed):
-            bases = {w: run["burst"] for w, run in by_system.get("colocated", {}).items()}
-            by_system[name] = serve_system(
+            bases = {w: by_workload[w]["colocated"]["burst"] for w in args.workloads if "colocated" in by_workload[w]}
+            served = serve_system(
                 name,
                 model,
                 env,
@@ -576,10 +661,30 @@ def main() -> int:
                 bases,
                 progress,
             )
-            runs[str(seed)] = {w: {name: by_system[name][w] for name in by_system} for w in args.workloads}
+            for w in args.workloads:
+                by_workload[w][name] = served[w]
             if k < total:  # what has run so far, so that a run cut short still leaves its figures
-                save({**facts, "args": vars(args), "runs": runs, "done": [k, total]}, echo=False)
-    return save({**facts, "args": vars(args), "runs": runs, "done": [k, total]})
+                save(echo=False)
+    return save()
+
+
+SAME_RUN = ("workloads", "num_prompts", "load")  # what a resumed run must share with the saved one
+
+
+def resumed(args: argparse.Namespace, facts: dict[str, str]) -> dict[str, Any]:
+    """The result at ``--out`` to go on with: ``--systems`` run on its seeds (``--seeds``, each one it holds) at
+    the Poisson rates its colocated bursts give, replacing what it held of them. Its workloads, sizes and load
+    must be this run's; the resuming run's facts are added under ``resumed``."""
+    data: dict[str, Any] = json.loads(Path(args.out).with_suffix(".json").read_text())
+    differ = [key for key in SAME_RUN if data["args"].get(key) != getattr(args, key)]
+    if differ:
+        raise SystemExit(f"--resume: the saved run differs in {', '.join(differ)}")
+    missing = [s for s in args.seeds if "colocated" not in data["runs"].get(str(s), {}).get(args.workloads[0], {})]
+    if missing:
+        raise SystemExit(f"--resume: no colocated bursts for seeds {missing}, whose capacity sets the Poisson rates")
+    data["args"]["systems"] = list(dict.fromkeys([*data["args"]["systems"], *args.systems]))
+    data.setdefault("resumed", []).append(facts)
+    return data
 
 
 if __name__ == "__main__":

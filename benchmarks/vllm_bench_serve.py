@@ -42,6 +42,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -224,6 +225,36 @@ def run_bench(
 
 
 TETRISERVE_PORT = 8100
+
+
+ENGINE_COUNTERS = (
+    "engine_steps",
+    "engine_borrowed_steps",
+    "engine_step_seconds",
+    "engine_generation_tokens",
+    "kv_handoffs",
+    "engine_step_context_switches",
+)
+_SERIES = re.compile(r"tetriserve:(\w+?)(?:_total)?\{([^}]*)\} (\S+)")
+
+
+def worker_series(
+    role: str | None = None, names: tuple[str, ...] = ENGINE_COUNTERS
+) -> dict[tuple[str, str, str], float]:
+    """(series, worker, clock, source or mode) -> value of every worker's series named in ``names`` (a counter's
+    name without ``_total``; by default the step and handoff counters) on the ``/metrics`` of the front door on
+    ``TETRISERVE_PORT`` (``role``: of the workers in that role only)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{TETRISERVE_PORT}/metrics", timeout=30).read().decode()
+    out = {}
+    for m in _SERIES.finditer(text):
+        if m.group(1) not in names:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        if role is not None and labels.get("role") != role:
+            continue
+        kind = labels.get("clock") or labels.get("source") or labels.get("kind") or labels.get("mode", "")
+        out[(m.group(1), labels.get("worker", ""), kind)] = float(m.group(3))
+    return out
 
 
 def tetriserve_cmd(*extra: str) -> list[str]:

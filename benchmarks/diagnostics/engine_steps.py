@@ -37,11 +37,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +48,7 @@ import probe_setup  # noqa: F401  (sys.path; reports go to benchmarks/_work/diag
 from bench_results import command_line
 from thread_timeline import BUSY, SAMPLE_S, Timeline, competitors, engine_threads, peers_cpu_s, threads
 from vllm_bench_report import RESULTS, add_code_option, code_line, variant_envs
-from vllm_bench_serve import prepare, run_bench, warmed_server
+from vllm_bench_serve import prepare, run_bench, warmed_server, worker_series
 
 PORT = 8100  # tetriserve_cmd's HTTP port
 URL = f"http://127.0.0.1:{PORT}"
@@ -93,34 +91,6 @@ def placement_label(mode: str) -> str:
 
 
 PINNED = {mode: f" ({placement_label(mode)})" for mode in (*PLACEMENTS, *RENICED)}
-ENGINE_COUNTERS = (
-    "engine_steps",
-    "engine_borrowed_steps",
-    "engine_step_seconds",
-    "engine_generation_tokens",
-    "kv_handoffs",
-    "engine_step_context_switches",
-)
-_SERIES = re.compile(r"tetriserve:(\w+?)(?:_total)?\{([^}]*)\} (\S+)")
-
-
-def worker_series(
-    role: str | None = None, names: tuple[str, ...] = ENGINE_COUNTERS
-) -> dict[tuple[str, str, str], float]:
-    """(series, worker, clock, source or mode) -> value of every worker's series named in ``names`` (a counter's
-    name without ``_total``; by default the step and handoff counters) on the front door's ``/metrics``
-    (``role``: of the workers in that role only)."""
-    text = urllib.request.urlopen(f"{URL}/metrics", timeout=30).read().decode()
-    out = {}
-    for m in _SERIES.finditer(text):
-        if m.group(1) not in names:
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
-        if role is not None and labels.get("role") != role:
-            continue
-        kind = labels.get("clock") or labels.get("source") or labels.get("kind") or labels.get("mode", "")
-        out[(m.group(1), labels.get("worker", ""), kind)] = float(m.group(3))
-    return out
 
 
 def client_args(args: argparse.Namespace) -> argparse.Namespace:

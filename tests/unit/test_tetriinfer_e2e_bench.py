@@ -3,6 +3,7 @@ interval, the run order and the report."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from typing import Any
@@ -134,3 +135,46 @@ def test_the_plot_is_written_beside_the_report(tmp_path: Any) -> None:
     assert "![each change with its interval, beside the paper's](e2e.png)" in te.report(data)
     te.plot(data, tmp_path / "e2e.png")
     assert (tmp_path / "e2e.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_resources_of_the_bursts_by_process() -> None:
+    before = {"1": ("VLLM::EngineCore", 10.0), "2": ("vllm.entrypoints.openai.api_server", 3.0)}
+    after = {"1": ("VLLM::EngineCore", 14.0), "2": ("vllm.entrypoints.openai.api_server", 4.0), "3": ("ray", 0.5)}
+    used = te.cpu_by_label(before, after)
+    assert used == {"VLLM::EngineCore": 4.0, "vllm.entrypoints.openai.api_server": 1.0, "ray": 0.5}
+    assert list(used) == ["VLLM::EngineCore", "vllm.entrypoints.openai.api_server", "ray"]  # largest first
+    assert te.engine_busy("vllm-2t", after) == 14.0  # plain vLLM: its engine process's CPU-seconds
+
+    def run(seed_busy: float) -> dict[str, Any]:
+        r = _run(1, 1, 1, 5.5)
+        r["burst"] |= {"engine_busy_s": seed_busy, "client_cpu_s": 2.0}
+        return {**r, "server_cpu_by_process": used}
+
+    runs = {s: {w: {"vllm": run(b)} for w in ("LPLD", "HPLD")} for s, b in (("0", 3.0), ("1", 5.0))}
+    runs["0"]["LPLD"]["colocated"] = _run(1, 1, 1, 1)  # recorded no resources: left out
+    lines = te.cpu_table({"runs": runs}, top=2)
+    # per seed summed over the two workloads (6 and 10 busy seconds), then averaged
+    assert (
+        "| vllm | 8.0 | 11.0 | VLLM::EngineCore 8.0; vllm.entrypoints.openai.api_server 2.0; the rest 1.0 | 4.0 |"
+        in lines
+    )
+    assert not any(line.startswith("| colocated") for line in lines)
+    assert te.cpu_table({"runs": {"0": {"LPLD": {"colocated": _run(1, 1, 1, 1)}}}}) == []
+
+
+def test_a_resumed_run_adds_systems_to_the_saved_one(tmp_path: Any) -> None:
+    saved = {"args": {"workloads": ["LPLD"], "num_prompts": 4, "load": 0.7, "systems": ["colocated", "vllm"]},
+             "runs": {"0": {"LPLD": {"colocated": _run(1, 1, 1, 1)}}}, "done": [2, 2]}  # fmt: skip
+    (tmp_path / "e2e.json").write_text(json.dumps(saved))
+
+    def args(**kw: Any) -> Any:
+        base = {"out": str(tmp_path / "e2e"), "workloads": ["LPLD"], "num_prompts": 4, "load": 0.7, "seeds": [0],
+                "systems": ["vllm-2t"]}  # fmt: skip
+        return argparse.Namespace(**(base | kw))
+
+    data = te.resumed(args(), {"command": "c", "commit": "x", "date": "d"})
+    assert data["args"]["systems"] == ["colocated", "vllm", "vllm-2t"] and data["resumed"][0]["command"] == "c"
+    with pytest.raises(SystemExit, match="differs in num_prompts"):
+        te.resumed(args(num_prompts=8), {})
+    with pytest.raises(SystemExit, match=r"no colocated bursts for seeds \[1\]"):
+        te.resumed(args(seeds=[0, 1]), {})
