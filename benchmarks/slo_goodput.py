@@ -24,7 +24,9 @@ multiple M (``--multiple``, 5):
 Our systems get these objectives on the request (the ``slo`` field), so the SLO-aware policies read them; plain
 vLLM ignores them and is judged on the same. Systems (``--systems``): ``vllm`` (plain vLLM, one engine thread)
 and ``<preset>-<mode>`` for every preset in each mode it serves (``tetriinfer-disaggregated``,
-``accelgen-colocated``, ...), each 1 prefill + 1 decode engine or two colocated engines of one thread. Each point
+``accelgen-colocated``, ...), each 1 prefill + 1 decode engine or two colocated engines of one thread, and
+``tetriinfer-shared-disaggregated``: the preset with every core shared instead of one kept for the decode
+engine (``VARIANTS``; not in the default set, which is the presets as written). Each point
 resends the workload with two leading token ids unique to the point (scale, rate), so no point finds another's
 prompts in a prefix cache. Workload: ShareGPT first-turn prompts (``paper_policies.sharegpt_pairs``: at most
 ``--max-prompt`` tokens, ``max_tokens`` the answer's length capped at ``--max-tokens``), ignore_eos, greedy; the
@@ -71,7 +73,11 @@ PRESET_MODES: dict[str, tuple[str, ...]] = {
     "scls": ("colocated", "disaggregated"),
     "cacheopt": ("colocated", "disaggregated"),
 }
-SYSTEMS = ("vllm", *(f"{p}-{m}" for p, modes in PRESET_MODES.items() for m in modes))
+# a preset with flags of its own, named for them: the tetriinfer preset with every core shared (its decode engine
+# at niceness 5, below the prefill engine's) instead of a core kept for the decode engine
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {"tetriinfer-shared": ("tetriinfer", ("--no-reserve-decode-cores",))}
+VARIANT_SYSTEMS = tuple(f"{v}-{m}" for v, (p, _) in VARIANTS.items() for m in PRESET_MODES[p])
+SYSTEMS = ("vllm", *(f"{p}-{m}" for p, modes in PRESET_MODES.items() for m in modes), *VARIANT_SYSTEMS)
 THREADS = {"vllm": 1}  # engine threads per system; every other system: 2
 WARMUP = 32  # requests each server serves at once, not measured, before its first measured request
 CALIBRATION_TRIES = 3  # tries of each calibration request; the fastest one that streamed is its sample
@@ -324,11 +330,12 @@ def server(
     if name == "vllm":
         return vllm_server(model, PORT, env, threads=1)
     preset, mode = name.rsplit("-", 1)
+    preset, flags = VARIANTS.get(preset, (preset, ()))
     engines = ["--threads-per-engine", "1", "--num-prefill", "1", "--num-decode", "1", "--max-model-len", "2048"]
     costs = ["--set", f"prefill.cost_profile={profile}"]
     if preset == "scls" and scls_profile:
         costs += ["--set", f"decode.admission.cost_profile={profile}"]
-    return tetriserve_cmd("--preset", preset, "--mode", mode, *engines, *costs), env
+    return tetriserve_cmd("--preset", preset, "--mode", mode, *engines, *costs, *flags), env
 
 
 # -- the report ------------------------------------------------------------------------------------------------
@@ -539,7 +546,7 @@ def resumed(args: argparse.Namespace, facts: dict[str, str]) -> tuple[dict[str, 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=[s for s in SYSTEMS if s not in VARIANT_SYSTEMS])
     ap.add_argument("--scales", nargs="+", type=float, default=[0.5, 1.0, 2.0], help="SLO scales (DistServe)")
     ap.add_argument("--multiple", type=float, default=5.0, help="SLO at scale 1, as a multiple of unloaded latency")
     ap.add_argument("--requests", type=int, default=300, help="requests a point (the search's unit)")

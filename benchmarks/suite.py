@@ -277,6 +277,15 @@ REGISTRY: tuple[Entry, ...] = (
         _files("slo_goodput", ".md", ".json", ".png"),
     ),
     Entry(
+        "multi_turn",
+        _bench("multi_turn", "--conversations 32 --turns 6 --seed 0"),
+        "ShareGPT conversations replayed turn by turn on 2 prefill + 2 decode workers, prefix placement against "
+        "least-load placement and against plain vLLM: TTFT per turn, prompt tokens computed and cached, hit rate, "
+        "KV bytes sent",
+        10,
+        _files("multi_turn", ".md", ".json", ".png"),
+    ),
+    Entry(
         "length_predictor",
         _bench("length_predictor", "--granularity 100 200 400"),
         "the length predictor's held-out bucket accuracy, calibration and padded-estimate provisioning",

@@ -36,7 +36,7 @@ generator's CPU-seconds are recorded apart (``client_cpu_s``), never in a server
     python benchmarks/tetriinfer_e2e.py --seeds 0 1 2
 
 Around each burst it also reads the engines' busy seconds (this service: time in engine steps on ``/metrics``;
-plain vLLM: its engine process's CPU-seconds) and the server's CPU-seconds by process.
+plain vLLM: its engine processes' CPU-seconds) and the server's CPU-seconds by process.
 
 Writes ``benchmarks/results/tetriinfer_e2e.{md,json,png}`` (``--out``); ``--report-only`` rewrites the report and
 the plot from the saved JSON; ``--resume --systems ...`` runs more systems on the saved seeds (the draws are the
@@ -70,7 +70,9 @@ WORKLOADS = ("LPLD", "LPHD", "HPLD", "HPHD", "Mixed")
 SYSTEMS = ("tetriinfer", "tetriinfer-oracle", "tetriinfer-shared", "colocated", "vllm", "vllm-nochunk", "vllm-2t")
 BASELINES = ("vllm", "vllm-nochunk", "vllm-2t")
 WARMUP = 8
-VLLM_ENGINE = "VLLM::EngineCore"  # plain vLLM's engine process, as its process title names it
+# plain vLLM's engine processes, as their process titles name them: the engine core (scheduler, and the model
+# itself with one process) and its model worker (with a multiprocess executor)
+VLLM_ENGINE = ("VLLM::EngineCore", "VLLM::Worker")
 PORT = 8100
 MAX_MODEL_LEN = 2048
 # vLLM's benchmark client keeps a ShareGPT pair only when the prompt has 4-1024 tokens, the answer at least 4 and
@@ -322,8 +324,9 @@ def cpu_table(data: Mapping[str, Any], top: int = 4) -> list[str]:
         "## Resources over the bursts",
         "",
         "Per system, summed over the workloads' bursts and averaged over the seeds: the engines' busy seconds "
-        "(this service: time in engine steps by wall clock; plain vLLM: CPU-seconds of its engine process, which "
-        "uses a CPU only while busy), the server's CPU-seconds by process, and the load generator's apart.",
+        "(this service: time in engine steps by wall clock; plain vLLM: CPU-seconds of its engine core and model "
+        "worker processes, which use a CPU only while busy, up to two a second with two threads), the server's "
+        "CPU-seconds by process, and the load generator's apart.",
         "",
         "| system | engine-busy s | server CPU-s | by process | load generator CPU-s |",
         "|---|---|---|---|---|",
@@ -519,10 +522,10 @@ def cpu_by_label(before: Mapping[str, tuple[str, float]], after: Mapping[str, tu
 def engine_busy(name: str, cpu: Mapping[str, tuple[str, float]]) -> float:
     """The engines' busy seconds so far, beside ``cpu`` (a ``session_cpu`` reading of the server taken now): for
     this service the seconds its engines spent in steps (``engine_step_seconds`` by wall clock on ``/metrics``,
-    summed over the workers); for plain vLLM the CPU-seconds of its engine process (``VLLM_ENGINE``: its loop
-    blocks on its input queue when idle, so it uses a CPU only while busy)."""
+    summed over the workers); for plain vLLM the CPU-seconds of its engine processes (``VLLM_ENGINE``: they block
+    on their queues when idle, so they use a CPU only while busy; with two threads, up to two a second)."""
     if name.startswith("vllm"):
-        return sum(c for label, c in cpu.values() if label == VLLM_ENGINE)
+        return sum(c for label, c in cpu.values() if label in VLLM_ENGINE)
     from vllm_bench_serve import worker_series
 
     return sum(v for (_, _, clock), v in worker_series(names=("engine_step_seconds",)).items() if clock == "wall")

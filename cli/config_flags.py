@@ -103,6 +103,7 @@ SERVE_FLAGS: dict[str, str] = {
     "--otlp-protocol": "tracing.protocol",
     "--trace-sample-ratio": "tracing.sample_ratio",
     "--tracing": "tracing.enabled",
+    "--request-trace": "request_trace",
 }
 
 # the ones a front door joining a running service takes (`tetriserve frontdoor`)

@@ -115,11 +115,13 @@ async def run_front_doors(
     from tetriserve.frontdoor.security import FrontDoorSecurity
     from tetriserve.observability import tracing
     from tetriserve.observability.metrics import MetricsExporter
+    from tetriserve.observability.request_trace import RequestTrace
 
     tracing.setup(config.tracing, "frontdoor")  # this process's spans (each front door is a process of its own)
     security = FrontDoorSecurity.from_config(config.security)
     security.warn_if_exposed(config.host)
-    front = await asyncio.to_thread(FrontDoor, backend, None, config.admission, admin, config.slo)
+    trace = RequestTrace(config.request_trace) if config.request_trace else None
+    front = await asyncio.to_thread(FrontDoor, backend, None, config.admission, admin, config.slo, trace)
     metrics = MetricsExporter(front, admin)  # GET /metrics, and the Ray dashboard's metrics when on Ray
     body_limit = megabytes(config.max_request_body_mb)
     grpc_server, grpc_port = await start_grpc_server(
@@ -151,6 +153,8 @@ async def run_front_doors(
         close = getattr(backend, "close", None)
         if close is not None:
             close()
+        if trace is not None:
+            trace.close()
 
 
 def _on_ray() -> bool:

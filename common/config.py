@@ -534,6 +534,15 @@ class ClusterConfig(BaseModel):
         default_factory=TracingConfig,
         description="OpenTelemetry spans of each request across front door, placement, prefill, transfer, decode.",
     )
+    request_trace: str | None = Field(
+        None,
+        description=(
+            "A file each front door appends one JSON line to per request it served or refused: its arrival, "
+            "prompt and output sizes, sampling, priority and SLOs, then its outcome, each delta's time, the workers "
+            "that produced its tokens and its predicted length (observability/request_trace.py); a run's workload "
+            "and outcomes, to study or replay. None: off."
+        ),
+    )
     drain_grace_s: float = Field(
         30.0,
         ge=0,

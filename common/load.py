@@ -41,6 +41,7 @@ class PrefillLoad:
     busy: bool = False  # the engine has requests (so ``steps`` must move)
     queue_wait_s: float = 0.0  # expected seconds to prefill what is queued here (prefill_worker/pace.py)
     seconds_per_token: float = 0.0  # what a queued prompt token adds to queue_wait_s (pace.py; 0: not measured)
+    total_kv_blocks: int = 0  # the blocks its KV cache holds (what prefix placement's estimate is bounded by)
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,15 @@ class PrefillConfig(BaseModel):
         ),
     )
     cost_alpha: float = Field(0.2, gt=0, le=1, description="SOLA eq. 5 alpha: weight of the newest iteration in γ.")
+    placement: Literal["prefix", "least-load"] = Field(
+        "prefix",
+        description=(
+            "How the GlobalScheduler picks a prompt's prefill worker among those with room: prefix (the least "
+            "loaded, unless another is expected to hold a longer prefix of the prompt in its cache and the compute "
+            "that saves outweighs its longer queue; control_plane/prefix_placement.py) or least-load (the fewest "
+            "prompts placed and not past prefill, then the fewest reported queued tokens, then running requests)."
+        ),
+    )
     dispatch_policy: Literal["power-of-two", "random", "round-robin", "least-loaded", "imbalance", "max-min"] = Field(
         "power-of-two",
         description=(

@@ -49,11 +49,12 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "tetriinfer",
             "TetriInfer",
-            "§3.3–§3.5, §5",
-            "SJF, PrefillSchedBatch 16, ChunkSize 512, power-of-two dispatch, reserve-dynamic (§3.4), "
-            "no prompt offload, idle flips after 60 s, KV over an emulated 200 Gb/s link",
+            "§3.2–§3.5, §5",
+            "least-loaded placement, SJF, PrefillSchedBatch 16, ChunkSize 512, power-of-two dispatch, "
+            "reserve-dynamic (§3.4), no prompt offload, idle flips after 60 s, KV over an emulated 200 Gb/s link",
             ("disaggregated",),
             {
+                "prefill.placement": "least-load",
                 "prefill.queue_policy": "sjf",
                 "prefill.sched_batch": 16,
                 "prefill.chunking": "fixed",
@@ -100,8 +101,7 @@ PRESETS: dict[str, Preset] = {
             "scls",
             "SCLS",
             "§4.2–§4.5, §5.1",
-            "DP batching with the serving-time and memory estimators (ζ 0.9), slices of 128, max-min "
-            "dispatch",
+            "DP batching with the serving-time and memory estimators (ζ 0.9), slices of 128, max-min dispatch",
             ("colocated", "disaggregated"),
             {
                 "prefill.dispatch_policy": "max-min",

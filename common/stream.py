@@ -158,7 +158,7 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class PlacementRequest:
-    """What the GlobalScheduler needs to place a request: no prompt, no tokens."""
+    """What the GlobalScheduler needs to place a request: no prompt, no tokens (its prefix only as hashes)."""
 
     request_id: str
     prompt_tokens: int
@@ -167,6 +167,7 @@ class PlacementRequest:
     attempt: int = 0
     avoid: tuple[str, ...] = ()  # workers earlier attempts were lost on: other prefill workers first
     trace: str | None = None  # W3C traceparent of the request's span at the front door (``observability/tracing.py``)
+    prefix_blocks: tuple[int, ...] = ()  # the prompt's chained block hashes (``common/prefix_blocks.py``)
     version: int = PROTOCOL_VERSION
 
 

@@ -14,7 +14,10 @@ Least load = this scheduler's own count of requests placed on the worker and not
 yet past prefill (exact for its own placements, corrected by events) with the
 worker's last reported queued prompt tokens (broadcast by the ClusterMonitor)
 as the tie-breaker, then its reported running requests: between colocated workers with empty queues, the one
-decoding fewer streams.
+decoding fewer streams. With prefix placement (``prefill.placement: prefix``, the default) a worker expected to
+hold a longer prefix of the prompt in its cache takes it instead when the compute saved outweighs its longer
+queue (``control_plane/prefix_placement.py``); the expected hits are counted (``placed_by_prefix``,
+``prefix_hit_tokens``).
 
 Only workers in the monitor's latest broadcast (those ``serving`` by its
 clock) are placed on; a request the front door re-places after a failure
@@ -52,6 +55,8 @@ from tetriserve.common.stream import Placement, PlacementRequest, StateEvent
 from tetriserve.common.tracing_config import TracingConfig
 from tetriserve.control_plane.batched_calls import OneCallOut
 from tetriserve.control_plane.handles import SchedulerStatus, WorkerHandle
+from tetriserve.control_plane.prefix_placement import PrefixIndex
+from tetriserve.control_plane.prefix_placement import Queue as PrefixQueue
 from tetriserve.observability import tracing
 
 logger = logging.getLogger(__name__)
@@ -79,7 +84,9 @@ class GlobalScheduler:
         history: int = 1000,
         limits: AdmissionConfig | None = None,
         tracing_config: TracingConfig | None = None,
+        prefix_block_size: int = 0,
     ) -> None:
+        """``prefix_block_size``: the engines' KV block size, with which prefix placement is on (0: off)."""
         if tracing_config is not None:  # an actor of the service (tests build it bare)
             tracing.setup_process(tracing_config, "global-scheduler")
         self.prefill = prefill
@@ -93,19 +100,31 @@ class GlobalScheduler:
         self._refusal_logged = -math.inf
         self._feedbacks: dict[str, OneCallOut[tuple[int, int], None]] = {}
         self.counts = {"admitted": 0, "finished": 0, "aborted": 0, "errors": 0, "moved": 0, "refused": 0}
+        self.prefix = PrefixIndex(prefix_block_size) if prefix_block_size > 0 else None
+        self.placement_counts = {"placed_by_prefix": 0, "prefix_hit_tokens": 0}
 
     async def update_prefill_loads(self, loads: list[PrefillLoad]) -> None:
         """The monitor's broadcast: the prefill workers serving now, with their loads."""
+        if self.prefix is not None:
+            for ld in loads:
+                old = self.prefill_loads.get(ld.worker_id)
+                if old is not None and old.incarnation != ld.incarnation:  # a new life: its cache is empty
+                    self.prefix.forget(ld.worker_id)
+                self.prefix.capacity(ld.worker_id, ld.total_kv_blocks)
         self.prefill_loads = {ld.worker_id: ld for ld in loads}
 
     async def set_prefill(self, worker_id: str, handle: WorkerHandle) -> None:
         """A prefill worker's new life (the supervisor re-created it)."""
         self.prefill[worker_id] = handle
+        if self.prefix is not None:
+            self.prefix.forget(worker_id)
 
     async def remove_prefill(self, worker_id: str) -> None:
         """A prefill worker removed or flipped to decode: no more placements there."""
         self.prefill.pop(worker_id, None)
         self.prefill_loads.pop(worker_id, None)
+        if self.prefix is not None:
+            self.prefix.forget(worker_id)
 
     async def sentinel(self) -> None:
         """Never returns: a call the supervisor keeps open, so this actor's death reaches it at once."""
@@ -139,6 +158,8 @@ class GlobalScheduler:
             if not candidates:
                 return self._refuse(rid, queues)
         worker = min(candidates, key=lambda w: (queues[w].count, queues[w].tokens, queues[w].running, w))
+        if self.prefix is not None and meta.prefix_blocks:
+            worker = self._prefer_prefix(worker, candidates, queues, meta.prefix_blocks)
         req = Request(rid, _PLACEHOLDER_PROMPT, arrival_time=meta.arrival_time, attempt=meta.attempt)
         req.prefill_worker = worker
         req.advance(RequestState.PREFILLING, worker)
@@ -146,6 +167,20 @@ class GlobalScheduler:
         self.prompt_tokens[rid] = meta.prompt_tokens
         self.counts["admitted"] += 1
         return Placement(rid, worker)
+
+    def _prefer_prefix(
+        self, base: str, candidates: list[str], queues: dict[str, _Queue], hashes: tuple[int, ...]
+    ) -> str:
+        """Least-load's choice ``base``, or the worker whose expected prefix hit saves more than its queue costs;
+        the prompt's blocks are then that worker's most recent."""
+        assert self.prefix is not None
+        pace = {w: ld.seconds_per_token for w, ld in self.prefill_loads.items()}
+        views = {w: PrefixQueue(queues[w].wait_s, pace.get(w, 0.0)) for w in candidates}
+        choice = self.prefix.prefer(base, candidates, hashes, views)
+        self.prefix.placed(choice.worker, hashes)
+        self.placement_counts["placed_by_prefix"] += int(choice.by_prefix)
+        self.placement_counts["prefix_hit_tokens"] += choice.hit_tokens
+        return choice.worker
 
     def _queues(self, candidates: list[str]) -> dict[str, _Queue]:
         """Each candidate's queue: requests placed on it and not past prefill, the prompt tokens it last reported
@@ -249,7 +284,12 @@ class GlobalScheduler:
         return out
 
     async def status(self) -> SchedulerStatus:
-        return {"in_flight": len(self.table), "counts": dict(self.counts), "at": time.time()}
+        return {
+            "in_flight": len(self.table),
+            "counts": dict(self.counts),
+            "placements": dict(self.placement_counts),
+            "at": time.time(),
+        }
 
     async def recent(self, n: int = 50) -> list[Request]:
         return list(self.finished)[-n:]

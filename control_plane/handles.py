@@ -132,6 +132,7 @@ class SchedulerStatus(TypedDict):
 
     in_flight: int
     counts: dict[str, int]
+    placements: dict[str, int]  # placed_by_prefix, prefix_hit_tokens (``control_plane/prefix_placement.py``)
     at: float
 
 

@@ -237,7 +237,12 @@ class ActorBuilder:
         return typed_scheduler(
             ray.remote(GlobalScheduler)
             .options(name="global-scheduler", **self.opts)
-            .remote(dict(prefill), limits=self.config.admission, tracing_config=self.config.tracing)
+            .remote(
+                dict(prefill),
+                limits=self.config.admission,
+                tracing_config=self.config.tracing,
+                prefix_block_size=self.config.engine.block_size if self.config.prefill.placement == "prefix" else 0,
+            )
         )
 
     def decode(self, worker_id: str, incarnation: int = 0) -> WorkerHandle:

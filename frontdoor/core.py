@@ -46,7 +46,7 @@ from tetriserve.common.errors import InvalidRequestError, UnknownModelError
 from tetriserve.common.request import SLO, Request, SamplingSpec
 from tetriserve.common.slo_config import SloConfig
 from tetriserve.common.stream import FinishReason, StreamChunk
-from tetriserve.frontdoor.admission import AdmissionGate, Ticket
+from tetriserve.frontdoor.admission import AdmissionGate, Overloaded, Ticket
 from tetriserve.frontdoor.backend import AdminClient, RequestRouter
 from tetriserve.frontdoor.deltas import TextDelta, stop_token, take_output
 from tetriserve.frontdoor.detokenizer import IncrementalDetokenizer
@@ -68,9 +68,17 @@ from tetriserve.frontdoor.field_checks import (
 )
 from tetriserve.frontdoor.logprobs import LogprobNamer, TokenStrings
 from tetriserve.frontdoor.stop_strings import StopMatcher, stop_strings
-from tetriserve.frontdoor.stream_observers import EndKind, MetricsObserver, SpanObserver, StreamEnd, StreamObserver
+from tetriserve.frontdoor.stream_observers import (
+    EndKind,
+    MetricsObserver,
+    SpanObserver,
+    StreamEnd,
+    StreamObserver,
+    TraceObserver,
+)
 from tetriserve.observability.request_metrics import RequestMetrics
 from tetriserve.observability.request_span import RequestSpan
+from tetriserve.observability.request_trace import RequestTrace, TraceRecord, arrival_of, refused
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -99,8 +107,10 @@ class FrontDoor:
         limits: AdmissionConfig | None = None,
         admin: AdminClient | None = None,
         slo: SloConfig | None = None,
+        trace: RequestTrace | None = None,
     ) -> None:
-        """``slo``: the service's objectives for requests that name none (``common/slo_config.py``)."""
+        """``slo``: the service's objectives for requests that name none (``common/slo_config.py``); ``trace``:
+        where each request's line goes when its stream closes (``observability/request_trace.py``)."""
         if admin is None:
             if not isinstance(backend, AdminClient):
                 raise TypeError(f"FrontDoor: {type(backend).__name__} is no admin client; pass admin=")
@@ -113,6 +123,7 @@ class FrontDoor:
         self.gate = AdmissionGate(limits or AdmissionConfig())
         self.slo_defaults = slo or SloConfig()
         self.metrics = RequestMetrics()  # what /metrics and `tetriserve top` show of this front door's requests
+        self.trace = trace
         self._background: set[asyncio.Task[None]] = set()
         self.live_ids: set[str] = set()  # ids of the requests streaming from here (``stream``)
 
@@ -241,6 +252,16 @@ class FrontDoor:
                 raise InvalidRequestError(rename[exc.field], exc.message) from None
             raise
 
+    def check_admission(self, started: float, route: str) -> None:
+        """``gate.check`` before the request is even tokenized (a flood is refused before it costs that); a
+        refusal has its line in the request trace, with the route and arrival only."""
+        try:
+            self.gate.check(started)
+        except Overloaded as exc:
+            if self.trace is not None:
+                self.trace.write(refused(route, arrival_of(started), exc))
+            raise
+
     # ---- output -------------------------------------------------------------------------------
 
     def admitted_stream(
@@ -249,7 +270,12 @@ class FrontDoor:
         """``stream(request)`` under the admission gate: raises ``Overloaded`` now if the request would wait
         past the bound. The ticket is released when the stream ends, or when it is dropped unstarted."""
         log_context.bind(request.request_id, request.trace)  # the gateway's own log lines of it
-        ticket = self.gate.admit(time.monotonic())
+        try:
+            ticket = self.gate.admit(time.monotonic())
+        except Overloaded as exc:
+            if self.trace is not None:  # a refused arrival is part of the workload too
+                self.trace.write(refused(route, arrival_of(started_at), exc, request))
+            raise
         deltas = self.stream(request, started_at, ticket, route)
         weakref.finalize(deltas, lambda: ticket.release(time.monotonic()))
         return deltas
@@ -272,7 +298,10 @@ class FrontDoor:
         self.live_ids.add(rid)
         t0 = time.monotonic() if started_at is None else started_at
         span = RequestSpan(request, self.model_name, route, t0)  # sets request.trace: the workers continue it
-        out = _Output(self, request, t0, (MetricsObserver(self.metrics), SpanObserver(span)))
+        observers: tuple[StreamObserver, ...] = (MetricsObserver(self.metrics), SpanObserver(span))
+        if self.trace is not None:
+            observers += (TraceObserver(self.trace, TraceRecord(request, route, arrival_of(t0))),)
+        out = _Output(self, request, t0, observers)
         source = self.backend.generate(request)
         failure: BaseException | None = None
         try:
@@ -384,14 +413,14 @@ class _Output:
         """The delta of ``tokens`` and ``text``; the observers hear of the tokens."""
         first = None
         if tokens:
-            now = time.monotonic()
+            now, n, worker = time.monotonic(), len(tokens), "" if chunk is None else chunk.worker
             if self.ttft_ms is None:
                 self.ttft_ms = first = (now - self.t0) * 1e3
                 ttft_s = now - self.t0
-                self.notify(lambda o: o.first_token(ttft_s))
+                self.notify(lambda o: o.first_token(ttft_s, n, worker))
             else:
-                gap_s, n = now - self.last_at, len(tokens)
-                self.notify(lambda o: o.tokens(gap_s, n))
+                gap_s = now - self.last_at
+                self.notify(lambda o: o.tokens(gap_s, n, worker))
             self.last_at = now
         lps = self.namer.name(tokens, chunk.logprobs) if self.namer is not None and chunk is not None else None
         return TextDelta(self.request_id, tokens, text, self.prompt_tokens, self.generated, ttft_ms=first, logprobs=lps)
@@ -408,9 +437,10 @@ class _Output:
         stop_reason: str | int | None = None,
     ) -> TextDelta:
         """The finished delta; the observers hear how the stream ended."""
-        e2e_s = time.monotonic() - self.t0
+        delta = self.delta(chunk, tokens, text)
+        e2e_s = time.monotonic() - self.t0  # after the last tokens left
         out = replace(
-            self.delta(chunk, tokens, text),
+            delta,
             finish_reason=reason,
             error=error,
             unavailable=kind == "unavailable",
@@ -419,7 +449,7 @@ class _Output:
             stop_reason=stop_reason,
         )
         ttft_s = None if self.ttft_ms is None else self.ttft_ms / 1e3
-        end = StreamEnd(reason, error, self.prompt_tokens, self.generated, e2e_s, ttft_s, kind)
+        end = StreamEnd(reason, error, self.prompt_tokens, self.generated, e2e_s, ttft_s, kind, dict(metrics or {}))
         self.ended = True
         self.notify(lambda o: o.finished(end))
         return out

@@ -100,7 +100,7 @@ class TetriServeServicer(pb_grpc.TetriServeServicer):
         started = time.monotonic()
         rid = request.request_id or uuid.uuid4().hex
         try:
-            self._front.gate.check(started)  # a flood is refused before it costs a tokenization
+            self._front.check_admission(started, GENERATE_ROUTE)  # a flood is refused before it costs a tokenization
             req = await self._to_request(rid, request)
             req.trace = _metadata(context, "traceparent")  # the client's trace, if it sent one
             admitted = self._front.admitted_stream(req, started, GENERATE_ROUTE)

@@ -247,7 +247,7 @@ def build_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: Request) -> Response:
         raw.state.started = time.monotonic()
-        front.gate.check(raw.state.started)  # a flood is refused before it costs a tokenization
+        front.check_admission(raw.state.started, "POST /v1/completions")  # before it costs a tokenization
         body.check_supported()
         front.check_model(body.model)
         prompt = body.single_prompt()
@@ -261,7 +261,7 @@ def build_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
         raw.state.started = time.monotonic()
-        front.gate.check(raw.state.started)
+        front.check_admission(raw.state.started, "POST /v1/chat/completions")
         body.check_supported()
         front.check_model(body.model)
         messages = [m.as_template_input(i) for i, m in enumerate(body.messages)]

@@ -103,9 +103,9 @@ class RayAdmin:
 
     async def scheduler_counts(self) -> dict[str, int]:
         """The GlobalScheduler's request counts since it started (admitted, finished, aborted, errors, moved,
-        refused)."""
+        refused), and its prefix placement's (placed_by_prefix, prefix_hit_tokens)."""
         sched = await asyncio.wait_for(self.cluster.scheduler.status.remote(), POLICIES_TIMEOUT_S)
-        return {k: int(v) for k, v in sched["counts"].items()}
+        return {k: int(v) for k, v in {**sched["counts"], **sched.get("placements", {})}.items()}
 
     async def _policies(self) -> dict[str, dict[str, str]]:
         """Every worker's ``policies()``, asked in parallel; ``{}`` for one that fails or is late."""

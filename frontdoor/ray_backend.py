@@ -49,6 +49,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 from tetriserve.channel.intake import Abort, Submit
+from tetriserve.common.prefix_blocks import block_hashes
 from tetriserve.common.request import Request
 from tetriserve.common.stream import (
     FinishReason,
@@ -85,6 +86,9 @@ class RayBackend:
         self.migration_limit = int(getattr(config, "migration_limit", 3))
         self.idle_timeout_s = float(getattr(config, "stream_idle_timeout_s", 15.0))
         self.placement_timeout_s = float(getattr(config, "placement_timeout_s", 60.0))
+        # prefix placement reads the prompt's block hashes (``control_plane/prefix_placement.py``); 0: none sent
+        on = config is not None and config.prefill.placement == "prefix"
+        self.prefix_block_size = int(config.engine.block_size) if on and config is not None else 0
         self.migrations: Counter[str] = Counter()  # attempts lost and placed again, by cause (the metrics')
 
     @property
@@ -190,6 +194,9 @@ class RayBackend:
             request.attempt,
             avoid,
             trace=request.trace,
+            prefix_blocks=block_hashes(request.prompt_token_ids, self.prefix_block_size)
+            if self.prefix_block_size
+            else (),
         )
         deadline = time.monotonic() + self.placement_timeout_s
         why = "no prefill worker is serving"

@@ -61,6 +61,17 @@ SPECS: tuple[MetricSpec, ...] = (
         ("preset", "mode"),
     ),
     MetricSpec("scheduler_requests", COUNTER, "The GlobalScheduler's request counts.", ("outcome",)),
+    MetricSpec(
+        "prefix_placements",
+        COUNTER,
+        "Requests prefix placement sent off least-load's choice, to a worker expected to hold more of the prompt.",
+    ),
+    MetricSpec(
+        "prefix_expected_hit_tokens",
+        COUNTER,
+        "Prompt tokens placement expected the chosen prefill worker's cache to hold (engine_prompt_tokens "
+        "source=cached: what it held).",
+    ),
     MetricSpec("num_requests_running", GAUGE, "Requests running on the worker.", W),
     MetricSpec("num_requests_waiting", GAUGE, "Requests queued on the worker.", W),
     MetricSpec("kv_cache_usage_perc", GAUGE, "KV cache usage, 0..1 (1 = full).", W),
@@ -149,6 +160,8 @@ SPECS: tuple[MetricSpec, ...] = (
 )
 SPECS_BY_NAME = {s.name: s for s in SPECS}
 ROLES = ("prefill", "decode", "colocated")
+# the GlobalScheduler's placement counts (``GlobalScheduler.status``'s ``placements``) -> their series
+PLACEMENT_COUNTS = {"placed_by_prefix": "prefix_placements", "prefix_hit_tokens": "prefix_expected_hit_tokens"}
 
 
 @dataclass(frozen=True)
@@ -185,7 +198,11 @@ def series(snap: MetricsSnapshot) -> Iterator[Series]:
     yield from (Series("request_migrations", (("reason", k),), v) for k, v in sorted(migrations.items()))
     yield Series("requests_in_flight", (), cl.requests_in_flight)
     yield Series("cluster_info", (("preset", cl.preset or "none"), ("mode", cl.mode)), 1)
-    yield from (Series("scheduler_requests", (("outcome", k),), v) for k, v in sorted(cl.scheduler_counts.items()))
+    counts = {k: v for k, v in cl.scheduler_counts.items() if k not in PLACEMENT_COUNTS}
+    yield from (Series("scheduler_requests", (("outcome", k),), v) for k, v in sorted(counts.items()))
+    for key, name in PLACEMENT_COUNTS.items():
+        if key in cl.scheduler_counts:
+            yield Series(name, (), cl.scheduler_counts[key])
     for w in cl.workers:
         yield from _worker_series(w)
 

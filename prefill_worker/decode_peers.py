@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 OneWay = PullKV | Refine | Discard | KvFailed
 
+
 class DecodeHandle(WorkerHandle, Protocol):
     """The decode worker's actor handle, as the handoff calls it: once for the handoff endpoint, then for
     liveness; an abort of a request handed there follows it (``EngineWorker.forward_abort``)."""

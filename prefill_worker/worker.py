@@ -154,6 +154,7 @@ class PrefillWorker(EngineWorker):
             self.engine.in_flight > 0,
             self.pace.wait_s(self.offloader.prefill_s(lens)),  # the queue priced once, its backlog noted
             self.pace.queue_seconds_per_token,
+            snapshot.stats.total_blocks,
         )
 
     def policies(self) -> dict[str, str]:

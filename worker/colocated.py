@@ -161,6 +161,7 @@ class ColocatedWorker(DecodeWorker):
             self.incarnation,
             self.engine.steps,
             self.engine.in_flight > 0,
+            total_kv_blocks=self.engine.snapshot.stats.total_blocks,
         )
 
     def policies(self) -> dict[str, str]:

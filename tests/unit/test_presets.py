@@ -77,7 +77,7 @@ def test_serve_preset_without_a_name_lists_them(capsys: pytest.CaptureFixture[st
     assert main(["serve", "--preset"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == list(PRESETS)
-    assert lines[0].startswith("tetriinfer  TetriInfer §3.3–§3.5, §5; disaggregated only.")
+    assert lines[0].startswith("tetriinfer  TetriInfer §3.2–§3.5, §5; disaggregated only.")
     with pytest.raises(SystemExit):
         main(["serve", "--preset", "bogus"])
 

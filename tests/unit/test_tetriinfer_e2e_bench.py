@@ -143,7 +143,8 @@ def test_the_resources_of_the_bursts_by_process() -> None:
     used = te.cpu_by_label(before, after)
     assert used == {"VLLM::EngineCore": 4.0, "vllm.entrypoints.openai.api_server": 1.0, "ray": 0.5}
     assert list(used) == ["VLLM::EngineCore", "vllm.entrypoints.openai.api_server", "ray"]  # largest first
-    assert te.engine_busy("vllm-2t", after) == 14.0  # plain vLLM: its engine process's CPU-seconds
+    assert te.engine_busy("vllm-2t", after) == 14.0  # plain vLLM: its engine processes' CPU-seconds
+    assert te.engine_busy("vllm", {**after, "4": ("VLLM::Worker", 20.0)}) == 34.0  # its model worker's too
 
     def run(seed_busy: float) -> dict[str, Any]:
         r = _run(1, 1, 1, 5.5)
