@@ -201,6 +201,8 @@ def hit_rate(c: Mapping[str, float]) -> float:
 
 def report(data: dict[str, Any]) -> str:
     a = data["args"]
+    n = a.get("offload_max_tokens")
+    offload = "" if n is None else f", prefill.offload_max_tokens {n}"
     lines = [
         "# Multi-turn chat: prefix placement against least load and against plain vLLM",
         "",
@@ -210,8 +212,9 @@ def report(data: dict[str, Any]) -> str:
         f"by turn: each turn's prompt is the conversation so far, sent {a['think_s']:g} s (mean, exponential) "
         f"after the previous answer; conversations start at {a['rate']:g} a second (Poisson); answers of the "
         f"recorded length capped at {a['max_tokens']}, ignore_eos. Ours: 2 prefill + 2 decode engines of one "
-        "thread; plain vLLM: one engine of two threads. Prompt tokens are the prefill-side engines' (ours: prefill "
-        "workers and prompts computed on decode workers), cached ones from each engine's prefix cache.",
+        f"thread{offload}; plain vLLM: one engine of two threads. Prompt tokens are the prefill-side engines' "
+        "(ours: prefill workers and prompts computed on decode workers), cached ones from each engine's prefix "
+        "cache.",
         "",
         "| system | turns | failed | TTFT p50 ms, turn 1 | TTFT p50 ms, turns 2+ | prompt tokens computed | cached "
         "| hit rate | KV MiB sent | prefix placements |",
@@ -338,13 +341,16 @@ def replay(convs: Sequence[Conversation], timeout_s: float = 600.0) -> list[Turn
     return asyncio.run(run())
 
 
-def server(name: str, model: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+def server(
+    name: str, model: str, env: dict[str, str], offload_max_tokens: int | None = None
+) -> tuple[list[str], dict[str, str]]:
     from vllm_bench_serve import tetriserve_cmd, vllm_server
 
     if name == "vllm":
         return vllm_server(model, PORT, env, threads=2)
     engines = ["--threads-per-engine", "1", "--num-prefill", "2", "--num-decode", "2", "--max-model-len", "2048"]
-    return tetriserve_cmd(*engines, "--set", f"prefill.placement={name}"), env
+    offload = [] if offload_max_tokens is None else ["--offload-max-tokens", str(offload_max_tokens)]
+    return tetriserve_cmd(*engines, *offload, "--set", f"prefill.placement={name}"), env
 
 
 def metrics_text() -> str:
@@ -362,6 +368,13 @@ def main() -> int:
     ap.add_argument("--think-s", type=float, default=1.0, help="mean pause between an answer and the next turn")
     ap.add_argument("--max-tokens", type=int, default=128, help="cap on a turn's answer")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--offload-max-tokens",
+        type=int,
+        default=None,
+        help="our servers' prefill.offload_max_tokens (prompts this short are computed on a decode worker; "
+        "default: the service's)",
+    )
     ap.add_argument("--out", default=str(RESULTS / "multi_turn"), help="results stem (.md, .json and .png)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report and plot from the saved JSON")
     args = ap.parse_args()
@@ -382,7 +395,7 @@ def main() -> int:
     warm = [Conversation(0.0, (Turn((1, 4000 + i, *range(200, 264)), 8),), (0.0,)) for i in range(WARMUP)]
     data: dict[str, Any] = {**facts, "args": vars(args), "systems": {}}
     for name in args.systems:
-        cmd, senv = server(name, model, env)
+        cmd, senv = server(name, model, env, args.offload_max_tokens)
         began = time.monotonic()
         with serving(cmd, senv, WORK / f"multi_turn_{name}.log", PORT):
             replay(warm)
