@@ -153,7 +153,7 @@ class TraceObserver:
             generated,
             finish_reason=None if end is None else end.reason,
             error=self.error,
-            ttft_s=None if end is None else end.ttft_s,
+            ttft_s=self.record.deltas[0][0] if self.record.deltas else None,
             e2e_s=None if end is None else end.e2e_s,
             metrics=None if end is None else dict(end.metrics),
         )

@@ -75,6 +75,7 @@ def test_failed_abandoned_and_refused_requests_have_lines_too(traced: tuple[Fron
     _run(front, Request("r-err", (5, 6), SamplingSpec(max_tokens=4)))
     lost, gone, err = _lines(trace)
     assert lost["outcome"] == "failed" and lost["error"].startswith("ConnectionError: ") and lost["generated"] == 1
+    assert lost["ttft_ms"] == lost["deltas"][0][0] and lost["e2e_ms"] is None  # its first token came
     assert gone["outcome"] == "abandoned" and gone["generated"] == 2 and len(gone["deltas"]) == 2
     assert err["outcome"] == "finished" and err["finish_reason"] == "error" and "KV transfer" in err["error"]
 
