@@ -652,6 +652,12 @@ class ClusterConfig(BaseModel):
         """Workers of the colocated mode: as many engines as the disaggregated mode's on the same cores."""
         return self.num_prefill + self.num_decode if self.mode == "colocated" else 0
 
+    @property
+    def prefix_block_size(self) -> int:
+        """The block size prompts are hashed in for prefix placement (``control_plane/prefix_placement.py``): the
+        engines' KV block size with ``prefill.placement: prefix``, else 0 (no hashes are sent)."""
+        return self.engine.block_size if self.prefill.placement == "prefix" else 0
+
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: Mapping[str, object] | None = None) -> ClusterConfig:
         """Read YAML (if given) and apply dotted overrides such as ``{"engine.max_model_len": 2048}``."""

@@ -241,7 +241,7 @@ class ActorBuilder:
                 dict(prefill),
                 limits=self.config.admission,
                 tracing_config=self.config.tracing,
-                prefix_block_size=self.config.engine.block_size if self.config.prefill.placement == "prefix" else 0,
+                prefix_block_size=self.config.prefix_block_size,
             )
         )
 

@@ -87,8 +87,7 @@ class RayBackend:
         self.idle_timeout_s = float(getattr(config, "stream_idle_timeout_s", 15.0))
         self.placement_timeout_s = float(getattr(config, "placement_timeout_s", 60.0))
         # prefix placement reads the prompt's block hashes (``control_plane/prefix_placement.py``); 0: none sent
-        on = config is not None and config.prefill.placement == "prefix"
-        self.prefix_block_size = int(config.engine.block_size) if on and config is not None else 0
+        self.prefix_block_size = int(getattr(config, "prefix_block_size", 0))
         self.migrations: Counter[str] = Counter()  # attempts lost and placed again, by cause (the metrics')
 
     @property

@@ -8,16 +8,17 @@ are what a replay is compared with)::
     {"v": 1, "id": "cmpl-…", "route": "/v1/completions", "arrival": 1764860000.123,   wall clock, seconds
      "prompt_tokens": 812, "max_tokens": 128, "min_tokens": 0, "ignore_eos": true, "temperature": 0.0,
      "priority": 0, "slo": {"ttft_ms": 500.0, "tbt_ms": 50.0, "jct_ms": null},        as the policies saw it
-     "outcome": "finished", "finish_reason": "length", "error": null,              or failed / abandoned
+     "outcome": "finished", "finish_reason": "length", "error": null,    or failed / abandoned / refused
      "generated": 128, "ttft_ms": 41.2, "e2e_ms": 612.9,
      "deltas": [[41.2, 1], [47.9, 1], …],     ms after arrival at which each delta left, and its tokens
      "workers": ["prefill-0", "decode-0"],    who produced the tokens, in order (a migration adds more)
      "attempt": 0, "predicted_output_tokens": 117.0}
 
 ``outcome`` is ``failed`` when the stream raised before its end (``error`` names the exception; a refusal at
-placement is ``Overloaded``) and ``abandoned`` when the client left first. Times are the front door's: from
-the gateway's receipt of the request, as its TTFT and end-to-end metrics measure them. The prompt's tokens are
-not recorded (their count is), so a trace carries no user text.
+placement is ``Overloaded``), ``abandoned`` when the client left first, and ``refused`` when the admission gate
+shed it before it started (one refused before it was tokenized has its route and arrival only). Times are the
+front door's: from the gateway's receipt of the request, as its TTFT and end-to-end metrics measure them. The
+prompt's tokens are not recorded (their count is), so a trace carries no user text.
 
 A line is one ``write`` to a file opened for appending, so the front doors of one host may share a file; a
 write that fails is logged once and counted (``dropped``), never the request's failure.
@@ -104,9 +105,7 @@ class TraceRecord:
         metrics: dict[str, float] | None = None,
     ) -> dict[str, object]:
         r, s = self.request, self.request.sampling
-        predicted = (metrics or {}).get("predicted_output_tokens")
-        if predicted is None and r.length_estimate is not None:
-            predicted = float(r.length_estimate.estimate)
+        predicted = (metrics or {}).get("predicted_output_tokens")  # a worker's estimate, on the last chunk
         return {
             "v": TRACE_VERSION,
             "id": r.request_id,
